@@ -1,0 +1,309 @@
+"""Typed run configuration: one dataclass per concern, JSON presets, strict loading.
+
+A run is described by a :class:`RunConfig` holding a :class:`ModelConfig`, :class:`ObjectiveConfig`,
+:class:`DataConfig`, :class:`TrainConfig` and :class:`SamplerConfig`. Presets are JSON files in
+``mdc_core/presets/`` registered by file name (``tiny.json`` -> ``"tiny"``); keys a preset leaves out take
+the dataclass defaults, which are the paper's ViT-B/32 settings (appendix A, Table 6).
+
+Loading is strict: an unknown key, a value of the wrong type or a cross-field contradiction raises
+:class:`ConfigError` (a ``ValueError``) naming the key. Nothing is silently ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PRESET_DIR = Path(__file__).parent / "presets"
+
+
+class ConfigError(ValueError):
+    """A configuration key is unknown, mistyped, or contradicts another key."""
+
+
+@dataclass
+class ModelConfig:
+    """Architecture of the captioner (image encoder + text decoder). Nothing here depends on the objective."""
+
+    encoder: str = "vit_base_patch32_224"  # any timm model name with a token-sequence `forward_features`
+    encoder_kwargs: dict[str, Any] = field(default_factory=dict)  # overrides passed to timm.create_model
+    pretrained: bool = False  # ask timm for pretrained weights (needs the network or a local HF cache)
+    pretrained_path: str = ""  # local encoder weights file (.safetensors/.pth) loaded into the encoder
+    image_size: int = 224  # input resolution in pixels (square)
+    text_width: int = 512  # decoder hidden size
+    text_layers: int = 12  # decoder depth
+    text_heads: int = 8  # decoder attention heads
+    mlp_ratio: float = 4.0  # decoder MLP hidden size / width
+    context_length: int = 77  # max caption tokens including <sot> and <eot>
+    dropout: float = 0.0  # decoder dropout
+    output_vocab: str = "full"  # "full": 49408-way head; "corpus": only token ids seen in the training corpus
+    output_vocab_size: int = 0  # size of the corpus head; filled in by the trainer when output_vocab="corpus"
+    attend_to_pads: bool = False  # let attention see pad tokens (default: key-padding mask hides them)
+
+    def validate(self) -> None:
+        _positive(self, "image_size", "text_width", "text_layers", "text_heads", "context_length")
+        if self.text_width % self.text_heads:
+            raise ConfigError(f"model.text_width ({self.text_width}) must be divisible by model.text_heads "
+                              f"({self.text_heads})")
+        if self.context_length < 3:
+            raise ConfigError("model.context_length must be >= 3 (<sot>, one token, <eot>)")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
+        _choice(self, "output_vocab", ("full", "corpus"))
+        if self.output_vocab_size < 0:
+            raise ConfigError("model.output_vocab_size must be >= 0")
+
+
+@dataclass
+class ObjectiveConfig:
+    """Training objective. `name` picks a row of the objective table in `mdc_core.objectives`."""
+
+    name: str = "mdc"  # mdc | mdc_no_t | bert | parallel | arc
+    t_low: float = 0.5  # MDC: lower end w_l of t ~ U[w_l, w_u] (paper default 0.5)
+    t_high: float = 1.0  # MDC: upper end w_u
+    mask_ratio: float = 0.15  # bert: fixed masking ratio r (parallel forces r = 1)
+    normalization: str = "per_token"  # per_token (MDLM NELBO / all valid tokens) | per_sequence (CapPa-style)
+    antithetic_t: bool = False  # stratified (low-discrepancy) t across the batch, as MDLM's _sample_t
+    min_one_masked: bool = False  # force >= 1 masked token per caption (biased; default keeps the estimator unbiased)
+
+    def validate(self) -> None:
+        _choice(self, "name", ("mdc", "mdc_no_t", "bert", "parallel", "arc"))
+        _choice(self, "normalization", ("per_token", "per_sequence"))
+        if not 0.0 <= self.t_low < self.t_high <= 1.0:
+            raise ConfigError(f"objective.t_low/t_high must satisfy 0 <= t_low < t_high <= 1, "
+                              f"got [{self.t_low}, {self.t_high}]")
+        if not 0.0 < self.mask_ratio <= 1.0:
+            raise ConfigError(f"objective.mask_ratio must be in (0, 1], got {self.mask_ratio}")
+
+
+@dataclass
+class DataConfig:
+    """Where the image-caption pairs come from and how they are read."""
+
+    path: str = ""  # shard dir / brace pattern / .csv / .tsv / COCO .json (required for training)
+    format: str = "auto"  # auto | wds | csv | tsv | coco
+    shuffle_buffer: int = 1000  # samples held for shuffling streamed shards (0 = no shuffle)
+    augment: str = "none"  # none | rrc (random resized crop; breaks position words, so off for synthetic data)
+    num_workers: int = 0  # DataLoader worker processes
+
+    def validate(self) -> None:
+        _choice(self, "format", ("auto", "wds", "csv", "tsv", "coco"))
+        _choice(self, "augment", ("none", "rrc"))
+        if self.shuffle_buffer < 0 or self.num_workers < 0:
+            raise ConfigError("data.shuffle_buffer and data.num_workers must be >= 0")
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation and bookkeeping (paper appendix A defaults for ViT-B/32)."""
+
+    steps: int = 100_000  # optimizer steps
+    batch_size: int = 128  # per-device micro-batch
+    grad_accum: int = 1  # micro-batches per optimizer step
+    lr: float = 5e-4  # peak learning rate
+    betas: tuple[float, float] = (0.9, 0.98)  # AdamW betas
+    weight_decay: float = 0.1  # AdamW decoupled weight decay
+    warmup_steps: int = 10_000  # linear warm-up steps, then cosine decay to min_lr_ratio * lr
+    min_lr_ratio: float = 0.0  # floor of the cosine schedule as a fraction of lr
+    grad_clip: float = 0.0  # max global grad norm (0 = off; the paper clips at 1.0 for ARC ViT-L only)
+    ema_decay: float = 0.0  # EMA of weights (0 = off; MDLM uses 0.9999)
+    precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    seed: int = 0  # seeds model init, masking and data order
+    log_every: int = 10  # steps between metrics lines
+    ckpt_every: int = 500  # steps between checkpoints (the last step is always saved)
+    keep_last: int = 2  # checkpoints kept on disk
+
+    def validate(self) -> None:
+        _positive(self, "steps", "batch_size", "grad_accum", "log_every", "ckpt_every", "keep_last")
+        if self.lr <= 0:
+            raise ConfigError(f"train.lr must be > 0, got {self.lr}")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"train.betas must be two numbers in [0, 1), got {self.betas}")
+        if self.weight_decay < 0 or self.grad_clip < 0 or self.warmup_steps < 0:
+            raise ConfigError("train.weight_decay, train.grad_clip and train.warmup_steps must be >= 0")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ConfigError(f"train.ema_decay must be in [0, 1), got {self.ema_decay}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"train.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        _choice(self, "precision", ("auto", "fp32", "bf16"))
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ConfigError(f"train.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+
+
+@dataclass
+class SamplerConfig:
+    """Greedy confidence unmasking (paper Eq. 6) and its options. Ranges feed the app's sliders."""
+
+    length: int = field(default=15, metadata={"range": (1, 75)})  # N': caption tokens to generate
+    tokens_per_step: int = field(default=1, metadata={"range": (1, 75)})  # k tokens revealed per step
+    temperature: float = field(default=0.0, metadata={"range": (0.0, 2.0)})  # 0 = greedy argmax
+    top_k: int = field(default=0, metadata={"range": (0, 100)})  # sample from the k best tokens (0 = all)
+    seed: int = 0  # seed for temperature sampling
+
+    def validate(self) -> None:
+        for name in ("length", "tokens_per_step", "temperature", "top_k"):
+            lo, hi = SAMPLER_RANGES[name]
+            value = getattr(self, name)
+            if not lo <= value <= hi:
+                raise ConfigError(f"sampler.{name} must be in [{lo}, {hi}], got {value}")
+
+
+SAMPLER_RANGES: dict[str, tuple[float, float]] = {
+    f.name: f.metadata["range"] for f in dataclasses.fields(SamplerConfig) if "range" in f.metadata
+}
+
+
+@dataclass
+class RunConfig:
+    """Everything that defines a run; saved as ``config.json`` in the run folder and in every checkpoint."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    preset: str = ""  # name of the preset this config started from (informational)
+
+    def validate(self) -> RunConfig:
+        for section in (self.model, self.objective, self.data, self.train, self.sampler):
+            section.validate()
+        if self.sampler.length > self.model.context_length - 2:
+            raise ConfigError(f"sampler.length ({self.sampler.length}) exceeds model.context_length - 2 "
+                              f"({self.model.context_length - 2})")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(dataclasses.asdict(self)))  # tuples -> lists, a plain JSON tree
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        return _build(cls, data, "").validate()
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunConfig:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file not found: {path}")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{path} is not valid JSON: {err}") from err
+        return cls.from_dict(data)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# presets and overrides
+
+
+def list_presets() -> list[str]:
+    """Names of the registered presets (the JSON file names in ``mdc_core/presets``)."""
+    return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
+
+
+def load_preset(name: str, overrides: list[str] | None = None) -> RunConfig:
+    """Load preset `name` and apply ``section.key=value`` overrides."""
+    path = PRESET_DIR / f"{name}.json"
+    if not path.is_file():
+        raise ConfigError(f"unknown preset {name!r}; available: {', '.join(list_presets())}")
+    data = json.loads(path.read_text())
+    data["preset"] = name
+    cfg = _build(RunConfig, data, "")
+    return apply_overrides(cfg, overrides or [])
+
+
+def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
+    """Return a validated copy of `cfg` with ``section.key=value`` strings applied.
+
+    Values are parsed as JSON when possible (``train.betas=[0.9,0.95]``, ``model.pretrained=true``), else
+    taken as strings (``model.encoder=vit_small_patch16_224``), then type-checked like a config file.
+    """
+    data = cfg.to_dict()
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        parts = key.strip().split(".")
+        if not sep or len(parts) != 2 or not all(parts):
+            raise ConfigError(f"override {item!r} must look like section.key=value")
+        section, name = parts
+        if section not in data or not isinstance(data[section], dict):
+            raise ConfigError(f"unknown config section {section!r} in override {item!r}; "
+                              f"sections: {', '.join(k for k, v in data.items() if isinstance(v, dict))}")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        data[section][name] = value
+    return RunConfig.from_dict(data)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# strict construction
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'} must be a JSON object, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        where = f"{prefix}{key}"
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=1)
+            hint = f"; did you mean {prefix}{close[0]!r}?" if close else f"; known keys: {', '.join(names)}"
+            raise ConfigError(f"unknown config key {where!r}{hint}")
+        kwargs[key] = _coerce(hints[key], value, where)
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, where: str) -> Any:
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, where + ".")
+    origin = typing.get_origin(tp)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} must be a string, got {value!r}")
+        return value
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise ConfigError(f"{where} must be a list of {len(args)} values, got {value!r}")
+        return tuple(_coerce(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a JSON object, got {value!r}")
+        return dict(value)
+    raise ConfigError(f"{where}: unsupported config type {tp}")  # pragma: no cover - guards new field types
+
+
+def _positive(obj: Any, *names: str) -> None:
+    section = type(obj).__name__.replace("Config", "").lower()
+    for name in names:
+        if getattr(obj, name) <= 0:
+            raise ConfigError(f"{section}.{name} must be > 0, got {getattr(obj, name)}")
+
+
+def _choice(obj: Any, name: str, choices: tuple[str, ...]) -> None:
+    section = type(obj).__name__.replace("Config", "").lower()
+    if getattr(obj, name) not in choices:
+        raise ConfigError(f"{section}.{name} must be one of {', '.join(choices)}; got {getattr(obj, name)!r}")

@@ -1,0 +1,257 @@
+"""Captions and compositional negatives for synthetic scenes.
+
+Short captions (alt-text, like CC3M) are built from a :class:`ShortSpec` (which objects are mentioned, with
+which attributes, an optional spatial relation, object count or background) so that negatives can be made by
+editing the structure and re-rendering, and every negative can be checked to be *false* for the scene with
+:func:`spec_is_true`. Long captions (descriptive, like Recap-DataComp) describe every object, its size, colour,
+shape and position, relations between neighbours in the list, and the background.
+
+Negative categories (ARO / SugarCrepe), all derived from the short caption; a category that cannot be formed,
+or whose result would be true for the scene, is left out rather than faked:
+``attribute_swap``  swap the colours (else sizes) of two mentioned objects; for one object, swap its colour
+                    with the background's when the caption names the background (ARO VG-attribution style);
+``relation_swap``   swap the two objects of a spatial-relation caption (ARO VG-relation);
+``order_shuffle``   the caption's words in a random different order (ARO COCO-order);
+``replace``         one colour or shape word replaced by one that is in no object of the scene (SugarCrepe);
+``add``             one more object whose shape is in no object of the scene (SugarCrepe add-obj).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from mdc_core.data.scene import COLOURS, SHAPES, Scene, SceneObject
+
+NEGATIVE_TYPES: tuple[str, ...] = ("attribute_swap", "relation_swap", "order_shuffle", "replace", "add")
+RELATIONS: tuple[str, ...] = ("left of", "right of", "above", "below")
+_NUMBERS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five"}
+_PREFIXES = ("a photo of ", "an image of ", "a picture of ", "a drawing of ", "a close up of ", "clip art of ")
+_SHORT_POS = {"top left": "in the top left", "top": "at the top", "top right": "in the top right",
+              "left": "on the left", "center": "in the center", "right": "on the right",
+              "bottom left": "in the bottom left", "bottom": "at the bottom", "bottom right": "in the bottom right"}
+_LONG_POS = {"top left": "at the top left", "top": "at the top", "top right": "at the top right",
+             "left": "on the left", "center": "in the center", "right": "on the right",
+             "bottom left": "at the bottom left", "bottom": "at the bottom", "bottom right": "at the bottom right"}
+_SHORT_MAX_WORDS = 12
+_LONG_MAX_WORDS = 60
+_LONG_REL = {"left of": "to the left of", "right of": "to the right of", "above": "above", "below": "below"}
+
+
+@dataclass(frozen=True)
+class Mention:
+    """An object as a caption names it; attributes left as None are not said."""
+
+    shape: str
+    colour: str | None = None
+    size: str | None = None
+    position: str | None = None
+
+    def matches(self, obj: SceneObject) -> bool:
+        return (self.shape == obj.shape and self.colour in (None, obj.colour) and self.size in (None, obj.size)
+                and self.position in (None, obj.position))
+
+
+@dataclass(frozen=True)
+class ShortSpec:
+    """Structure of a short caption. `relation` holds between mentions[0] and mentions[1]."""
+
+    mentions: tuple[Mention, ...]
+    prefix: str = ""
+    relation: str | None = None
+    count: int | None = None  # "three shapes including ..."
+    background: str | None = None
+
+
+def _article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
+def _phrase(m: Mention) -> str:
+    words = [w for w in (m.size, m.colour, m.shape) if w]
+    text = f"{_article(words[0])} {' '.join(words)}"
+    return f"{text} {_SHORT_POS[m.position]}" if m.position else text
+
+
+def render_short(spec: ShortSpec) -> str:
+    """The caption text of `spec`."""
+    phrases = [_phrase(m) for m in spec.mentions]
+    if spec.relation:
+        phrases = [f"{phrases[0]} {spec.relation} {phrases[1]}"] + phrases[2:]
+    body = phrases[0] if len(phrases) == 1 else ", ".join(phrases[:-1]) + " and " + phrases[-1]
+    if spec.count:
+        body = f"{_NUMBERS[spec.count]} shapes including {body}"
+    text = spec.prefix + body
+    if spec.background:
+        text += f" on {_article(spec.background)} {spec.background} background"
+    return text
+
+
+def _relation(a: SceneObject, b: SceneObject) -> str:
+    """The relation word that holds from `a` to `b` (columns first, as people read left to right)."""
+    if a.col != b.col:
+        return "left of" if a.col < b.col else "right of"
+    return "above" if a.row < b.row else "below"
+
+
+def _holds(a: SceneObject, b: SceneObject, rel: str) -> bool:
+    return {"left of": a.col < b.col, "right of": a.col > b.col, "above": a.row < b.row,
+            "below": a.row > b.row}[rel]
+
+
+def spec_is_true(spec: ShortSpec, scene: Scene) -> bool:
+    """Whether `spec` describes `scene`: distinct objects match the mentions and the relation/count/background
+    hold."""
+    if spec.background is not None and spec.background != scene.background:
+        return False
+    if spec.count is not None and spec.count != len(scene.objects):
+        return False
+    objs = scene.objects
+    for chosen in itertools.permutations(range(len(objs)), len(spec.mentions)):
+        if all(m.matches(objs[i]) for m, i in zip(spec.mentions, chosen)):
+            if spec.relation is None or _holds(objs[chosen[0]], objs[chosen[1]], spec.relation):
+                return True
+    return False
+
+
+def _mention(obj: SceneObject, rng: np.random.Generator, p_size: float, p_pos: float = 0.0) -> Mention:
+    size = obj.size if rng.random() < p_size else None
+    pos = obj.position if rng.random() < p_pos else None
+    return Mention(obj.shape, obj.colour, size, pos)
+
+
+def short_caption(scene: Scene, rng: np.random.Generator) -> tuple[ShortSpec, str]:
+    """A short alt-text caption (3-12 words) of `scene` and its structure. Always names the primary object's
+    colour and shape; a second object is named when the scene has one and the template asks for it."""
+    objs = scene.objects
+    prefix = _PREFIXES[int(rng.integers(len(_PREFIXES)))] if rng.random() < 0.4 else ""
+    template = str(rng.choice(["list", "relation", "count"], p=[0.45, 0.35, 0.2])) if len(objs) > 1 else "single"
+    first = _mention(objs[0], rng, p_size=0.35, p_pos=0.3 if template == "single" else 0.0)
+    others = [o for o in objs[1:] if (o.colour, o.shape) != (objs[0].colour, objs[0].shape)]
+    other = others[int(rng.integers(len(others)))] if others else None  # not "a red circle and a red circle"
+    second = _mention(other, rng, p_size=0.2) if other is not None else None
+    if second is None and template == "relation":
+        template = "count"
+    bg = scene.background if rng.random() < 0.25 else None
+    if template == "single":
+        spec = ShortSpec((first,), prefix, background=bg)
+    elif template == "relation":
+        assert other is not None and second is not None
+        spec = ShortSpec((replace(first, size=None), replace(second, size=None)), "",
+                         relation=_relation(objs[0], other))
+    elif template == "count":
+        spec = ShortSpec((replace(first, position=None),), "", count=len(objs), background=bg)
+    else:
+        two = second is not None and rng.random() < 0.7
+        spec = ShortSpec((first, second) if two else (first,), prefix, background=bg)  # type: ignore[arg-type]
+    for trim in (dict(background=None), dict(prefix=""), dict(mentions=tuple(replace(m, size=None, position=None)
+                                                                        for m in spec.mentions))):
+        if len(render_short(spec).split()) <= _SHORT_MAX_WORDS:
+            break
+        spec = replace(spec, **trim)  # type: ignore[arg-type]
+    return spec, render_short(spec)
+
+
+def long_caption(scene: Scene, rng: np.random.Generator) -> str:
+    """A descriptive caption (about 25-60 words): every object with size, colour, shape and position, relations
+    between consecutive objects, and the background colour."""
+    objs, bg = scene.objects, scene.background
+    if len(objs) == 1:
+        o = objs[0]
+        return (f"The image shows a single {o.size} {o.colour} {o.shape} on a plain {bg} background. "
+                f"The {o.shape} is placed {_LONG_POS[o.position]} of the picture and it is the only object "
+                f"in the scene. Its {o.colour} color stands out clearly against the {bg} background.")
+    sentences = [f"The image shows {_NUMBERS[len(objs)]} shapes on a plain {bg} background."]
+    for i, o in enumerate(objs):
+        desc, where = f"{o.size} {o.colour} {o.shape}", _LONG_POS[o.position]
+        forms = (f"There is {_article(desc)} {desc} {where}.", f"{_article(desc).capitalize()} {desc} is {where}.",
+                 f"{where.capitalize()} is {_article(desc)} {desc}.")
+        if i == 0:
+            forms = (f"The main object is {_article(desc)} {desc} {where}.",) + forms[:2]
+        sentences.append(forms[int(rng.integers(len(forms)))])
+    for i, (a, b) in enumerate(zip(objs, objs[1:])):
+        da, db = f"{a.colour} {a.shape}", f"{b.colour} {b.shape}"
+        db = f"other {db}" if db == da else db
+        rel = f"The {da} is {_LONG_REL[_relation(a, b)]} the {db}."
+        if i > 0 and len(" ".join(sentences + [rel]).split()) > _LONG_MAX_WORDS:
+            break
+        sentences.append(rel)
+    return " ".join(sentences)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# negatives
+
+
+def _heldout_pattern(forbidden: set[tuple[str, str]] | None) -> re.Pattern[str] | None:
+    if not forbidden:
+        return None
+    return re.compile("|".join(rf"\b{c} {s}\b" for c, s in sorted(forbidden)))
+
+
+def negatives(spec: ShortSpec, scene: Scene, rng: np.random.Generator,
+              forbidden: set[tuple[str, str]] | None = None) -> dict[str, str]:
+    """Hard negatives of the short caption `spec`, category -> text (categories in :data:`NEGATIVE_TYPES`).
+
+    Each negative differs from the caption and is false for `scene`; a negative that would name a `forbidden`
+    (held-out) colour-shape pair is left out, so held-out pairs appear in no text outside the compgen split.
+    """
+    caption = render_short(spec)
+    pattern = _heldout_pattern(forbidden)
+    out: dict[str, str] = {}
+
+    def keep(kind: str, neg: ShortSpec) -> bool:
+        if spec_is_true(neg, scene):
+            return False
+        text = render_short(neg)
+        if text == caption or (pattern and pattern.search(text)):
+            return False
+        out[kind] = text
+        return True
+
+    ms = spec.mentions
+    swap = None
+    if len(ms) >= 2 and ms[0].colour != ms[1].colour:
+        swap = (replace(ms[0], colour=ms[1].colour), replace(ms[1], colour=ms[0].colour)) + ms[2:]
+    elif len(ms) >= 2 and ms[0].size and ms[1].size and ms[0].size != ms[1].size:
+        swap = (replace(ms[0], size=ms[1].size), replace(ms[1], size=ms[0].size)) + ms[2:]
+    if swap is not None:
+        keep("attribute_swap", replace(spec, mentions=swap))
+    elif len(ms) == 1 and spec.background and ms[0].colour:  # bind the object's colour to the background
+        keep("attribute_swap", replace(spec, mentions=(replace(ms[0], colour=spec.background),),
+                                       background=ms[0].colour))
+    if spec.relation:
+        keep("relation_swap", replace(spec, mentions=(ms[1], ms[0]) + ms[2:]))
+
+    words = caption.split()
+    for _ in range(10):
+        shuffled = " ".join(words[i] for i in rng.permutation(len(words)))
+        if shuffled != caption and not (pattern and pattern.search(shuffled)):
+            out["order_shuffle"] = shuffled
+            break
+
+    scene_colours = {o.colour for o in scene.objects}
+    scene_shapes = {o.shape for o in scene.objects}
+    free_colours = [c for c in COLOURS if c not in scene_colours]
+    free_shapes = [s for s in SHAPES if s not in scene_shapes]
+    for _ in range(5):  # a replacement or addition may be rejected (held-out pair); try a few
+        slot = int(rng.integers(len(ms)))
+        if rng.random() < 0.5 and ms[slot].colour:
+            new = replace(ms[slot], colour=free_colours[int(rng.integers(len(free_colours)))])
+        else:
+            new = replace(ms[slot], shape=free_shapes[int(rng.integers(len(free_shapes)))])
+        if keep("replace", replace(spec, mentions=ms[:slot] + (new,) + ms[slot + 1:])):
+            break
+    for _ in range(5):
+        added = Mention(free_shapes[int(rng.integers(len(free_shapes)))],
+                        list(COLOURS)[int(rng.integers(len(COLOURS)))])
+        if keep("add", replace(spec, mentions=ms + (added,))):
+            break
+    return out
+
+
+__all__ = ["Mention", "NEGATIVE_TYPES", "RELATIONS", "ShortSpec", "long_caption", "negatives",
+           "render_short", "short_caption", "spec_is_true"]

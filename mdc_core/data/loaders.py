@@ -1,0 +1,232 @@
+"""Batches of (image, caption) pairs from shards, CSV/TSV or COCO json, for training and evaluation.
+
+One pipeline serves the synthetic data and real data (see :mod:`mdc_core.data.sources` for accepted paths)::
+
+    shards (shuffled by (seed, epoch)) -> this worker's share -> webdataset tar reading -> shuffle buffer
+    -> decode + check -> transform -> batches of exactly `batch_size` good samples
+
+Records that cannot be used never stop a run: they are dropped and counted by reason (:data:`SKIP_REASONS`) in
+the ``"skipped"`` dict of the batch being built when they were met (those met after a worker's last batch
+are added to that batch), so the counts cross DataLoader worker processes inside the batches. A worker that
+yields no batch at all cannot report its counts.
+
+Order is a function of (seed, epoch, num_workers). With ``num_workers = W > 0`` each worker reads every W-th
+shard (or row) and the DataLoader takes batches from the workers in turn; ``skip_batches = n`` makes worker w play
+the part of worker (w + n) % W and pass over its share of the first n batches, so the batches that follow are
+exactly those the un-skipped epoch yields after its first n (as long as no worker ran dry within those n).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+import webdataset as wds
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from mdc_core.config import DataConfig
+from mdc_core.data.sources import Source, iter_shard_records, resolve_source
+from mdc_core.data.transforms import ImageError, SeededRandomResizedCrop, eval_transform, open_image
+
+SKIP_REASONS = ("bad_shard", "missing_image", "bad_image", "too_large", "missing_caption",
+                "bad_caption_encoding", "empty_caption")
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+EVAL_SPLITS = ("val", "test", "compgen", "restval")  # splits that never get random crops
+
+
+def _skip(reason: str) -> dict[str, Any]:
+    return {"__skip__": reason}
+
+
+def _decode_record(rec: dict[str, Any], check_only: bool = False) -> dict[str, Any]:
+    """A raw shard record -> ``{"key", "pil", "caption", "meta"}`` or a ``{"__skip__": reason}`` marker."""
+    if "__skip__" in rec:
+        return rec
+    key = rec["__key__"]
+    ext = next((e for e in IMAGE_EXTS if e in rec), None)
+    if ext is None:
+        return _skip("missing_image")
+    if "txt" not in rec:
+        return _skip("missing_caption")
+    try:
+        caption = rec["txt"].decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return _skip("bad_caption_encoding")
+    if not caption:
+        return _skip("empty_caption")
+    try:
+        pil = open_image(rec[ext], f"{rec.get('__url__', '')}:{key}.{ext}")
+    except ImageError as err:
+        return _skip(err.reason)
+    if check_only:
+        return {"key": key}
+    try:
+        meta = json.loads(rec["json"]) if "json" in rec else {}
+    except (ValueError, UnicodeDecodeError):
+        meta = {}  # unreadable metadata does not make the image-caption pair unusable
+    return {"key": key, "pil": pil, "caption": caption, "meta": meta if isinstance(meta, dict) else {}}
+
+
+def _decode_row(row: dict[str, Any], check_only: bool = False) -> dict[str, Any]:
+    """A CSV/COCO row -> the same as :func:`_decode_record`; the image file is read here."""
+    caption = str(row["caption"]).strip()
+    if not caption:
+        return _skip("empty_caption")
+    try:
+        data = Path(row["image"]).read_bytes()
+    except FileNotFoundError:
+        return _skip("missing_image")
+    except OSError:
+        return _skip("bad_image")
+    try:
+        pil = open_image(data, row["image"])
+    except ImageError as err:
+        return _skip(err.reason)
+    if check_only:
+        return {"key": row["key"]}
+    return {"key": row["key"], "pil": pil, "caption": caption, "meta": dict(row["meta"])}
+
+
+class CaptionBatches(IterableDataset):
+    """One epoch of batches (dicts, see :func:`build_loader`) of a :class:`Source`; safe in DataLoader workers."""
+
+    def __init__(self, source: Source, *, image_size: int, batch_size: int, seed: int, epoch: int,
+                 skip_batches: int, shuffle: bool, drop_last: bool, shuffle_buffer: int, random_crop: bool):
+        super().__init__()
+        self.source, self.image_size, self.batch_size = source, image_size, batch_size
+        self.seed, self.epoch, self.skip_batches = seed, epoch, skip_batches
+        self.shuffle, self.drop_last, self.buffer = shuffle, drop_last, shuffle_buffer
+        self.random_crop = random_crop
+        self._eval = eval_transform(image_size)
+
+    def _records(self, part: int, parts: int) -> tuple[Iterator[dict[str, Any]], Callable[..., dict[str, Any]]]:
+        if self.source.kind == "wds":
+            shards = list(self.source.shards)
+            if self.shuffle:
+                random.Random(f"shards-{self.seed}-{self.epoch}").shuffle(shards)
+            records = iter_shard_records(shards[part::parts])
+            if self.shuffle and self.buffer > 1:
+                rng = random.Random(f"samples-{self.seed}-{self.epoch}-{part}")
+                records = wds.shuffle(self.buffer, initial=self.buffer, rng=rng)(records)
+            return records, _decode_record
+        order = list(range(len(self.source.rows)))
+        if self.shuffle:  # a table fits in memory: a full permutation instead of a buffer
+            random.Random(f"rows-{self.seed}-{self.epoch}").shuffle(order)
+        return (self.source.rows[i] for i in order[part::parts]), _decode_row
+
+    def _transform(self, pil: Any, key: str) -> torch.Tensor:
+        if self.random_crop:  # crop drawn from (seed, epoch, key): independent of order, workers and skipping
+            rng = random.Random(f"crop-{self.seed}-{self.epoch}-{key}")
+            return SeededRandomResizedCrop(self.image_size, rng)(pil)
+        return self._eval(pil)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        parts, worker = (1, 0) if info is None else (info.num_workers, info.id)
+        part = (worker + self.skip_batches) % parts  # see the module docstring
+        to_skip = max(0, (self.skip_batches - part + parts - 1) // parts) * self.batch_size  # good samples
+        records, decode = self._records(part, parts)
+        batch: list[dict[str, Any]] = []
+        skipped: Counter[str] = Counter()
+        done: dict[str, Any] | None = None  # a full batch held back until the next good sample shows up
+        for rec in records:
+            sample = decode(rec, check_only=to_skip > 0)
+            if "__skip__" in sample:
+                if not to_skip:
+                    skipped[sample["__skip__"]] += 1
+                continue
+            if to_skip:
+                to_skip -= 1
+                continue
+            if done is not None:
+                yield done
+                done = None
+            sample["image"] = self._transform(sample.pop("pil"), sample["key"])
+            batch.append(sample)
+            if len(batch) == self.batch_size:
+                done = _collate(batch, skipped)
+                batch, skipped = [], Counter()
+        if batch and not self.drop_last:
+            if done is not None:
+                yield done
+            yield _collate(batch, skipped)
+        elif done is not None:  # records dropped after the last full batch are reported with it
+            done["skipped"] = dict(Counter(done["skipped"]) + skipped)
+            done["n_skipped"] = sum(done["skipped"].values())
+            yield done
+
+
+def _collate(batch: list[dict[str, Any]], skipped: Counter[str]) -> dict[str, Any]:
+    return {"image": torch.stack([s["image"] for s in batch]),  # (B, 3, S, S)
+            "caption": [s["caption"] for s in batch], "key": [s["key"] for s in batch],
+            "meta": [s["meta"] for s in batch], "n_skipped": sum(skipped.values()), "skipped": dict(skipped)}
+
+
+def _identity(batch: dict[str, Any]) -> dict[str, Any]:
+    return batch
+
+
+def _is_synthetic(source: Source) -> bool:
+    for folder in filter(None, (source.root, source.root.parent if source.root else None)):
+        manifest = folder / "manifest.json"
+        if manifest.is_file():
+            try:
+                return json.loads(manifest.read_text()).get("generator") == "mdc_core.data.synth"
+            except (OSError, ValueError):
+                return False
+    return False
+
+
+def build_loader(cfg: DataConfig, *, split: str | None = "train", image_size: int, batch_size: int, seed: int = 0,
+                 epoch: int = 0, skip_batches: int = 0, shuffle: bool = True,
+                 drop_last: bool = True) -> Iterable[dict[str, Any]]:
+    """One epoch of batches from ``cfg.path`` (``path/split`` when that folder exists; see :mod:`.sources`).
+
+    Each batch is a dict: ``image`` float (B, 3, image_size, image_size) normalised with the OpenAI CLIP
+    mean/std; ``caption`` list[str] (stripped); ``key`` list[str]; ``meta`` list[dict] (the sample's KEY.json, or
+    the row's other columns; {} when absent); ``n_skipped`` int and ``skipped`` {reason: count} for records
+    dropped while this batch was built. B = `batch_size` except a last partial batch per worker when not
+    `drop_last`. Shuffling (shard order + a ``cfg.shuffle_buffer`` sample buffer; a full permutation for tables)
+    happens when `shuffle` and ``cfg.shuffle_buffer > 0``, seeded by (seed, epoch). ``cfg.augment == "rrc"``
+    gives random resized crops, except for the val/test/compgen splits. Iterating the result again repeats the
+    same epoch.
+    """
+    cfg.validate()
+    if image_size < 1 or batch_size < 1 or skip_batches < 0:
+        raise ValueError(f"need image_size >= 1, batch_size >= 1, skip_batches >= 0; got {image_size}, "
+                         f"{batch_size}, {skip_batches}")
+    source = resolve_source(cfg.path, cfg.format, split)
+    random_crop = cfg.augment == "rrc" and split not in EVAL_SPLITS
+    if random_crop and _is_synthetic(source):
+        warnings.warn("data.augment='rrc' on the synthetic data set: random crops change object positions and "
+                      "sizes that captions and labels describe; use augment='none'")
+    stream = CaptionBatches(source, image_size=image_size, batch_size=batch_size, seed=seed, epoch=epoch,
+                            skip_batches=skip_batches, shuffle=shuffle and cfg.shuffle_buffer > 0,
+                            drop_last=drop_last, shuffle_buffer=cfg.shuffle_buffer, random_crop=random_crop)
+    if cfg.num_workers == 0:
+        return stream
+    if source.kind == "wds" and len(source) < cfg.num_workers:
+        warnings.warn(f"{len(source)} shards for {cfg.num_workers} workers: some workers will be idle")
+    return DataLoader(stream, batch_size=None, num_workers=cfg.num_workers, collate_fn=_identity)
+
+
+def iter_captions(cfg: DataConfig, split: str | None = "train") -> Iterator[str]:
+    """Every usable caption (stripped, non-empty, valid UTF-8) of the split in storage order, without reading
+    images: for building a corpus vocabulary. Bad shards and bad captions are passed over silently."""
+    cfg.validate()
+    source = resolve_source(cfg.path, cfg.format, split)
+    if source.kind != "wds":
+        yield from (c for c in (str(r["caption"]).strip() for r in source.rows) if c)
+        return
+    for rec in iter_shard_records(source.shards, suffixes={"txt"}):
+        try:
+            caption = rec["txt"].decode("utf-8").strip() if "txt" in rec else ""
+        except UnicodeDecodeError:
+            continue
+        if caption:
+            yield caption

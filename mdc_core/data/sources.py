@@ -1,0 +1,228 @@
+"""Where image-caption records come from: path resolution and raw (undecoded) record streams.
+
+Accepted ``DataConfig.path`` forms (``format="auto"`` picks by extension / directory contents; an explicit
+``format`` must agree with what is found):
+
+* a directory of WebDataset shards (``*.tar``, ``*.tar.gz``, ``*.tgz``) as img2dataset writes them:
+  members ``KEY.jpg`` (or ``.jpeg``/``.png``/``.webp``), ``KEY.txt`` (caption) and optional ``KEY.json``;
+* a directory with a ``<split>`` subdirectory: ``path/<split>`` is used (the synthetic data set's layout);
+  a directory that has a ``manifest.json`` or other split folders but not the requested one is an error;
+* a brace or glob pattern of shards: ``dir/{000000..000010}.tar``, ``dir/*.tar`` (missing files are dropped
+  with a warning; none existing is an error);
+* a ``.csv`` or ``.tsv`` file with a header row naming an image column (one of :data:`IMAGE_COLUMNS`) and a
+  caption column (one of :data:`CAPTION_COLUMNS`), case-insensitive; image paths relative to the file's folder
+  (absolute paths are used as they are); other columns go to the sample's ``meta``;
+* a COCO caption ``.json`` (``{"images": [{"id", "file_name"}], "annotations": [{"image_id", "caption", "id"}]}``,
+  one sample per annotation, images looked up beside the json, then in an ``images/`` folder beside it) or a
+  Karpathy split json (``{"images": [{"filename", "filepath"?, "split", "sentences": [{"raw"}]}]}``, one sample per
+  sentence, filtered by split: ``train`` includes ``restval``);
+* a directory holding no shards but exactly one ``.csv``/``.tsv``/``.json`` caption file (``manifest.json`` and
+  ``*_stats.json`` are ignored): that file.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import braceexpand
+import webdataset as wds
+
+IMAGE_COLUMNS = ("image", "filepath", "file_path", "image_path", "img_path", "img", "path", "file", "filename",
+                 "file_name")
+CAPTION_COLUMNS = ("caption", "title", "text", "captions", "sentence", "raw", "alt", "alt_text", "description")
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+KNOWN_SPLITS = ("train", "val", "test", "compgen", "restval")
+_EXPECTED = ("a directory of .tar shards (or with a <split> subdirectory), a brace/glob shard pattern, "
+             "a .csv/.tsv file or a COCO caption .json")
+
+
+@dataclass
+class Source:
+    """A resolved data source: `shards` (kind ``wds``) or `rows` (kinds ``csv``, ``tsv``, ``coco``).
+
+    A row is ``{"key": str, "image": str (absolute path), "caption": str, "meta": dict}``.
+    """
+
+    kind: str
+    location: str
+    shards: list[str] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    root: Path | None = None  # folder that may hold a synthetic manifest.json
+
+    def __len__(self) -> int:
+        return len(self.shards) if self.kind == "wds" else len(self.rows)
+
+
+def _is_shard(p: Path) -> bool:
+    return p.is_file() and p.name.endswith(SHARD_SUFFIXES)
+
+
+def resolve_source(path: str, fmt: str = "auto", split: str | None = None) -> Source:
+    """Resolve ``DataConfig.path``/``format`` (and `split`) to a :class:`Source`; see the module docstring.
+
+    Raises ``FileNotFoundError`` (nothing there) or ``ValueError`` (wrong kind / unusable content) naming the
+    path and what was expected.
+    """
+    if not path:
+        raise ValueError(f"data.path is empty; expected {_EXPECTED}")
+    if any(c in path for c in "{*?["):
+        return _pattern_source(path, fmt)
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"data path {p} does not exist; expected {_EXPECTED}")
+    if p.is_dir():
+        return _dir_source(p, fmt, split)
+    suffix = p.suffix.lower()
+    kind = {".csv": "csv", ".tsv": "tsv", ".json": "coco"}.get(suffix, "wds" if p.name.endswith(SHARD_SUFFIXES)
+                                                                 else None)
+    if kind is None:
+        raise ValueError(f"cannot tell the format of {p} from its extension; expected {_EXPECTED}")
+    if fmt not in ("auto", kind):
+        raise ValueError(f"data.format={fmt!r} but {p} looks like {kind} data")
+    return _file_source(p, kind, split)
+
+
+def _pattern_source(pattern: str, fmt: str) -> Source:
+    if fmt not in ("auto", "wds"):
+        raise ValueError(f"data.format={fmt!r} but {pattern!r} is a shard pattern (format wds)")
+    names = [n for part in braceexpand.braceexpand(pattern) for n in (sorted(glob.glob(part)) or [part])]
+    shards = [n for n in names if _is_shard(Path(n))]
+    if not shards:
+        raise FileNotFoundError(f"no shard files matched {pattern!r}; expected files ending in "
+                                f"{'/'.join(SHARD_SUFFIXES)}")
+    missing = [n for n in names if n not in shards]
+    if missing:
+        warnings.warn(f"{len(missing)} of {len(names)} shards in {pattern!r} do not exist (first: {missing[0]})")
+    return Source("wds", pattern, shards=shards, root=Path(shards[0]).parent)
+
+
+def _dir_source(p: Path, fmt: str, split: str | None) -> Source:
+    root = p
+    if split and (p / split).is_dir():
+        p = p / split
+    elif split:
+        splits = sorted(d.name for d in p.iterdir() if d.is_dir() and d.name in KNOWN_SPLITS)
+        if splits or (p / "manifest.json").is_file():
+            raise FileNotFoundError(f"{p} has no {split!r} split folder (found: {', '.join(splits) or 'none'})")
+    shards = sorted(str(f) for f in p.iterdir() if _is_shard(f))
+    if shards and fmt in ("auto", "wds"):
+        return Source("wds", str(p), shards=shards, root=root)
+    if fmt == "wds":
+        raise FileNotFoundError(f"no .tar shards in directory {p} (data.format='wds')")
+    exts = {"csv": (".csv",), "tsv": (".tsv",), "coco": (".json",)}.get(fmt, (".csv", ".tsv", ".json"))
+    tables = sorted(f for f in p.iterdir() if f.is_file() and f.suffix.lower() in exts
+                    and f.name != "manifest.json" and not f.name.endswith("_stats.json"))
+    if not tables:
+        raise FileNotFoundError(f"directory {p} holds no data: expected .tar shards, a <split> subdirectory or "
+                                f"one .csv/.tsv/.json caption file")
+    if len(tables) > 1:
+        raise ValueError(f"directory {p} holds several caption files ({', '.join(t.name for t in tables)}); "
+                         f"set data.path to one of them")
+    kind = {".csv": "csv", ".tsv": "tsv", ".json": "coco"}[tables[0].suffix.lower()]
+    return _file_source(tables[0], kind, split)
+
+
+def _file_source(p: Path, kind: str, split: str | None) -> Source:
+    if kind == "wds":
+        return Source("wds", str(p), shards=[str(p)], root=p.parent)
+    rows = _read_table(p, "\t" if kind == "tsv" else ",") if kind in ("csv", "tsv") else _read_coco(p, split)
+    if not rows:
+        raise ValueError(f"{p} has no samples" + (f" for split {split!r}" if kind == "coco" and split else ""))
+    return Source(kind, str(p), rows=rows, root=p.parent)
+
+
+def _pick(header: list[str], names: tuple[str, ...]) -> int | None:
+    lowered = [h.strip().lower() for h in header]
+    return next((lowered.index(n) for n in names if n in lowered), None)
+
+
+def _read_table(p: Path, delimiter: str) -> list[dict[str, Any]]:
+    with open(p, newline="", encoding="utf-8", errors="replace") as f:
+        reader = csv.reader(f, delimiter=delimiter)
+        header = next(reader, None)
+        if header is None:
+            raise ValueError(f"{p} is empty; expected a header row and one row per image-caption pair")
+        img_col, cap_col = _pick(header, IMAGE_COLUMNS), _pick(header, CAPTION_COLUMNS)
+        if img_col is None or cap_col is None:
+            raise ValueError(f"{p}: header {header} needs an image column (one of {', '.join(IMAGE_COLUMNS)}) "
+                             f"and a caption column (one of {', '.join(CAPTION_COLUMNS)})")
+        rows = []
+        for i, row in enumerate(reader):
+            if not row or len(row) <= max(img_col, cap_col):
+                continue
+            meta = {h: v for j, (h, v) in enumerate(zip(header, row)) if j not in (img_col, cap_col)}
+            meta["image"] = row[img_col]
+            rows.append({"key": f"{i:09d}", "image": str(p.parent / row[img_col]), "caption": row[cap_col],
+                         "meta": meta})
+    return rows
+
+
+def _read_coco(p: Path, split: str | None) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{p} is not valid JSON: {err}") from err
+    if not isinstance(data, dict) or not isinstance(data.get("images"), list):
+        raise ValueError(f"{p}: expected a COCO caption json with 'images' and 'annotations' lists "
+                         f"(or a Karpathy json with 'images' holding 'sentences')")
+    images = data["images"]
+    if images and isinstance(images[0], dict) and "sentences" in images[0]:
+        return _read_karpathy(p, images, split)
+    if not isinstance(data.get("annotations"), list):
+        raise ValueError(f"{p}: COCO caption json has no 'annotations' list")
+    folders = (p.parent, p.parent / "images")
+    files: dict[Any, str] = {}
+    for im in images:
+        name = im["file_name"]
+        found = next((d / name for d in folders if (d / name).is_file()), folders[0] / name)
+        files[im["id"]] = str(found)
+    rows = []
+    for ann in data["annotations"]:
+        image = files.get(ann.get("image_id"))
+        if image is None:
+            continue  # an annotation of an image the json does not list
+        rows.append({"key": str(ann.get("id", len(rows))), "image": image, "caption": str(ann.get("caption", "")),
+                     "meta": {"image_id": ann["image_id"], "annotation_id": ann.get("id"),
+                              "file_name": Path(image).name}})
+    return rows
+
+
+def _read_karpathy(p: Path, images: list[dict[str, Any]], split: str | None) -> list[dict[str, Any]]:
+    wanted = None if split is None else {"train", "restval"} if split == "train" else {split}
+    rows = []
+    for im in images:
+        if wanted is not None and im.get("split") not in wanted:
+            continue
+        rel = Path(im.get("filepath", "")) / im["filename"]
+        cands = (p.parent / rel, p.parent / im["filename"], p.parent / "images" / rel)
+        image = next((c for c in cands if c.is_file()), cands[0])
+        for sent in im["sentences"]:
+            rows.append({"key": str(sent.get("sentid", len(rows))), "image": str(image),
+                         "caption": sent.get("raw", " ".join(sent.get("tokens", []))),
+                         "meta": {"image_id": im.get("cocoid", im.get("imgid")), "file_name": im["filename"],
+                                  "split": im.get("split")}})
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------------
+# raw record streams (no decoding): dicts with "__key__" and members, or {"__skip__": reason}
+
+
+def iter_shard_records(shards: list[str], suffixes: set[str] | None = None) -> Iterator[dict[str, Any]]:
+    """Samples of `shards` in order, grouped by key by webdataset (``{"__key__", "jpg": bytes, ...}``).
+
+    A shard that cannot be opened or read yields ``{"__skip__": "bad_shard", "__url__": shard}`` and the stream
+    goes on with the next shard (samples read before the error are kept). `suffixes` keeps only those members.
+    """
+    select = (lambda fname: fname.rsplit(".", 1)[-1].lower() in suffixes) if suffixes else None
+    for shard in shards:
+        try:
+            yield from wds.tarfile_samples([{"url": shard}], select_files=select)
+        except Exception:  # webdataset's default handler re-raises: tarfile/IO/grouping errors end the shard
+            yield {"__skip__": "bad_shard", "__url__": shard}

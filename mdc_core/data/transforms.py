@@ -1,0 +1,115 @@
+"""Image decoding and preprocessing shared by the data loaders, the CLI and the app.
+
+Every image becomes a float tensor (3, S, S) normalised with open_clip's OpenAI CLIP mean/std: RGB convert,
+resize the shorter side to S (bicubic), centre crop; or, for training on real data with ``augment="rrc"``,
+a random resized crop (scale 0.9-1, open_clip's default) whose parameters come from a seeded ``random.Random``
+so that the crop sequence is reproducible in every worker.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import random
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import torch
+from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
+from PIL import Image
+from torchvision import transforms as T
+from torchvision.transforms import functional as TF
+
+MAX_SIDE = 10_000  # pixels: larger images are refused
+MAX_PIXELS = 50_000_000  # 50 MP: larger images are refused (PIL's own bomb guard triggers only above ~179 MP)
+RRC_SCALE = (0.9, 1.0)  # area fraction kept by the random resized crop
+RRC_RATIO = (3 / 4, 4 / 3)  # aspect ratios of the random resized crop
+
+
+class ImageError(ValueError):
+    """An image could not be used: `reason` is one of ``bad_image``, ``too_large``."""
+
+    def __init__(self, message: str, reason: str = "bad_image"):
+        super().__init__(message)
+        self.reason = reason
+
+
+def open_image(data: bytes, name: str = "image") -> Image.Image:
+    """Decode `data` into a fully loaded RGB PIL image; raise :class:`ImageError` naming `name` when the bytes
+    are empty, not an image, truncated, or larger than :data:`MAX_SIDE` / :data:`MAX_PIXELS`."""
+    if not data:
+        raise ImageError(f"{name}: empty file (0 bytes), expected an image")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data))
+            w, h = img.size  # read from the header: nothing decoded yet
+            if w > MAX_SIDE or h > MAX_SIDE or w * h > MAX_PIXELS:
+                raise ImageError(f"{name}: image of {w}x{h} pixels is too large (limit {MAX_SIDE} px per side, "
+                                 f"{MAX_PIXELS // 1_000_000} MP)", "too_large")
+            img.load()  # decode now: truncated or corrupt data fails here, not inside a transform
+    except ImageError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+        raise ImageError(f"{name}: image is too large ({err})", "too_large") from err
+    except Exception as err:  # PIL raises UnidentifiedImageError, OSError, SyntaxError, ValueError ...
+        raise ImageError(f"{name}: not a readable image ({type(err).__name__}: {err})") from err
+    if img.mode != "RGB":
+        img = img.convert("RGBA").convert("RGB") if img.mode in ("P", "LA", "PA") else img.convert("RGB")
+    return img
+
+
+def _normalise() -> Callable[[Image.Image], torch.Tensor]:
+    return T.Compose([T.ToTensor(), T.Normalize(OPENAI_DATASET_MEAN, OPENAI_DATASET_STD)])
+
+
+def eval_transform(image_size: int) -> Callable[[Image.Image], torch.Tensor]:
+    """PIL RGB image -> (3, image_size, image_size) normalised tensor: shorter side resize + centre crop."""
+    return T.Compose([T.Resize(image_size, interpolation=T.InterpolationMode.BICUBIC),
+                      T.CenterCrop(image_size), _normalise()])
+
+
+class SeededRandomResizedCrop:
+    """torchvision's RandomResizedCrop with crop parameters drawn from a ``random.Random`` we own (torchvision
+    draws from the global torch RNG, which a data loader must not consume or depend on)."""
+
+    def __init__(self, image_size: int, rng: random.Random):
+        self.image_size, self.rng = image_size, rng
+        self.finish = _normalise()
+
+    def _params(self, width: int, height: int) -> tuple[int, int, int, int]:
+        area = width * height
+        log_ratio = (math.log(RRC_RATIO[0]), math.log(RRC_RATIO[1]))
+        for _ in range(10):  # the same rejection sampling as torchvision's RandomResizedCrop.get_params
+            target = area * self.rng.uniform(*RRC_SCALE)
+            ratio = math.exp(self.rng.uniform(*log_ratio))
+            w, h = int(round(math.sqrt(target * ratio))), int(round(math.sqrt(target / ratio)))
+            if 0 < w <= width and 0 < h <= height:
+                return self.rng.randint(0, height - h), self.rng.randint(0, width - w), h, w
+        side = min(width, height)  # fallback: central square crop
+        return (height - side) // 2, (width - side) // 2, side, side
+
+    def __call__(self, img: Image.Image) -> torch.Tensor:
+        top, left, h, w = self._params(*img.size)
+        img = TF.resized_crop(img, top, left, h, w, [self.image_size, self.image_size],
+                              interpolation=T.InterpolationMode.BICUBIC)
+        return self.finish(img)
+
+
+def load_image(source: str | Path | bytes, image_size: int) -> torch.Tensor:
+    """One image file (or its bytes) -> (3, image_size, image_size) float tensor, preprocessed as for evaluation.
+
+    Raises ``FileNotFoundError`` for a missing path and ``ValueError`` naming the file for an empty, unreadable,
+    non-image or too large (> 10,000 px per side or > 50 MP) file.
+    """
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        name, data = "image bytes", bytes(source)
+    else:
+        path = Path(source).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(f"image file not found: {path}")
+        if not path.is_file():
+            raise ValueError(f"{path}: not a file, expected an image")
+        name, data = str(path), path.read_bytes()
+    return eval_transform(image_size)(open_image(data, name))

@@ -1,0 +1,18 @@
+"""Evaluation: linear probing of frozen features and captioning metrics.
+
+* :mod:`mdc_core.eval.probe`: :func:`linear_probe` (CLIP-benchmark protocol) and :func:`cached_features`.
+* :mod:`mdc_core.eval.caption_metrics`: :func:`caption_metrics` (BLEU, METEOR, ROUGE-L, CIDEr, SPICE via
+  pycocoevalcap).
+
+Both take plain tensors / strings; loading models and data is the caller's job.
+Note: ``mdc_core.eval.caption_metrics`` names the function here; the module is
+``sys.modules["mdc_core.eval.caption_metrics"]`` (or ``importlib.import_module``).
+"""
+
+from mdc_core.eval.caption_metrics import ALL_METRICS, caption_metrics, simple_tokenize
+from mdc_core.eval.probe import CLIP_BENCHMARK_WD_GRID, ProbeResult, cached_features, linear_probe
+
+__all__ = [
+    "ALL_METRICS", "CLIP_BENCHMARK_WD_GRID", "ProbeResult", "cached_features", "caption_metrics", "linear_probe",
+    "simple_tokenize",
+]

@@ -1,0 +1,142 @@
+"""Confidence-ordered unmasking sampler (paper Eq. 6) with its full trajectory.
+
+Start from the canvas ``<sot> [MASK]*N' <eot>``. At every step the decoder predicts all positions; each
+still-masked position's confidence is the highest probability it assigns to any allowed token, and the
+k most confident masked positions are revealed with their argmax tokens (k = 1 in the paper, so N' steps).
+Revealed tokens never change. ``<sot>``/``<eot>`` are excluded from the canvas vocabulary (and ``[MASK]``
+has no output row), so the caption is always N' real tokens. Confidences are probabilities under the
+softmax over the allowed tokens.
+
+Options: ``tokens_per_step`` (k), ``temperature`` > 0 with ``top_k`` to sample the candidate token instead of
+taking the argmax (its confidence is still its untempered probability), ``seed`` for that sampling.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .config import SamplerConfig
+from .model import Captioner
+from .tokenizer import EOT_ID, MASK_ID, SOT_ID, CaptionTokenizer
+
+
+@dataclass
+class SampleOutput:
+    """Batched result of :func:`sample`. S = number of steps, N = caption length N'. Ids are token ids."""
+
+    tokens: torch.Tensor  # (B, N) final caption ids
+    reveal_step: torch.Tensor  # (B, N) step at which each position was revealed
+    reveal_confidence: torch.Tensor  # (B, N) its confidence when revealed
+    step_top_token: torch.Tensor  # (S, B, N) per step, each position's top-1 token (meaningful where masked)
+    step_top_confidence: torch.Tensor  # (S, B, N) and its confidence
+    step_masked: torch.Tensor  # (S, B, N) bool: position still masked at the start of the step
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_steps(self) -> int:
+        return self.step_masked.shape[0]
+
+
+def canvas(batch: int, length: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """(B, N'+2) fully masked canvas ``<sot> [MASK]*N' <eot>``."""
+    x = torch.full((batch, length + 2), MASK_ID, dtype=torch.long, device=device)
+    x[:, 0], x[:, -1] = SOT_ID, EOT_ID
+    return x
+
+
+def allowed_rows(model: Captioner) -> torch.Tensor:
+    """(V_out,) bool: head rows the canvas may take (everything but ``<sot>``/``<eot>``)."""
+    ids = model.output_ids
+    return (ids != SOT_ID) & (ids != EOT_ID)
+
+
+@torch.no_grad()
+def sample(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig) -> SampleOutput:
+    """Generate captions of ``cfg.length`` tokens for image_tokens (B, M, D) by confidence unmasking."""
+    cfg.validate()
+    if model.causal:
+        raise ValueError("this model is autoregressive (ARC); unmasking sampling needs a bidirectional model")
+    B, N, k = image_tokens.shape[0], cfg.length, cfg.tokens_per_step
+    if N + 2 > model.cfg.context_length:
+        raise ValueError(f"caption length {N} exceeds the model's context ({model.cfg.context_length - 2} tokens)")
+    device = image_tokens.device
+    steps = math.ceil(N / k)
+    x = canvas(B, N, device)
+    allowed = allowed_rows(model)
+    gen = torch.Generator(device=device).manual_seed(cfg.seed) if cfg.temperature > 0 else None
+
+    reveal_step = torch.full((B, N), -1, dtype=torch.long, device=device)
+    reveal_conf = torch.zeros(B, N, device=device)
+    top_tok = torch.zeros(steps, B, N, dtype=torch.long, device=device)
+    top_conf = torch.zeros(steps, B, N, device=device)
+    was_masked = torch.zeros(steps, B, N, dtype=torch.bool, device=device)
+    rows = torch.arange(B, device=device)[:, None]
+    for s in range(steps):
+        masked = x[:, 1:-1] == MASK_ID  # (B, N)
+        logits = model.decode(x, image_tokens)[:, 1:-1].float()  # (B, N, V_out)
+        logits = logits.masked_fill(~allowed, float("-inf"))
+        probs = logits.softmax(dim=-1)
+        conf, best = probs.max(dim=-1)  # (B, N)
+        cand = best if gen is None else _sample_rows(logits, cfg.temperature, cfg.top_k, gen)
+        cand_conf = conf if gen is None else probs.gather(-1, cand[..., None])[..., 0]
+        top_tok[s], top_conf[s], was_masked[s] = model.output_ids[best], conf, masked
+
+        n_reveal = min(k, N - s * k)
+        score = cand_conf.masked_fill(~masked, float("-inf"))
+        pos = score.topk(n_reveal, dim=-1).indices  # (B, n_reveal) most confident masked positions
+        x[:, 1:-1][rows, pos] = model.output_ids[cand[rows, pos]]
+        reveal_step[rows, pos] = s
+        reveal_conf[rows, pos] = cand_conf[rows, pos]
+
+    settings = {"length": N, "tokens_per_step": k, "temperature": cfg.temperature, "top_k": cfg.top_k,
+                "seed": cfg.seed, "steps": steps}
+    return SampleOutput(x[:, 1:-1].clone(), reveal_step, reveal_conf, top_tok, top_conf, was_masked, settings)
+
+
+def _sample_rows(logits: torch.Tensor, temperature: float, top_k: int, gen: torch.Generator) -> torch.Tensor:
+    """Draw one head row per position from softmax(logits / T), optionally among the top_k. (B, N, V) -> (B, N)."""
+    scaled = logits / temperature
+    if top_k > 0:
+        kth = scaled.topk(min(top_k, scaled.shape[-1]), dim=-1).values[..., -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    flat = scaled.softmax(dim=-1).reshape(-1, scaled.shape[-1])
+    return torch.multinomial(flat, 1, generator=gen).view(logits.shape[:-1])
+
+
+def trajectory(out: SampleOutput, tokenizer: CaptionTokenizer, index: int = 0) -> dict[str, Any]:
+    """JSON-ready record of caption `index`: text, tokens, and one entry per step.
+
+    Each step lists every token it revealed (``revealed``, most confident first) and every position that
+    was still masked when it began with the model's top guess there (``masked``); ``position``, ``token``
+    and ``confidence`` repeat the step's most confident reveal (the only one when k = 1). Positions count
+    caption tokens from 0 (``<sot>`` excluded).
+    """
+    ids = out.tokens[index].tolist()
+    steps = []
+    for s in range(out.num_steps):
+        revealed_pos = (out.reveal_step[index] == s).nonzero()[:, 0].tolist()
+        revealed = sorted(
+            ({"position": p, "token": tokenizer.token_string(ids[p]), "token_id": ids[p],
+              "confidence": float(out.reveal_confidence[index, p])} for p in revealed_pos),
+            key=lambda r: -r["confidence"],
+        )
+        masked = [
+            {"position": p, "top_token": tokenizer.token_string(int(out.step_top_token[s, index, p])),
+             "top_token_id": int(out.step_top_token[s, index, p]),
+             "top_confidence": float(out.step_top_confidence[s, index, p])}
+            for p in out.step_masked[s, index].nonzero()[:, 0].tolist()
+        ]
+        first = revealed[0]
+        steps.append({"step": s, "position": first["position"], "token": first["token"],
+                      "confidence": first["confidence"], "revealed": revealed, "masked": masked})
+    return {
+        "caption": tokenizer.decode(ids),
+        "tokens": [tokenizer.token_string(i) for i in ids],
+        "token_ids": ids,
+        "steps": steps,
+        "settings": dict(out.settings),
+    }

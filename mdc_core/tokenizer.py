@@ -1,0 +1,135 @@
+"""Caption tokenizer: open_clip's CLIP BPE with a ``[MASK]`` id appended (DESIGN.md section 2).
+
+Ids: 0..49407 are CLIP's BPE vocabulary (``<sot>`` = 49406, ``<eot>`` = 49407). Padding uses id 0, which is
+also the real token "!", so decoding always cuts at ``<eot>`` before turning ids into text. ``[MASK]`` =
+49408 lives only in the decoder's input embedding table; the output head never predicts it.
+
+The output head may be restricted to the token ids that occur in the training corpus
+(``model.output_vocab = "corpus"``); :func:`build_output_vocab` makes that id table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from functools import lru_cache
+
+import torch
+from open_clip.tokenizer import SimpleTokenizer
+
+VOCAB_SIZE = 49408  # CLIP BPE vocabulary, specials included
+SOT_ID = 49406
+EOT_ID = 49407
+PAD_ID = 0  # also the real token "!"; never confuse the two: cut at <eot> first
+MASK_ID = VOCAB_SIZE  # appended after the BPE vocabulary
+EMBED_SIZE = VOCAB_SIZE + 1  # rows of the decoder's input embedding
+SPECIAL_IDS = (SOT_ID, EOT_ID)
+
+
+@lru_cache(maxsize=1)
+def _bpe() -> SimpleTokenizer:
+    return SimpleTokenizer()  # reads the BPE merges shipped inside the open_clip wheel; no network
+
+
+class CaptionTokenizer:
+    """Turns captions into fixed-length id tensors ``<sot> ids <eot> pad...`` and back."""
+
+    vocab_size = VOCAB_SIZE
+    sot_id = SOT_ID
+    eot_id = EOT_ID
+    pad_id = PAD_ID
+    mask_id = MASK_ID
+
+    def __init__(self, context_length: int = 77) -> None:
+        if context_length < 3:
+            raise ValueError(f"context_length must be >= 3, got {context_length}")
+        self.context_length = context_length
+        self.bpe = _bpe()
+
+    def encode_text(self, text: str) -> list[int]:
+        """BPE ids of `text` without specials (lower-cased and cleaned as CLIP does)."""
+        return self.bpe.encode(text)
+
+    def __call__(self, texts: str | Sequence[str], *, truncate: bool = True,
+                 context_length: int | None = None) -> torch.Tensor:
+        """Tokenize captions into a (B, L) LongTensor with L = context_length.
+
+        Over-long captions are cut to ``L - 2`` BPE tokens plus ``<eot>`` when `truncate` (what training
+        does, as the paper's "padded or truncated to 77 tokens"); otherwise they raise ``ValueError``.
+        Empty captions (no BPE token after cleaning) always raise ``ValueError``.
+        """
+        if isinstance(texts, str):
+            texts = [texts]
+        length = context_length or self.context_length
+        out = torch.full((len(texts), length), PAD_ID, dtype=torch.long)
+        for row, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TypeError(f"caption {row} is {type(text).__name__}, expected str")
+            ids = self.encode_text(text)
+            if not ids:
+                raise ValueError(f"caption {row} is empty after tokenization: {text!r}")
+            if len(ids) > length - 2:
+                if not truncate:
+                    raise ValueError(f"caption {row} has {len(ids)} tokens but the model's context holds "
+                                     f"{length - 2} (context_length {length} minus <sot>/<eot>): {text[:80]!r}")
+                ids = ids[: length - 2]
+            seq = [SOT_ID, *ids, EOT_ID]
+            out[row, : len(seq)] = torch.tensor(seq)
+        return out
+
+    def tokenize_batch(self, texts: Sequence[str]) -> tuple[torch.Tensor, int]:
+        """Training-time tokenization: (B, L) ids with over-long captions truncated, and how many were cut."""
+        lengths = [len(self.encode_text(t)) for t in texts]  # BPE results are cached, so this is cheap
+        return self(texts, truncate=True), sum(n > self.context_length - 2 for n in lengths)
+
+    def decode(self, ids: Sequence[int] | torch.Tensor) -> str:
+        """Caption text of one id sequence: drops ``<sot>``, cuts at ``<eot>``, shows ``[MASK]`` literally."""
+        return "".join(self.token_strings(ids, keep_space=True)).strip()
+
+    def batch_decode(self, ids: torch.Tensor) -> list[str]:
+        """Decode each row of a (B, L) tensor."""
+        return [self.decode(row) for row in ids]
+
+    def token_strings(self, ids: Sequence[int] | torch.Tensor, *, keep_space: bool = False) -> list[str]:
+        """One display string per token (``<sot>`` dropped, cut at ``<eot>``); ``[MASK]`` for masks.
+
+        With `keep_space` a word-final token carries its trailing space, so ``"".join`` gives the text.
+        """
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        pieces: list[str] = []
+        for i in ids:
+            if i == SOT_ID:
+                continue
+            if i == EOT_ID:
+                break
+            pieces.append(self.token_string(i, keep_space=keep_space))
+        return pieces
+
+    def token_string(self, token_id: int, *, keep_space: bool = False) -> str:
+        """Display string of a single id."""
+        if token_id == MASK_ID:
+            return "[MASK] " if keep_space else "[MASK]"
+        if not 0 <= token_id < VOCAB_SIZE:
+            raise ValueError(f"token id {token_id} is outside the vocabulary (0..{MASK_ID})")
+        piece = self.bpe.decoder[token_id]
+        raw = bytearray(self.bpe.byte_decoder[c] for c in piece).decode("utf-8", errors="replace")
+        if raw.endswith("</w>"):
+            raw = raw[: -len("</w>")] + (" " if keep_space else "")
+        return raw
+
+
+def build_output_vocab(captions: Iterable[str], tokenizer: CaptionTokenizer | None = None) -> torch.Tensor:
+    """Sorted ids that can be prediction targets for this corpus: every BPE id in `captions` plus ``<eot>``.
+
+    ``<eot>`` is included because the autoregressive objective predicts it; the masked objectives never
+    target it (it is never masked) and the sampler never emits it inside the canvas.
+    """
+    tokenizer = tokenizer or CaptionTokenizer()
+    seen: set[int] = {EOT_ID}
+    n = 0
+    for text in captions:
+        seen.update(tokenizer.encode_text(text))
+        n += 1
+    if n == 0:
+        raise ValueError("cannot build an output vocabulary from an empty caption corpus")
+    return torch.tensor(sorted(seen), dtype=torch.long)

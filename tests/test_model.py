@@ -1,0 +1,104 @@
+"""The captioner: forward per preset, attention masks, corpus vocabulary, tokenizer."""
+
+import pytest
+import torch
+
+from mdc_core.config import load_preset
+from mdc_core.model import Captioner, padding_mask
+from mdc_core.tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID, CaptionTokenizer, build_output_vocab
+
+
+@pytest.mark.parametrize("preset", ["tiny", "vit_b32", "vit_b16", "vit_l14"])
+def test_forward_every_preset_no_nan(preset):
+    cfg = load_preset(preset)
+    if cfg.model.output_vocab == "corpus":
+        ids = build_output_vocab(["a red circle", "two blue squares"])
+        cfg.model.output_vocab_size = len(ids)
+    else:
+        ids = None
+    torch.manual_seed(0)
+    model = Captioner(cfg.model, output_ids=ids).eval()
+    tok = CaptionTokenizer(cfg.model.context_length)
+    tokens = tok(["a red circle", "two blue squares"])
+    tokens[0, 2] = MASK_ID
+    with torch.no_grad():
+        image_tokens = model.encode_image(torch.randn(2, 3, cfg.model.image_size, cfg.model.image_size))
+        logits = model.decode(tokens[:, :8], image_tokens)
+        pooled = model.encoder.pool(image_tokens)
+    n_out = len(ids) if ids is not None else 49408
+    assert logits.shape == (2, 8, n_out)
+    assert pooled.shape == (2, model.encoder.width)
+    assert torch.isfinite(logits).all() and torch.isfinite(pooled).all()
+
+
+def test_padding_mask_uses_eot_not_pad_id():
+    tokens = torch.tensor([[SOT_ID, 0, 5, EOT_ID, 0, 0]])  # the first 0 is the real token "!"
+    assert padding_mask(tokens).tolist() == [[False, False, False, False, True, True]]
+
+
+def test_pads_invisible_to_attention(tiny_model):
+    model = tiny_model()
+    image = model.encode_image(torch.randn(1, 3, 32, 32))
+    a = torch.tensor([[SOT_ID, 10, MASK_ID, EOT_ID, PAD_ID, PAD_ID]])
+    b = a.clone()
+    b[0, 4:] = torch.tensor([77, MASK_ID])  # garbage after <eot> must not change anything before it
+    assert torch.allclose(model.decode(a, image)[:, :4], model.decode(b, image)[:, :4], atol=1e-6)
+    visible = tiny_model(attend_to_pads=True)
+    assert not torch.allclose(visible.decode(a, image)[:, :4], visible.decode(b, image)[:, :4], atol=1e-6)
+
+
+def test_causal_vs_bidirectional(tiny_model):
+    tokens = torch.tensor([[SOT_ID, 10, 11, 12, EOT_ID]])
+    changed = tokens.clone()
+    changed[0, 3] = 99
+    for causal in (False, True):
+        model = tiny_model(causal=causal)
+        image = model.encode_image(torch.randn(1, 3, 32, 32))
+        before, after = model.decode(tokens, image), model.decode(changed, image)
+        same_prefix = torch.allclose(before[:, :3], after[:, :3], atol=1e-6)
+        assert same_prefix == causal  # a causal decoder cannot see the future; MDC's bidirectional one does
+
+
+def test_select_returns_rows_of_full_logits(tiny_model):
+    model = tiny_model()
+    image = model.encode_image(torch.randn(2, 3, 32, 32))
+    tokens = torch.tensor([[SOT_ID, MASK_ID, 11, EOT_ID], [SOT_ID, 10, MASK_ID, EOT_ID]])
+    select = tokens == MASK_ID
+    assert torch.allclose(model.decode(tokens, image, select=select), model.decode(tokens, image)[select], atol=1e-5)
+
+
+def test_corpus_vocabulary_restricts_input_and_output(tiny_model):
+    tok = CaptionTokenizer(24)
+    ids = build_output_vocab(["a red circle", "a blue square"], tok)
+    assert EOT_ID in ids.tolist() and MASK_ID not in ids.tolist() and SOT_ID not in ids.tolist()
+    model = tiny_model(output_ids=ids)
+    assert model.decoder.head.out_features == len(ids)
+    assert model.decoder.tok_emb.num_embeddings == len(ids) + 3
+    red = tok.encode_text("red")[0]
+    assert model.output_ids[model.output_index[red]] == red
+    image = model.encode_image(torch.randn(1, 3, 32, 32))
+    assert model.decode(tok(["a red square"]), image).shape[-1] == len(ids)
+    with pytest.raises(ValueError, match="not in this model's corpus vocabulary"):
+        model.decode(tok(["a green triangle"]), image)
+
+
+def test_other_architecture_checkpoint_is_refused(tiny_model):
+    small, wide = tiny_model(), tiny_model(text_width=64)
+    with pytest.raises(ValueError, match="does not match this architecture.*other shapes"):
+        wide.load_state_dict(small.state_dict())
+
+
+def test_tokenizer_round_trip_and_errors():
+    tok = CaptionTokenizer(context_length=8)
+    ids = tok(["A red circle!"])
+    assert ids[0, 0] == SOT_ID and EOT_ID in ids[0].tolist()
+    assert tok.decode(ids[0]) == "a red circle !"
+    assert tok.token_strings(ids[0]) == ["a", "red", "circle", "!"]
+    with pytest.raises(ValueError, match="empty"):
+        tok(["   "])
+    long = "one two three four five six seven eight"
+    with pytest.raises(ValueError, match="has 8 tokens but the model's context holds 6"):
+        tok([long], truncate=False)
+    cut, n = tok.tokenize_batch([long, "a red circle"])
+    assert n == 1 and cut[0, -1] == EOT_ID and tok.decode(cut[0]) == "one two three four five six"
+    assert tok.decode([SOT_ID, MASK_ID, 320, EOT_ID, 0, 0]) == "[MASK] a"

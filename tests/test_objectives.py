@@ -1,0 +1,179 @@
+"""The MDC objective against hand-computed values (paper Alg. 1 / Eq. 5, DESIGN.md section 2)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mdc_core.config import ObjectiveConfig
+from mdc_core.objectives import (
+    OBJECTIVES,
+    T_MIN,
+    apply_mask,
+    compute_loss,
+    mask_rates,
+    maskable_positions,
+    masked_diffusion_loss,
+    sample_t,
+    trim_padding,
+)
+from mdc_core.tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID
+
+
+def caption(n: int, length: int) -> list[int]:
+    """<sot>, n caption tokens (ids 100..), <eot>, pads up to `length`. Token id 0 ("!") is used inside the
+    caption on purpose: it equals the pad id and must still be treated as a real token."""
+    body = [0 if i == 1 else 100 + i for i in range(n)]
+    return [SOT_ID, *body, EOT_ID] + [PAD_ID] * (length - n - 2)
+
+
+def batch(*ns: int, length: int = 12) -> torch.Tensor:
+    return torch.tensor([caption(n, length) for n in ns])
+
+
+def test_maskable_excludes_specials_and_pads_but_not_exclamation_mark():
+    tokens = batch(3)
+    assert maskable_positions(tokens)[0].tolist() == [False, True, True, True] + [False] * 8
+    assert tokens[0, 2] == PAD_ID  # the real "!" token at position 2 is maskable
+
+
+def test_trim_padding_keeps_longest_caption():
+    tokens = batch(2, 5, length=20)
+    assert trim_padding(tokens).shape == (2, 7)
+
+
+def test_sample_t_range_and_antithetic_strata():
+    g = torch.Generator().manual_seed(0)
+    t = sample_t(10_000, 0.5, 1.0, generator=g)
+    assert t.min() >= 0.5 and t.max() < 1.0
+    assert abs(t.mean().item() - 0.75) < 0.01
+    t = sample_t(8, 0.0, 1.0, antithetic=True, generator=g)
+    assert sorted((t * 8).floor().long().tolist()) == list(range(8))  # exactly one draw per 1/8 bin
+
+
+def test_mask_rate_is_binomial_in_t():
+    g = torch.Generator().manual_seed(1)
+    tokens = batch(*[20] * 20_000, length=22)
+    t = torch.full((tokens.shape[0],), 0.3)
+    noisy, mask = apply_mask(tokens, t, generator=g)
+    counts = mask.sum(1).float()
+    assert abs(counts.mean().item() - 20 * 0.3) < 0.05  # Binomial(20, 0.3): mean 6
+    assert abs(counts.var().item() - 20 * 0.3 * 0.7) < 0.15  # variance 4.2
+    assert torch.equal(noisy == MASK_ID, mask)
+
+
+def test_masked_fraction_distribution_over_t():
+    """With t ~ U[0.5, 1], the masked fraction of long captions is ~ uniform on [0.5, 1]."""
+    g = torch.Generator().manual_seed(2)
+    tokens = batch(*[60] * 4000, length=62)
+    t = mask_rates(ObjectiveConfig(), tokens.shape[0], g, "cpu")
+    _, mask = apply_mask(tokens, t, generator=g)
+    frac = mask.sum(1) / 60.0
+    assert abs(frac.mean().item() - 0.75) < 0.01
+    assert abs(frac.var().item() - (0.5**2 / 12 + 0.75 * 0.25 / 60 - 0.5**2 / 12 / 60)) < 0.002
+    assert frac.min() > 0.25 and frac.max() <= 1.0
+
+
+def test_specials_and_pads_never_masked_even_at_t_1():
+    tokens = batch(1, 4, 7)
+    noisy, mask = apply_mask(tokens, torch.ones(3))
+    assert torch.equal(mask, maskable_positions(tokens))
+    assert (noisy[:, 0] == SOT_ID).all()
+    for row, n in enumerate((1, 4, 7)):
+        assert noisy[row, n + 1] == EOT_ID and (noisy[row, n + 2:] == PAD_ID).all()
+
+
+def test_min_one_masked_forces_a_token():
+    g = torch.Generator().manual_seed(3)
+    tokens = batch(*[2] * 500)
+    _, mask = apply_mask(tokens, torch.full((500,), 1e-6), generator=g, min_one=True)
+    assert (mask.sum(1) == 1).all()
+    assert (mask & ~maskable_positions(tokens)).sum() == 0
+    _, mask = apply_mask(tokens, torch.full((500,), 1e-6), generator=g)
+    assert mask.sum() == 0  # default keeps the unbiased estimator: zero masked tokens allowed
+
+
+def test_loss_hand_computed_per_token_and_per_sequence():
+    # two captions, 3 and 2 maskable tokens; masked: row 0 positions 1,3; row 1 position 2
+    mask = torch.zeros(2, 5, dtype=torch.bool)
+    mask[0, 1] = mask[0, 3] = mask[1, 2] = True
+    ce = torch.tensor([1.0, 2.0, 4.0])  # row-major order of the mask
+    t = torch.tensor([0.5, 0.8])
+    n_valid = torch.tensor([3, 2])
+    # per-token: (1/0.5 * (1 + 2) + 1/0.8 * 4) / (3 + 2) = (6 + 5) / 5 = 2.2
+    assert masked_diffusion_loss(ce, mask, 1 / t, n_valid, "per_token").item() == pytest.approx(2.2)
+    # per-sequence: mean(6 / 3, 5 / 2) = 2.25
+    assert masked_diffusion_loss(ce, mask, 1 / t, n_valid, "per_sequence").item() == pytest.approx(2.25)
+    # no 1/t weight (CMLM): (3 + 4) / 5
+    assert masked_diffusion_loss(ce, mask, torch.ones(2), n_valid, "per_token").item() == pytest.approx(1.4)
+
+
+@pytest.mark.parametrize("normalization", ["per_token", "per_sequence"])
+def test_estimator_expectation_is_mean_token_ce(normalization):
+    """With the model's per-token loss fixed, E[L] over t ~ U[0.5,1] and masks is the mean per-token CE."""
+    g = torch.Generator().manual_seed(4)
+    tokens = batch(3, 7, 1, 12, length=14)
+    table = torch.rand(tokens.shape, generator=g) * 5  # fixed CE of every position
+    maskable = maskable_positions(tokens)
+    n_valid = maskable.sum(1)
+    if normalization == "per_token":
+        expected = table[maskable].sum() / n_valid.sum()
+    else:
+        expected = torch.stack([table[b][maskable[b]].mean() for b in range(4)]).mean()
+    cfg = ObjectiveConfig()
+    losses = []
+    for _ in range(20_000):
+        t = mask_rates(cfg, 4, g, "cpu")
+        _, mask = apply_mask(tokens, t, generator=g)
+        losses.append(masked_diffusion_loss(table[mask], mask, 1 / t, n_valid, normalization))
+    losses = torch.stack(losses)
+    stderr = losses.std() / math.sqrt(len(losses))
+    assert abs(losses.mean() - expected) < 4 * stderr
+
+
+def test_time_clamped_for_zero_schedule():
+    cfg = ObjectiveConfig(t_low=0.0, t_high=1e-6)
+    t = mask_rates(cfg, 100, torch.Generator().manual_seed(0), "cpu")
+    assert (t >= T_MIN).all() and torch.isfinite(1 / t).all()
+
+
+def test_fixed_ratio_and_parallel_rates():
+    g = torch.Generator().manual_seed(0)
+    assert torch.equal(mask_rates(ObjectiveConfig(name="bert", mask_ratio=0.4), 3, g, "cpu"), torch.full((3,), 0.4))
+    assert torch.equal(mask_rates(ObjectiveConfig(name="parallel"), 3, g, "cpu"), torch.ones(3))
+    assert OBJECTIVES["arc"].causal and not OBJECTIVES["mdc"].causal
+    assert OBJECTIVES["mdc"].inv_t_weight and not OBJECTIVES["mdc_no_t"].inv_t_weight
+
+
+def test_compute_loss_mdc_matches_manual(tiny_model):
+    model = tiny_model()
+    g = torch.Generator().manual_seed(5)
+    images = torch.randn(3, 3, 32, 32, generator=g)
+    tokens = batch(3, 5, 2, length=16).clamp(max=model.output_ids.max())  # ids 100..104 exist in full vocab
+    cfg = ObjectiveConfig()
+    out = compute_loss(model, images, tokens, cfg, torch.Generator().manual_seed(9))
+    # replay the same random draws by hand
+    g2 = torch.Generator().manual_seed(9)
+    trimmed = trim_padding(tokens)
+    t = mask_rates(cfg, 3, g2, "cpu")
+    noisy, mask = apply_mask(trimmed, t, generator=g2)
+    logits = model.decode(noisy, model.encode_image(images))  # full (B, L, V)
+    ce = F.cross_entropy(logits[mask], trimmed[mask], reduction="none")
+    weighted = torch.zeros(3).index_add_(0, mask.nonzero()[:, 0], ce) / t
+    expected = weighted.sum() / maskable_positions(trimmed).sum()
+    assert out.loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert out.metrics["masked_frac"].item() == pytest.approx(mask.sum().item() / 10)
+
+
+def test_compute_loss_arc_is_teacher_forced_ce(tiny_model):
+    model = tiny_model(causal=True)
+    images = torch.randn(2, 3, 32, 32)
+    tokens = batch(3, 1, length=8)
+    out = compute_loss(model, images, tokens, ObjectiveConfig(name="arc"))
+    trimmed = trim_padding(tokens)
+    logits = model.decode(trimmed[:, :-1], model.encode_image(images), causal=True)
+    targets = trimmed[:, 1:]
+    valid = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)  # 3 tokens + eot, 1 token + eot
+    expected = F.cross_entropy(logits[valid], targets[valid])
+    assert out.loss.item() == pytest.approx(expected.item(), rel=1e-5)
