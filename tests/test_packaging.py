@@ -20,7 +20,7 @@ def _pins() -> dict[str, str]:
 
 def test_environment_yml_matches_pyproject():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    wanted = {_name(s): s for s in project["dependencies"] + project["optional-dependencies"]["dev"]}
+    wanted = {_name(s): s for s in project["dependencies"] + sum(project["optional-dependencies"].values(), [])}
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
     have = {_name(s): s for s in pip}
