@@ -3,9 +3,11 @@
 Layout of a run folder::
 
     RUN/config.json                 full RunConfig (rebuilds the model)
-    RUN/metrics.jsonl               one JSON object per logged step
+    RUN/metrics.jsonl               one JSON object per logged step (rank 0; truncated to the step on resume)
+    RUN/epochs.jsonl                one JSON object per finished epoch: corrupt records skipped, by reason
     RUN/checkpoints/step_00001500/  model.safetensors, ema.safetensors (optional), config.json,
-                                    state.pt (optimizer, scheduler, RNG, data position), meta.json
+                                    state.pt (optimizer, scheduler, RNG, data position,
+                                    world size, counters), meta.json
     RUN/checkpoints/latest          name of the newest complete checkpoint
 
 A checkpoint is assembled in a hidden temporary folder and renamed into place (atomic on POSIX), and
@@ -26,8 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .config import RunConfig
-from .model import Captioner
-from .objectives import objective_spec
+from .factory import create_model
 
 CKPT_DIR = "checkpoints"
 FILES = ("model.safetensors", "config.json", "state.pt")
@@ -45,7 +46,7 @@ def _state_for_safetensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Te
     return {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
 
 
-def save_checkpoint(run_dir: str | Path, step: int, cfg: RunConfig, model: Captioner, *,
+def save_checkpoint(run_dir: str | Path, step: int, cfg: RunConfig, model: torch.nn.Module, *,
                     ema_state: dict[str, torch.Tensor] | None = None, train_state: dict[str, Any] | None = None,
                     keep_last: int = 2) -> Path:
     """Write checkpoint `step` of `run_dir` atomically, point ``latest`` at it and prune old ones."""
@@ -119,7 +120,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def load_model(path: str | Path, *, device: str | torch.device = "cpu", ema: bool = False
-               ) -> tuple[Captioner, RunConfig]:
+               ) -> tuple[torch.nn.Module, RunConfig]:
     """Rebuild a model from a run or checkpoint folder: its ``config.json`` builds the architecture and the
     safetensors weights fill it (no pickle is executed). ``ema=True`` loads the EMA weights if saved."""
     ckpt = resolve_checkpoint(path)
@@ -129,7 +130,7 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", ema: boo
         raise FileNotFoundError(f"{weights} not found" + (" (the run was trained without EMA)" if ema else ""))
     state = load_file(str(weights))
     arch = dataclasses.replace(cfg.model, pretrained=False, pretrained_path="")  # weights come from the checkpoint
-    model = Captioner(arch, causal=objective_spec(cfg.objective.name).causal)
+    model = create_model(arch, cfg.objective.name)  # a Captioner, or a CLIPModel for objective "clip"
     model.load_state_dict(state)
     return model.to(device).eval(), cfg
 

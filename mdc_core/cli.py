@@ -12,23 +12,39 @@ import sys
 import time
 from pathlib import Path
 
+from .bench.cli import add_bench_parser, cmd_bench
 from .config import SAMPLER_RANGES, ConfigError, apply_overrides, list_presets, load_preset
+from .score_cli import add_score_parser, cmd_sample_auto, cmd_score
 
 USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, ValueError)
 
 
 def _add_sampler_args(p: argparse.ArgumentParser) -> None:
     lo, hi = SAMPLER_RANGES["length"]
-    p.add_argument("--length", type=int, help=f"caption length N' in tokens ({lo:.0f}-{hi:.0f}; default: the run's)")
+    p.add_argument("--length", type=_length_arg,
+                   help=f"caption length N' in tokens ({lo:.0f}-{hi:.0f}; default: the run's), or 'auto': sample "
+                   "every N' of --auto-range and keep the best heuristic score per token")
+    p.add_argument("--threshold", type=float,
+                   help="parallel decoding: also reveal every masked token this confident (0-1; 0 = off)")
     p.add_argument("--tokens-per-step", type=int, help="tokens revealed per step k (default 1, as the paper)")
     p.add_argument("--temperature", type=float, help="0 = greedy (default); > 0 samples the candidate tokens")
     p.add_argument("--top-k", type=int, help="with --temperature, sample among the k best tokens (0 = all)")
     p.add_argument("--seed", type=int, help="seed for temperature sampling")
 
 
+def _length_arg(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of tokens or 'auto', got {text!r}") from None
+
+
 def _sampler_overrides(args: argparse.Namespace) -> list[str]:
-    pairs = {"length": args.length, "tokens_per_step": args.tokens_per_step, "temperature": args.temperature,
-             "top_k": args.top_k, "seed": args.seed}
+    pairs = {"length": None if args.length == "auto" else args.length, "tokens_per_step": args.tokens_per_step,
+             "temperature": args.temperature, "top_k": args.top_k, "seed": args.seed,
+             "threshold": args.threshold}
     return [f"sampler.{k}={json.dumps(v)}" for k, v in pairs.items() if v is not None]
 
 
@@ -44,12 +60,27 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--image-size", type=int, default=64, help="pixels (square)")
     synth.add_argument("--captions", choices=("short", "long", "mixed"), default="mixed", help="caption style")
     synth.add_argument("--shard-size", type=int, default=1000, help="samples per tar shard")
+    shards = data.add_parser("shards", help="write your image-caption folder or CSV/TSV/COCO json as tar shards")
+    shards.add_argument("--from", dest="source", required=True,
+                        help="caption table (.csv/.tsv/.json) or a folder of images with same-name .txt captions")
+    shards.add_argument("--out", required=True, help="output folder for 00000.tar, 00001.tar, ...")
+    shards.add_argument("--shard-size", type=int, default=10_000, help="samples per tar shard")
+    shards.add_argument("--no-check", action="store_true", help="do not decode images (faster; broken ones stay)")
+    shards.add_argument("--quiet", action="store_true", help="no progress bar")
+    dbench = data.add_parser("bench", help="data throughput: images/s decoded + augmented, per worker")
+    dbench.add_argument("--data", required=True, help="data path (shard folder, brace pattern, CSV/TSV, COCO)")
+    dbench.add_argument("--image-size", type=int, nargs="+", default=[64, 224], help="output pixels (square)")
+    dbench.add_argument("--workers", type=int, default=0, help="DataLoader workers (0 = this process)")
+    dbench.add_argument("--batch-size", type=int, default=64)
+    dbench.add_argument("--batches", type=int, default=20, help="batches timed (after 2 warm-up batches)")
+    dbench.add_argument("--augment", choices=("none", "rrc"), default="rrc", help="random resized crop or not")
+    dbench.add_argument("--json", action="store_true", help="print the results as JSON")
 
     train = sub.add_parser("train", help="train a captioner")
     train.add_argument("--preset", default="tiny", help=f"one of: {', '.join(list_presets())}")
     train.add_argument("--data", help="data path (shard folder, brace pattern, CSV/TSV or COCO JSON)")
     train.add_argument("--out", required=True, help="run folder")
-    train.add_argument("--objective", choices=("mdc", "mdc_no_t", "bert", "parallel", "arc"))
+    train.add_argument("--objective", choices=("mdc", "mdc_no_t", "bert", "parallel", "arc", "clip"))
     train.add_argument("--steps", type=int, help="optimizer steps")
     train.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="override any config key, e.g. --set train.lr=1e-3 (repeatable)")
@@ -63,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     samp.add_argument("--ema", action="store_true", help="use the EMA weights")
     samp.add_argument("--device", default="cpu")
     samp.add_argument("--json", action="store_true", help="print the caption and its full trajectory as JSON")
+    samp.add_argument("--auto-range", default="3-20", help="N' tried by --length auto: LO-HI or a list 5,10,15")
 
     demo = sub.add_parser("demo", help="the main job: synthesize data, train the tiny MDC model, caption test images")
     demo.add_argument("--out", default="outputs/demo", help="folder for data, run and report")
@@ -73,7 +105,177 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--quiet", action="store_true")
 
     sub.add_parser("presets", help="list the registered presets")
+    _add_probe_parser(sub)
+
+    app = sub.add_parser("app", help="the gradio app: watch a caption being unmasked (binds 127.0.0.1)")
+    app.add_argument("--run", default="outputs/demo/run", help="run folder selected at start")
+    app.add_argument("--root", default="outputs", help="run folders under it are offered in the run menu")
+    app.add_argument("--host", default="127.0.0.1", help="interface to bind (other than loopback: on purpose only)")
+    app.add_argument("--port", type=int, help="port (default: gradio's first free one from 7860)")
+    app.add_argument("--share", action="store_true", help="also open a public gradio.live link (off by default)")
+
+    _add_eval_parsers(sub)
+    add_bench_parser(sub)  # mdc bench [model]: mdc_core.bench.cli
+    add_score_parser(sub)  # mdc score: mdc_core.score_cli
+
+    runs = sub.add_parser("runs", help="execute notebooks with papermill over a plan's parameter grid")
+    runs.add_argument("plan", help="plan YAML file (see plans/)")
+    runs.add_argument("--dry-run", action="store_true", help="check the plan, parameters and notebooks; run nothing")
+    runs.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
+
+
+def _add_eval_parsers(sub: argparse._SubParsersAction) -> None:
+    """``mdc eval <verb>``: one sub-parser per evaluation; its handler goes into EVAL_HANDLERS."""
+    verbs = sub.add_parser("eval", help="evaluate runs (compositionality, captioning, ...)").add_subparsers(
+        dest="eval_verb", required=True)
+
+    comp = verbs.add_parser("compositionality", help="pick-the-true-caption accuracy (paper Table 2)")
+    comp.add_argument("--run", action="append", required=True, help="run folder (repeatable)")
+    comp.add_argument("--data", required=True, help="benchmark data: folder or json (see README)")
+    comp.add_argument("--benchmark", default="synth", choices=("synth", "aro-relation", "aro-attribution",
+                                                              "coco-order", "flickr-order", "sugarcrepe"))
+    comp.add_argument("--methods", nargs="+", help="mc heuristic ar (MDC), ar (ARC), cosine (CLIP); "
+                      "default: mc heuristic / ar / cosine")
+    comp.add_argument("--samples", type=int, default=1024, help="Monte Carlo samples per caption (mc)")
+    comp.add_argument("--limit", type=int, help="at most N examples (per task file for SugarCrepe)")
+    comp.add_argument("--images", help="image folder, when not where the benchmark keeps it")
+    comp.add_argument("--split", default="test", help="split of the embedded data (synth)")
+    comp.add_argument("--seed", type=int, default=0, help="seed of the mc estimator and of order perturbations")
+    comp.add_argument("--device", default="cpu")
+    comp.add_argument("--out", default="outputs/eval", help="folder for compositionality_<benchmark>.json/.md")
+    comp.add_argument("--json", action="store_true", help="print the result JSON instead of the table")
+    comp.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    cap = verbs.add_parser("captioning", help="fine-tune (optional) and caption a test split (paper Table 3)")
+    cap.add_argument("--run", action="append", required=True, help="run folder, MDC-family or ARC (repeatable)")
+    cap.add_argument("--data", required=True, help="Karpathy json, COCO caption json, CSV or embedded data folder")
+    cap.add_argument("--lengths", type=int, nargs="+", default=[10, 15, 20], help="MDC caption lengths N'")
+    cap.add_argument("--beam", type=int, default=6, help="ARC beam size (ARC is also decoded greedily)")
+    cap.add_argument("--finetune-steps", type=int, default=0, help="fine-tune each run this many steps first")
+    cap.add_argument("--finetune-data", help="training data for fine-tuning (default: --data's train split)")
+    cap.add_argument("--finetune-set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                     help="config override for fine-tuning, e.g. train.batch_size=32 (repeatable)")
+    cap.add_argument("--limit", type=int, help="caption at most N test images")
+    cap.add_argument("--metrics", nargs="+", default=["BLEU", "METEOR", "ROUGE-L", "CIDEr", "SPICE"],
+                     help="pycocoevalcap metrics (METEOR and SPICE need Java)")
+    cap.add_argument("--batch-size", type=int, default=32, help="images per decoding batch")
+    cap.add_argument("--max-length", type=int, help="ARC: most tokens generated, <eot> included (default: the context)")
+    cap.add_argument("--device", default="cpu")
+    cap.add_argument("--out", default="outputs/eval", help="folder for captioning.json/.md and finetune/ runs")
+    cap.add_argument("--json", action="store_true", help="print the result JSON instead of the table")
+    cap.add_argument("--quiet", action="store_true", help="no progress bars")
+    sig = verbs.add_parser("position-signal", help="loss(mismatched image) - loss(true image) per caption position")
+    sig.add_argument("--run", action="append", required=True, help="captioner run folder (repeatable: ARC, MDC...)")
+    sig.add_argument("--data", required=True, help="image-caption data (as for train)")
+    sig.add_argument("--split", default="test", help="data split (default test)")
+    sig.add_argument("--limit", type=int, default=256, help="captions scored (the first N of the split)")
+    sig.add_argument("--batch-size", type=int, default=32, help="the mismatched image comes from the same batch")
+    sig.add_argument("--ratios", default="0.25,0.5,0.75,1.0", help="masking ratios of masked-mode runs")
+    sig.add_argument("--draws", type=int, default=4, help="mask draws per batch and ratio")
+    sig.add_argument("--seed", type=int, default=0)
+    sig.add_argument("--device", default="cpu")
+    sig.add_argument("--ema", action="store_true", help="use the EMA weights")
+    sig.add_argument("--out", default="outputs/eval", help="folder for position_signal.json and .png")
+    sig.add_argument("--json", action="store_true", help="print the result JSON")
+    # further `mdc eval` verbs: add their parser here and their handler to EVAL_HANDLERS
+
+
+def cmd_eval_compositionality(args: argparse.Namespace) -> None:
+    from .eval.compositionality import compositionality
+    result = compositionality(args.run, args.benchmark, args.data, methods=args.methods, samples=args.samples,
+                              limit=args.limit, images=args.images, split=args.split, seed=args.seed,
+                              device=args.device, progress=not args.quiet)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"compositionality_{args.benchmark}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / f"compositionality_{args.benchmark}.md").write_text(result["table"] + "\n")
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(result["table"])
+    for r in result["results"]:
+        skipped = f", skipped {r['skipped']}" if r["skipped"] else ""
+        print(f"  {r['label']} [{r['run']}]: {r['n_examples']} examples in {r['seconds']:.1f} s{skipped}")
+    print(f"results: {out / f'compositionality_{args.benchmark}.json'}")
+
+
+def cmd_eval_captioning(args: argparse.Namespace) -> None:
+    from .eval.captioning import captioning
+    result = captioning(args.run, args.data, lengths=args.lengths, beam=args.beam, finetune_steps=args.finetune_steps,
+                        finetune_data=args.finetune_data, finetune_overrides=args.finetune_set, out=args.out,
+                        limit=args.limit, metrics=args.metrics, batch_size=args.batch_size,
+                        max_length=args.max_length, device=args.device, progress=not args.quiet)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "captioning.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "captioning.md").write_text(result["table"] + "\n")
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(result["table"])
+    for name, reason in (result["results"][0]["unavailable"] if result["results"] else {}).items():
+        print(f"  {name} unavailable: {reason[:160]}")
+    for r in result["results"]:
+        first = r["captions"][0] if r["captions"] else None
+        if first:
+            print(f"  {r['label']} {r['length']} [{r['run']}] e.g. {first['caption']!r}  ({r['seconds']:.1f} s)")
+    print(f"results: {out / 'captioning.json'}  ({result['n_images']} test images)")
+
+
+def cmd_eval_position_signal(args: argparse.Namespace) -> None:
+    from .eval.position_signal import plot_position_signal, position_signal_runs
+    try:
+        ratios = [float(r) for r in args.ratios.split(",") if r.strip()]
+    except ValueError as err:
+        raise ValueError(f"--ratios must be comma-separated numbers, got {args.ratios!r}") from err
+    result = position_signal_runs(args.run, args.data, split=args.split, limit=args.limit, batch_size=args.batch_size,
+                                  ratios=ratios, draws=args.draws, seed=args.seed, device=args.device, ema=args.ema)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "position_signal.json").write_text(json.dumps(result, indent=1) + "\n")
+    plot = plot_position_signal(result, out / "position_signal.png")
+    if args.json:
+        print(json.dumps(result))
+        return
+    for run in result["runs"]:
+        for c in run["curves"]:
+            head = " ".join("  -  " if v is None else f"{v:+.2f}" for v in c["signal"][:12])
+            print(f"{run['objective']:9s} {c['label']:16s} mean {c['mean_signal']:+.3f}  by position: {head}")
+    print(f"results: {out / 'position_signal.json'}  plot: {plot}")
+
+
+EVAL_HANDLERS = {"compositionality": cmd_eval_compositionality, "captioning": cmd_eval_captioning,
+                 "position-signal": cmd_eval_position_signal}
+
+
+def cmd_eval(args: argparse.Namespace) -> None:
+    EVAL_HANDLERS[args.eval_verb](args)
+
+
+def cmd_data(args: argparse.Namespace) -> None:
+    {"synth": cmd_data_synth, "shards": cmd_data_shards, "bench": cmd_data_bench}[args.data_verb](args)
+
+
+def cmd_data_shards(args: argparse.Namespace) -> None:
+    from .data.shards import write_shards
+    stats = write_shards(args.source, args.out, shard_size=args.shard_size, check_images=not args.no_check,
+                         progress=not args.quiet)
+    print(f"wrote {stats['written']} pairs in {stats['shards']} shards; skipped {stats['skipped'] or 'none'}")
+    print(f"train with: --data '{stats['pattern']}'")
+
+
+def cmd_data_bench(args: argparse.Namespace) -> None:
+    from .data.throughput import bench_data
+    rows = bench_data(args.data, image_sizes=tuple(args.image_size), workers=args.workers,
+                      batch_size=args.batch_size, batches=args.batches, augment=args.augment)
+    if args.json:
+        print(json.dumps(rows))
+        return
+    for r in rows:
+        print(f"{r['image_size']:4d} px  augment={r['augment']:4s}  {r['workers']} worker(s): "
+              f"{r['images_per_s']:8.1f} images/s  = {r['images_per_s_per_worker']:8.1f} per worker "
+              f"({r['images']} images in {r['seconds']:.2f} s)")
 
 
 def cmd_data_synth(args: argparse.Namespace) -> None:
@@ -116,6 +318,8 @@ def cmd_sample(args: argparse.Namespace) -> None:
     model, cfg = load_model(args.run, device=args.device, ema=args.ema)
     cfg = apply_overrides(cfg, _sampler_overrides(args))
     image = load_image(args.image, cfg.model.image_size)[None].to(args.device)
+    if args.length == "auto":
+        return cmd_sample_auto(args, model, cfg, image)
     start = time.perf_counter()
     with torch.no_grad():
         out = sample(model, model.encode_image(image), cfg.sampler)
@@ -170,6 +374,30 @@ def cmd_demo(args: argparse.Namespace) -> None:
     print(f"report: {out / 'report.json'}   run: {run_dir}   try: mdc sample --run {run_dir} --image IMG")
 
 
+def cmd_runs(args: argparse.Namespace) -> None:
+    from .runs import describe_plan, load_plan, run_plan
+    plan = load_plan(args.plan)
+    if args.dry_run:
+        print(describe_plan(plan))
+        print("\nplan is valid (nothing was run)")
+        return
+    results = run_plan(plan, progress=not args.quiet)
+    failed = [r for r in results if r.status == "failed"]
+    print(f"plan {plan.name}: {len(results) - len(failed)} of {len(results)} runs finished; "
+          f"summary: {plan.out_dir / 'summary.md'}")
+    for r in failed:
+        print(f"  FAILED {r.run_id}: {r.error.splitlines()[0][:200]}  (see {r.run_dir})")
+    if failed:
+        raise SystemExit(1)
+
+
+def cmd_app(args: argparse.Namespace) -> None:
+    from app.mdc_app import serve
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"mdc app: binding {args.host}: anyone who can reach this machine can use the app", file=sys.stderr)
+    serve(args.run, root=args.root, host=args.host, port=args.port, share=args.share)
+
+
 def cmd_presets(args: argparse.Namespace) -> None:
     for name in list_presets():
         cfg = load_preset(name)
@@ -178,11 +406,54 @@ def cmd_presets(args: argparse.Namespace) -> None:
               f"({m.text_heads} heads)  ctx={m.context_length}  lr={cfg.train.lr} wd={cfg.train.weight_decay}")
 
 
+def _add_probe_parser(sub: argparse._SubParsersAction) -> None:
+    from .data import LABEL_NAMES
+    probe = sub.add_parser("probe", help="linear probe of a run's frozen encoder (CLIP-benchmark protocol, Table 1)")
+    probe.add_argument("--run", action="append", required=True, help="run or checkpoint folder (repeatable)")
+    probe.add_argument("--data", required=True, help="synthetic data folder, class folders root/train|val/CLASS/, "
+                       "or CIFAR python pickles")
+    probe.add_argument("--task", default="all", choices=("all", *LABEL_NAMES, "class"),
+                       help="synthetic-data label to probe, or all of them (folder/CIFAR data: class)")
+    probe.add_argument("--format", default="auto", choices=("auto", "synth", "folder", "cifar"))
+    probe.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (features and probe)")
+    probe.add_argument("--batch-size", type=int, default=64, help="images per feature-extraction batch")
+    probe.add_argument("--limit", type=int, help="only the first N images of each split (quick looks)")
+    probe.add_argument("--weight-decay", type=float, help="fixed probe weight decay (default: CLIP-benchmark search)")
+    probe.add_argument("--cache-dir", help="feature cache folder (default: RUN/probe_features)")
+    probe.add_argument("--ema", action="store_true", help="use the EMA weights")
+    probe.add_argument("--out", help="also write the result JSON to this file")
+    probe.add_argument("--json", action="store_true", help="print the result as JSON")
+    probe.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def cmd_probe(args: argparse.Namespace) -> None:
+    from .eval.probe_data import probe_runs
+    result = probe_runs(args.run, args.data, task=args.task, fmt=args.format, device=args.device,
+                        batch_size=args.batch_size, cache_dir=args.cache_dir, ema=args.ema, limit=args.limit,
+                        weight_decay=args.weight_decay, progress=not args.quiet)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(result))
+        return
+    for run in result["runs"]:
+        print(f"{run['objective']} run {run['run']} (step {run['step']}, {run['pool']} features) "
+              f"on {run['format']} data {run['data']}")
+        print(f"  {'task':12s} {'classes':>7s} {'top-1':>7s} {'top-5':>7s} {'balanced':>8s} {'wd':>9s}")
+        for task, r in run["tasks"].items():
+            print(f"  {task:12s} {r['n_classes']:7d} {r['top1']:7.1%} {r['top5']:7.1%} "
+                  f"{r['balanced_accuracy']:8.1%} {r['weight_decay']:9.2e}")
+    print("\ntop-1 (%):\n" + result["table"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handler = {"data": cmd_data_synth, "train": cmd_train, "sample": cmd_sample, "demo": cmd_demo,
-               "presets": cmd_presets}[args.verb]
+    handler = {"data": cmd_data, "train": cmd_train, "sample": cmd_sample, "demo": cmd_demo,
+               "presets": cmd_presets, "probe": cmd_probe,
+               "app": cmd_app, "runs": cmd_runs, "eval": cmd_eval, "bench": cmd_bench,
+               "score": cmd_score}[args.verb]
     try:
         handler(args)
     except USER_ERRORS as err:
@@ -191,6 +462,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("mdc: interrupted", file=sys.stderr)
         return 130
+    except RuntimeError as err:  # a training run stopped for a reason its message explains
+        from .distributed import RankFailure
+        from .train import TrainingDiverged
+        if not isinstance(err, (TrainingDiverged, RankFailure)):
+            raise
+        print(f"mdc: error: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -63,16 +63,30 @@ class ModelConfig:
 class ObjectiveConfig:
     """Training objective. `name` picks a row of the objective table in `mdc_core.objectives`."""
 
-    name: str = "mdc"  # mdc | mdc_no_t | bert | parallel | arc
+    name: str = "mdc"  # mdc | mdc_no_t | bert | parallel | arc | clip | d3pm
     t_low: float = 0.5  # MDC: lower end w_l of t ~ U[w_l, w_u] (paper default 0.5)
     t_high: float = 1.0  # MDC: upper end w_u
     mask_ratio: float = 0.15  # bert: fixed masking ratio r (parallel forces r = 1)
     normalization: str = "per_token"  # per_token (MDLM NELBO / all valid tokens) | per_sequence (CapPa-style)
     antithetic_t: bool = False  # stratified (low-discrepancy) t across the batch, as MDLM's _sample_t
     min_one_masked: bool = False  # force >= 1 masked token per caption (biased; default keeps the estimator unbiased)
+    d3pm_steps: int = 100  # d3pm: T, discrete diffusion steps of the mask-and-replace process (MC-Diffusion: 100)
+    d3pm_aux_weight: float = 0.01  # d3pm: weight lambda of the auxiliary x_0 cross-entropy added to the VLB term
+    guidance: str = "none"  # train for guided sampling: none | cfg (drop the whole image condition) | mcs (mask)
+    p_cond: float = 0.1  # cfg/mcs: fraction of examples whose condition is dropped (cfg) or partially masked (mcs)
+    p_mask: float = 0.1  # mcs: probability that each image token of such an example is masked
 
     def validate(self) -> None:
-        _choice(self, "name", ("mdc", "mdc_no_t", "bert", "parallel", "arc"))
+        _choice(self, "name", ("mdc", "mdc_no_t", "bert", "parallel", "arc", "clip", "d3pm"))
+        _choice(self, "guidance", ("none", "cfg", "mcs"))
+        if self.guidance != "none" and self.name == "clip":
+            raise ConfigError("objective.guidance applies to captioners; the clip objective has no image condition")
+        _positive(self, "d3pm_steps")
+        if self.d3pm_aux_weight < 0:
+            raise ConfigError(f"objective.d3pm_aux_weight must be >= 0, got {self.d3pm_aux_weight}")
+        if not (0.0 <= self.p_cond <= 1.0 and 0.0 <= self.p_mask <= 1.0):
+            raise ConfigError(f"objective.p_cond and objective.p_mask must be in [0, 1], got {self.p_cond}, "
+                              f"{self.p_mask}")
         _choice(self, "normalization", ("per_token", "per_sequence"))
         if not 0.0 <= self.t_low < self.t_high <= 1.0:
             raise ConfigError(f"objective.t_low/t_high must satisfy 0 <= t_low < t_high <= 1, "
@@ -118,9 +132,15 @@ class TrainConfig:
     log_every: int = 10  # steps between metrics lines
     ckpt_every: int = 500  # steps between checkpoints (the last step is always saved)
     keep_last: int = 2  # checkpoints kept on disk
+    nonfinite: str = "stop"  # NaN/inf loss or grad norm: stop (keep the last good checkpoint) | skip the update
+    max_skipped_steps: int = 20  # with nonfinite=skip: stop after this many consecutive skipped updates
+    dist_timeout_s: int = 600  # torchrun: a collective waiting longer than this (a rank died or hangs) fails
+    compile: bool = False  # torch.compile encoder + decoder layers in place (measured: benchmarks/README.md)
 
     def validate(self) -> None:
-        _positive(self, "steps", "batch_size", "grad_accum", "log_every", "ckpt_every", "keep_last")
+        _positive(self, "steps", "batch_size", "grad_accum", "log_every", "ckpt_every", "keep_last",
+                  "max_skipped_steps", "dist_timeout_s")
+        _choice(self, "nonfinite", ("stop", "skip"))
         if self.lr <= 0:
             raise ConfigError(f"train.lr must be > 0, got {self.lr}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
@@ -145,10 +165,11 @@ class SamplerConfig:
     temperature: float = field(default=0.0, metadata={"range": (0.0, 2.0)})  # 0 = greedy argmax
     top_k: int = field(default=0, metadata={"range": (0, 100)})  # sample from the k best tokens (0 = all)
     seed: int = 0  # seed for temperature sampling
+    # Fast-dLLM parallel decoding: also reveal every masked token with confidence >= threshold (0 = off)
+    threshold: float = field(default=0.0, metadata={"range": (0.0, 1.0)})
 
     def validate(self) -> None:
-        for name in ("length", "tokens_per_step", "temperature", "top_k"):
-            lo, hi = SAMPLER_RANGES[name]
+        for name, (lo, hi) in SAMPLER_RANGES.items():
             value = getattr(self, name)
             if not lo <= value <= hi:
                 raise ConfigError(f"sampler.{name} must be in [{lo}, {hi}], got {value}")

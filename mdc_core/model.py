@@ -9,6 +9,7 @@ Read top to bottom: :class:`ImageEncoder` (thin adapter around ``timm.create_mod
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import timm
@@ -18,6 +19,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .tokenizer import EMBED_SIZE, EOT_ID, MASK_ID, PAD_ID, SOT_ID, VOCAB_SIZE
+from .vqvae import VQImageEncoder
 
 
 def padding_mask(tokens: torch.Tensor) -> torch.Tensor:
@@ -61,6 +63,17 @@ class ImageEncoder(nn.Module):
         return tokens[:, self.num_prefix_tokens:].mean(dim=1)
 
 
+# encoder options besides timm (the default for any other model.encoder value): name -> class built from ModelConfig
+ENCODERS: dict[str, type[nn.Module]] = {
+    "vqvae": VQImageEncoder,  # discrete image tokens of a frozen VQ-VAE (MC-Diffusion; mdc_core.vqvae)
+}
+
+
+def build_image_encoder(cfg: ModelConfig) -> nn.Module:
+    """The image encoder of `cfg`: a row of :data:`ENCODERS`, else the timm model named ``cfg.encoder``."""
+    return ENCODERS.get(cfg.encoder, ImageEncoder)(cfg)
+
+
 def load_encoder_weights(trunk: nn.Module, path: str | Path) -> None:
     """Load a local weights file (safetensors or a torch state dict, loaded with weights_only) into `trunk`."""
     path = Path(path)
@@ -80,6 +93,30 @@ def load_encoder_weights(trunk: nn.Module, path: str | Path) -> None:
         raise ValueError(f"{path} shares no keys with the encoder (e.g. {unexpected[:3]})")
 
 
+@dataclass
+class ImageCache:
+    """Cross-attention keys and values of a batch of images, one (k, v) pair per decoder layer, each
+    (B, h, M, c). Built by :meth:`Captioner.image_cache`; exact, since they never depend on the text."""
+
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+
+    @property
+    def batch(self) -> int:
+        return self.kv[0][0].shape[0]
+
+    def expand(self, n: int) -> ImageCache:
+        """The cache of one image as a batch of n identical rows (views: nothing is copied)."""
+        if self.batch != 1:
+            raise ValueError(f"only a cache of one image can be expanded (this one holds {self.batch})")
+        return ImageCache([(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in self.kv])
+
+    def index(self, rows: torch.Tensor) -> ImageCache:
+        """Rows `rows` (n,) of the batch, e.g. the image of each caption; a one-image cache is expanded."""
+        if self.batch == 1:
+            return self.expand(len(rows))
+        return ImageCache([(k[rows], v[rows]) for k, v in self.kv])
+
+
 class Attention(nn.Module):
     """Multi-head attention of queries `x` over `context` (itself for self-attention), fused SDPA kernel."""
 
@@ -91,13 +128,31 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.dropout = dropout
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """x (B, L, C), context (B, S, C), mask (B, 1, L|1, S) bool, True = may attend -> (B, L, C)."""
+    def project_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """context (B, S, C) -> keys, values (B, h, S, c) each."""
+        B, S, C = context.shape
+        k, v = self.kv(context).view(B, S, 2, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+        return k, v
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None, mask: torch.Tensor | None = None,
+                kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """x (B, L, C), context (B, S, C), mask (B, 1, L|1, S) bool, True = may attend -> (B, L, C).
+
+        `kv` are precomputed keys and values (B, h, S, c) used instead of `context`. Keys of a single image
+        (batch 1, or expanded from batch 1) serve B query rows by folding the batch into the query axis:
+        exact when there is no mask, and nothing is copied.
+        """
         B, L, C = x.shape
         q = self.q(x).view(B, L, self.heads, C // self.heads).transpose(1, 2)  # (B, h, L, c)
-        k, v = self.kv(context).view(B, -1, 2, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)  # (B, h, S, c)
+        k, v = self.project_kv(context) if kv is None else kv  # (B|1, h, S, c)
+        shared = mask is None and B > 1 and (k.shape[0] == 1 or k.stride(0) == 0)
+        if shared:
+            q = q.transpose(0, 1).reshape(1, self.heads, B * L, C // self.heads)  # (1, h, B*L, c)
+            k, v = k[:1], v[:1]
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                            dropout_p=self.dropout if self.training else 0.0)
+        if shared:
+            y = y.view(self.heads, B, L, C // self.heads).transpose(0, 1)  # (B, h, L, c)
         return self.proj(y.transpose(1, 2).reshape(B, L, C))
 
 
@@ -115,10 +170,24 @@ class DecoderLayer(nn.Module):
         hidden = int(dim * mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim), nn.Dropout(dropout))
 
-    def forward(self, x: torch.Tensor, image: torch.Tensor, self_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, image: torch.Tensor | None, self_mask: torch.Tensor | None,
+                image_kv: tuple[torch.Tensor, torch.Tensor] | None = None, past: list | None = None) -> torch.Tensor:
+        """x (B, L, C), image (B, M, C) projected image tokens -> (B, L, C).
+
+        `image_kv`: this layer's cached image keys/values (see :class:`ImageCache`), used instead of `image`.
+        `past`: self-attention cache for incremental causal decoding, ``[]`` or ``[k, v]`` (B, h, T, c); the keys
+        and values of `x` are appended to it in place and the queries attend over all of them.
+        """
         h = self.ln_self(x)
-        x = x + self.self_attn(h, h, self_mask)
-        x = x + self.cross_attn(self.ln_cross(x), self.ln_image(image))
+        self_kv = None
+        if past is not None:
+            k, v = self.self_attn.project_kv(h)  # (B, h, L, c)
+            if past:
+                k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)  # (B, h, T+L, c)
+            past[:] = [k, v]
+            self_kv = (k, v)
+        x = x + self.self_attn(h, h, self_mask, kv=self_kv)
+        x = x + self.cross_attn(self.ln_cross(x), None if image_kv is not None else self.ln_image(image), kv=image_kv)
         return x + self.mlp(self.ln_mlp(x))
 
 
@@ -143,23 +212,31 @@ class TextDecoder(nn.Module):
         self.head = nn.Linear(cfg.text_width, n_out)
         self.attend_to_pads = cfg.attend_to_pads
 
-    def hidden(self, tokens: torch.Tensor, image_tokens: torch.Tensor, causal: bool,
-               rows: torch.Tensor | None = None) -> torch.Tensor:
+    def hidden(self, tokens: torch.Tensor, image_tokens: torch.Tensor | None, causal: bool,
+               rows: torch.Tensor | None = None, cache: ImageCache | None = None,
+               past: list[list] | None = None) -> torch.Tensor:
         """tokens (B, L), image_tokens (B, M, D_img) -> final hidden states (B, L, C).
 
         `rows` (B, L) are the embedding rows of `tokens` when the input table is restricted to a corpus.
+        `cache` replaces `image_tokens` by their precomputed keys/values. `past` (one list per layer, see
+        :class:`DecoderLayer`) continues a cached prefix of T tokens: `tokens` sit at positions T..T+L-1 and
+        must hold no padding (incremental ARC decoding).
         """
         B, L = tokens.shape
-        if L > self.pos_emb.shape[0]:
-            raise ValueError(f"sequence of {L} tokens exceeds the model's context_length {self.pos_emb.shape[0]}")
-        x = self.tok_emb(tokens if rows is None else rows) + self.pos_emb[:L]  # (B, L, C)
-        image = self.image_proj(image_tokens)  # (B, M, C)
-        mask = None if self.attend_to_pads else ~padding_mask(tokens)[:, None, None, :]  # (B, 1, 1, L)
-        if causal:
-            tril = torch.ones(L, L, dtype=torch.bool, device=tokens.device).tril()  # (L, L)
+        start = past[0][0].shape[2] if past and past[0] else 0  # T cached positions
+        if start + L > self.pos_emb.shape[0]:
+            raise ValueError(f"sequence of {start + L} tokens exceeds the model's context_length "
+                             f"{self.pos_emb.shape[0]}")
+        x = self.tok_emb(tokens if rows is None else rows) + self.pos_emb[start:start + L]  # (B, L, C)
+        image = self.image_proj(image_tokens) if cache is None else None  # (B, M, C)
+        mask = None
+        if not self.attend_to_pads and past is None:
+            mask = ~padding_mask(tokens)[:, None, None, :]  # (B, 1, 1, L)
+        if causal and (past is None or L > 1):
+            tril = torch.ones(L, start + L, dtype=torch.bool, device=tokens.device).tril(start)  # (L, T+L)
             mask = tril if mask is None else mask & tril
-        for layer in self.layers:
-            x = layer(x, image, mask)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, image, mask, None if cache is None else cache.kv[i], None if past is None else past[i])
         return self.ln_f(x)
 
 
@@ -182,7 +259,7 @@ class Captioner(nn.Module):
         self.register_buffer("output_ids", output_ids.clone().long())  # (V_out,) head row -> token id
         self.restricted = cfg.output_vocab == "corpus"
         self._refresh_output_index()
-        self.encoder = ImageEncoder(cfg)
+        self.encoder = build_image_encoder(cfg)
         n_in = len(output_ids) + 3 if self.restricted else EMBED_SIZE
         self.decoder = TextDecoder(cfg, self.encoder.width, n_in, len(output_ids))
         self._init_decoder()
@@ -229,16 +306,31 @@ class Captioner(nn.Module):
         """Probe feature (B, D_img): GAP over patch tokens (or ``kind="cls"``)."""
         return self.encoder.pool(self.encode_image(images), kind)
 
-    def decode(self, tokens: torch.Tensor, image_tokens: torch.Tensor, *, select: torch.Tensor | None = None,
-               causal: bool | None = None) -> torch.Tensor:
+    def image_cache(self, image_tokens: torch.Tensor) -> ImageCache:
+        """Cross-attention keys/values of image_tokens (B, M, D_img) for every decoder layer (after
+        ``image_proj``, ``ln_image`` and the key/value projection). They do not depend on the text, so one
+        cache serves every denoising step, candidate caption and Monte Carlo sample of these images."""
+        image = self.decoder.image_proj(image_tokens)  # (B, M, C)
+        return ImageCache([layer.cross_attn.project_kv(layer.ln_image(image)) for layer in self.decoder.layers])
+
+    def decode(self, tokens: torch.Tensor, image_tokens: torch.Tensor | None, *, select: torch.Tensor | None = None,
+               causal: bool | None = None, cache: ImageCache | None = None, past: list[list] | None = None
+               ) -> torch.Tensor:
         """Logits over the output vocabulary.
 
         tokens (B, L) ids (``[MASK]`` allowed), image_tokens (B, M, D_img). Returns (B, L, V_out), or
         (n, V_out) for the n positions where the bool mask `select` (B, L) is True: the training step only
-        needs masked positions, which saves most of the output-head cost.
+        needs masked positions, which saves most of the output-head cost. With `cache` (from
+        :meth:`image_cache`, batch B or 1 = one image for all rows) `image_tokens` may be None and the logits
+        are those of the uncached call. `past`: incremental causal decoding, see :meth:`TextDecoder.hidden`.
         """
+        if cache is None and image_tokens is None:
+            raise ValueError("decode needs image_tokens or an image cache")
+        if cache is not None and cache.batch not in (1, tokens.shape[0]):
+            raise ValueError(f"image cache holds {cache.batch} images but {tokens.shape[0]} token rows were given; "
+                             "use a cache of one image or cache.index(rows)")
         rows = self.embedding_rows(tokens)
-        h = self.decoder.hidden(tokens, image_tokens, self.causal if causal is None else causal, rows)
+        h = self.decoder.hidden(tokens, image_tokens, self.causal if causal is None else causal, rows, cache, past)
         if select is not None:
             h = h[select]  # (n, C)
         return self.decoder.head(h)

@@ -24,7 +24,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .clip_model import contrastive_loss
 from .config import ObjectiveConfig
+from .guidance import condition_mask_value, corrupt_condition
+from .mc_diffusion import d3pm_loss
 from .model import Captioner, padding_mask
 from .tokenizer import EOT_ID, MASK_ID, SOT_ID
 
@@ -36,8 +39,10 @@ class ObjectiveSpec:
     """One row of the objective table."""
 
     causal: bool  # decoder self-attention is causal (teacher forcing) instead of bidirectional
-    masking: str  # "time": t ~ U[t_low, t_high] per caption; "fixed": t = mask_ratio; "all": t = 1; "none"
+    masking: str  # "time": t ~ U[t_low, t_high] per caption; "fixed": t = mask_ratio; "all": t = 1; "none";
+    # "d3pm": mask-and-replace noise at t ~ U{1..T} (mdc_core.mc_diffusion)
     inv_t_weight: bool  # weight each caption's masked CE by 1/t (the diffusion ELBO weight)
+    model: str = "captioner"  # model family (mdc_core.factory.MODELS): "captioner" or "clip" (contrastive loss)
 
 
 OBJECTIVES: dict[str, ObjectiveSpec] = {
@@ -46,6 +51,8 @@ OBJECTIVES: dict[str, ObjectiveSpec] = {
     "bert": ObjectiveSpec(causal=False, masking="fixed", inv_t_weight=False),  # image-conditioned BERT, ratio r
     "parallel": ObjectiveSpec(causal=False, masking="all", inv_t_weight=False),  # r = 1, CapPa parallel decoding
     "arc": ObjectiveSpec(causal=True, masking="none", inv_t_weight=False),  # autoregressive captioning
+    "clip": ObjectiveSpec(causal=True, masking="none", inv_t_weight=False, model="clip"),  # contrastive baseline
+    "d3pm": ObjectiveSpec(causal=False, masking="d3pm", inv_t_weight=False),  # MC-Diffusion mask-and-replace D3PM
 }
 
 
@@ -149,7 +156,14 @@ def compute_loss(model: Captioner, images: torch.Tensor, tokens: torch.Tensor, c
     """Loss of one batch: images (B, 3, H, W), tokens (B, L) from :class:`CaptionTokenizer`."""
     spec = objective_spec(cfg.name)
     tokens = trim_padding(tokens)
+    if spec.model == "clip":  # symmetric InfoNCE of mdc_core.clip_model; no token masking
+        return LossOutput(*contrastive_loss(model, images, tokens))
     image_tokens = model.encode_image(images)  # (B, M, D)
+    if cfg.guidance != "none":  # classifier-free guidance / masked condition strategy (mdc_core.guidance)
+        image_tokens = corrupt_condition(image_tokens, cfg.guidance, cfg.p_cond, cfg.p_mask,
+                                         condition_mask_value(model), generator)
+    if spec.masking == "d3pm":  # loss of mdc_core.mc_diffusion (VLB term + auxiliary x_0 cross-entropy)
+        return LossOutput(*d3pm_loss(model, image_tokens, tokens, cfg, generator))
     if spec.masking == "none":
         return _autoregressive_loss(model, tokens, image_tokens, cfg)
 

@@ -8,7 +8,12 @@ has no output row), so the caption is always N' real tokens. Confidences are pro
 softmax over the allowed tokens.
 
 Options: ``tokens_per_step`` (k), ``temperature`` > 0 with ``top_k`` to sample the candidate token instead of
-taking the argmax (its confidence is still its untempered probability), ``seed`` for that sampling.
+taking the argmax (its confidence is still its untempered probability), ``seed`` for that sampling, and
+``threshold`` > 0 for Fast-dLLM's parallel decoding: each step also reveals every other masked position whose
+confidence is >= threshold, so the number of steps depends on the data (at most ceil(N'/k)).
+
+The image cross-attention keys/values are computed once per batch (:meth:`Captioner.image_cache`) and
+reused by every step; the result equals the uncached computation.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from .tokenizer import EOT_ID, MASK_ID, SOT_ID, CaptionTokenizer
 
 @dataclass
 class SampleOutput:
-    """Batched result of :func:`sample`. S = number of steps, N = caption length N'. Ids are token ids."""
+    """Batched result of :func:`sample`. S = number of steps the batch took (with a threshold, rows may finish
+    earlier: after its last step a row has no masked position, see :attr:`row_steps`), N = caption length N'."""
 
     tokens: torch.Tensor  # (B, N) final caption ids
     reveal_step: torch.Tensor  # (B, N) step at which each position was revealed
@@ -39,6 +45,11 @@ class SampleOutput:
     @property
     def num_steps(self) -> int:
         return self.step_masked.shape[0]
+
+    @property
+    def row_steps(self) -> torch.Tensor:
+        """(B,) steps each caption took (its last reveal step + 1)."""
+        return self.reveal_step.max(dim=1).values + 1
 
 
 def canvas(batch: int, length: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -55,8 +66,10 @@ def allowed_rows(model: Captioner) -> torch.Tensor:
 
 
 @torch.no_grad()
-def sample(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig) -> SampleOutput:
-    """Generate captions of ``cfg.length`` tokens for image_tokens (B, M, D) by confidence unmasking."""
+def sample(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig, *, cache: Any = None) -> SampleOutput:
+    """Generate captions of ``cfg.length`` tokens for image_tokens (B, M, D) by confidence unmasking.
+
+    `cache`: the images' :meth:`Captioner.image_cache`, when the caller already has it (e.g. for several N')."""
     cfg.validate()
     if model.causal:
         raise ValueError("this model is autoregressive (ARC); unmasking sampling needs a bidirectional model")
@@ -64,20 +77,25 @@ def sample(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig) -> 
     if N + 2 > model.cfg.context_length:
         raise ValueError(f"caption length {N} exceeds the model's context ({model.cfg.context_length - 2} tokens)")
     device = image_tokens.device
-    steps = math.ceil(N / k)
+    max_steps = math.ceil(N / k)
     x = canvas(B, N, device)
     allowed = allowed_rows(model)
+    if cache is None:
+        cache = model.image_cache(image_tokens)  # cross-attention keys/values, once for all steps
     gen = torch.Generator(device=device).manual_seed(cfg.seed) if cfg.temperature > 0 else None
 
     reveal_step = torch.full((B, N), -1, dtype=torch.long, device=device)
     reveal_conf = torch.zeros(B, N, device=device)
-    top_tok = torch.zeros(steps, B, N, dtype=torch.long, device=device)
-    top_conf = torch.zeros(steps, B, N, device=device)
-    was_masked = torch.zeros(steps, B, N, dtype=torch.bool, device=device)
-    rows = torch.arange(B, device=device)[:, None]
-    for s in range(steps):
+    top_tok = torch.zeros(max_steps, B, N, dtype=torch.long, device=device)
+    top_conf = torch.zeros(max_steps, B, N, device=device)
+    was_masked = torch.zeros(max_steps, B, N, dtype=torch.bool, device=device)
+    steps = max_steps
+    for s in range(max_steps):
         masked = x[:, 1:-1] == MASK_ID  # (B, N)
-        logits = model.decode(x, image_tokens)[:, 1:-1].float()  # (B, N, V_out)
+        if cfg.threshold > 0 and not bool(masked.any()):  # every row finished early
+            steps = s
+            break
+        logits = model.decode(x, None, cache=cache)[:, 1:-1].float()  # (B, N, V_out)
         logits = logits.masked_fill(~allowed, float("-inf"))
         probs = logits.softmax(dim=-1)
         conf, best = probs.max(dim=-1)  # (B, N)
@@ -85,16 +103,26 @@ def sample(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig) -> 
         cand_conf = conf if gen is None else probs.gather(-1, cand[..., None])[..., 0]
         top_tok[s], top_conf[s], was_masked[s] = model.output_ids[best], conf, masked
 
-        n_reveal = min(k, N - s * k)
-        score = cand_conf.masked_fill(~masked, float("-inf"))
-        pos = score.topk(n_reveal, dim=-1).indices  # (B, n_reveal) most confident masked positions
-        x[:, 1:-1][rows, pos] = model.output_ids[cand[rows, pos]]
-        reveal_step[rows, pos] = s
-        reveal_conf[rows, pos] = cand_conf[rows, pos]
+        reveal = _reveal_mask(cand_conf, masked, k, cfg.threshold)  # (B, N)
+        x[:, 1:-1] = torch.where(reveal, model.output_ids[cand], x[:, 1:-1])
+        reveal_step[reveal] = s
+        reveal_conf[reveal] = cand_conf[reveal]
 
     settings = {"length": N, "tokens_per_step": k, "temperature": cfg.temperature, "top_k": cfg.top_k,
-                "seed": cfg.seed, "steps": steps}
-    return SampleOutput(x[:, 1:-1].clone(), reveal_step, reveal_conf, top_tok, top_conf, was_masked, settings)
+                "seed": cfg.seed, "threshold": cfg.threshold, "steps": steps}
+    return SampleOutput(x[:, 1:-1].clone(), reveal_step, reveal_conf, top_tok[:steps], top_conf[:steps],
+                        was_masked[:steps], settings)
+
+
+def _reveal_mask(conf: torch.Tensor, masked: torch.Tensor, k: int, threshold: float) -> torch.Tensor:
+    """(B, N) bool: the k most confident masked positions of each row (fewer if fewer are masked), plus,
+    with threshold > 0, every masked position whose confidence is >= threshold. conf, masked: (B, N)."""
+    score = conf.masked_fill(~masked, float("-inf"))
+    top = score.topk(min(k, score.shape[1]), dim=-1).indices  # (B, k) most confident first
+    reveal = torch.zeros_like(masked).scatter_(1, top, True) & masked
+    if threshold > 0:
+        reveal |= masked & (conf >= threshold)
+    return reveal
 
 
 def _sample_rows(logits: torch.Tensor, temperature: float, top_k: int, gen: torch.Generator) -> torch.Tensor:
@@ -113,11 +141,12 @@ def trajectory(out: SampleOutput, tokenizer: CaptionTokenizer, index: int = 0) -
     Each step lists every token it revealed (``revealed``, most confident first) and every position that
     was still masked when it began with the model's top guess there (``masked``); ``position``, ``token``
     and ``confidence`` repeat the step's most confident reveal (the only one when k = 1). Positions count
-    caption tokens from 0 (``<sot>`` excluded).
+    caption tokens from 0 (``<sot>`` excluded). Only the steps this caption took are listed (with a
+    threshold, other captions of the batch may have needed more).
     """
     ids = out.tokens[index].tolist()
     steps = []
-    for s in range(out.num_steps):
+    for s in range(int(out.row_steps[index])):
         revealed_pos = (out.reveal_step[index] == s).nonzero()[:, 0].tolist()
         revealed = sorted(
             ({"position": p, "token": tokenizer.token_string(ids[p]), "token_id": ids[p],

@@ -1,5 +1,6 @@
 """The unmasking sampler (paper Eq. 6): reveal order, k tokens per step, fixed reveals, trajectory."""
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -26,7 +27,10 @@ class TableModel(nn.Module):
         self.register_buffer("output_ids", output_ids)
         self.seen: list[torch.Tensor] = []
 
-    def decode(self, x, image_tokens):
+    def image_cache(self, image_tokens):
+        return image_tokens
+
+    def decode(self, x, image_tokens, cache=None):
         self.seen.append(x.clone())
         B, L = x.shape
         body = self.fn(x) if self.fn is not None else self.table.expand(B, -1, -1)
@@ -123,3 +127,67 @@ def test_sampler_rejects_bad_settings(tiny_model):
         sample(model, feats, SamplerConfig(length=0))
     with pytest.raises(ValueError, match="autoregressive"):
         sample(tiny_model(causal=True), feats, SamplerConfig(length=3))
+
+
+class Uncached(nn.Module):
+    """Wraps a captioner so that :func:`sample` runs the uncached decoder at every step."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.causal, self.cfg, self.output_ids = model, model.causal, model.cfg, model.output_ids
+
+    def image_cache(self, image_tokens):
+        return image_tokens
+
+    def decode(self, x, image_tokens, cache=None):
+        return self.model.decode(x, cache)  # `cache` is the image tokens here
+
+
+@pytest.mark.parametrize("cfg", [SamplerConfig(length=7), SamplerConfig(length=7, tokens_per_step=3),
+                                 SamplerConfig(length=7, threshold=0.1),
+                                 SamplerConfig(length=7, temperature=1.0, top_k=5, seed=1)])
+def test_image_cache_gives_identical_samples(tiny_model, cfg):
+    model = tiny_model(output_ids=torch.tensor([*range(100, 111), EOT_ID]))  # 11 words: confidences near 0.1
+    feats = model.encode_image(torch.randn(3, 3, 32, 32))
+    cached, plain = sample(model, feats, cfg), sample(Uncached(model), feats, cfg)
+    if cfg.threshold > 0:
+        assert cached.num_steps < cfg.length  # the threshold did reveal several tokens in one step
+    assert torch.equal(cached.tokens, plain.tokens)
+    assert torch.equal(cached.reveal_step, plain.reveal_step)
+    assert torch.allclose(cached.reveal_confidence, plain.reveal_confidence, atol=1e-6)
+
+
+def test_threshold_reveals_top_plus_confident_hand_computed():
+    ids = torch.tensor([10, 11, 12])
+    probs = torch.tensor([[0.6, 0.3, 0.1], [0.02, 0.95, 0.03], [0.04, 0.04, 0.92], [0.3, 0.4, 0.3]])
+    model = TableModel(probs.log()[None], ids)
+    out = sample(model, torch.zeros(1, 4, 8), SamplerConfig(length=4, threshold=0.9))
+    # step 0: 0.95 (top) and 0.92 (>= 0.9); then 0.6; then 0.4
+    assert out.tokens.tolist() == [[10, 11, 12, 11]]
+    assert out.reveal_step.tolist() == [[1, 0, 0, 2]]
+    assert out.num_steps == 3 == len(model.seen) and out.settings["steps"] == 3
+    strict = sample(TableModel(probs.log()[None], ids), torch.zeros(1, 4, 8), SamplerConfig(length=4, threshold=0.99))
+    assert strict.reveal_step.tolist() == [[2, 0, 1, 3]]  # nothing clears 0.99: one token per step, as Eq. 6
+
+
+def test_threshold_rows_finish_at_their_own_step_and_trajectory_stays_valid():
+    ids = torch.tensor([10, 11, 12])
+    sure = torch.tensor([[0.01, 0.98, 0.01]]).expand(4, -1)  # row 0: every position confident -> 1 step
+    unsure = torch.full((4, 3), 1 / 3)  # row 1: nothing clears the threshold -> 4 steps
+    fn = lambda x: torch.stack([sure, unsure]).log()
+    out = sample(TableModel(None, ids, fn=fn), torch.zeros(2, 4, 8), SamplerConfig(length=4, threshold=0.9))
+    assert out.num_steps == 4 and out.row_steps.tolist() == [1, 4]
+    assert out.step_masked.shape == (4, 2, 4) and not out.step_masked[1:, 0].any()
+    assert (out.tokens != MASK_ID).all()
+    tok = CaptionTokenizer(24)
+    short, long = trajectory(out, tok, 0), trajectory(out, tok, 1)
+    assert [len(s["revealed"]) for s in short["steps"]] == [4]
+    assert [len(s["revealed"]) for s in long["steps"]] == [1, 1, 1, 1]
+    json.dumps(short), json.dumps(long)
+
+
+def test_threshold_setting_range():
+    from mdc_core.config import SAMPLER_RANGES
+    assert SAMPLER_RANGES["threshold"] == (0.0, 1.0)
+    with pytest.raises(ConfigError, match="sampler.threshold"):
+        SamplerConfig(threshold=1.5).validate()

@@ -10,10 +10,16 @@ the ``"skipped"`` dict of the batch being built when they were met (those met af
 are added to that batch), so the counts cross DataLoader worker processes inside the batches. A worker that
 yields no batch at all cannot report its counts.
 
-Order is a function of (seed, epoch, num_workers). With ``num_workers = W > 0`` each worker reads every W-th
-shard (or row) and the DataLoader takes batches from the workers in turn; ``skip_batches = n`` makes worker w play
-the part of worker (w + n) % W and pass over its share of the first n batches, so the batches that follow are
-exactly those the un-skipped epoch yields after its first n (as long as no worker ran dry within those n).
+Order is a function of (seed, epoch, readers). The shards (or rows) are dealt to ``readers = world x W``
+parts, W = max(1, num_workers): worker w of rank r reads part ``w * world + r``, i.e. every readers-th shard
+from that offset, so ranks and workers never read the same shard and together read all of them once per epoch.
+The DataLoader takes batches from a rank's workers in turn; ``skip_batches = n`` makes worker w play the part
+of worker (w + n) % W and pass over its share of the first n batches, so the batches that follow are exactly
+those the un-skipped epoch yields after its first n (as long as no worker ran dry within those n).
+
+Hence ``world`` ranks with W workers and ``grad_accum`` A see, at every optimizer step, exactly the samples
+one process with ``world * W`` workers and accumulation ``world * A`` sees (rank r's a-th micro-batch is that
+process's micro-batch ``a * world + r``), which is what makes a DDP run reproducible on one process.
 """
 
 from __future__ import annotations
@@ -96,8 +102,10 @@ class CaptionBatches(IterableDataset):
     """One epoch of batches (dicts, see :func:`build_loader`) of a :class:`Source`; safe in DataLoader workers."""
 
     def __init__(self, source: Source, *, image_size: int, batch_size: int, seed: int, epoch: int,
-                 skip_batches: int, shuffle: bool, drop_last: bool, shuffle_buffer: int, random_crop: bool):
+                 skip_batches: int, shuffle: bool, drop_last: bool, shuffle_buffer: int, random_crop: bool,
+                 rank: int = 0, world: int = 1):
         super().__init__()
+        self.rank, self.world = rank, world
         self.source, self.image_size, self.batch_size = source, image_size, batch_size
         self.seed, self.epoch, self.skip_batches = seed, epoch, skip_batches
         self.shuffle, self.drop_last, self.buffer = shuffle, drop_last, shuffle_buffer
@@ -128,9 +136,9 @@ class CaptionBatches(IterableDataset):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
         parts, worker = (1, 0) if info is None else (info.num_workers, info.id)
-        part = (worker + self.skip_batches) % parts  # see the module docstring
+        part = (worker + self.skip_batches) % parts  # this rank's reader; see the module docstring
         to_skip = max(0, (self.skip_batches - part + parts - 1) // parts) * self.batch_size  # good samples
-        records, decode = self._records(part, parts)
+        records, decode = self._records(part * self.world + self.rank, parts * self.world)
         batch: list[dict[str, Any]] = []
         skipped: Counter[str] = Counter()
         done: dict[str, Any] | None = None  # a full batch held back until the next good sample shows up
@@ -183,8 +191,8 @@ def _is_synthetic(source: Source) -> bool:
 
 
 def build_loader(cfg: DataConfig, *, split: str | None = "train", image_size: int, batch_size: int, seed: int = 0,
-                 epoch: int = 0, skip_batches: int = 0, shuffle: bool = True,
-                 drop_last: bool = True) -> Iterable[dict[str, Any]]:
+                 epoch: int = 0, skip_batches: int = 0, shuffle: bool = True, drop_last: bool = True,
+                 rank: int = 0, world: int = 1) -> Iterable[dict[str, Any]]:
     """One epoch of batches from ``cfg.path`` (``path/split`` when that folder exists; see :mod:`.sources`).
 
     Each batch is a dict: ``image`` float (B, 3, image_size, image_size) normalised with the OpenAI CLIP
@@ -194,12 +202,15 @@ def build_loader(cfg: DataConfig, *, split: str | None = "train", image_size: in
     `drop_last`. Shuffling (shard order + a ``cfg.shuffle_buffer`` sample buffer; a full permutation for tables)
     happens when `shuffle` and ``cfg.shuffle_buffer > 0``, seeded by (seed, epoch). ``cfg.augment == "rrc"``
     gives random resized crops, except for the val/test/compgen splits. Iterating the result again repeats the
-    same epoch.
+    same epoch. `rank` of `world` (torchrun) reads only its share of the shards/rows (module docstring);
+    `skip_batches` counts this rank's batches.
     """
     cfg.validate()
     if image_size < 1 or batch_size < 1 or skip_batches < 0:
         raise ValueError(f"need image_size >= 1, batch_size >= 1, skip_batches >= 0; got {image_size}, "
                          f"{batch_size}, {skip_batches}")
+    if not 0 <= rank < world:
+        raise ValueError(f"need 0 <= rank < world, got rank {rank} of {world}")
     source = resolve_source(cfg.path, cfg.format, split)
     random_crop = cfg.augment == "rrc" and split not in EVAL_SPLITS
     if random_crop and _is_synthetic(source):
@@ -207,17 +218,24 @@ def build_loader(cfg: DataConfig, *, split: str | None = "train", image_size: in
                       "sizes that captions and labels describe; use augment='none'")
     stream = CaptionBatches(source, image_size=image_size, batch_size=batch_size, seed=seed, epoch=epoch,
                             skip_batches=skip_batches, shuffle=shuffle and cfg.shuffle_buffer > 0,
-                            drop_last=drop_last, shuffle_buffer=cfg.shuffle_buffer, random_crop=random_crop)
+                            drop_last=drop_last, shuffle_buffer=cfg.shuffle_buffer, random_crop=random_crop,
+                            rank=rank, world=world)
+    readers = world * max(1, cfg.num_workers)
+    if len(source) < world:
+        raise ValueError(f"{cfg.path} has {len(source)} {'shards' if source.kind == 'wds' else 'samples'} for "
+                         f"{world} ranks: every rank needs its own shards; write smaller shards "
+                         "(mdc data shards --shard-size N)")
+    if source.kind == "wds" and len(source) < readers:
+        warnings.warn(f"{len(source)} shards for {readers} readers ({world} ranks x {max(1, cfg.num_workers)} "
+                      "workers): some workers will be idle", stacklevel=2)
     if cfg.num_workers == 0:
         return stream
-    if source.kind == "wds" and len(source) < cfg.num_workers:
-        warnings.warn(f"{len(source)} shards for {cfg.num_workers} workers: some workers will be idle")
     return DataLoader(stream, batch_size=None, num_workers=cfg.num_workers, collate_fn=_identity)
 
 
 def iter_captions(cfg: DataConfig, split: str | None = "train") -> Iterator[str]:
     """Every usable caption (stripped, non-empty, valid UTF-8) of the split in storage order, without reading
-    images: for building a corpus vocabulary. Bad shards and bad captions are passed over silently."""
+    images: for building a corpus vocabulary. Bad shards (reported on the log) and bad captions are passed over."""
     cfg.validate()
     source = resolve_source(cfg.path, cfg.format, split)
     if source.kind != "wds":

@@ -25,6 +25,7 @@ from __future__ import annotations
 import csv
 import glob
 import json
+import logging
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ IMAGE_COLUMNS = ("image", "filepath", "file_path", "image_path", "img_path", "im
 CAPTION_COLUMNS = ("caption", "title", "text", "captions", "sentence", "raw", "alt", "alt_text", "description")
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 KNOWN_SPLITS = ("train", "val", "test", "compgen", "restval")
+log = logging.getLogger("mdc_core.data")
 _EXPECTED = ("a directory of .tar shards (or with a <split> subdirectory), a brace/glob shard pattern, "
              "a .csv/.tsv file or a COCO caption .json")
 
@@ -217,12 +219,14 @@ def _read_karpathy(p: Path, images: list[dict[str, Any]], split: str | None) -> 
 def iter_shard_records(shards: list[str], suffixes: set[str] | None = None) -> Iterator[dict[str, Any]]:
     """Samples of `shards` in order, grouped by key by webdataset (``{"__key__", "jpg": bytes, ...}``).
 
-    A shard that cannot be opened or read yields ``{"__skip__": "bad_shard", "__url__": shard}`` and the stream
-    goes on with the next shard (samples read before the error are kept). `suffixes` keeps only those members.
+    A shard that cannot be opened or read is reported on the ``mdc_core.data`` logger (stderr by default) and
+    yields ``{"__skip__": "bad_shard", "__url__": shard}``; the stream goes on with the next shard (samples read
+    before the error are kept). `suffixes` keeps only those members.
     """
     select = (lambda fname: fname.rsplit(".", 1)[-1].lower() in suffixes) if suffixes else None
     for shard in shards:
         try:
             yield from wds.tarfile_samples([{"url": shard}], select_files=select)
-        except Exception:  # webdataset's default handler re-raises: tarfile/IO/grouping errors end the shard
+        except Exception as err:  # webdataset's default handler re-raises: tarfile/IO/grouping errors end the shard
+            log.warning("cannot read shard %s (%s: %s); skipped the rest of it", shard, type(err).__name__, err)
             yield {"__skip__": "bad_shard", "__url__": shard}

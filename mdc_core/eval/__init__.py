@@ -5,6 +5,11 @@
   pycocoevalcap).
 
 Both take plain tensors / strings; loading models and data is the caller's job.
+
+Run-level evaluations (they load runs and data themselves; import the module to use them):
+
+* :mod:`mdc_core.eval.compositionality` (+ :mod:`mdc_core.eval.benchmarks`): ``mdc eval compositionality``.
+* :mod:`mdc_core.eval.captioning`: ``mdc eval captioning``.
 Note: ``mdc_core.eval.caption_metrics`` names the function here; the module is
 ``sys.modules["mdc_core.eval.caption_metrics"]`` (or ``importlib.import_module``).
 """

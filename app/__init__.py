@@ -1,0 +1,20 @@
+"""The MDC app (gradio): ``build_app(models) -> gr.Blocks``; run it with ``mdc app --run RUN``.
+
+``app.render`` (chips, heatmap) imports without gradio; ``build_app``/``serve`` import it on first use. Analytics
+and telemetry are switched off here, before any submodule imports gradio (no network access is needed).
+"""
+
+import os
+from typing import Any
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # set before any app module imports gradio: no telemetry
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+__all__ = ["build_app", "serve"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from app import mdc_app
+        return getattr(mdc_app, name)
+    raise AttributeError(f"module 'app' has no attribute {name!r}")

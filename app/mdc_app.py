@@ -1,0 +1,416 @@
+"""Gradio app: watch a caption being unmasked token by token, with per-token confidence.
+
+:func:`build_app` turns already loaded models into a ``gr.Blocks``; :func:`serve` (the CLI verb
+``mdc app --run RUN``, or ``python -m app.mdc_app``) loads a run and launches it on 127.0.0.1. Every callback is a
+named module-level function of plain values, so tests call them without a server. Per-user data (the image and
+the last trajectory) lives in a ``gr.State`` dict; models live in a process-wide cache keyed by run folder.
+Rendering (chips, heatmap, tables) is in :mod:`app.render`, the model cache in :mod:`app.runs`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import os
+import random
+import time
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import torch
+from PIL import Image
+
+from app import render
+from app.runs import LoadedRun, get_run, optional_module, register_run, run_choices, user_errors
+from mdc_core.checkpoint import load_model
+from mdc_core.config import SAMPLER_RANGES, RunConfig, SamplerConfig
+from mdc_core.data import make_example
+from mdc_core.data.transforms import eval_transform, open_image
+from mdc_core.sampler import sample, trajectory
+
+DEFAULT_RUN = "outputs/demo/run"  # the run `mdc demo` trains
+DEFAULT_ROOT = "outputs"  # run folders under it are offered in the run menu
+SCENE_SEED, SCENE_SPLIT, INITIAL_SCENE = 0, "test", 3  # the demo data set's seed and held-out split
+COMPARE_LENGTHS = (10, 15, 20)
+UPLOAD_TYPES = (".png", ".jpg", ".jpeg", ".webp")
+MAX_UPLOAD_BYTES = 25 * 2**20
+PLAY_INTERVAL_S = 0.45  # seconds per step of the animation
+MAX_SCORED = 20  # captions per scoring request
+SCORE_METHODS = ["heuristic", "mc", "ar"]  # mdc_core.scoring.METHODS: greedy-order path, Monte Carlo ELBO, chain rule
+SAMPLER_FIELDS = (*SAMPLER_RANGES, "seed")  # the sampler inputs, in the order the callbacks take them
+SAMPLER_LABELS = {"length": "caption length N'", "tokens_per_step": "tokens revealed per step k",
+                  "temperature": "temperature (0 = greedy)", "top_k": "top-k (0 = all tokens)",
+                  "threshold": "confidence threshold"}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# images
+
+
+def _display(img: Image.Image) -> Image.Image:
+    """A copy sized for the page: small scenes upscaled with crisp pixels, big uploads shrunk."""
+    if max(img.size) < 256:
+        scale = 256 // max(img.size) or 1
+        return img.resize((img.width * scale, img.height * scale), Image.Resampling.NEAREST)
+    out = img.copy()
+    out.thumbnail((512, 512))
+    return out
+
+
+def show_scene(index: float | None, run_key: str, state: dict | None) -> tuple[dict, Image.Image, str]:
+    """Scene `index` of the embedded generator's held-out split, rendered at the run's image size."""
+    if index is None or index < 0 or index != int(index):
+        raise gr.Error(f"scene number must be a whole number >= 0, got {index}")
+    run = get_run(run_key)
+    ex = make_example(SCENE_SEED, SCENE_SPLIT, int(index), image_size=run.cfg.model.image_size)
+    img = open_image(ex["jpg"], f"scene {int(index)}")
+    info = (f"**scene #{int(index)}** ({SCENE_SPLIT} split, {img.width} px) &middot; reference: "
+            f"*{html.escape(ex['txt'])}*")
+    return {**(state or {}), "image": img, "source": f"scene {int(index)}", "record": None}, _display(img), info
+
+
+def new_scene(run_key: str, state: dict | None) -> tuple[int, dict, Image.Image, str]:
+    """A random scene (the scene number is shown so it can be reproduced)."""
+    index = random.randrange(100_000)
+    return (index, *show_scene(index, run_key, state))
+
+
+def load_upload(path: str | None, state: dict | None) -> tuple[dict, Image.Image, str]:
+    """An uploaded file, decoded with the workbench's own checks (empty, not an image, too large)."""
+    if not path:
+        raise gr.Error("no file was uploaded")
+    name = Path(path).name
+    size = os.path.getsize(path)
+    if size > MAX_UPLOAD_BYTES:
+        raise gr.Error(f"{name}: file of {size / 2**20:.1f} MB is too large (limit {MAX_UPLOAD_BYTES // 2**20} MB)")
+    with user_errors():
+        img = open_image(Path(path).read_bytes(), name)
+    info = f"**{html.escape(name)}** &middot; {img.width} x {img.height} px (uploaded)"
+    return {**(state or {}), "image": img, "source": name, "record": None}, _display(img), info
+
+
+def _image_tokens(run: LoadedRun, state: dict | None) -> torch.Tensor:
+    if not state or state.get("image") is None:
+        raise gr.Error("pick an image first: a random scene or an upload")
+    pixels = eval_transform(run.cfg.model.image_size)(state["image"])[None]  # (1, 3, S, S)
+    with torch.no_grad():
+        return run.model.encode_image(pixels)  # (1, M, D)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# unmasking
+
+
+def sampler_config(*values: Any) -> SamplerConfig:
+    """A validated SamplerConfig from the slider values, in the order of :data:`SAMPLER_FIELDS`."""
+    hints = typing.get_type_hints(SamplerConfig)
+    kw = {name: hints[name](v) for name, v in zip(SAMPLER_FIELDS, values, strict=True) if v is not None}
+    cfg = SamplerConfig(**kw)
+    with user_errors():
+        cfg.validate()
+    return cfg
+
+
+def _unmask(run: LoadedRun, image_tokens: torch.Tensor, cfg: SamplerConfig) -> dict[str, Any]:
+    if run.is_arc:
+        raise gr.Error(f"{run.label} is an autoregressive (ARC) model: it writes left to right, so there is no "
+                       "unmasking to watch. Pick it as the ARC run in the Compare tab.")
+    start = time.perf_counter()
+    with user_errors():
+        out = sample(run.model, image_tokens, cfg)
+    record = trajectory(out, run.tokenizer)
+    record["latency_s"] = time.perf_counter() - start
+    return record
+
+
+def run_caption(run_key: str, state: dict | None, *settings: Any) -> tuple[dict, str, Any, Any, str]:
+    """Caption the current image; show the final canvas, the step slider at its end, the heatmap, a summary."""
+    run = get_run(run_key)
+    cfg = sampler_config(*settings)
+    start = time.perf_counter()
+    image_tokens = _image_tokens(run, state)
+    record = _unmask(run, image_tokens, cfg)
+    total = time.perf_counter() - start
+    n_steps = len(record["steps"])
+    summary = (f"**{html.escape(record['caption'])}** &nbsp; &middot; {run.label}: N' = {cfg.length}, {n_steps} steps "
+               f"of k = {cfg.tokens_per_step} &middot; sampling {record['latency_s'] * 1000:.0f} ms, with image "
+               f"encoding {total * 1000:.0f} ms (CPU)")
+    state = {**state, "record": record, "run": run_key}
+    return (state, render.chips_html(record, n_steps), gr.Slider(minimum=0, maximum=n_steps, value=n_steps, step=1),
+            render.heatmap_figure(record), summary)
+
+
+def show_step(step: float | None, state: dict | None) -> str:
+    """The canvas after `step` steps of the last trajectory."""
+    record = (state or {}).get("record")
+    if record is None:
+        return ""
+    return render.chips_html(record, min(max(int(step or 0), 0), len(record["steps"])))
+
+
+def start_play(state: dict | None) -> tuple[Any, Any]:
+    """Rewind to step 0 and start the animation timer."""
+    if not (state or {}).get("record"):
+        raise gr.Error("caption an image first")
+    return gr.Slider(value=0), gr.Timer(active=True)
+
+
+def play_tick(step: float | None, state: dict | None) -> tuple[Any, Any]:
+    """One animation frame: advance the step slider; stop the timer at the last step."""
+    record = (state or {}).get("record")
+    if record is None:
+        return gr.Slider(), gr.Timer(active=False)
+    nxt = min(int(step or 0) + 1, len(record["steps"]))
+    return gr.Slider(value=nxt), gr.Timer(active=nxt < len(record["steps"]))
+
+
+def on_run_change(run_key: str) -> Any:
+    """Fit the length slider to the chosen model's context."""
+    run = get_run(run_key)
+    lo, hi = SAMPLER_RANGES["length"]
+    return gr.Slider(maximum=min(hi, run.cfg.model.context_length - 2))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# compare and score
+
+
+def _arc_rows(arc_key: str, state: dict | None) -> list[list[str]]:
+    arc = get_run(arc_key)
+    if not arc.is_arc:
+        raise gr.Error(f"{arc.label} is not an ARC run (objective {arc.cfg.objective.name!r})")
+    decoder = optional_module("mdc_core.ar_decode")
+    if decoder is None:
+        return [[f"ARC {html.escape(arc.label)}", "<i>mdc_core/ar_decode.py is not in this checkout: no ARC "
+                 "decoding available</i>", "", ""]]
+    image_tokens, rows = _image_tokens(arc, state), []
+    for mode, method, kw in (("greedy", "greedy", {}), ("beam 4", "beam", {"beam_size": 4})):
+        start = time.perf_counter()
+        with user_errors():
+            out = decoder.ar_decode(arc.model, image_tokens, method, **kw)
+        ms = (time.perf_counter() - start) * 1000
+        n = int(out.lengths[0])
+        probs = out.token_logprobs[0, :n].exp().tolist()
+        rows.append([f"ARC {html.escape(arc.label)}, {mode}",
+                     render.mini_caption_html(arc.tokenizer.token_strings(out.tokens[0, :n]), probs),
+                     f"{sum(probs) / max(n, 1):.3f}", f"{ms:.0f}"])
+    return rows
+
+
+def compare_lengths(run_key: str, arc_key: str | None, state: dict | None, *settings: Any) -> str:
+    """Captions of the MDC run at N' = 10 / 15 / 20 side by side (and the ARC run's, if one is chosen)."""
+    run = get_run(run_key) if run_key else None
+    cfg = sampler_config(*settings)
+    rows = []
+    if run is not None and not run.is_arc:
+        image_tokens = _image_tokens(run, state)
+        for length in COMPARE_LENGTHS:
+            if length > run.cfg.model.context_length - 2:
+                rows.append([f"N' = {length}", "<i>longer than this model's context</i>", "", ""])
+                continue
+            rec = _unmask(run, image_tokens, dataclasses.replace(cfg, length=length))
+            confs = [0.0] * length
+            for r in render.reveal_order(rec):
+                confs[r["position"]] = r["confidence"]
+            rows.append([f"MDC N' = {length}", render.mini_caption_html(rec["tokens"], confs),
+                         f"{sum(confs) / length:.3f}", f"{rec['latency_s'] * 1000:.0f}"])
+    if arc_key:
+        rows += _arc_rows(arc_key, state)
+    if not rows:
+        raise gr.Error("choose an MDC run (top) or an ARC run (here) to compare")
+    return render.table_html(["model", "caption (MDC: confidence when revealed; ARC: p of each token)",
+                              "mean conf.", "ms"], rows)
+
+
+def _check_vocab(run: LoadedRun, captions: list[str]) -> None:
+    limit = run.cfg.model.context_length - 2
+    for text in captions:
+        ids = run.tokenizer.encode_text(text)
+        if not ids:
+            raise gr.Error(f"caption {text!r} has no tokens")
+        if len(ids) > limit:
+            raise gr.Error(f"caption {text!r} has {len(ids)} tokens; this model holds {limit}")
+        if run.model.restricted:
+            unknown = [run.tokenizer.token_string(i) for i in ids if int(run.model.output_index[i]) < 0]
+            if unknown:
+                raise gr.Error(f"caption {text!r} uses words this model never saw in training: "
+                               f"{', '.join(unknown)}")
+
+
+def score_own(run_key: str, state: dict | None, text: str, methods: list[str] | None, mc_samples: float) -> str:
+    """Score typed captions (one per line) against the image; rank them; show the heuristic path's log-probs."""
+    scoring = optional_module("mdc_core.scoring")
+    if scoring is None:
+        raise gr.Error("caption scoring needs mdc_core/scoring.py, which is not in this checkout yet")
+    run = get_run(run_key)
+    captions = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    if not captions:
+        raise gr.Error("type one or more captions, one per line")
+    if len(captions) > MAX_SCORED:
+        raise gr.Error(f"at most {MAX_SCORED} captions at once, got {len(captions)}")
+    methods = list(methods or ["heuristic"])
+    _check_vocab(run, captions)
+    image_tokens = _image_tokens(run, state)
+    results, ms = {}, {}
+    for method in methods:
+        start = time.perf_counter()
+        with user_errors():
+            results[method] = scoring.score_captions(run.model, image_tokens, captions, method,
+                                                     samples=int(mc_samples))
+        ms[method] = (time.perf_counter() - start) * 1000
+    rank_by = methods[0]
+    path = next((m for m in ("heuristic", *methods) if m in results and "token_logprobs" in results[m][0]), None)
+    order = sorted(range(len(captions)), key=lambda i: -results[rank_by][i]["score"])
+    rows = []
+    for rank, i in enumerate(order, 1):
+        cells = [str(rank), html.escape(captions[i])]
+        for m in methods:
+            r = results[m][i]
+            err = f" &plusmn; {r['stderr']:.2f}" if "stderr" in r else ""
+            cells.append(f"{r['score']:.3f}{err}")
+        if path:
+            r = results[path][i]
+            cells.append(render.logprob_chips_html(r["tokens"], r["token_logprobs"], r.get("order")))
+        rows.append(cells)
+    timing = ", ".join(f"{m} {ms[m]:.0f} ms" for m in methods)
+    headers = ["#", "caption", *[f"{m} score" for m in methods]]
+    if path:
+        headers.append(f"{path} path: per-token log p" + (" (#n = reveal order)" if path == "heuristic" else ""))
+    return (render.table_html(headers, rows)
+            + f'<p style="font-size:12px;color:#6b7280">ranked by {rank_by} (log-likelihood; higher is better) '
+              f"&middot; {timing}</p>")
+
+
+def rescan_runs(root: str | None, current: str) -> Any:
+    """Look for new run folders under the root."""
+    return gr.Dropdown(choices=run_choices(root), value=current)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# layout
+
+
+def _sampler_inputs(defaults: SamplerConfig, max_length: int) -> list[gr.components.Component]:
+    hints = typing.get_type_hints(SamplerConfig)
+    inputs: list[gr.components.Component] = []
+    for name, (lo, hi) in SAMPLER_RANGES.items():
+        hi = min(hi, max_length) if name in ("length", "tokens_per_step") else hi
+        step = 1 if hints[name] is int else 0.05
+        inputs.append(gr.Slider(lo, hi, value=min(getattr(defaults, name), hi), step=step,
+                                label=SAMPLER_LABELS.get(name, name)))
+    inputs.append(gr.Number(value=defaults.seed, precision=0, label="seed (temperature > 0)"))
+    return inputs
+
+
+def _initial_view(run_key: str, scene: int, cfg: SamplerConfig) -> dict[str, Any]:
+    """What the page shows when it opens: `scene` captioned by the default run, unmasked to the last step."""
+    if get_run(run_key).is_arc:
+        return {}
+    state, image, info = show_scene(scene, run_key, None)
+    state, chips, _, fig, summary = run_caption(run_key, state, *(getattr(cfg, f) for f in SAMPLER_FIELDS))
+    return {"state": state, "image": image, "info": info, "chips": chips, "heatmap": fig, "summary": summary,
+            "steps": len(state["record"]["steps"])}
+
+
+def build_app(models: Mapping[str, tuple[torch.nn.Module, RunConfig]], *, root: str | Path | None = None,
+              default: str | None = None, initial_scene: int = INITIAL_SCENE) -> gr.Blocks:
+    """The app's Blocks from loaded models ``{name or run folder: (model, cfg)}``; run folders under `root` are
+    offered too (loaded on first use). `default` names the run selected at start (the first model if None)."""
+    for key, (model, cfg) in models.items():
+        label = key
+        if root and Path(key).is_absolute():
+            label = os.path.relpath(key, Path(root).resolve())
+        register_run(key, model, cfg, label=label)
+    choices = run_choices(root)
+    if not choices:
+        raise ValueError("the app needs at least one run: pass a loaded model or a root with run folders")
+    default = default or (next(iter(models)) if models else choices[0][1])
+    first = get_run(default)
+    defaults = dataclasses.replace(first.cfg.sampler) if not first.is_arc else SamplerConfig()
+    max_length = first.cfg.model.context_length - 2
+    init = _initial_view(default, initial_scene, defaults)
+    with gr.Blocks(title="MDC: watch a caption being unmasked") as demo:
+        state = gr.State(init.get("state"))  # per user: {"image", "source", "record" (last trajectory), "run"}
+        root_state = gr.State(str(root) if root else None)
+        gr.Markdown("## Masked diffusion captioning: watch a caption being unmasked\nThe decoder starts from "
+                    "`[MASK] x N'` and, at every step, reveals the masked position it is most confident about.")
+        with gr.Row():
+            with gr.Column(scale=2, min_width=260):
+                image = gr.Image(init.get("image"), label="image", type="pil", interactive=False, height=256)
+                image_info = gr.Markdown(init.get("info", ""))
+                with gr.Row():
+                    scene_btn = gr.Button("new random scene")
+                    scene_index = gr.Number(value=initial_scene, precision=0, minimum=0, label="scene #")
+                upload = gr.File(label="or upload an image (PNG, JPEG, WebP)", file_types=list(UPLOAD_TYPES),
+                                 type="filepath", height=120)
+            with gr.Column(scale=3):
+                with gr.Row():
+                    run = gr.Dropdown(choices, value=default, label="trained run", scale=4)
+                    rescan_btn = gr.Button("rescan", scale=1, size="sm")
+                settings = _sampler_inputs(defaults, max_length)
+                caption_btn = gr.Button("unmask", variant="primary")
+        with gr.Tabs():
+            with gr.Tab("Step-by-step unmasking"):
+                summary = gr.Markdown(init.get("summary", ""))
+                with gr.Row():
+                    play_btn = gr.Button("\u25b6 play", scale=1, min_width=90)
+                    n_steps = init.get("steps", defaults.length)
+                    step = gr.Slider(0, n_steps, value=n_steps, step=1, label="step", scale=8)
+                chips = gr.HTML(init.get("chips", ""))
+                heatmap = gr.Plot(init.get("heatmap"), label="confidence heatmap: steps x positions", show_label=False)
+                timer = gr.Timer(PLAY_INTERVAL_S, active=False)
+            with gr.Tab("Compare"):
+                arc = gr.Dropdown([("(none)", "")] + choices, value="", label="ARC run (optional)")
+                compare_btn = gr.Button("compare N' = 10 / 15 / 20")
+                compare_out = gr.HTML()
+            with gr.Tab("Score your own captions"):
+                typed = gr.Textbox(lines=4, label="captions, one per line",
+                                   placeholder="a small red circle in the top left\na big blue square")
+                with gr.Row():
+                    methods = gr.CheckboxGroup(SCORE_METHODS, value=["heuristic"], label="scores")
+                    mc_samples = gr.Slider(4, 256, value=32, step=4, label="Monte Carlo samples")
+                score_btn = gr.Button("score")
+                score_out = gr.HTML()
+
+        cap_in, cap_out = [run, state, *settings], [state, chips, step, heatmap, summary]
+        img_out = [state, image, image_info]
+        scene_btn.click(new_scene, [run, state], [scene_index, *img_out], api_name="new_scene").success(
+            run_caption, cap_in, cap_out)
+        scene_index.submit(show_scene, [scene_index, run, state], img_out, api_name="show_scene").success(
+            run_caption, cap_in, cap_out)
+        upload.upload(load_upload, [upload, state], img_out, api_name="upload").success(run_caption, cap_in, cap_out)
+        caption_btn.click(run_caption, cap_in, cap_out, api_name="caption")
+        run.change(on_run_change, [run], [settings[0]], api_name=False).success(run_caption, cap_in, cap_out)
+        rescan_btn.click(rescan_runs, [root_state, run], [run], api_name=False)
+        step.change(show_step, [step, state], [chips], api_name="step", show_progress="hidden")
+        play_btn.click(start_play, [state], [step, timer], api_name=False)
+        timer.tick(play_tick, [step, state], [step, timer], api_name=False, show_progress="hidden")
+        compare_btn.click(compare_lengths, [run, arc, state, *settings], [compare_out], api_name="compare")
+        score_btn.click(score_own, [run, state, typed, methods, mc_samples], [score_out], api_name="score")
+    return demo
+
+
+THEME = gr.themes.Default(primary_hue="orange")
+LAUNCH_KW: dict[str, Any] = {"max_file_size": MAX_UPLOAD_BYTES, "theme": THEME, "show_error": False}
+
+
+def serve(run: str | Path = DEFAULT_RUN, *, root: str | Path | None = DEFAULT_ROOT, host: str = "127.0.0.1",
+          port: int | None = None, share: bool = False, block: bool = True) -> gr.Blocks:
+    """Load `run`, build the app and launch it on `host` (loopback unless told otherwise)."""
+    model, cfg = load_model(run)
+    key = str(Path(run).resolve())
+    demo = build_app({key: (model, cfg)}, root=root if root and Path(root).is_dir() else None, default=key)
+    demo.queue(default_concurrency_limit=4)
+    demo.launch(server_name=host, server_port=port, share=share, prevent_thread_lock=not block, **LAUNCH_KW)
+    return demo
+
+
+if __name__ == "__main__":
+    import sys
+
+    from mdc_core.cli import main
+
+    sys.exit(main(["app", *sys.argv[1:]]))

@@ -1,0 +1,129 @@
+"""Runs the app can show: a process-wide cache of loaded models keyed by run folder, and run discovery.
+
+A run is loaded once (``mdc_core.checkpoint.load_model``: config.json + safetensors, no pickle) and shared by
+every user; :func:`user_errors` turns errors a user can fix into a readable ``gr.Error``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
+
+import gradio as gr
+import torch
+
+from mdc_core.checkpoint import latest_checkpoint, load_model
+from mdc_core.config import RunConfig
+from mdc_core.model import Captioner
+from mdc_core.tokenizer import CaptionTokenizer
+
+
+@dataclasses.dataclass
+class LoadedRun:
+    """A model ready to caption, with the config that built it."""
+
+    key: str  # cache key: resolved run folder, or the name it was registered under
+    label: str  # what the run menu shows
+    model: Captioner
+    cfg: RunConfig
+    tokenizer: CaptionTokenizer
+
+    @property
+    def is_arc(self) -> bool:
+        return bool(self.model.causal)
+
+
+_CACHE: dict[str, LoadedRun] = {}  # key -> loaded run (each run folder is loaded once per process)
+_FOLDERS: dict[str, tuple[Path, str]] = {}  # key -> (run folder not loaded yet, its label)
+_LOCK = threading.Lock()
+
+
+def register_run(key: str, model: torch.nn.Module, cfg: RunConfig, label: str | None = None) -> LoadedRun:
+    """Put a loaded model in the cache under `key` (returns the cache entry)."""
+    if not isinstance(model, Captioner):
+        raise ValueError(f"run {label or key} holds a {type(model).__name__} (objective {cfg.objective.name!r}), "
+                         "not a captioner: it has no caption decoder to show")
+    run = LoadedRun(key, label or key, model.eval(), cfg, CaptionTokenizer(cfg.model.context_length))
+    with _LOCK:
+        _CACHE[key] = run
+    return run
+
+
+def get_run(key: str) -> LoadedRun:
+    """The cached run `key`, loading its folder (safetensors, no pickle) on first use."""
+    with _LOCK:
+        if key in _CACHE:
+            return _CACHE[key]
+    if key not in _FOLDERS:
+        raise gr.Error(f"unknown run {key!r}; pick one from the run menu")
+    folder, label = _FOLDERS[key]
+    with user_errors():
+        model, cfg = load_model(folder)
+        return register_run(key, model, cfg, label=label)
+
+
+def discover_runs(root: str | Path, max_depth: int = 4) -> dict[str, Path]:
+    """Run folders (with a complete checkpoint) under `root`: resolved path -> folder. Data folders are skipped."""
+    root = Path(root)
+    found: dict[str, Path] = {}
+    if not root.is_dir():
+        return found
+    for folder, dirs, _ in os.walk(root):
+        here = Path(folder)
+        if "checkpoints" in dirs:
+            if latest_checkpoint(here) is not None:
+                found[str(here.resolve())] = here
+            dirs.clear()
+        elif len(here.relative_to(root).parts) >= max_depth:
+            dirs.clear()
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in ("data", "shards"))
+    return found
+
+
+def _objective(folder: Path) -> str:
+    ckpt = latest_checkpoint(folder)
+    try:
+        return json.loads(((ckpt or folder) / "config.json").read_text())["objective"]["name"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "?"
+
+
+def run_choices(root: str | Path | None) -> list[tuple[str, str]]:
+    """(label, key) pairs for the run menu: registered runs first, then folders found under `root`."""
+    with _LOCK:
+        choices = [(f"{r.label} ({r.cfg.objective.name})", k) for k, r in _CACHE.items()]
+    if root:
+        for key, folder in discover_runs(root).items():
+            if all(key != k for _, k in choices):
+                label = os.path.relpath(folder, root)
+                _FOLDERS.setdefault(key, (folder, label))
+                choices.append((f"{label} ({_objective(folder)})", key))
+    return choices
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn the errors a user can fix (bad image, bad setting, missing file) into a readable ``gr.Error``."""
+    try:
+        yield
+    except gr.Error:
+        raise
+    except (ValueError, FileNotFoundError) as err:
+        raise gr.Error(str(err)) from err
+
+
+def optional_module(module: str) -> ModuleType | None:
+    """Import a module that another part of the workbench may not provide yet (None if absent)."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if err.name == module:
+            return None
+        raise

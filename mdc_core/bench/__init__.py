@@ -1,0 +1,20 @@
+"""``mdc bench``: speed of training, captioning and scoring, against OpenCLIP CoCa, in one run.
+
+:func:`run_bench` (:mod:`mdc_core.bench.core`) returns the JSON-ready report, :func:`format_report` its tables;
+the rows live in :mod:`~mdc_core.bench.training`, :mod:`~mdc_core.bench.decoding` and the peer model in
+:mod:`~mdc_core.bench.coca`; :mod:`~mdc_core.bench.cli` is the command line. Imports are lazy so that building
+the ``mdc`` parser does not load torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["BenchConfig", "format_report", "run_bench"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from mdc_core.bench import core
+        return getattr(core, name)
+    raise AttributeError(f"module 'mdc_core.bench' has no attribute {name!r}")

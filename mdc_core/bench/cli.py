@@ -1,0 +1,65 @@
+"""``mdc bench [model]``: the command line of the speed benchmark (:func:`mdc_core.bench.core.run_bench`).
+
+``mdc bench`` is a group: without a sub-verb (or with ``model``) it runs the model benchmark. Other benchmark
+sub-verbs register themselves on the sub-parsers :func:`add_bench_parser` returns and in :data:`BENCH_HANDLERS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+BENCH_HANDLERS: dict[str, Callable[[argparse.Namespace], None]] = {}  # sub-verb -> handler (besides "model")
+
+
+def add_bench_parser(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """Add ``mdc bench`` to the top-level sub-parsers; returns its own sub-parsers for more sub-verbs."""
+    p = sub.add_parser("bench", help="speed of training, captioning and scoring vs OpenCLIP CoCa (one run)")
+    p.add_argument("--preset", default="tiny", help="model dimensions, batch and image size (default tiny)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a preset key, e.g. --set train.batch_size=32 (repeatable)")
+    p.add_argument("--quick", action="store_true", help="a smoke run in seconds: few repeats, small batches")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    p.add_argument("--rows", help="training rows, comma-separated (default: all; see mdc_core.bench.training)")
+    p.add_argument("--mdc-run", default="", help="trained MDC run: adds the equal-quality comparison")
+    p.add_argument("--arc-run", default="", help="trained ARC run for that comparison")
+    p.add_argument("--profile", type=int, default=0, metavar="ROWS",
+                   help="add a torch.profiler table (top ROWS ops) of the MDC training step")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON document")
+    p.add_argument("--out", help="also write the JSON report to this file")
+    verbs = p.add_subparsers(dest="bench_verb", required=False)
+    verbs.add_parser("model", help="training, captioning and scoring speed (the default)")
+    return verbs
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    verb = getattr(args, "bench_verb", None)
+    if verb not in (None, "model"):
+        BENCH_HANDLERS[verb](args)
+        return
+    from .core import BenchConfig, format_report, run_bench
+    from .training import TRAIN_SPECS
+
+    kw = {"preset": args.preset, "overrides": list(args.set), "device": args.device, "threads": args.threads,
+          "mdc_run": args.mdc_run, "arc_run": args.arc_run, "profile_rows": args.profile}
+    if args.rows:
+        rows = tuple(r.strip() for r in args.rows.split(",") if r.strip())
+        unknown = [r for r in rows if r not in TRAIN_SPECS]
+        if unknown:
+            raise ValueError(f"unknown training rows {unknown}; choose from {', '.join(TRAIN_SPECS)}")
+        kw["train_rows"] = rows
+    if bool(args.mdc_run) != bool(args.arc_run):
+        raise ValueError("--mdc-run and --arc-run go together (the comparison needs both trained runs)")
+    for run in (args.mdc_run, args.arc_run):
+        if run and not Path(run).exists():
+            raise FileNotFoundError(f"run folder not found: {run}")
+    bench = BenchConfig.quick(**kw) if args.quick else BenchConfig(**kw)
+    report = run_bench(bench, progress=lambda msg: print(f"mdc bench: {msg}", file=sys.stderr, flush=True))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report) if args.json else format_report(report))

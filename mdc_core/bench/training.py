@@ -1,0 +1,254 @@
+"""Training-step benchmark: samples/s, peak memory and model FLOPs of one optimizer step, one fresh process each.
+
+Every row of :data:`TRAIN_SPECS` is measured in its own ``python -m mdc_core.bench.training`` child so that
+its peak memory is its own: the peak resident set (``ru_maxrss``) on CPU, ``torch.cuda.max_memory_allocated``
+on CUDA. A step is what :mod:`mdc_core.train` does: forward, loss, backward, AdamW update, ``zero_grad``
+(bf16 autocast on CUDA, fp32 on CPU). The model FLOPs of a step (forward + backward, optimizer excluded) are
+counted once by ``torch.utils.flop_counter.FlopCounterMode`` on the eager model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import RunConfig
+from ..model import Captioner
+from ..objectives import compute_loss, objective_spec, trim_padding
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """One row of the training benchmark."""
+
+    family: str  # "ours" (mdc_core.model.Captioner + mdc_core.objectives) | "coca" (open_clip CoCa, caption loss)
+    objective: str = "mdc"  # ours: objective name
+    output_vocab: str = ""  # ours: "" = the preset's, "full" = the 49408-way head (CoCa's)
+    compile: bool = False  # ours: torch.compile the encoder and the decoder layers (as train.compile=true)
+    coca_layout: str = "depth_matched"  # coca: mdc_core.bench.coca.COCA_LAYOUTS
+    note: str = ""
+
+
+TRAIN_SPECS: dict[str, TrainSpec] = {
+    "mdc": TrainSpec("ours", "mdc", note="the preset as it trains"),
+    "mdc_full_vocab": TrainSpec("ours", "mdc", output_vocab="full", note="49408-way head, as CoCa"),
+    "mdc_compiled": TrainSpec("ours", "mdc", compile=True, note="torch.compile of encoder + decoder layers"),
+    "arc": TrainSpec("ours", "arc", note="same decoder, causal, teacher forcing"),
+    "coca": TrainSpec("coca", coca_layout="depth_matched", note="open_clip CoCa, unimodal + multimodal = depth"),
+    "coca_open_clip_layout": TrainSpec("coca", coca_layout="open_clip",
+                                       note="open_clip CoCa, unimodal = multimodal = depth"),
+}
+
+
+def compile_for_training(model: Captioner) -> None:
+    """Compile, in place, the parts of a captioner that see static shapes: the encoder and each decoder layer
+    (the masked-position selection and the loss stay eager). State-dict keys are unchanged."""
+    model.encoder.compile()
+    for layer in model.decoder.layers:
+        layer.compile()
+
+
+def build_step_model(spec: TrainSpec, cfg: RunConfig, output_ids: torch.Tensor | None
+                     ) -> tuple[torch.nn.Module, Callable[..., torch.Tensor]]:
+    """(model, loss_fn(images, tokens, generator) -> scalar) for one row of :data:`TRAIN_SPECS`."""
+    if spec.family == "coca":
+        from .coca import CocaCaptionLoss, build_coca
+
+        model = build_coca(cfg.model, spec.coca_layout)
+        loss = CocaCaptionLoss()
+        return model, lambda images, tokens, gen: loss(model, images, trim_padding(tokens))
+    mcfg = RunConfig.from_dict(cfg.to_dict()).model
+    if spec.output_vocab == "full":
+        mcfg.output_vocab, mcfg.output_vocab_size, output_ids = "full", 0, None
+    model = Captioner(mcfg, causal=objective_spec(spec.objective).causal, output_ids=output_ids)
+    objective = dataclasses.replace(cfg.objective, name=spec.objective)
+    return model, lambda images, tokens, gen: compute_loss(model, images, tokens, objective, gen).loss
+
+
+def count_step_flops(loss_fn: Callable[..., torch.Tensor], images: torch.Tensor, tokens: torch.Tensor,
+                     gen: torch.Generator) -> int:
+    """Model FLOPs of one forward + backward (matmuls, convolutions and attention, as FlopCounterMode counts)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        loss_fn(images, tokens, gen).backward()
+    return int(counter.get_total_flops())
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _status_mib(field: str) -> float | None:
+    """A memory field of /proc/self/status (VmRSS, VmHWM) in MiB; None where there is no /proc."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak resident set (Linux: write 5 to /proc/self/clear_refs); False if impossible."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mib(was_reset: bool) -> float:
+    """Peak resident set in MiB since :func:`reset_peak_rss` (or since the process started)."""
+    hwm = _status_mib("VmHWM") if was_reset else None
+    return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def measure_train_step(name: str, payload: dict[str, Any], *, steps: int, warmup: int, device: str,
+                       threads: int) -> dict[str, Any]:
+    """Run `warmup` + `steps` optimizer steps of row `name` on the payload's fixed batch; return its figures.
+
+    Meant to run in a fresh process (:func:`run_train_bench` arranges that): the peak memory is the process's.
+    """
+    from ..train import param_groups, use_bf16
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+    spec = TRAIN_SPECS[name]
+    cfg = RunConfig.from_dict(payload["run_config"])
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    model, loss_fn = build_step_model(spec, cfg, payload["output_ids"])
+    model.to(dev).train()
+    images, tokens = payload["images"].to(dev), payload["tokens"].to(dev)
+    gen = torch.Generator(device=dev).manual_seed(1)
+    if spec.compile:
+        compile_for_training(model)
+    opt = torch.optim.AdamW(param_groups(model, cfg.train.weight_decay), lr=cfg.train.lr, betas=cfg.train.betas)
+    bf16 = use_bf16(cfg.train.precision, dev)
+
+    def step() -> None:
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = loss_fn(images, tokens, gen)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    rss_before = _status_mib("VmRSS") or 0.0
+    start = time.perf_counter()
+    for _ in range(warmup):  # torch.compile compiles here; its memory is not part of the step's peak
+        step()
+    _sync(dev)
+    warmup_s = time.perf_counter() - start
+    was_reset = reset_peak_rss()
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        _sync(dev)
+        times.append(time.perf_counter() - start)
+    step_s = statistics.median(times)
+    if dev.type == "cuda":
+        peak = {"peak_mem_mib": torch.cuda.max_memory_allocated(dev) / 2**20, "memory": "cuda max allocated"}
+    else:
+        rss_peak = peak_rss_mib(was_reset)
+        peak = {"peak_mem_mib": rss_peak - rss_before, "peak_rss_mib": rss_peak,
+                "memory": "peak RSS during the timed steps minus RSS before the first step"}
+    if spec.compile:  # count the FLOPs of the same computation, eagerly
+        model, loss_fn = build_step_model(spec, cfg, payload["output_ids"])
+        model.to(dev).train()
+    flops = count_step_flops(loss_fn, images, tokens, gen)
+    batch = images.shape[0]
+    return {"name": name, "note": spec.note, "batch": batch, "step_s": step_s, "samples_per_s": batch / step_s,
+            "step_s_all": times, "warmup_s": warmup_s, "flops_per_step": flops,
+            "params": sum(p.numel() for p in model.parameters()), "threads": torch.get_num_threads(), **peak}
+
+
+def run_train_bench(names: list[str], payload_path: Path, *, steps: int, warmup: int, device: str, threads: int,
+                    isolate: bool = True, timeout_s: float = 1800) -> dict[str, dict[str, Any]]:
+    """Measure each row in its own fresh process; a row that fails is reported with its error, not dropped.
+
+    ``isolate=False`` measures in this process instead (seconds faster per row; the peak memory is then only
+    approximate, as memory freed by an earlier row may be reused without raising the resident set)."""
+    results: dict[str, dict[str, Any]] = {}
+    if not isolate:
+        payload = torch.load(payload_path, weights_only=True)
+        for name in names:
+            results[name] = measure_train_step(name, payload, steps=steps, warmup=warmup, device=device,
+                                               threads=threads)
+            results[name]["memory"] += " (in-process: approximate)"
+        return results
+    for name in names:
+        args = json.dumps({"name": name, "payload": str(payload_path), "steps": steps, "warmup": warmup,
+                           "device": device, "threads": threads})
+        try:
+            proc = subprocess.run([sys.executable, "-m", "mdc_core.bench.training", args], capture_output=True,
+                                  text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            results[name] = {"name": name, "error": f"timed out after {timeout_s:.0f} s"}
+            continue
+        lines = proc.stdout.strip().splitlines()
+        if proc.returncode != 0 or not lines:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            results[name] = {"name": name, "error": " | ".join(tail) or f"exit status {proc.returncode}"}
+            continue
+        results[name] = json.loads(lines[-1])
+    return results
+
+
+def profile_train_step(payload: dict[str, Any], *, name: str = "mdc", steps: int = 3, rows: int = 15,
+                       device: str = "cpu") -> str:
+    """torch.profiler table (self CPU time, top `rows` ops) of `steps` optimizer steps of row `name`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ..train import param_groups
+
+    cfg = RunConfig.from_dict(payload["run_config"])
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    model, loss_fn = build_step_model(TRAIN_SPECS[name], cfg, payload["output_ids"])
+    model.to(dev).train()
+    images, tokens = payload["images"].to(dev), payload["tokens"].to(dev)
+    gen = torch.Generator(device=dev).manual_seed(1)
+    opt = torch.optim.AdamW(param_groups(model, cfg.train.weight_decay), lr=cfg.train.lr)
+
+    def step() -> None:
+        loss_fn(images, tokens, gen).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()  # warm-up
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+    sort = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=sort, row_limit=rows, max_name_column_width=40)
+
+
+def _child_main(argv: list[str]) -> None:
+    args = json.loads(argv[0])
+    payload = torch.load(args["payload"], weights_only=True)
+    result = measure_train_step(args["name"], payload, steps=args["steps"], warmup=args["warmup"],
+                                device=args["device"], threads=args["threads"])
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv[1:])

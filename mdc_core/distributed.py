@@ -1,0 +1,147 @@
+"""Process groups for ``torchrun``: setup/teardown, rank helpers and the few collectives the trainer needs.
+
+``torchrun --nproc_per_node=N -m mdc_core train ...`` sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and the
+rendezvous variables; :func:`setup` reads them and joins the default process group (NCCL when the run is on
+CUDA, gloo on CPU) with a timeout, so a collective that waits on a dead or hung rank fails instead of hanging.
+Without those variables (plain ``mdc train``) it returns a one-process context and every helper here is a
+no-op, so the trainer has a single code path.
+
+Every collective here, and the trainer's DDP forward/backward, runs under :func:`guard`, which turns a backend
+error or timeout into :class:`RankFailure` with a message that says what happened and what to look at.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+
+T = TypeVar("T")
+
+
+class RankFailure(RuntimeError):
+    """A collective failed or timed out: another rank died or hangs."""
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process sits in the job. ``world == 1`` means no process group."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    timeout_s: int = 600
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+
+def launched_by_torchrun() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def setup(device_name: str = "auto", timeout_s: int = 600) -> DistContext:
+    """Join the process group torchrun describes (or return a one-process context) and pick this rank's device.
+
+    `device_name` is ``TrainConfig.device``: ``auto`` takes ``cuda:LOCAL_RANK`` when CUDA is available, else the
+    CPU; ``cpu`` forces gloo even on a GPU machine; ``cuda`` means ``cuda:LOCAL_RANK`` under torchrun.
+    """
+    cuda = torch.cuda.is_available()
+    if device_name.startswith("cuda") and not cuda:
+        raise RuntimeError(f"train.device={device_name!r} but CUDA is not available on this machine")
+    on_gpu = device_name.startswith("cuda") or (device_name == "auto" and cuda)
+    if not launched_by_torchrun():
+        device = torch.device("cuda" if device_name == "auto" else device_name) if on_gpu else torch.device("cpu")
+        return DistContext(device=device, timeout_s=timeout_s)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if on_gpu:
+        if device_name.startswith("cuda:"):
+            raise ValueError(f"train.device={device_name!r} under torchrun: use 'auto' or 'cuda' (each rank takes "
+                             "cuda:LOCAL_RANK)")
+        if local_rank >= torch.cuda.device_count():
+            raise RuntimeError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} CUDA devices: "
+                               "lower --nproc_per_node")
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if on_gpu else "gloo", timeout=timedelta(seconds=timeout_s),
+                                **({"device_id": device} if on_gpu else {}))
+    return DistContext(rank=rank, world=world, local_rank=local_rank, device=device, timeout_s=timeout_s)
+
+
+def teardown(ctx: DistContext) -> None:
+    if ctx.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+_COMM_WORDS = ("gloo", "nccl", "connection", "timed out", "timeout", "socket", "peer")
+
+
+def is_comm_error(err: BaseException) -> bool:
+    """A backend/transport failure (not a bug in the model code that happens to be a RuntimeError)."""
+    return isinstance(err, dist.DistError) or (isinstance(err, RuntimeError) and
+                                               any(w in str(err).lower() for w in _COMM_WORDS))
+
+
+@contextlib.contextmanager
+def guard(ctx: DistContext, what: str) -> Iterator[None]:
+    """Turn a communication failure inside the block (also DDP's own gradient all-reduce) into RankFailure."""
+    try:
+        yield
+    except (RuntimeError, dist.DistError) as err:
+        if not (ctx.distributed and is_comm_error(err)):
+            raise
+        raise RankFailure(f"rank {ctx.rank} of {ctx.world}: {what} failed ({str(err).splitlines()[0][:200]}). "
+                          f"Another rank probably died or hangs (timeout train.dist_timeout_s={ctx.timeout_s}); "
+                          "look for the first error in the other ranks' output. Stopping this rank.") from err
+
+
+def _collective(ctx: DistContext, what: str, fn: Callable[[], T]) -> T:
+    with guard(ctx, what):
+        return fn()
+
+
+def all_reduce(ctx: DistContext, values: torch.Tensor, op: str = "sum", what: str = "all-reduce") -> torch.Tensor:
+    """`values` (any shape) reduced over ranks in place and returned: ``sum``, ``min`` or ``max``."""
+    if not ctx.distributed:
+        return values
+    red = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op]
+    _collective(ctx, what, lambda: dist.all_reduce(values, op=red))
+    return values
+
+
+def all_agree(ctx: DistContext, flag: bool, what: str = "agreement") -> bool:
+    """True only if `flag` is true on every rank (one tiny all-reduce)."""
+    if not ctx.distributed:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=ctx.device)
+    return bool(all_reduce(ctx, t, "min", what).item() > 0)
+
+
+def barrier(ctx: DistContext, what: str = "barrier") -> None:
+    if ctx.distributed:
+        _collective(ctx, what, lambda: dist.barrier())
+
+
+def broadcast_object(ctx: DistContext, obj: T, what: str = "broadcast") -> T:
+    """Rank 0's `obj` on every rank (a picklable value)."""
+    if not ctx.distributed:
+        return obj
+    box = [obj]
+    _collective(ctx, what, lambda: dist.broadcast_object_list(box, src=0))
+    return box[0]

@@ -1,0 +1,297 @@
+"""Captioning evaluation (paper Sec. 4.2, Table 3): optional fine-tuning, then caption the test split.
+
+* Fine-tuning (:func:`finetune`) continues a run on a caption data set with :func:`mdc_core.train.train`: the
+  run's own config (objective, optimizer, batch size ...) with ``data.path`` set to the new data, a fresh
+  optimizer and schedule of ``steps`` steps (warm-up cut to at most a tenth of them), starting from the run's
+  weights. The fine-tuned run is an ordinary run folder under ``<out>/finetune/``; an existing one that is
+  complete is reused, an unfinished one is resumed.
+* Decoding: MDC-family captioners by greedy confidence unmasking (:func:`mdc_core.sampler.sample`) at each fixed
+  length N' (10 / 15 / 20 in the paper); ARC by greedy and beam search (beam 6 in the paper,
+  :mod:`mdc_core.ar_decode`). CLIP cannot caption.
+* Metrics: :func:`mdc_core.eval.caption_metrics.caption_metrics` (pycocoevalcap with its PTB tokenizer; a
+  metric that cannot run, such as SPICE without its jars, is reported unavailable).
+
+Data (``data`` / ``finetune_data``): a Karpathy split json (``dataset_coco.json``: ``images[].split``,
+``filename``, ``sentences[].raw``; fine-tuning reads ``train`` + ``restval``, evaluation ``test``), a COCO caption
+json (e.g. from :func:`mdc_core.data.export_coco`; it has no splits, so fine-tuning needs its own file), a
+CSV/TSV, or the embedded data set folder (``train/`` and ``test/`` shards; references of a test image are its
+short and long captions).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from mdc_core.config import RunConfig, SamplerConfig, apply_overrides
+from mdc_core.data.sources import iter_shard_records, resolve_source
+from mdc_core.eval.benchmarks import image_pixels
+from mdc_core.eval.caption_metrics import ALL_METRICS, caption_metrics
+from mdc_core.tokenizer import CaptionTokenizer
+
+PAPER_LENGTHS = (10, 15, 20)
+PAPER_BEAM = 6
+TABLE3_METRICS = (("B@4", "BLEU@4"), ("M", "METEOR"), ("C", "CIDEr"), ("S", "SPICE"), ("RL", "ROUGE-L"))
+
+
+@dataclass(frozen=True)
+class CaptionItem:
+    """One test image and its reference captions."""
+
+    key: str
+    image: str | bytes  # file path, or encoded bytes (embedded data shards)
+    references: tuple[str, ...]
+
+
+def load_caption_set(path: str | Path, split: str = "test", limit: int | None = None) -> list[CaptionItem]:
+    """The images of `split` (one item per image, all its captions as references), in storage order."""
+    source = resolve_source(str(path), "auto", split)
+    items: list[CaptionItem] = []
+    if source.kind == "wds":
+        for rec in iter_shard_records(source.shards):
+            if limit is not None and len(items) >= limit:
+                break
+            ext = next((e for e in ("jpg", "jpeg", "png", "webp") if e in rec), None)
+            if "__skip__" in rec or ext is None:
+                continue
+            meta = json.loads(rec["json"]) if "json" in rec else {}
+            refs = [meta.get("short_caption"), meta.get("long_caption")] if "short_caption" in meta else []
+            refs = [r for r in refs if r] or [rec.get("txt", b"").decode("utf-8", "replace").strip()]
+            if any(refs):
+                items.append(CaptionItem(rec["__key__"], rec[ext], tuple(dict.fromkeys(r for r in refs if r))))
+        return items
+    grouped: dict[str, list[str]] = {}
+    for row in source.rows:
+        caption = str(row["caption"]).strip()
+        if caption:
+            grouped.setdefault(row["image"], []).append(caption)
+    names = [Path(image).name for image in grouped]
+    unique = len(set(names)) == len(names)  # keys are file names, or full paths when names repeat
+    for image, refs in list(grouped.items())[:limit]:
+        items.append(CaptionItem(Path(image).name if unique else image, image, tuple(refs)))
+    return items
+
+
+# ----------------------------------------------------------------------------------------------------------
+# fine-tuning
+
+
+def _has_splits(path: str) -> bool:
+    """Whether `path` gives different train and test samples (Karpathy json, split folders); a plain COCO json
+    or CSV gives the same rows for every split."""
+    try:
+        train, test = resolve_source(path, "auto", "train"), resolve_source(path, "auto", "test")
+    except FileNotFoundError:
+        return False
+    return (train.shards, [r["key"] for r in train.rows]) != (test.shards, [r["key"] for r in test.rows])
+
+
+def _check_vocabulary(model: torch.nn.Module, cfg: RunConfig) -> None:
+    """A corpus-vocabulary model can only be fine-tuned on captions made of its corpus words."""
+    if not getattr(model, "restricted", False):
+        return
+    from mdc_core.data import iter_captions
+    tok = CaptionTokenizer(cfg.model.context_length)
+    known = set(model.output_ids.tolist())
+    bad, n, words = 0, 0, set()
+    for caption in iter_captions(cfg.data, split="train"):
+        n += 1
+        unknown = {i for i in tok.encode_text(caption) if i not in known}
+        if unknown:
+            bad += 1
+            words.update(tok.token_string(i) for i in list(unknown)[:3])
+    if bad:
+        raise ValueError(f"the run's model has a corpus vocabulary of {len(known)} tokens (model.output_vocab="
+                         f"'corpus'); {bad} of {n} fine-tuning captions use other tokens (e.g. "
+                         f"{', '.join(sorted(words)[:8])}). Fine-tune a run trained with model.output_vocab=full")
+
+
+def _seed_run(out: Path, cfg: RunConfig, model: torch.nn.Module) -> None:
+    """Write step 0 of run `out`: the pretrained weights with a fresh optimizer, schedule and RNG state, so that
+    ``train(cfg, out, resume=True)`` fine-tunes them. (train() has no "initialise from weights" option.)"""
+    from mdc_core import checkpoint as ckpt_io
+    from mdc_core.train import _rng_state, lr_lambda, param_groups
+    t = cfg.train
+    opt = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=t.betas)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, t.warmup_steps, t.steps, t.min_lr_ratio))
+    torch.manual_seed(t.seed)  # the RNG state a fresh run starts from
+    random.seed(t.seed)
+    np.random.seed(t.seed)
+    state = {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": _rng_state(), "step": 0,
+             "epoch": 0, "batch_in_epoch": 0}
+    ckpt_io.save_checkpoint(out, 0, cfg, model, train_state=state, keep_last=t.keep_last)
+
+
+def finetune(run: str | Path, data: str | Path, out: str | Path, steps: int, *, overrides: Sequence[str] = (),
+             progress: bool = True) -> Path:
+    """Fine-tune run `run` on `data` (its train split) for `steps` steps into run folder `out`; returns `out`.
+
+    `overrides` are ``section.key=value`` strings applied after the fine-tuning settings (e.g.
+    ``train.batch_size=32``, ``train.lr=1e-5``).
+    """
+    from mdc_core import checkpoint as ckpt_io
+    from mdc_core.checkpoint import load_model
+    from mdc_core.train import train
+    if steps < 1:
+        raise ValueError(f"fine-tuning steps must be >= 1, got {steps}")
+    out = Path(out)
+    model, cfg = load_model(run)
+    warmup = min(cfg.train.warmup_steps, steps // 10)
+    ft = apply_overrides(cfg, [f"data.path={json.dumps(str(data))}", 'data.format="auto"', f"train.steps={steps}",
+                               f"train.warmup_steps={warmup}", *overrides])
+    ft.validate()
+    done = ckpt_io.latest_checkpoint(out)
+    if done is not None and json.loads((done / "meta.json").read_text())["step"] >= steps:
+        return out
+    if done is None:
+        resolve_source(str(data), "auto", "train")  # a missing or unusable data set fails before anything is written
+        _check_vocabulary(model, ft)
+        _seed_run(out, ft, model)
+    train(ft, out, resume=True, progress=progress)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# decoding
+
+
+def decoders_for(objective: str, lengths: Sequence[int] = PAPER_LENGTHS, beam: int = PAPER_BEAM) -> list[str]:
+    """Decoder names for a run: ``mdc-N`` per length for masked captioners; ``greedy`` and ``beam-B`` for ARC."""
+    if objective == "clip":
+        raise ValueError("a CLIP run cannot caption images; captioning evaluates MDC-family and ARC runs")
+    if objective == "arc":
+        if beam < 1:
+            raise ValueError(f"beam must be >= 1, got {beam}")
+        return ["greedy"] + ([f"beam-{beam}"] if beam > 1 else [])
+    if not lengths:
+        raise ValueError("no caption length given (--lengths 10 15 20)")
+    return [f"mdc-{n}" for n in lengths]
+
+
+@torch.no_grad()
+def decode(model: torch.nn.Module, image_tokens: torch.Tensor, decoder: str, *, max_length: int | None = None
+           ) -> torch.Tensor:
+    """Caption ids (B, T) for image_tokens (B, M, D) with one decoder name of :func:`decoders_for`; ARC rows may
+    hold ``<eot>`` and padding (the tokenizer's ``decode`` cuts them). `max_length`: ARC's most generated tokens,
+    ``<eot>`` included (default: the context after ``<sot>``)."""
+    kind, _, arg = decoder.partition("-")
+    if kind == "mdc":
+        from mdc_core.sampler import sample
+        return sample(model, image_tokens, SamplerConfig(length=int(arg))).tokens
+    from mdc_core.ar_decode import beam_search, greedy
+    if kind == "greedy":
+        return greedy(model, image_tokens, max_tokens=max_length).tokens
+    if kind == "beam":
+        return beam_search(model, image_tokens, beam_size=int(arg), max_tokens=max_length).tokens
+    raise ValueError(f"unknown decoder {decoder!r}")
+
+
+def caption_items(model: torch.nn.Module, cfg: RunConfig, items: Sequence[CaptionItem], decoders: Sequence[str], *,
+                  batch_size: int = 32, max_length: int | None = None, device: str | torch.device = "cpu",
+                  progress: bool = True) -> dict[str, dict[str, Any]]:
+    """decoder -> {"captions": {key: text}, "seconds": decoding time}; each image batch is encoded once and
+    shared by all decoders."""
+    model = model.to(device).eval()
+    tok = CaptionTokenizer(cfg.model.context_length)
+    out = {d: {"captions": {}, "seconds": 0.0} for d in decoders}
+    bar = tqdm(total=len(items), desc="captioning", unit="img", disable=not progress)
+    for start in range(0, len(items), batch_size):
+        chunk = items[start:start + batch_size]
+        pixels = torch.stack([image_pixels(it.image, cfg.model.image_size, name=it.key) for it in chunk])
+        with torch.no_grad():
+            image_tokens = model.encode_image(pixels.to(device))  # (B, M, D)
+        for d in decoders:
+            t0 = time.perf_counter()
+            ids = decode(model, image_tokens, d, max_length=max_length)
+            out[d]["seconds"] += time.perf_counter() - t0
+            out[d]["captions"].update({it.key: tok.decode(row) for it, row in zip(chunk, ids.cpu(), strict=True)})
+        bar.update(len(chunk))
+    bar.close()
+    return out
+
+
+def decoder_label(objective: str, decoder: str) -> tuple[str, str]:
+    """(Table 3 method, sequence length column) for a decoder, e.g. ("MDC", "10"), ("ARC (beam 6)", "-")."""
+    kind, _, arg = decoder.partition("-")
+    if kind == "mdc":
+        name = {"mdc": "MDC", "mdc_no_t": "MDC w/o 1/t", "bert": "BERT", "parallel": "Parallel"}.get(objective,
+                                                                                                   objective)
+        return name, arg
+    return ("ARC (greedy)" if kind == "greedy" else f"ARC (beam {arg})"), "-"
+
+
+def captioning_table(results: Sequence[dict[str, Any]]) -> str:
+    """A markdown table like the paper's Table 3 (metrics x 100; "n/a" for an unavailable metric)."""
+    head = "| method | run | sequence length | " + " | ".join(short for short, _ in TABLE3_METRICS) + " |"
+    lines = [head, "|---|---|---:|" + "---:|" * len(TABLE3_METRICS)]
+    for r in results:
+        cells = [f"{100 * r['metrics'][key]:.1f}" if r["metrics"].get(key) is not None else "n/a"
+                 for _, key in TABLE3_METRICS]
+        lines.append(f"| {r['label']} | {r['run']} | {r['length']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def captioning(runs: Sequence[str | Path], data: str | Path, *, lengths: Sequence[int] = PAPER_LENGTHS,
+               beam: int = PAPER_BEAM, finetune_steps: int = 0, finetune_data: str | Path | None = None,
+               finetune_overrides: Sequence[str] = (), out: str | Path = "outputs/eval", limit: int | None = None,
+               metrics: Sequence[str] = ALL_METRICS, batch_size: int = 32, max_length: int | None = None,
+               device: str = "cpu", progress: bool = True) -> dict[str, Any]:
+    """Fine-tune (when `finetune_steps` > 0) and caption the test split of `data` with every run.
+
+    Returns ``{"data", "n_images", "results": [one per run and decoder: run, finetuned_run, objective, decoder,
+    label, length, metrics, unavailable, seconds, captions], "table": markdown}``.
+    """
+    from mdc_core.checkpoint import load_model
+    if not runs:
+        raise ValueError("no run given: pass at least one --run RUN")
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    plans = []
+    for run in runs:  # check everything before any fine-tuning or decoding starts
+        _, cfg = load_model(run)
+        decoders = decoders_for(cfg.objective.name, lengths, beam)
+        too_long = [n for n in lengths if n + 2 > cfg.model.context_length] if cfg.objective.name != "arc" else []
+        if too_long:
+            raise ValueError(f"caption length(s) {too_long} exceed the context of {run} "
+                             f"({cfg.model.context_length - 2} tokens)")
+        plans.append((run, decoders))
+    train_data = str(finetune_data or data)
+    if finetune_steps > 0 and not finetune_data and not _has_splits(train_data):
+        raise ValueError(f"{data} has no separate train and test splits (a plain COCO json or CSV); pass "
+                         "--finetune-data TRAIN for fine-tuning, or fine-tune with a Karpathy json / split folders")
+    items = load_caption_set(data, "test", limit)
+    if not items:
+        raise ValueError(f"{data} has no test images with captions")
+    references = {it.key: list(it.references) for it in items}
+    results: list[dict[str, Any]] = []
+    for i, (run, decoders) in enumerate(plans):
+        eval_run = Path(run)
+        if finetune_steps > 0:
+            eval_run = finetune(run, train_data, Path(out) / "finetune" / f"{i}_{Path(run).name}_{finetune_steps}",
+                                finetune_steps, overrides=finetune_overrides, progress=progress)
+        model, cfg = load_model(eval_run, device=device)
+        decoded = caption_items(model, cfg, items, decoders, batch_size=batch_size, max_length=max_length,
+                                device=device, progress=progress)
+        for d in decoders:
+            scores = caption_metrics(decoded[d]["captions"], references, metrics=metrics)
+            label, length = decoder_label(cfg.objective.name, d)
+            results.append({
+                "run": str(run), "finetuned_run": str(eval_run) if finetune_steps > 0 else None,
+                "objective": cfg.objective.name, "decoder": d, "label": label, "length": length,
+                "metrics": {k: v for k, v in scores.items() if k not in ("unavailable", "tokenizer", "n_images")},
+                "unavailable": scores["unavailable"], "tokenizer": scores["tokenizer"],
+                "seconds": round(decoded[d]["seconds"], 3),
+                "captions": [{"key": k, "caption": c, "references": references[k]}
+                             for k, c in decoded[d]["captions"].items()],
+            })
+    return {"data": str(data), "n_images": len(items), "finetune_steps": finetune_steps, "results": results,
+            "table": captioning_table(results)}

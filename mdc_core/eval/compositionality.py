@@ -1,0 +1,232 @@
+"""Compositionality as pick-the-true-caption accuracy (paper Sec. 4.2, Table 2).
+
+For every example (:class:`~mdc_core.eval.benchmarks.Example`) the image is encoded once and all its candidate
+captions (the true one and every false one) are scored in one batch; the example is correct for a task when the
+true caption scores strictly higher than each false caption of that task (ties count as wrong).
+
+Scores by model family (:data:`METHODS`):
+
+* captioners trained with a masked objective (MDC, MDC w/o 1/t, BERT, parallel): ``mc`` (Monte Carlo ELBO of
+  Eq. 8) and ``heuristic`` (the paper's greedy-order score) by default; ``ar`` (fixed left-to-right order) on
+  request. All come from :func:`mdc_core.scoring.score_tokens`.
+* ARC: ``ar``, the exact chain rule (Eq. 7).
+* CLIP: ``cosine``, the cosine similarity of the image and caption embeddings.
+
+A caption a model cannot represent (longer than its context, or, for a corpus-vocabulary model, holding a word
+outside its corpus) makes its example unscorable for that model: the example is left out and counted under
+``skipped`` instead of being guessed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from mdc_core.config import RunConfig
+from mdc_core.eval.benchmarks import COLUMN_ORDER, COLUMNS, Example, example_pixels, load_benchmark
+from mdc_core.tokenizer import CaptionTokenizer
+
+MASKED_METHODS = ("mc", "heuristic", "ar")
+# model family -> (allowed methods, default methods); the family is "clip", "arc" or "masked"
+METHODS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "clip": (("cosine",), ("cosine",)),
+    "arc": (("ar",), ("ar",)),
+    "masked": (MASKED_METHODS, ("mc", "heuristic")),
+}
+OBJECTIVE_LABELS = {"clip": "CLIP", "arc": "ARC", "mdc": "MDC", "mdc_no_t": "MDC w/o 1/t", "bert": "BERT",
+                    "parallel": "Parallel"}
+METHOD_LABELS = {"mc": "Monte Carlo", "heuristic": "Heuristic", "ar": "left-to-right", "cosine": ""}
+
+
+def family(objective: str) -> str:
+    """"clip", "arc" or "masked" for an objective name."""
+    return objective if objective in ("clip", "arc") else "masked"
+
+
+def check_methods(objective: str, methods: Sequence[str] | None) -> tuple[str, ...]:
+    """The methods to run for a model of `objective`: its defaults when `methods` is None or empty; a method
+    that does not apply to the objective (e.g. ``ar`` on a CLIP run) is a ValueError."""
+    allowed, default = METHODS[family(objective)]
+    if not methods:
+        return default
+    bad = [m for m in methods if m not in allowed]
+    if bad:
+        raise ValueError(f"method(s) {', '.join(bad)} do not apply to a {OBJECTIVE_LABELS.get(objective, objective)} "
+                         f"run (objective {objective!r}); it can be scored with: {', '.join(allowed)}")
+    return tuple(dict.fromkeys(methods))
+
+
+def row_label(objective: str, method: str, cfg: RunConfig | None = None) -> str:
+    """Table 2 row name, e.g. "MDC (Heuristic)", "ARC", "CLIP", "BERT r=0.15 (Monte Carlo)"."""
+    name = OBJECTIVE_LABELS.get(objective, objective)
+    if objective == "bert" and cfg is not None:
+        name += f" r={cfg.objective.mask_ratio:g}"
+    if family(objective) != "masked":
+        return name
+    return f"{name} ({METHOD_LABELS[method]})"
+
+
+def unscorable(model: torch.nn.Module, tokenizer: CaptionTokenizer, caption: str) -> str | None:
+    """Why `caption` cannot be scored by `model` ("empty_caption", "too_long", "out_of_vocabulary"), or None."""
+    ids = tokenizer.encode_text(caption)
+    if not ids:
+        return "empty_caption"
+    if len(ids) > tokenizer.context_length - 2:
+        return "too_long"
+    index = getattr(model, "input_index", None) if getattr(model, "restricted", False) else None
+    if index is not None and bool((index[torch.tensor(ids, device=index.device)] < 0).any()):
+        return "out_of_vocabulary"
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# scorers: (model, image (1, 3, S, S), captions, tokens (C, L), image_tokens (1, M, D) or None, options)
+#   -> (scores (C,), standard errors (C,) or None)
+
+Scorer = Callable[..., tuple[list[float], list[float] | None]]
+
+
+def _cosine(model: Any, image: torch.Tensor, captions: list[str], tokens: torch.Tensor, **_: Any
+            ) -> tuple[list[float], None]:
+    img = F.normalize(model.embed_image(image), dim=-1)  # (1, E)
+    txt = F.normalize(model.encode_text(tokens), dim=-1)  # (C, E)
+    return (txt @ img[0]).tolist(), None
+
+
+def _likelihood(method: str) -> Scorer:
+    def score(model: Any, image: torch.Tensor, captions: list[str], tokens: torch.Tensor, *,
+              image_tokens: torch.Tensor, samples: int, seed: int, **_: Any) -> tuple[list[float], list[float] | None]:
+        from mdc_core.scoring import score_tokens
+        out = score_tokens(model, image_tokens, tokens, method, samples=samples, seed=seed)
+        return out.score.tolist(), (out.stderr.tolist() if out.stderr is not None else None)
+    return score
+
+
+SCORERS: dict[str, Scorer] = {"cosine": _cosine, **{m: _likelihood(m) for m in MASKED_METHODS}}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# evaluation
+
+
+@torch.no_grad()
+def evaluate_model(model: torch.nn.Module, cfg: RunConfig, examples: Sequence[Example],
+                   methods: Sequence[str] | None = None, *, samples: int = 1024, seed: int = 0,
+                   device: str | torch.device = "cpu", run_name: str = "", progress: bool = True
+                   ) -> list[dict[str, Any]]:
+    """Pick-the-true-caption accuracy of one model on `examples`, one result dict per method.
+
+    Each result: ``run``, ``objective``, ``method``, ``label`` (Table 2 row), ``tasks`` (task -> ``correct``,
+    ``n``, ``accuracy``), ``columns`` (Table 2 column -> accuracy, SugarCrepe sub-tasks averaged),
+    ``n_examples``, ``skipped`` (reason -> examples left out), ``seconds`` and ``examples`` (per example: ``key``,
+    ``captions`` (the true one first), ``scores``, ``stderr`` for ``mc``, ``correct`` per task).
+    """
+    objective = cfg.objective.name
+    methods = check_methods(objective, methods)
+    model = model.to(device).eval()
+    tokenizer = CaptionTokenizer(cfg.model.context_length)
+    tallies = {m: {"tasks": {}, "examples": [], "seconds": 0.0} for m in methods}
+    skipped: dict[str, int] = {}
+    for ex in tqdm(examples, desc=f"scoring {run_name or objective}", unit="ex", disable=not progress):
+        captions, tasks = ex.candidates()
+        reasons = [r for r in (unscorable(model, tokenizer, c) for c in captions) if r]
+        if reasons or not tasks:
+            reason = reasons[0] if reasons else "no_negative"
+            skipped[reason] = skipped.get(reason, 0) + 1
+            continue
+        image = example_pixels(ex, cfg.model.image_size)[None].to(device)  # (1, 3, S, S)
+        tokens = tokenizer(captions, truncate=False).to(device)  # (C, L)
+        image_tokens = model.encode_image(image) if family(objective) != "clip" else None  # once per example
+        for method in methods:
+            start = time.perf_counter()
+            scores, stderr = SCORERS[method](model, image, captions, tokens, image_tokens=image_tokens,
+                                             samples=samples, seed=seed)
+            tally = tallies[method]
+            tally["seconds"] += time.perf_counter() - start
+            correct = {task: all(scores[0] > scores[i] for i in idx) for task, idx in tasks.items()}
+            for task, ok in correct.items():
+                t = tally["tasks"].setdefault(task, {"correct": 0, "n": 0})
+                t["correct"] += int(ok)
+                t["n"] += 1
+            record = {"key": ex.key, "captions": captions, "scores": scores, "correct": correct}
+            if stderr is not None:
+                record["stderr"] = stderr
+            tally["examples"].append(record)
+    results = []
+    for method in methods:
+        tally = tallies[method]
+        task_acc = {k: {**v, "accuracy": v["correct"] / v["n"]} for k, v in sorted(tally["tasks"].items())}
+        results.append({
+            "run": run_name, "objective": objective, "method": method, "label": row_label(objective, method, cfg),
+            "tasks": task_acc, "columns": column_accuracies(task_acc), "n_examples": len(tally["examples"]),
+            "skipped": dict(skipped), "seconds": round(tally["seconds"], 3),
+            "settings": {"samples": samples, "seed": seed} if method == "mc" else {},
+            "examples": tally["examples"],
+        })
+    return results
+
+
+def column_accuracies(tasks: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Table 2 column -> accuracy: the unweighted mean of its tasks' accuracies (SugarCrepe's add = mean of
+    add_obj and add_att, replace of its three sub-tasks, swap of its two), in :data:`COLUMN_ORDER`."""
+    groups: dict[str, list[float]] = {}
+    for task, t in tasks.items():
+        column = COLUMNS.get(task, ("", task))[1]
+        groups.setdefault(column, []).append(t["accuracy"])
+    order = {c: i for i, c in enumerate(COLUMN_ORDER)}
+    return {c: sum(v) / len(v) for c, v in sorted(groups.items(), key=lambda kv: order.get(kv[0], len(order)))}
+
+
+def compositionality_table(results: Sequence[dict[str, Any]]) -> str:
+    """A markdown table like the paper's Table 2 (accuracy in %): one row per (run, method) result, one column
+    per Table 2 column any result has. Results of several benchmarks for the same run and method are merged
+    into one row, so the JSON of separate ``mdc eval compositionality`` calls can be combined."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in results:
+        row = rows.setdefault((r["run"], r["method"]), {"label": r["label"], "run": r["run"], "cols": {}, "n": {}})
+        row["cols"].update(r["columns"])
+    present = {c for row in rows.values() for c in row["cols"]}
+    columns = [c for c in COLUMN_ORDER if c in present] + sorted(present - set(COLUMN_ORDER))
+    group = {c: g for g, c in COLUMNS.values()}
+    head = [f"{group.get(c, '')} {c}".strip() for c in columns]
+    lines = ["| method | run | " + " | ".join(head) + " |", "|---|---|" + "---:|" * len(columns)]
+    for row in rows.values():
+        cells = [f"{100 * row['cols'][c]:.1f}" if c in row["cols"] else "-" for c in columns]
+        lines.append(f"| {row['label']} | {row['run']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def compositionality(runs: Sequence[str | Path], benchmark: str, data: str | Path, *,
+                     methods: Sequence[str] | None = None, samples: int = 1024, limit: int | None = None,
+                     images: str | Path | None = None, split: str = "test", seed: int = 0,
+                     device: str = "cpu", progress: bool = True) -> dict[str, Any]:
+    """Evaluate every run on one benchmark. `methods` (None: each run's defaults) must apply to every run.
+
+    Returns ``{"benchmark", "data", "n_examples", "results": [per run and method, see evaluate_model],
+    "table": markdown}``.
+    """
+    from mdc_core.checkpoint import load_model
+    if not runs:
+        raise ValueError("no run given: pass at least one --run RUN")
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    loaded = []
+    for run in runs:  # check every run's methods before any scoring starts
+        model, cfg = load_model(run, device=device)
+        check_methods(cfg.objective.name, methods)
+        loaded.append((run, model, cfg))
+    examples = load_benchmark(benchmark, data, images=images, limit=limit, split=split, seed=seed)
+    results: list[dict[str, Any]] = []
+    for run, model, cfg in loaded:
+        results += evaluate_model(model, cfg, examples, methods, samples=samples, seed=seed, device=device,
+                                  run_name=str(run), progress=progress)
+    for r in results:
+        r["benchmark"] = benchmark
+    return {"benchmark": benchmark, "data": str(data), "n_examples": len(examples), "results": results,
+            "table": compositionality_table(results)}

@@ -1,0 +1,247 @@
+"""Visual signal by caption position: how much the true image lowers each token's loss (beyond the paper).
+
+The paper argues that an autoregressive captioner's visual learning signal fades along the sequence (late
+tokens are predictable from the caption prefix alone) while masked diffusion keeps needing the image at every
+position. This measures it. For caption token position i (0 = the first token after ``<sot>``)::
+
+    signal_i = E[ CE_i(mismatched image) - CE_i(true image) ]        (nats; > 0: the image helps)
+
+where the mismatched image is another image of the same batch (the batch rolled by one), the caption and the
+masks are unchanged, and CE is the loss the objective trains on:
+
+* ``teacher_forcing`` (ARC runs): CE of token i given ``<sot>`` and tokens < i (causal decoder).
+* ``masked`` (MDC, MDC without 1/t, BERT, parallel runs): each caption token masked with probability r, CE at the
+  masked positions given the unmasked ones (bidirectional decoder); one curve per ratio r, averaged over
+  `draws` mask draws (one draw at r = 1, where every draw is the same).
+
+``<eot>`` is not a caption position (ARC also predicts it; left out so both modes score the same tokens). The
+expectation is over the captions that have a token at position i (and, for masked mode, where it was masked);
+``count`` says how many terms each mean has.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mdc_core.checkpoint import load_model
+from mdc_core.config import DataConfig
+from mdc_core.data import build_loader
+from mdc_core.objectives import apply_mask, maskable_positions, objective_spec, trim_padding
+from mdc_core.tokenizer import MASK_ID, CaptionTokenizer
+
+MODES = ("teacher_forcing", "masked")
+DEFAULT_RATIOS = (0.25, 0.5, 0.75, 1.0)
+SIGNAL_DEFINITION = "loss with a mismatched image (batch rolled by one) minus loss with the true image, in nats"
+
+
+@dataclass
+class SignalCurve:
+    """Mean per-position losses of one setting; lists indexed by caption position (NaN where count = 0)."""
+
+    label: str  # "teacher forcing" or "r=0.50"
+    ratio: float | None  # masking ratio r (None for teacher forcing)
+    loss_true: list[float]
+    loss_mismatched: list[float]
+    signal: list[float]  # loss_mismatched - loss_true
+    count: list[int]  # scored tokens behind each mean
+
+    @property
+    def mean_signal(self) -> float:
+        """Token-weighted mean signal over all positions."""
+        total = sum(self.count)
+        return sum(s * c for s, c in zip(self.signal, self.count, strict=True) if c) / total if total else math.nan
+
+
+@dataclass
+class PositionSignal:
+    """Result for one model: its mode and one curve per setting."""
+
+    mode: str
+    curves: list[SignalCurve] = field(default_factory=list)
+    n_captions: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        for d, c in zip(out["curves"], self.curves, strict=True):
+            d["mean_signal"] = c.mean_signal
+            for key in ("loss_true", "loss_mismatched", "signal"):  # NaN is not JSON: empty positions -> None
+                d[key] = [None if math.isnan(v) else v for v in d[key]]
+        out["signal_definition"] = SIGNAL_DEFINITION
+        return out
+
+
+def token_losses(model: torch.nn.Module, image_tokens: Tensor, tokens: Tensor, mask: Tensor | None) -> Tensor:
+    """Per-token cross-entropy at the scored positions, (n,) in row-major order of :func:`scored_positions`.
+
+    tokens (B, L), image_tokens (B, M, D). `mask` (B, L) None: teacher forcing (the token at column j predicted
+    from columns < j). Otherwise the masked positions of `tokens` are replaced by ``[MASK]`` and predicted.
+    """
+    if mask is None:
+        scored = maskable_positions(tokens)[:, 1:]  # (B, L-1) targets in columns 1.., caption tokens only
+        logits = model.decode(tokens[:, :-1], image_tokens, select=scored, causal=True)  # (n, V_out)
+        targets = tokens[:, 1:][scored]
+    else:
+        noisy = tokens.masked_fill(mask, MASK_ID)
+        logits = model.decode(noisy, image_tokens, select=mask, causal=False)  # (n, V_out)
+        targets = tokens[mask]
+    rows = model.output_index[targets]
+    if bool((rows < 0).any()):
+        raise ValueError(f"caption token ids {targets[rows < 0].unique()[:5].tolist()} have no row in the model's "
+                         "output vocabulary (its corpus vocabulary comes from other captions)")
+    return F.cross_entropy(logits.float(), rows, reduction="none")
+
+
+def scored_positions(tokens: Tensor, mask: Tensor | None) -> Tensor:
+    """Caption position (column - 1) of each scored token, (n,), in the order :func:`token_losses` returns."""
+    scored = maskable_positions(tokens) if mask is None else mask  # (B, L)
+    return scored.nonzero()[:, 1] - 1
+
+
+class _Accumulator:
+    """Running sums of the true / mismatched losses per caption position."""
+
+    def __init__(self) -> None:
+        self.true, self.mis, self.count = (torch.zeros(0, dtype=torch.float64) for _ in range(3))
+
+    def add(self, pos: Tensor, ce_true: Tensor, ce_mis: Tensor) -> None:
+        pos = pos.cpu()
+        size = int(pos.max()) + 1 if len(pos) else 0
+        if size > len(self.true):
+            grow = size - len(self.true)
+            self.true, self.mis, self.count = (torch.cat([t, torch.zeros(grow, dtype=torch.float64)])
+                                               for t in (self.true, self.mis, self.count))
+        self.true.index_add_(0, pos, ce_true.double().cpu())
+        self.mis.index_add_(0, pos, ce_mis.double().cpu())
+        self.count.index_add_(0, pos, torch.ones(len(pos), dtype=torch.float64))
+
+    def curve(self, label: str, ratio: float | None) -> SignalCurve:
+        n = self.count.clamp(min=1)
+        empty = self.count == 0
+        true = (self.true / n).masked_fill(empty, math.nan)
+        mis = (self.mis / n).masked_fill(empty, math.nan)
+        return SignalCurve(label, ratio, true.tolist(), mis.tolist(), (mis - true).tolist(),
+                           [int(c) for c in self.count])
+
+
+@torch.no_grad()
+def position_signal(model: torch.nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *, mode: str | None = None,
+                    ratios: Sequence[float] = DEFAULT_RATIOS, draws: int = 4, seed: int = 0) -> PositionSignal:
+    """Visual signal per caption position of a captioner (see the module docstring).
+
+    Args:
+        model: a :class:`~mdc_core.model.Captioner` (in eval mode; its device is used).
+        batches: (images (B, 3, S, S), tokens (B, L)) pairs; B >= 2 (a batch of one has no other image).
+        mode: ``teacher_forcing`` or ``masked``; default from the model (causal decoder -> teacher forcing).
+        ratios: masking ratios r of the masked mode. draws: mask draws per batch and ratio (seeded by `seed`).
+    """
+    mode = mode or ("teacher_forcing" if getattr(model, "causal", False) else "masked")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "masked" and (not ratios or any(not 0.0 < r <= 1.0 for r in ratios)):
+        raise ValueError(f"masking ratios must lie in (0, 1], got {list(ratios)}")
+    if draws < 1:
+        raise ValueError(f"draws must be >= 1, got {draws}")
+    device = next(model.parameters()).device
+    settings = [(None, 1)] if mode == "teacher_forcing" else [(float(r), 1 if r == 1.0 else draws) for r in ratios]
+    accs = [_Accumulator() for _ in settings]
+    gen = torch.Generator().manual_seed(seed)  # masks are drawn on the CPU: the same on every device
+    n_captions = 0
+    for images, tokens in batches:
+        if len(images) != len(tokens):
+            raise ValueError(f"batch has {len(images)} images but {len(tokens)} captions")
+        if len(images) < 2:
+            raise ValueError("position signal needs batches of >= 2 images (the mismatched image comes from the batch)")
+        tokens = trim_padding(tokens.cpu())
+        image_tokens = model.encode_image(images.to(device))  # (B, M, D)
+        rolled = image_tokens.roll(1, dims=0)  # caption b meets image b-1
+        n_captions += len(tokens)
+        for (ratio, n_draws), acc in zip(settings, accs, strict=True):
+            for _ in range(n_draws):
+                mask = None if ratio is None else apply_mask(tokens, torch.full((len(tokens),), ratio),
+                                                             generator=gen)[1]
+                dev_tokens = tokens.to(device)
+                dev_mask = None if mask is None else mask.to(device)
+                ce_true = token_losses(model, image_tokens, dev_tokens, dev_mask)
+                ce_mis = token_losses(model, rolled, dev_tokens, dev_mask)
+                acc.add(scored_positions(tokens, mask), ce_true, ce_mis)
+    if n_captions == 0:
+        raise ValueError("no caption to score: the data gave no batch")
+    curves = [acc.curve("teacher forcing" if r is None else f"r={r:.2f}", r) for (r, _), acc in zip(settings, accs,
+                                                                                                   strict=True)]
+    return PositionSignal(mode, curves, n_captions)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# runs on a data set, JSON and plot
+
+
+def _batches(data: str | Path, split: str, image_size: int, context_length: int, batch_size: int,
+             limit: int) -> Iterator[tuple[Tensor, Tensor]]:
+    tokenizer = CaptionTokenizer(context_length)
+    loader = build_loader(DataConfig(path=str(data), shuffle_buffer=0), split=split, image_size=image_size,
+                          batch_size=batch_size, shuffle=False, drop_last=False)
+    seen = 0
+    for batch in loader:
+        n = min(len(batch["caption"]), limit - seen)
+        if n < 2:  # a last batch of one image has no mismatched partner
+            return
+        yield batch["image"][:n], tokenizer.tokenize_batch(batch["caption"][:n])[0]
+        seen += n
+        if seen >= limit:
+            return
+
+
+def position_signal_runs(runs: Sequence[str | Path], data: str | Path, *, split: str = "test", limit: int = 256,
+                         batch_size: int = 32, ratios: Sequence[float] = DEFAULT_RATIOS, draws: int = 4,
+                         seed: int = 0, device: str = "cpu", ema: bool = False) -> dict[str, Any]:
+    """:func:`position_signal` of each run on the first `limit` captions of `split` of `data`; a JSON-ready dict
+    ``{"data", "split", "signal_definition", "runs": [{"run", "objective", **PositionSignal.to_dict()}]}``."""
+    if not runs:
+        raise ValueError("give at least one run")
+    if limit < 2 or batch_size < 2:
+        raise ValueError(f"limit and batch_size must be >= 2 (got {limit}, {batch_size})")
+    out = []
+    for run in runs:
+        model, cfg = load_model(run, device=device, ema=ema)
+        if objective_spec(cfg.objective.name).model != "captioner":
+            raise ValueError(f"{run} is a {cfg.objective.name} run: position signal needs a captioner (a CLIP run "
+                             "has no per-token loss)")
+        batches = _batches(data, split, cfg.model.image_size, cfg.model.context_length, batch_size, limit)
+        result = position_signal(model, batches, ratios=ratios, draws=draws, seed=seed)
+        out.append({"run": str(run), "objective": cfg.objective.name, **result.to_dict()})
+    return {"data": str(data), "split": split, "limit": limit, "seed": seed, "draws": draws,
+            "signal_definition": SIGNAL_DEFINITION, "runs": out}
+
+
+def plot_position_signal(result: dict[str, Any], path: str | Path) -> Path:
+    """Line plot of every run's curves (signal vs caption position) from :func:`position_signal_runs`; a PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for run in result["runs"]:
+        name = Path(run["run"]).name
+        for curve in run["curves"]:
+            xs = [i for i, v in enumerate(curve["signal"]) if v is not None]
+            ys = [curve["signal"][i] for i in xs]
+            style = "-" if run["mode"] == "teacher_forcing" else "--"
+            ax.plot(xs, ys, style, marker="o", ms=3, label=f"{name} ({run['objective']}, {curve['label']})")
+    ax.axhline(0.0, color="grey", lw=0.8)
+    ax.set_xlabel("caption token position")
+    ax.set_ylabel("loss(mismatched image) - loss(true image) [nats]")
+    ax.set_title("visual signal by position")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,224 @@
+"""The summary of a batch run: ``summary.md``, ``summary.json`` and ``summary.png`` in the plan folder.
+
+Each notebook writes ``metrics.json`` into its run folder::
+
+    {"notebook": "02_noise_schedule_ablation",
+     "metrics": {"probe_top1/[0.5, 1.0]": 0.61, ...},            # flat scalars, shown in the runs table
+     "tables": {"table5": {"metric": "colour probe top-1 (%)",  # paper-style tables, by the paper's name
+                           "values": {"[0.5, 1.0]": 61.0, ...}}}}  # row -> number, or row -> {column -> number}
+
+Tables of the same name from several runs are merged row by row (a grid over schedules gives one row per
+run); a row that two runs both report is kept twice, suffixed with its run id. Every table whose name is in
+:data:`PAPER` is printed side by side with the paper's numbers. The embedded data are small synthetic scenes,
+so the columns are comparable in direction and ordering only, never in value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .runs import Plan, RunResult
+
+
+@dataclass(frozen=True)
+class PaperTable:
+    title: str  # what the paper's table measures
+    metric: str  # the paper's metric and setting
+    values: dict[str, Any]  # row -> number, or row -> {column -> number}
+
+
+PAPER: dict[str, PaperTable] = {
+    "table1": PaperTable("Table 1: linear probing, CLIP vs ARC vs MDC", "ImageNet-1k top-1 %, CC12M, ViT-B/32",
+                         {"CLIP": 57.2, "ARC": 54.2, "MDC": 54.8}),
+    "table2": PaperTable(
+        "Table 2: compositionality (pick the true caption)", "accuracy %, ARO and SugarCrepe",
+        {"CLIP": {"relation": 53.6, "attribute": 59.7, "coco order": 27.2, "flickr30k order": 29.5, "add": 66.5,
+                  "replace": 72.8, "swap": 61.3},
+         "ARC": {"relation": 82.7, "attribute": 76.0, "coco order": 97.7, "flickr30k order": 98.4, "add": 97.6,
+                 "replace": 77.4, "swap": 76.9},
+         "MDC (Monte Carlo)": {"relation": 85.1, "attribute": 84.3, "coco order": 89.0, "flickr30k order": 89.0,
+                               "add": 85.6, "replace": 75.8, "swap": 75.2},
+         "MDC (Heuristic)": {"relation": 84.6, "attribute": 81.2, "coco order": 98.4, "flickr30k order": 98.8,
+                             "add": 97.8, "replace": 77.9, "swap": 78.5}}),
+    "table3": PaperTable(
+        "Table 3: captioning (MSCOCO fine-tuned)", "B@4 / C / RL x100",
+        {"ARC": {"BLEU@4": 16.0, "CIDEr": 48.8, "ROUGE-L": 38.6}, "MDC-10": {"BLEU@4": 20.7, "CIDEr": 64.7,
+         "ROUGE-L": 42.2}, "MDC-15": {"BLEU@4": 17.6, "CIDEr": 51.1, "ROUGE-L": 40.7},
+         "MDC-20": {"BLEU@4": 13.6, "CIDEr": 24.1, "ROUGE-L": 37.0}}),
+    "table4": PaperTable("Table 4: the 1/t weight", "ImageNet-1k top-1 %, CC12M, ViT-B/32 (removing 1/t: -0.8)",
+                         {"MDC (w/o 1/t)": 54.0, "MDC": 54.8}),
+    "table5": PaperTable("Table 5: noise schedule [w_l, w_u]", "ImageNet-1k top-1 %, CC3M, ViT-B/32",
+                         {"[0.0, 1.0]": 29.3, "[0.3, 0.8]": 36.1, "[0.4, 0.9]": 38.6, "[0.5, 1.0]": 39.2}),
+    "fig4": PaperTable("Fig. 4: BERT masking ratio vs MDC", "ImageNet-1k top-1 % (read off a plot; not tabulated)",
+                       {}),
+}
+
+
+def read_metrics(run_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((run_dir / "metrics.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def merge_tables(per_run: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """run id -> metrics.json; returns table name -> {"metric", "values"} merged over runs (see module doc)."""
+    merged: dict[str, dict[str, Any]] = {}
+    for run_id, metrics in per_run.items():
+        for name, table in (metrics.get("tables") or {}).items():
+            if not isinstance(table, dict) or not isinstance(table.get("values"), dict):
+                continue
+            slot = merged.setdefault(name, {"metric": table.get("metric", ""), "values": {}})
+            for row, value in table["values"].items():
+                key = row if row not in slot["values"] else f"{row} ({run_id})"
+                slot["values"][key] = value
+    return merged
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return "–" if value is None else str(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return "–" if math.isnan(value) else f"{value:.1f}"
+    return str(value)
+
+
+def _md_table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in rows]
+    return lines
+
+
+def table_markdown(name: str, ours: dict[str, Any]) -> list[str]:
+    """Markdown lines for one merged table, beside the paper's numbers when the paper has the table."""
+    paper = PAPER.get(name)
+    values = ours["values"]
+    title = paper.title if paper else name
+    lines = [f"### {title}", "", f"ours: {ours.get('metric') or 'see the notebook'}" +
+             (f"; paper: {paper.metric}" if paper else ""), ""]
+    two_d = any(isinstance(v, dict) for v in values.values())
+    if not two_d:
+        paper_vals = paper.values if paper else {}
+        rows = list(dict.fromkeys([*paper_vals, *values]))
+        lines += _md_table(["", "embedded data (ours)", "paper"],
+                           [[r, values.get(r), paper_vals.get(r)] for r in rows])
+        return lines + [""]
+    columns = list(dict.fromkeys(c for v in values.values() if isinstance(v, dict) for c in v))
+    lines += _md_table(["ours", *columns], [[r, *(v.get(c) for c in columns)] for r, v in values.items()
+                                            if isinstance(v, dict)])
+    if paper and paper.values:
+        pcols = list(dict.fromkeys(c for v in paper.values.values() for c in v))
+        lines += ["", *_md_table(["paper", *pcols], [[r, *(v.get(c) for c in pcols)]
+                                                    for r, v in paper.values.items()])]
+    return lines + [""]
+
+
+def _table_order(tables: dict[str, Any]) -> list[str]:
+    """The paper's tables in the paper's order (Table 1 ... 5, then Fig. 4), then any others by name."""
+    known = [name for name in PAPER if name in tables]
+    return known + sorted(set(tables) - set(known))
+
+
+def _scalars(metrics: dict[str, Any], limit: int = 4) -> str:
+    flat = [(k, v) for k, v in (metrics.get("metrics") or {}).items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    text = ", ".join(f"{k}={_fmt(v)}" for k, v in flat[:limit])
+    return text + (f", ... (+{len(flat) - limit})" if len(flat) > limit else "")
+
+
+def write_summary(plan: Plan, results: list[RunResult]) -> Path:
+    """Write summary.md, summary.json and summary.png into the plan folder; returns the summary.md path."""
+    out = plan.out_dir
+    per_run = {r.run_id: read_metrics(r.run_dir) for r in results}
+    tables = merge_tables({k: v for k, v in per_run.items() if v})
+    n_failed = sum(r.status == "failed" for r in results)
+    lines = [f"# Plan `{plan.name}`", ""]
+    if plan.description:
+        lines += [plan.description.strip(), ""]
+    lines += [f"{len(results)} run(s): {sum(r.status == 'done' for r in results)} run now, "
+              f"{sum(r.status == 'skipped' for r in results)} finished earlier (skipped), {n_failed} failed. "
+              f"Plan file: `{plan.source}`. Figure: `summary.png`.", "", "## Runs", ""]
+    rows = [[f"`{r.run_id}`", r.status.upper() if r.status == "failed" else r.status, f"{r.duration_s:.0f}",
+             r.error.splitlines()[0][:160] if r.error else _scalars(per_run.get(r.run_id, {}))] for r in results]
+    lines += _md_table(["run", "status", "seconds", "metrics (or error)"], rows)
+    if tables:
+        lines += ["", "## Embedded-data versions of the paper's tables", "",
+                  "The embedded data are small synthetic scenes and the models tiny, so compare orderings and "
+                  "directions with the paper, not values.", ""]
+        for name in _table_order(tables):
+            lines += table_markdown(name, tables[name])
+    path = out / "summary.md"
+    path.write_text("\n".join(lines) + "\n")
+    record = {"plan": plan.name, "source": str(plan.source), "tables": tables,
+              "paper": {k: {"title": v.title, "metric": v.metric, "values": v.values} for k, v in PAPER.items()},
+              "runs": [{"run_id": r.run_id, "notebook": r.notebook, "status": r.status,
+                        "duration_s": round(r.duration_s, 2), "error": r.error, "parameters": r.parameters,
+                        "metrics": per_run.get(r.run_id, {}).get("metrics", {})} for r in results]}
+    (out / "summary.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+    summary_figure(results, tables, out / "summary.png")
+    return path
+
+
+def summary_figure(results: list[RunResult], tables: dict[str, dict[str, Any]], path: Path) -> None:
+    """One panel per table (ours beside the paper's for 1-D tables) plus a panel of run durations."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    panels = len(tables) + 1
+    cols = min(3, panels)
+    nrows = math.ceil(panels / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 3.8 * nrows), squeeze=False)
+    flat = list(axes.ravel())
+    for ax, name in zip(flat, _table_order(tables)):
+        _table_panel(ax, name, tables[name])
+    ax = flat[len(tables)]
+    colours = {"done": "tab:green", "skipped": "tab:gray", "failed": "tab:red"}
+    ids = [r.run_id for r in results]
+    ax.barh(range(len(ids)), [r.duration_s for r in results], color=[colours[r.status] for r in results])
+    ax.set_yticks(range(len(ids)), [i[:40] for i in ids], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds (green: run, grey: skipped, red: failed)")
+    ax.set_title("runs")
+    for extra in flat[panels:]:
+        extra.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _table_panel(ax: Any, name: str, table: dict[str, Any]) -> None:
+    import numpy as np
+
+    paper = PAPER.get(name)
+    values = table["values"]
+    ax.set_title(paper.title if paper else name, fontsize=9)
+    if any(isinstance(v, dict) for v in values.values()):
+        rows = [r for r, v in values.items() if isinstance(v, dict)]
+        columns = list(dict.fromkeys(c for r in rows for c in values[r]))
+        width = 0.8 / max(1, len(rows))
+        for i, row in enumerate(rows):
+            ys = [float(values[row].get(c, np.nan)) for c in columns]
+            ax.bar(np.arange(len(columns)) + i * width, ys, width, label=row)
+        ax.set_xticks(np.arange(len(columns)) + 0.4 - width / 2, columns, rotation=30, ha="right", fontsize=7)
+        ax.legend(fontsize=7)
+    else:
+        paper_vals = paper.values if paper else {}
+        rows = list(dict.fromkeys([*values, *paper_vals]))
+        x = np.arange(len(rows))
+        ours = [float(values[r]) if isinstance(values.get(r), (int, float)) else np.nan for r in rows]
+        ax.bar(x - 0.2, ours, 0.4, label="embedded data (ours)")
+        if paper_vals:
+            ax.bar(x + 0.2, [float(paper_vals.get(r, np.nan)) for r in rows], 0.4, label="paper", color="tab:gray")
+        ax.set_xticks(x, rows, rotation=30, ha="right", fontsize=7)
+        ax.legend(fontsize=7)
+    ax.set_ylabel(table.get("metric", "")[:40], fontsize=7)

@@ -1,0 +1,303 @@
+"""Likelihood scores of captions given an image (paper Sec. 4.2): Monte Carlo ELBO, greedy-order heuristic, chain rule.
+
+Captions come as token rows ``<sot> c_1 .. c_n <eot> pad ...`` (n >= 1 caption tokens). Every method returns a
+log-likelihood score, higher = more likely, and is chosen from :data:`METHODS`:
+
+- ``mc`` (MDC models): the ELBO of Eq. 8, ``sum_{l=1}^{n} (1/l) E_{|mask|=l}[sum_{i masked} log p(c_i | C_l)]``,
+  estimated as LLaDA's ``get_log_likelihood`` does (DESIGN.md section 3): sample j masks l_j tokens chosen
+  uniformly, with l_j stratified over 1..n (``l_j = floor((j + u) n / S) + 1``, one random offset u, so with S a
+  multiple of n every l gets S/n samples), and contributes ``(n / l_j) sum_{masked} log p``; the mean is unbiased
+  and its standard error is the stratified one. All captions use the same random numbers (seed), which lowers
+  the variance of score differences between captions. Identical masks are evaluated once (exact).
+- ``heuristic`` (MDC): start with every caption token masked; each step reveals the masked position whose
+  confidence is highest (the sampler's rule, Eq. 6: max probability over the canvas vocabulary), adds the
+  log-probability of the ground-truth token there and places it. ``order`` is the reveal step of each token.
+- ``ar``: ARC models, the exact chain rule of Eq. 7 by teacher forcing, *including* the ``<eot>`` term, as in
+  the training loss (``objectives._autoregressive_loss``), so the score is the log-probability of the caption as a
+  complete sentence. MDC models: a fixed left-to-right order (reveal position 1, 2, ..., n; ``<eot>`` is part of
+  the canvas and not scored, as MDC never predicts it).
+
+Log-probabilities are always under the model's full output softmax (the distribution its loss trains). The
+image cross-attention keys/values are computed once (:meth:`Captioner.image_cache`) and shared by all samples,
+steps and captions; ``use_cache=False`` recomputes them (same result, for tests and benchmarks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .model import padding_mask
+from .objectives import maskable_positions, trim_padding
+from .sampler import allowed_rows
+from .tokenizer import EOT_ID, MASK_ID, SOT_ID, CaptionTokenizer
+
+
+@dataclass
+class ScoreOutput:
+    score: torch.Tensor  # (B,) log-likelihood score (higher = more likely)
+    stderr: torch.Tensor | None  # (B,) Monte Carlo standard error (mc only)
+    token_logprobs: torch.Tensor | None  # (B, L) per-token log-probs on the scoring path (heuristic/ar), 0 elsewhere
+    order: torch.Tensor | None  # (B, L) reveal step of each token (heuristic, ar), -1 for non-caption positions
+
+
+class _Images:
+    """The images of one scoring call as the decoder wants them for a chunk of rows (cached or not)."""
+
+    def __init__(self, model: Any, image_tokens: torch.Tensor, use_cache: bool) -> None:
+        self.image_tokens = image_tokens  # (B|1, M, D)
+        self.cache = model.image_cache(image_tokens) if use_cache else None
+
+    def __call__(self, rows: torch.Tensor) -> dict[str, Any]:
+        """rows (R,): the image of each decoder row -> keyword arguments of ``decode``."""
+        if self.cache is not None:
+            return {"image_tokens": None, "cache": self.cache.index(rows)}
+        if self.image_tokens.shape[0] == 1:
+            return {"image_tokens": self.image_tokens.expand(len(rows), -1, -1)}
+        return {"image_tokens": self.image_tokens[rows]}
+
+
+def _gt_logprobs(model: Any, logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """logits (n, V_out), ground-truth token ids (n,) -> their log-probabilities (n,) under the full softmax."""
+    logp = F.log_softmax(logits.float(), dim=-1)
+    return logp.gather(-1, model.output_index[token_ids][:, None])[:, 0]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the three methods: (model, images, tokens (B, L), n (B,) caption tokens, options) -> ScoreOutput
+
+
+def _score_mc(model: Any, images: _Images, tokens: torch.Tensor, n: torch.Tensor, *, samples: int, seed: int,
+              batch_size: int, **_: Any) -> ScoreOutput:
+    B, L = tokens.shape
+    S, device = samples, tokens.device
+    gen = torch.Generator().manual_seed(seed)
+    u = float(torch.rand((), generator=gen))  # offset of the stratified mask counts
+    noise = torch.rand(S, L, generator=gen)  # (S, L) ranks which positions are masked (shared by all captions)
+    masks, owner, inverse, counts = [], [], [], []
+    for b, nb in enumerate(n.tolist()):
+        count = ((torch.arange(S) + u) * nb / S).floor().long().clamp(max=nb - 1) + 1  # (S,) masked tokens, 1..n
+        rank = noise[:, :nb].argsort(dim=1).argsort(dim=1)  # (S, n) a uniform random order of the n tokens
+        m = torch.zeros(S, L, dtype=torch.bool)
+        m[:, 1:nb + 1] = rank < count[:, None]  # (S, L) the l_j lowest-ranked caption tokens
+        uniq, inv = torch.unique(m, dim=0, return_inverse=True)  # identical masks are evaluated once
+        inverse.append(inv + sum(len(x) for x in masks))
+        masks.append(uniq)
+        owner.append(torch.full((len(uniq),), b))
+        counts.append(count)
+    masks_t, owner_t = torch.cat(masks).to(device), torch.cat(owner).to(device)  # (R, L), (R,)
+    sums = torch.zeros(len(masks_t), device=device)  # (R,) sum of masked log-probs of each distinct mask
+    for start in range(0, len(masks_t), batch_size):
+        m, rows = masks_t[start:start + batch_size], owner_t[start:start + batch_size]
+        x = tokens[rows].masked_fill(m, MASK_ID)  # (r, L)
+        logits = model.decode(x, **images(rows), select=m, causal=False)  # (k, V_out) masked positions only
+        lp = _gt_logprobs(model, logits, tokens[rows][m])  # (k,)
+        sums[start:start + batch_size] = torch.zeros(len(m), device=device).index_add_(0, m.nonzero()[:, 0], lp)
+    sums = sums.cpu().double()
+    score, stderr = torch.zeros(B, dtype=torch.float64), torch.zeros(B, dtype=torch.float64)
+    for b, nb in enumerate(n.tolist()):
+        values = sums[inverse[b]] * nb / counts[b]  # (S,) one ELBO sample per mask
+        score[b], stderr[b] = values.mean(), _stratified_stderr(values, counts[b])
+    return ScoreOutput(score.float().to(device), stderr.float().to(device), None, None)
+
+
+def _stratified_stderr(values: torch.Tensor, strata: torch.Tensor) -> torch.Tensor:
+    """Standard error of the mean of `values` (S,) drawn stratified by `strata` (S,):
+    ``sqrt(sum_l S_l var_l) / S`` with S_l samples and sample variance var_l in stratum l. If a stratum holds a
+    single sample its variance is unknown; then the plain ``std / sqrt(S)`` is used (an over-estimate)."""
+    S = len(values)
+    if S < 2:
+        return torch.tensor(float("nan"), dtype=values.dtype)
+    _, group, sizes = torch.unique(strata, return_inverse=True, return_counts=True)
+    if bool((sizes < 2).any()):
+        return values.std() / S ** 0.5
+    means = torch.zeros(len(sizes), dtype=values.dtype).index_add_(0, group, values) / sizes
+    sq = torch.zeros(len(sizes), dtype=values.dtype).index_add_(0, group, (values - means[group]) ** 2)
+    var = sq / (sizes - 1)  # per-stratum sample variance
+    return (sizes * var).sum().sqrt() / S
+
+
+def _score_heuristic(model: Any, images: _Images, tokens: torch.Tensor, n: torch.Tensor, *, batch_size: int,
+                     **_: Any) -> ScoreOutput:
+    B, L = tokens.shape
+    device = tokens.device
+    caption = maskable_positions(tokens)  # (B, L)
+    allowed = allowed_rows(model)  # (V_out,) rows the canvas may take: the sampler's confidence
+    token_lp = torch.zeros(B, L, device=device)
+    order = torch.full((B, L), -1, dtype=torch.long, device=device)
+    for start in range(0, B, batch_size):
+        idx = torch.arange(start, min(start + batch_size, B), device=device)  # captions of this chunk
+        x = tokens[idx].masked_fill(caption[idx], MASK_ID)  # (r, L) every caption token masked
+        for s in range(int(n[idx].max())):
+            masked = x == MASK_ID  # (r, L)
+            act = masked.any(dim=1).nonzero()[:, 0]  # (a,) captions with tokens left
+            m = masked[act]  # (a, L)
+            logits = model.decode(x[act], **images(idx[act]), select=m, causal=False).float()  # (k, V_out)
+            conf = logits.masked_fill(~allowed, float("-inf")).softmax(dim=-1).amax(dim=-1)  # (k,)
+            grid = torch.full(m.shape, float("-inf"), device=device).masked_scatter(m, conf)  # (a, L)
+            pos = grid.argmax(dim=1)  # (a,) most confident masked position
+            flat = torch.cumsum(m.flatten().long(), 0).view(m.shape) - 1  # (a, L) index into the k selected rows
+            rows = flat[torch.arange(len(act), device=device), pos]  # (a,)
+            cap = idx[act]
+            truth = tokens[cap, pos]  # (a,)
+            token_lp[cap, pos] = _gt_logprobs(model, logits[rows], truth)
+            order[cap, pos] = s
+            x[act, pos] = truth
+    return ScoreOutput(token_lp.sum(dim=1), None, token_lp, order)
+
+
+def _score_ar(model: Any, images: _Images, tokens: torch.Tensor, n: torch.Tensor, *, batch_size: int,
+              **_: Any) -> ScoreOutput:
+    B, L = tokens.shape
+    device = tokens.device
+    token_lp = torch.zeros(B, L, device=device)
+    caption = maskable_positions(tokens)  # (B, L)
+    order = torch.where(caption, torch.arange(L, device=device) - 1, -1)  # left to right
+    if model.causal:  # teacher forcing: predict token i from tokens < i, <eot> included
+        valid = ~padding_mask(tokens)
+        valid[:, 0] = False  # (B, L) positions predicted: caption tokens and <eot>
+        for start in range(0, B, batch_size):
+            idx = torch.arange(start, min(start + batch_size, B), device=device)
+            v = valid[idx, 1:]  # (r, L-1)
+            logits = model.decode(tokens[idx, :-1], **images(idx), select=v, causal=True)  # (k, V_out)
+            lp = _gt_logprobs(model, logits, tokens[idx, 1:][v])
+            token_lp[idx, 1:] = torch.zeros(v.shape, device=device).masked_scatter(v, lp)
+        return ScoreOutput(token_lp.sum(dim=1), None, token_lp, order)
+    # MDC: one row per (caption, position i): tokens before i revealed, i and after masked; score position i
+    cap = torch.repeat_interleave(torch.arange(B, device=device), n)  # (R,)
+    pos = torch.cat([torch.arange(1, nb + 1, device=device) for nb in n.tolist()])  # (R,)
+    cols = torch.arange(L, device=device)
+    for start in range(0, len(cap), batch_size):
+        c, p = cap[start:start + batch_size], pos[start:start + batch_size]
+        x = tokens[c].masked_fill(caption[c] & (cols >= p[:, None]), MASK_ID)  # (r, L)
+        select = cols == p[:, None]  # (r, L) one position per row
+        logits = model.decode(x, **images(c), select=select, causal=False)  # (r, V_out)
+        token_lp[c, p] = _gt_logprobs(model, logits, tokens[c, p])
+    return ScoreOutput(token_lp.sum(dim=1), None, token_lp, order)
+
+
+@dataclass(frozen=True)
+class ScoreMethod:
+    """One row of the method table."""
+
+    fn: Callable[..., ScoreOutput]
+    kinds: tuple[str, ...]  # model kinds that can use it: "mdc" (bidirectional decoder), "arc" (causal)
+    summary: str
+
+
+METHODS: dict[str, ScoreMethod] = {
+    "mc": ScoreMethod(_score_mc, ("mdc",), "Monte Carlo ELBO of Eq. 8, stratified mask counts, with its stderr"),
+    "heuristic": ScoreMethod(_score_heuristic, ("mdc",), "greedy confidence order, sum of ground-truth log-probs"),
+    "ar": ScoreMethod(_score_ar, ("arc", "mdc"), "chain rule (Eq. 7) for ARC; fixed left-to-right order for MDC"),
+}
+
+
+def model_kind(model: Any) -> str:
+    """``"arc"`` (causal decoder) or ``"mdc"`` (bidirectional); ValueError for a model without a caption decoder."""
+    if not (callable(getattr(model, "decode", None)) and hasattr(model, "image_cache") and hasattr(model, "causal")):
+        raise ValueError(f"{type(model).__name__} has no caption decoder, so it cannot score captions by "
+                         "likelihood (a CLIP model compares embeddings instead)")
+    return "arc" if model.causal else "mdc"
+
+
+def methods_for(model: Any) -> list[str]:
+    """Names of the scoring methods this model can use."""
+    kind = model_kind(model)
+    return [name for name, spec in METHODS.items() if kind in spec.kinds]
+
+
+def _check(model: Any, image_tokens: torch.Tensor, tokens: torch.Tensor, method: str) -> ScoreMethod:
+    if method not in METHODS:
+        raise ValueError(f"unknown scoring method {method!r}; choose one of {', '.join(METHODS)}")
+    kind = model_kind(model)
+    if kind not in METHODS[method].kinds:
+        raise ValueError(f"scoring method {method!r} needs a {' or '.join(METHODS[method].kinds).upper()} model; this "
+                         f"one is {kind.upper()} (use one of: {', '.join(methods_for(model))})")
+    if tokens.ndim != 2 or tokens.shape[0] == 0:
+        raise ValueError(f"no captions to score (tokens of shape {tuple(tokens.shape)})")
+    if image_tokens.ndim != 3 or image_tokens.shape[0] not in (1, tokens.shape[0]):
+        raise ValueError(f"image_tokens of shape {tuple(image_tokens.shape)} do not pair with {tokens.shape[0]} "
+                         "captions: give (B, M, D) row-wise or (1, M, D) for all")
+    context = model.cfg.context_length
+    if tokens.shape[1] > context:
+        raise ValueError(f"captions of {tokens.shape[1]} tokens exceed the model's context of {context}")
+    has_eot = (tokens == EOT_ID).any(dim=1)
+    if not bool((tokens[:, 0] == SOT_ID).all()) or not bool(has_eot.all()):
+        raise ValueError("each caption row must be <sot> tokens <eot> (a row without <eot> is longer than the "
+                         "context or was truncated)")
+    caption = maskable_positions(tokens)
+    if not bool(caption.any(dim=1).all()):
+        raise ValueError("a caption has no tokens")
+    if bool((tokens[caption] == MASK_ID).any()):
+        raise ValueError("captions to score may not contain [MASK]")
+    missing = model.output_index[tokens[caption]] < 0
+    if bool(missing.any()):
+        unknown = tokens[caption][missing].unique()[:5].tolist()
+        raise ValueError(f"token ids {unknown} have no row in this model's output vocabulary (corpus vocabulary), "
+                         "so their likelihood is zero")
+    return METHODS[method]
+
+
+@torch.no_grad()
+def score_tokens(model: Any, image_tokens: torch.Tensor, tokens: torch.Tensor, method: str, *, samples: int = 1024,
+                 seed: int = 0, batch_size: int = 256, use_cache: bool = True) -> ScoreOutput:
+    """Score captions `tokens` (B, L) against image_tokens (B, M, D) paired row-wise, or (1, M, D) for all.
+
+    `samples`, `seed`: Monte Carlo samples per caption and their seed (``mc``); `batch_size`: decoder rows per
+    forward pass (memory only: results do not depend on it). Returned tensors have the width L of `tokens`.
+    """
+    spec = _check(model, image_tokens, tokens, method)
+    if samples < 1 or batch_size < 1:
+        raise ValueError(f"samples and batch_size must be >= 1, got {samples} and {batch_size}")
+    full_width = tokens.shape[1]
+    tokens = trim_padding(tokens).to(image_tokens.device)
+    n = maskable_positions(tokens).sum(dim=1)  # (B,) caption tokens
+    out = spec.fn(model, _Images(model, image_tokens, use_cache), tokens, n, samples=samples, seed=seed,
+                  batch_size=batch_size)
+    pad = full_width - tokens.shape[1]
+    if pad:
+        if out.token_logprobs is not None:
+            out.token_logprobs = F.pad(out.token_logprobs, (0, pad))
+        if out.order is not None:
+            out.order = F.pad(out.order, (0, pad), value=-1)
+    return out
+
+
+def score_captions(model: Any, image_tokens: torch.Tensor, captions: Sequence[str], method: str,
+                   **kw: Any) -> list[dict[str, Any]]:
+    """Score caption strings against one image, image_tokens (1, M, D) or (M, D); `kw` as :func:`score_tokens`.
+
+    One dict per caption: ``caption``, ``score``, ``tokens`` (token strings), ``token_logprobs`` (one per token,
+    heuristic/ar), ``stderr`` (mc), ``order`` (reveal step per token, heuristic), ``eot_logprob`` (ARC ar).
+    """
+    model_kind(model)
+    captions = list(captions)
+    if not captions:
+        raise ValueError("no captions to score (the caption list is empty)")
+    if image_tokens.ndim == 2:
+        image_tokens = image_tokens[None]
+    if image_tokens.ndim != 3 or image_tokens.shape[0] != 1:
+        raise ValueError(f"score_captions takes one image, got image_tokens of shape {tuple(image_tokens.shape)}")
+    tok = CaptionTokenizer(model.cfg.context_length)
+    tokens = tok(captions, truncate=False)  # over-long captions raise ValueError
+    out = score_tokens(model, image_tokens, tokens, method, **kw)
+    records = []
+    for i, text in enumerate(captions):
+        n = int(maskable_positions(tokens[i: i + 1]).sum())
+        ids = tokens[i, 1:n + 1].tolist()
+        rec: dict[str, Any] = {"caption": text, "score": float(out.score[i]),
+                               "tokens": [tok.token_string(t) for t in ids]}
+        if out.stderr is not None:
+            rec["stderr"] = float(out.stderr[i])
+        if out.token_logprobs is not None:
+            rec["token_logprobs"] = out.token_logprobs[i, 1:n + 1].tolist()
+            if method == "ar" and model.causal:
+                rec["eot_logprob"] = float(out.token_logprobs[i, n + 1])
+        if out.order is not None and method == "heuristic":
+            rec["order"] = out.order[i, 1:n + 1].tolist()
+        records.append(rec)
+    return records

@@ -1,0 +1,352 @@
+"""Helpers the numbered notebooks share, so that the notebooks themselves only set parameters, call and plot.
+
+* paths: :func:`project_path` reads a relative path against the repository root, so a notebook behaves the
+  same under papermill (cwd = repository root) and in JupyterLab (cwd = ``notebooks/``);
+* data: :func:`ensure_dataset` writes the embedded data set once and reuses it;
+* models: :func:`train_cached` trains a config into ``models_dir/<objective>-<config hash>`` or loads the
+  finished run from there, so notebooks of one plan share their models; :func:`live_train` trains while a
+  loss curve redraws in the notebook;
+* outputs: :func:`save_figure` and :func:`write_metrics` write the files :mod:`mdc_core.runs` collects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from .config import RunConfig, load_preset
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def project_path(path: str | Path) -> Path:
+    """`path` if absolute, else relative to the repository root (when this package runs from a checkout,
+    i.e. an editable install) or to the working directory (an installed package)."""
+    path = Path(path).expanduser()
+    if path.is_absolute():
+        return path
+    base = PROJECT_ROOT if (PROJECT_ROOT / "pyproject.toml").is_file() else Path.cwd()
+    return base / path
+
+
+def output_folder(output_dir: str | Path) -> Path:
+    """The notebook's output folder (created), with its ``figures/`` sub-folder."""
+    out = project_path(output_dir)
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def ensure_dataset(root: str | Path, n: int, *, captions: str = "mixed", image_size: int = 64, seed: int = 0,
+                   n_eval: int | None = None, progress: bool = False) -> dict[str, Any]:
+    """The embedded data set at `root` with these parameters: reused if its manifest matches, else written.
+    `n_eval` images per val/test/compgen split (default: the generator's ``max(64, n // 20)``)."""
+    from .data import read_manifest, write_synthetic_dataset
+
+    root = project_path(root)
+    try:
+        manifest = read_manifest(root)
+        p = manifest["params"]
+        wanted = {"n": n, "captions": captions, "image_size": image_size, "seed": seed}
+        if all(p.get(k) == v for k, v in wanted.items()) and (n_eval is None or p.get("n_test") == n_eval):
+            return manifest
+    except (FileNotFoundError, ValueError, KeyError):
+        pass
+    return write_synthetic_dataset(root, n, seed=seed, image_size=image_size, captions=captions, n_val=n_eval,
+                                   n_test=n_eval, n_compgen=n_eval, progress=progress)
+
+
+def make_config(preset: str, data_dir: str | Path, objective: str, steps: int,
+                overrides: dict[str, Any] | None = None, device: str = "cpu") -> RunConfig:
+    """A preset with `overrides` (``{"section.key": value}``, e.g. ``{"model.text_width": 64}``) applied, then
+    the data path, objective, steps and device."""
+    pairs = {**(overrides or {}), "data.path": str(project_path(data_dir)), "objective.name": objective,
+             "train.steps": steps, "train.device": device}
+    return load_preset(preset, [f"{k}={json.dumps(v)}" for k, v in pairs.items()])
+
+
+def config_key(cfg: RunConfig) -> str:
+    """Stable short hash of everything that defines a training run (the corpus vocabulary size excluded)."""
+    data = cfg.to_dict()
+    data["model"]["output_vocab_size"] = 0
+    data["preset"] = ""
+    return hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def cached_run_dir(models_dir: str | Path, cfg: RunConfig) -> Path:
+    return project_path(models_dir) / f"{cfg.objective.name}-{config_key(cfg)}"
+
+
+def _finished(run_dir: Path, steps: int) -> bool:
+    from .checkpoint import latest_checkpoint
+
+    ckpt = latest_checkpoint(run_dir)
+    return ckpt is not None and json.loads((ckpt / "meta.json").read_text())["step"] >= steps
+
+
+def train_cached(cfg: RunConfig, models_dir: str | Path, *, live: bool = False, progress: bool = False):
+    """Train `cfg` into its cache folder (resuming a partial run) unless it is finished there; return
+    ``(model, cfg, run_dir)`` with the model loaded in eval mode on ``cfg.train.device``."""
+    from .checkpoint import latest_checkpoint, load_model
+    from .train import train
+
+    run_dir = cached_run_dir(models_dir, cfg)
+    if not _finished(run_dir, cfg.train.steps):
+        resume = latest_checkpoint(run_dir) is not None
+        if not resume and run_dir.exists():  # a run killed before its first checkpoint: start it over
+            import shutil
+            shutil.rmtree(run_dir)
+        if live:
+            live_train(cfg, run_dir, resume=resume)
+        else:
+            train(cfg, run_dir, resume=resume, progress=progress)
+    device = "cpu" if cfg.train.device == "auto" else cfg.train.device
+    model, saved = load_model(run_dir, device=device)
+    return model, saved, run_dir
+
+
+def read_train_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The run's ``metrics.jsonl`` records (one per logged step); [] when not written yet."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line being written right now
+            break
+    return rows
+
+
+def live_train(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, refresh_s: float = 3.0):
+    """Train in a background thread while the notebook shows the loss curve from ``metrics.jsonl``, redrawn
+    every `refresh_s` seconds in one display slot. Returns the :class:`~mdc_core.train.TrainResult`."""
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    from .train import train
+
+    run_dir = Path(run_dir)
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["result"] = train(cfg, run_dir, resume=resume, progress=False)
+        except BaseException as err:  # re-raised in the notebook's thread below
+            box["error"] = err
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    handle = display(None, display_id=True)
+    while True:
+        alive = thread.is_alive()
+        rows = read_train_metrics(run_dir)
+        if rows:
+            fig = loss_figure(rows, title=f"{cfg.objective.name}: {rows[-1]['step']} / {cfg.train.steps} steps")
+            handle.update(fig)
+            plt.close(fig)
+        if not alive:
+            break
+        time.sleep(refresh_s)
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+def loss_figure(rows: list[dict[str, Any]], title: str = "training loss"):
+    """Loss and masked-token accuracy against the step, from ``metrics.jsonl`` records."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    steps = [r["step"] for r in rows]
+    ax.plot(steps, [r["loss"] for r in rows], label="loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax2 = ax.twinx()
+    ax2.plot(steps, [r["acc_masked"] for r in rows], color="tab:orange", label="masked-token accuracy")
+    ax2.set_ylabel("accuracy", color="tab:orange")
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def save_figure(fig: Any, output_dir: str | Path, name: str) -> Path:
+    """Save `fig` as ``<output_dir>/figures/<name>.png`` (the runner collects these) and return the path."""
+    path = output_folder(output_dir) / "figures" / f"{name}.png"
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    return path
+
+
+def write_metrics(output_dir: str | Path, notebook: str, metrics: dict[str, Any],
+                  tables: dict[str, dict[str, Any]] | None = None, **extra: Any) -> Path:
+    """Write ``<output_dir>/metrics.json`` in the layout :mod:`mdc_core.runs_summary` reads: flat scalar
+    `metrics` and paper-style `tables` (name -> {"metric": str, "values": {row: number | {column: number}}})."""
+    record = {"notebook": notebook, "metrics": metrics, "tables": tables or {}, **extra}
+    path = output_folder(output_dir) / "metrics.json"
+    path.write_text(json.dumps(record, indent=2, default=float) + "\n")
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------------
+# figures the notebooks share
+
+
+def to_pixels(images: Any) -> Any:
+    """Normalised image tensors (B, 3, S, S) back to displayable (B, S, S, 3) floats in [0, 1]."""
+    import torch
+    from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
+
+    mean = torch.tensor(OPENAI_DATASET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(OPENAI_DATASET_STD).view(1, 3, 1, 1)
+    return (images.detach().cpu().float() * std + mean).clamp(0, 1).permute(0, 2, 3, 1).numpy()
+
+
+def image_grid(images: Any, captions: list[str], cols: int = 4, width: int = 28):
+    """A grid of images (B, 3, S, S) with their captions wrapped underneath."""
+    import textwrap
+
+    import matplotlib.pyplot as plt
+
+    pixels = to_pixels(images)
+    rows = max(1, -(-len(pixels) // cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 3.3 * rows), squeeze=False)
+    for ax in axes.ravel():
+        ax.axis("off")
+    for ax, img, text in zip(axes.ravel(), pixels, captions):
+        ax.imshow(img)
+        ax.set_title("\n".join(textwrap.wrap(text, width)[:4]), fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def caption_lengths(data_cfg: Any, tokenizer: Any, *, split: str = "train", limit: int = 2000) -> dict[str, list[int]]:
+    """Token lengths (without ``<sot>``/``<eot>``) of the first `limit` captions of `split`, by caption style
+    (``short``/``long`` from the embedded data's metadata; ``caption`` for data without that field)."""
+    from .data import build_loader
+
+    out: dict[str, list[int]] = {}
+    seen = 0
+    for batch in build_loader(data_cfg, split=split, image_size=16, batch_size=256, shuffle=False,
+                              drop_last=False):
+        for caption, meta in zip(batch["caption"], batch["meta"]):
+            style = meta.get("caption_style", "caption") if isinstance(meta, dict) else "caption"
+            out.setdefault(style, []).append(len(tokenizer.encode_text(caption)))
+        seen += len(batch["caption"])
+        if seen >= limit:
+            break
+    return out
+
+
+def mask_figure(tokenizer: Any, tokens: Any, masks: Any, ratios: list[float]):
+    """One caption's tokens (L,) as a row of cells per masking ratio; masked cells dark. masks: (R, L) bool."""
+    import matplotlib.pyplot as plt
+
+    words = tokenizer.token_strings(tokens)
+    n = len(words)
+    fig, ax = plt.subplots(figsize=(max(6, 0.75 * n), 0.6 * len(ratios) + 0.8))
+    for r, (t, mask) in enumerate(zip(ratios, masks)):
+        for i, word in enumerate(words):
+            hidden = bool(mask[i + 1])  # words start after <sot>
+            ax.add_patch(plt.Rectangle((i, -r - 0.45), 0.95, 0.9, color="0.25" if hidden else "0.9"))
+            ax.text(i + 0.47, -r, "[MASK]" if hidden else word, ha="center", va="center", fontsize=7,
+                    color="white" if hidden else "black")
+    ax.set_xlim(0, n)
+    ax.set_ylim(-len(ratios) + 0.4, 0.6)
+    ax.set_yticks([-r for r in range(len(ratios))], [f"t = {t:.2f}" for t in ratios])
+    ax.set_xticks([])
+    ax.set_title("tokens masked at ratio t (dark: [MASK], the positions in the loss)")
+    fig.tight_layout()
+    return fig
+
+
+def loss_draws(model: Any, cfg: RunConfig, images: Any, captions: list[str], draws: int = 32, seed: int = 0
+               ) -> list[float]:
+    """The objective's batch loss on one fixed batch under `draws` independent noise draws (t and masks): the
+    spread of these numbers is the variance the noise schedule puts into every training step."""
+    import torch
+
+    from .objectives import compute_loss
+    from .tokenizer import CaptionTokenizer
+
+    tokens, _ = CaptionTokenizer(cfg.model.context_length).tokenize_batch(captions)
+    device = next(model.parameters()).device
+    out = []
+    with torch.no_grad():
+        for d in range(draws):
+            gen = torch.Generator(device=device).manual_seed(seed + d)
+            out.append(float(compute_loss(model, images.to(device), tokens.to(device), cfg.objective, gen).loss))
+    return out
+
+
+def probe_summary(result: dict[str, Any], tasks: list[str]) -> dict[str, float]:
+    """Top-1 accuracy in % per task of a :func:`mdc_core.eval.probe_data.probe_run` result, plus ``mean``
+    over `tasks` (the single number the tables report)."""
+    per_task = {t: 100.0 * result["tasks"][t]["top1"] for t in tasks}
+    return {**per_task, "mean": sum(per_task.values()) / len(per_task)}
+
+
+def markdown_table(rows: dict[str, dict[str, Any]], first: str = "", digits: int = 1) -> str:
+    """A markdown table: one row per key of `rows`, one column per key of the inner dicts (in first-seen order);
+    numbers rounded to `digits`. Show it with ``IPython.display.Markdown``."""
+    columns = list(dict.fromkeys(c for r in rows.values() for c in r))
+
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.{digits}f}"
+        return "–" if v is None else str(v)
+
+    lines = ["| " + " | ".join([first, *columns]) + " |", "|---" * (len(columns) + 1) + "|"]
+    lines += ["| " + " | ".join([str(k), *(cell(r.get(c)) for c in columns)]) + " |" for k, r in rows.items()]
+    return "\n".join(lines)
+
+
+def trajectory_html(record: dict[str, Any], step: int) -> str:
+    """The canvas of one :func:`mdc_core.sampler.trajectory` record after `step` denoising steps, as HTML:
+    revealed tokens on a background whose strength is their confidence when revealed (numbered by reveal
+    order), still-masked positions grey with the model's current top guess and its confidence."""
+    import html
+
+    steps = record["steps"]
+    step = max(0, min(step, len(steps)))
+    cells: dict[int, str] = {}
+    for s in steps[:step]:
+        for r in s["revealed"]:
+            alpha = 0.15 + 0.85 * r["confidence"]
+            cells[r["position"]] = (
+                f"<span style='background:rgba(30,120,220,{alpha:.2f});color:{'white' if alpha > 0.6 else 'black'};"
+                f"padding:3px 6px;margin:2px;border-radius:4px;display:inline-block' title='confidence "
+                f"{r['confidence']:.2f}'><sup>{s['step'] + 1}</sup> {html.escape(r['token'])}</span>")
+    guesses = {m["position"]: m for m in steps[step]["masked"]} if step < len(steps) else {}
+    for pos, m in guesses.items():
+        cells[pos] = (f"<span style='background:#ddd;color:#888;padding:3px 6px;margin:2px;border-radius:4px;"
+                      f"display:inline-block'>[MASK] <i>{html.escape(m['top_token'])} {m['top_confidence']:.2f}"
+                      f"</i></span>")
+    body = "".join(cells[p] for p in sorted(cells))
+    return f"<div style='font-family:monospace;line-height:2.2'>step {step} / {len(steps)}: {body}</div>"
+
+
+def confidence_heatmap(record: dict[str, Any], title: str = ""):
+    """Steps x positions: each masked position's top-guess confidence per step; the revealed one circled."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    steps = record["steps"]
+    n = len(record["tokens"])
+    grid = np.full((len(steps), n), np.nan)
+    for s in steps:
+        for m in s["masked"]:
+            grid[s["step"], m["position"]] = m["top_confidence"]
+    fig, ax = plt.subplots(figsize=(max(5, 0.5 * n), max(3, 0.3 * len(steps))))
+    im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+    ax.plot([s["position"] for s in steps], [s["step"] for s in steps], "o", mfc="none", mec="red", ms=9)
+    ax.set_xticks(range(n), record["tokens"], rotation=45, ha="right", fontsize=8)
+    ax.set_xlabel("caption position (final token)")
+    ax.set_ylabel("denoising step")
+    ax.set_title(title or record["caption"], fontsize=9)
+    fig.colorbar(im, ax=ax, label="top-guess confidence")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,115 @@
+"""``mdc bench``: the harness runs at micro dimensions and reports well-formed figures (never timing asserts)."""
+
+import json
+import math
+
+import pytest
+
+from mdc_core.bench.coca import build_coca, coca_config
+from mdc_core.bench.core import BenchConfig, format_report, run_bench, targets
+from mdc_core.cli import main
+from tests.conftest import MICRO, micro_config
+
+MICRO_OVERRIDES = [f"model.{k}={json.dumps(v)}" for k, v in MICRO.items()] + ["train.batch_size=4"]
+
+
+def _numbers(node, path=""):
+    """Every (path, number) leaf of a JSON tree; booleans are flags, not figures."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _numbers(v, f"{path}.{k}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _numbers(v, f"{path}[{i}]")
+    elif isinstance(node, (int, float)) and not isinstance(node, bool):
+        yield path, node
+
+
+@pytest.fixture(scope="module")
+def report():
+    bench = BenchConfig.quick(overrides=MICRO_OVERRIDES, threads=1, caption_length=8, isolate=False)
+    return run_bench(bench)
+
+
+def test_quick_report_structure(report):
+    assert set(report) >= {"machine", "settings", "dimensions", "matmul_peak", "train", "caption", "scoring",
+                           "quality", "targets"}
+    assert report["dimensions"]["decoder_width"] == MICRO["text_width"]
+    assert set(report["train"]) == {"mdc", "arc", "coca"}
+    for name, row in report["train"].items():
+        assert "error" not in row, (name, row.get("error"))
+        assert {"samples_per_s", "step_s", "peak_mem_mib", "flops_per_step", "mfu"} <= set(row)
+    assert set(report["caption"]) == {"batch_1", "batch_4"}
+    for section in report["caption"].values():
+        assert set(section) == {"mdc_uncached", "mdc_cached", "mdc_threshold", "arc_kv", "coca_generate"}
+        for row in section.values():
+            assert row.get("available", True) is False or {"latency_s", "captions_per_s", "steps"} <= set(row)
+    # the cache is exact: the bench's cached and uncached samplers write the same captions
+    assert report["caption"]["batch_4"]["mdc_cached"]["same_tokens_as_uncached"] is True
+    assert report["caption"]["batch_1"]["mdc_uncached"]["steps"] == 8  # N' decoder passes, one token each
+    assert report["caption"]["batch_1"]["coca_generate"]["steps"] == 9  # N' tokens + the forced <eot>
+    json.dumps(report)  # --json must be able to print it
+    assert "training step" in format_report(report)
+
+
+def test_every_figure_is_positive_and_finite(report):
+    figures = [(p, x) for key in ("matmul_peak", "train", "caption", "scoring")
+               for p, x in _numbers(report[key], key)]
+    assert len(figures) > 40
+    bad = [(p, x) for p, x in figures if not (math.isfinite(x) and x > 0)]
+    assert not bad, bad
+    # a missing piece is a note, never a number
+    for section in (*report["caption"].values(), report["scoring"]):
+        for row in section.values():
+            if row.get("available", True) is False:
+                assert set(row) == {"available", "note"}
+
+
+def test_targets_ratios_by_hand():
+    report = {
+        "train": {"mdc": {"samples_per_s": 26.0, "mfu": 0.1}, "coca": {"samples_per_s": 20.0}},
+        "caption": {"batch_1": {"mdc_uncached": {"latency_s": 0.9}, "mdc_cached": {"latency_s": 0.3}},
+                    "batch_64": {"mdc_cached": {"captions_per_s": 50.0}, "coca_generate": {"captions_per_s": 100.0}}},
+        "scoring": {"mc": {"latency_one_pair_s": 0.5, "samples": 1024}},
+        "quality": {"available": False, "note": "x"},
+    }
+    got = {t["target"].split(" ")[0] + str(i): (t["value"], t["reached"]) for i, t in enumerate(targets(report))}
+    values = list(got.values())
+    assert values[0] == (pytest.approx(1.3), True)  # 26 / 20 = 1.3 >= 1.3
+    assert values[1] == (pytest.approx(3.0), True)  # 0.9 / 0.3
+    assert values[2] == (pytest.approx(0.5), False)  # 50 / 100
+    assert values[3] == (None, None)  # no trained runs: not measured
+    assert values[4] == (pytest.approx(0.5), True)  # lower is better: 0.5 s < 1 s
+    assert values[5] == (pytest.approx(0.1), False)
+
+
+def test_coca_peer_mirrors_our_dimensions():
+    cfg = micro_config(text_layers=3)
+    kw = coca_config(cfg)
+    assert kw["text_cfg"]["layers"] + kw["multimodal_cfg"]["layers"] == 3  # depth-matched: 1 + 2
+    assert kw["vision_cfg"]["width"] == MICRO["encoder_kwargs"]["embed_dim"]
+    assert kw["vision_cfg"]["layers"] == MICRO["encoder_kwargs"]["depth"]
+    assert kw["vision_cfg"]["patch_size"] == MICRO["encoder_kwargs"]["patch_size"]
+    assert kw["multimodal_cfg"]["width"] == MICRO["text_width"] and kw["multimodal_cfg"]["vocab_size"] == 49408
+    full = coca_config(cfg, "open_clip")
+    assert full["text_cfg"]["layers"] == full["multimodal_cfg"]["layers"] == 3
+    model = build_coca(cfg)
+    assert len(model.text_decoder.resblocks) == 2 and len(model.visual.transformer.resblocks) == 1
+    with pytest.raises(ValueError, match="layout"):
+        coca_config(cfg, "nope")
+
+
+def test_cli_rejects_bad_options(capsys):
+    assert main(["bench", "--rows", "mdc,nope"]) == 2
+    assert "unknown training rows" in capsys.readouterr().err
+    assert main(["bench", "--mdc-run", "somewhere"]) == 2
+    assert "go together" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_cli_quick_json_in_fresh_processes(capsys):
+    args = ["bench", "--quick", "--json", "--threads", "1", *sum((["--set", o] for o in MICRO_OVERRIDES), [])]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    for row in report["train"].values():
+        assert "error" not in row and row["peak_mem_mib"] > 0

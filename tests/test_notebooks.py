@@ -1,0 +1,93 @@
+"""The numbered notebooks: thin, one `parameters` cell, committed without outputs, and each one executes through
+papermill with tiny parameters (micro model, few steps, tiny data) and writes its metrics JSON and figures."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from mdc_core.runs import ensure_kernel, notebook_parameters
+
+NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+NAMES = [p.stem for p in NOTEBOOKS]
+
+MICRO = {"model.encoder_kwargs": {"patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 2},
+         "model.text_width": 32, "model.text_layers": 1, "model.text_heads": 2, "train.batch_size": 16,
+         "train.warmup_steps": 2, "train.log_every": 2}
+COMMON = {"n_train": 200, "n_eval": 32, "image_size": 32, "steps": 6, "overrides": MICRO}
+TINY = {  # per notebook: parameters on top of COMMON
+    "01_pretraining": {"n_show": 4},
+    "02_noise_schedule_ablation": {"schedules": [[0.0, 1.0], [0.5, 1.0]], "bert_ratios": [1.0], "variance_draws": 3,
+                                   "probe_tasks": ["shape", "colour"]},
+    "03_linear_probing": {"position_limit": 8, "probe_tasks": ["shape", "colour"]},
+    "04_compositionality": {"limit": 6, "samples": 4},
+    "05_captioning": {"limit": 6, "n_explore": 2, "beam": 2, "lengths": [4, 6], "explore_length": 4},
+}
+EXPECTED = {  # what each notebook's metrics.json must hold: metric keys and paper tables
+    "01_pretraining": ({"final_loss", "final_masked_acc", "single_object_accuracy"}, set()),
+    "02_noise_schedule_ablation": ({"probe/[0.0, 1.0]", "probe/[0.5, 1.0]", "probe/MDC (w/o 1/t)",
+                                    "probe/Parallel (r = 1)", "loss_std/[0.0, 1.0]"}, {"table4", "table5", "fig4"}),
+    "03_linear_probing": ({"probe/CLIP", "probe/ARC", "probe/MDC"}, {"table1"}),
+    "04_compositionality": ({"MDC (Heuristic)/relation", "MDC (Monte Carlo)/attribute", "ARC/order", "CLIP/add"},
+                            {"table2"}),
+    "05_captioning": ({"MDC-4/BLEU@4", "MDC-6/CIDEr", "ARC/ROUGE-L"}, {"table3"}),
+}
+
+
+def test_the_five_notebooks_are_there() -> None:
+    assert NAMES == list(TINY)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=NAMES)
+def test_notebook_is_thin_and_committed_without_outputs(path: Path) -> None:
+    nb = nbformat.read(str(path), as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code), "commit notebooks without outputs"
+    assert nb.metadata["kernelspec"]["name"] == "mdc"
+    tagged = [i for i, c in enumerate(code) if "parameters" in c.metadata.get("tags", [])]
+    assert tagged == [1], "exactly one parameters cell, right after the imports cell"
+    imports = ast.parse(code[0].source)
+    assert all(isinstance(node, (ast.Import, ast.ImportFrom)) for node in imports.body)
+    for cell in code:
+        tree = ast.parse(re.sub(r"^[%!].*$", "", cell.source, flags=re.M))
+        assert not any(isinstance(node, ast.ClassDef) for node in ast.walk(tree)), "no classes in notebooks"
+        assert "nn.Module" not in cell.source
+    params = code[1].source.strip().splitlines()
+    for line in params:  # typed literal defaults with a trailing comment, no derived values
+        assert re.fullmatch(r"\w+: (int|float|str|bool|list|dict) = .+  # .+", line), line
+        ast.literal_eval(line.split(" = ", 1)[1].split("  # ")[0])
+    declared = notebook_parameters(path)
+    assert len(declared) == len(params) and "output_dir" in declared
+    assert set(TINY[path.stem]) | set(COMMON) <= set(declared)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder for the data sets and model cache, so later notebooks reuse the earlier ones' models."""
+    ensure_kernel()
+    return tmp_path_factory.mktemp("notebooks")
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_notebook_executes_with_tiny_parameters(name: str, shared: Path) -> None:
+    import papermill
+
+    out = shared / "runs" / name
+    params = {**COMMON, **TINY[name], "output_dir": str(out), "models_dir": str(shared / "models"),
+              "data_dir": str(shared / ("data_short" if name.startswith("02") else "data_mixed"))}
+    papermill.execute_notebook(str(NOTEBOOK_DIR / f"{name}.ipynb"), str(out / f"{name}.ipynb"), parameters=params,
+                               kernel_name="mdc", progress_bar=False, cwd=str(shared))
+    record = json.loads((out / "metrics.json").read_text())
+    keys, tables = EXPECTED[name]
+    assert record["notebook"] == name
+    assert keys <= set(record["metrics"]), sorted(record["metrics"])
+    assert tables == set(record["tables"])
+    for table in record["tables"].values():
+        assert table["metric"] and table["values"]
+    assert list((out / "figures").glob("*.png")), "every notebook saves figures"

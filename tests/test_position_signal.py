@@ -1,0 +1,149 @@
+"""Visual signal by caption position: hand-computed values, an image-blind model, shapes, the CLI."""
+
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from mdc_core.checkpoint import save_checkpoint
+from mdc_core.cli import main
+from mdc_core.config import DataConfig, ObjectiveConfig, RunConfig
+from mdc_core.data import iter_captions, write_synthetic_dataset
+from mdc_core.eval.position_signal import position_signal
+from mdc_core.factory import create_model
+from mdc_core.tokenizer import EMBED_SIZE, EOT_ID, PAD_ID, SOT_ID, CaptionTokenizer, build_output_vocab
+
+from .conftest import micro_config
+
+
+class ImageScoresTokenOne(nn.Module):
+    """A 4-token 'captioner' whose logits ignore the text: logit[1] = the image's mean pixel, the rest 0."""
+
+    def __init__(self, causal: bool):
+        super().__init__()
+        self.causal = causal
+        self.dummy = nn.Parameter(torch.zeros(()))
+        self.register_buffer("output_index", torch.arange(EMBED_SIZE))
+
+    def encode_image(self, images):
+        return images.mean(dim=(1, 2, 3))[:, None, None]  # (B, 1, 1)
+
+    def decode(self, tokens, image_tokens, select=None, causal=None):
+        logits = torch.zeros(*tokens.shape, 4)
+        logits[..., 1] = image_tokens[:, 0, 0][:, None]  # (B, L)
+        return logits if select is None else logits[select]
+
+
+def ce(a: float, target: int) -> float:
+    """CE of `target` under logits (0, a, 0, 0)."""
+    z = math.exp(a) + 3
+    return -math.log((math.exp(a) if target == 1 else 1.0) / z)
+
+
+def fixed_batch():
+    images = torch.stack([torch.full((3, 4, 4), 2.0), torch.zeros(3, 4, 4)])  # mean pixels a0 = 2, a1 = 0
+    tokens = torch.tensor([[SOT_ID, 1, 2, EOT_ID, PAD_ID],
+                           [SOT_ID, 1, EOT_ID, PAD_ID, PAD_ID]])
+    return images, tokens
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_hand_computed_tiny_case(causal):
+    model = ImageScoresTokenOne(causal)
+    result = position_signal(model, [fixed_batch()], ratios=[1.0])
+    assert result.mode == ("teacher_forcing" if causal else "masked") and result.n_captions == 2
+    (curve,) = result.curves
+    assert curve.count == [2, 1]
+    # position 0: both captions say token 1; caption 0 sees a=2 (true) / a=0 (rolled), caption 1 the reverse
+    assert curve.loss_true[0] == pytest.approx((ce(2, 1) + ce(0, 1)) / 2)
+    assert curve.signal[0] == pytest.approx(0.0, abs=1e-9)
+    # position 1: only caption 0, token 2, true image a=2, mismatched a=0
+    assert curve.loss_true[1] == pytest.approx(ce(2, 2))
+    assert curve.loss_mismatched[1] == pytest.approx(ce(0, 2))
+    assert curve.signal[1] == pytest.approx(math.log(4) - math.log(math.exp(2) + 3))
+    assert curve.mean_signal == pytest.approx(curve.signal[1] / 3)
+
+
+def captions_batch(n=6, seed=0):
+    texts = ["a red circle", "a blue square on the left", "two green stars at the top", "a small triangle",
+             "a large yellow hexagon in the center", "a purple cross"][:n]
+    images = torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+    return images, CaptionTokenizer(24)(texts)
+
+
+def test_shapes_and_counts_of_a_masked_model(tiny_model):
+    model = tiny_model(causal=False)
+    images, tokens = captions_batch()
+    lengths = ((tokens != PAD_ID) & (tokens != SOT_ID) & (tokens != EOT_ID)).sum(dim=1)  # no "!" in these captions
+    result = position_signal(model, [(images, tokens)], ratios=[0.5, 1.0], draws=3, seed=1)
+    assert [c.label for c in result.curves] == ["r=0.50", "r=1.00"]
+    full = result.curves[1]
+    assert len(full.signal) == int(lengths.max())
+    assert full.count == [int((lengths > i).sum()) for i in range(int(lengths.max()))]  # r=1: every token, one draw
+    half = result.curves[0]
+    assert all(h <= 3 * f for h, f in zip(half.count, full.count, strict=False)) and sum(half.count) > 0
+    again = position_signal(model, [(images, tokens)], ratios=[0.5, 1.0], draws=3, seed=1)
+    assert again.curves[0].count == half.count  # seeded mask draws
+    assert torch.allclose(torch.tensor(again.curves[0].signal), torch.tensor(half.signal), equal_nan=True)
+
+
+def test_teacher_forcing_counts(tiny_model):
+    model = tiny_model(causal=True)
+    images, tokens = captions_batch()
+    lengths = ((tokens != PAD_ID) & (tokens != SOT_ID) & (tokens != EOT_ID)).sum(dim=1)
+    (curve,) = position_signal(model, [(images, tokens)]).curves
+    assert curve.label == "teacher forcing"
+    assert curve.count == [int((lengths > i).sum()) for i in range(int(lengths.max()))]
+    assert all(math.isfinite(v) for v in curve.signal)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_model_that_ignores_the_image_has_no_signal(tiny_model, causal):
+    model = tiny_model(causal=causal)
+    with torch.no_grad():
+        for layer in model.decoder.layers:  # cut the only path from the image to the text
+            layer.cross_attn.proj.weight.zero_()
+            layer.cross_attn.proj.bias.zero_()
+    images, tokens = captions_batch()
+    result = position_signal(model, [(images, tokens)], ratios=[0.25, 1.0], draws=2)
+    for curve in result.curves:
+        assert max(abs(v) for v in curve.signal) < 1e-5
+        assert min(curve.loss_true) > 0
+
+
+def test_bad_input(tiny_model):
+    model = tiny_model()
+    images, tokens = captions_batch()
+    with pytest.raises(ValueError, match=">= 2 images"):
+        position_signal(model, [(images[:1], tokens[:1])])
+    with pytest.raises(ValueError, match="ratios"):
+        position_signal(model, [(images, tokens)], ratios=[0.0])
+    with pytest.raises(ValueError, match="no caption"):
+        position_signal(model, [])
+
+
+def test_cli_writes_json_and_plot_for_arc_and_mdc(tmp_path, capsys):
+    data = tmp_path / "data"
+    write_synthetic_dataset(data, 8, image_size=32, n_val=2, n_test=9, n_compgen=2, progress=False, workers=1)
+    runs = []
+    ids = build_output_vocab(iter_captions(DataConfig(path=str(data)), split="test"))  # small head: fast on CPU
+    for objective in ("arc", "mdc", "clip"):
+        torch.manual_seed(0)
+        model_cfg = micro_config(context_length=40, output_vocab="corpus", output_vocab_size=len(ids))
+        cfg = RunConfig(model=model_cfg, objective=ObjectiveConfig(name=objective))
+        save_checkpoint(tmp_path / objective, 1, cfg, create_model(cfg, objective, ids))
+        runs.append(str(tmp_path / objective))
+    out = tmp_path / "eval"
+    argv = ["eval", "position-signal", "--run", runs[0], "--run", runs[1], "--data", str(data), "--limit", "8",
+            "--batch-size", "4", "--ratios", "0.5,1", "--draws", "2", "--out", str(out)]
+    assert main(argv) == 0
+    result = json.loads((out / "position_signal.json").read_text())
+    assert [r["mode"] for r in result["runs"]] == ["teacher_forcing", "masked"]
+    assert [c["label"] for c in result["runs"][1]["curves"]] == ["r=0.50", "r=1.00"]
+    assert all(r["n_captions"] == 8 for r in result["runs"])
+    assert (out / "position_signal.png").read_bytes()[:4] == b"\x89PNG"
+    assert "mean" in capsys.readouterr().out
+    assert main(["eval", "position-signal", "--run", runs[2], "--data", str(data), "--out", str(out)]) == 2
+    assert "captioner" in capsys.readouterr().err

@@ -1,0 +1,142 @@
+"""`mdc runs`: plans are validated before anything runs; runs execute, fail in isolation, resume, summarise."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from mdc_core.cli import main
+from mdc_core.runs import load_plan, run_plan, run_status
+from mdc_core.runs_summary import PAPER, merge_tables, table_markdown
+
+TINY_BODY = """\
+import json, pathlib
+out = pathlib.Path(output_dir)
+if fail:
+    raise RuntimeError(f"asked to fail with value={value}")
+(out / "figures" / "dot.txt").write_text("x")
+metrics = {"metrics": {"value_squared": value ** 2},
+           "tables": {"table5": {"metric": "toy", "values": {f"[{value}, 1.0]": float(value)}}}}
+(out / "metrics.json").write_text(json.dumps(metrics))
+"""
+
+
+def write_notebook(path: Path, params: str = 'output_dir: str = "."  # run folder\nvalue: int = 1  # toy\n'
+                   'fail: bool = False  # raise', body: str = TINY_BODY) -> Path:
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell(params)
+    cell.metadata["tags"] = ["parameters"]
+    nb.cells = [nbformat.v4.new_code_cell("import json"), cell, nbformat.v4.new_code_cell(body)]
+    nb.metadata["kernelspec"] = {"name": "mdc", "display_name": "MDC workbench", "language": "python"}
+    nbformat.write(nb, str(path))
+    return path
+
+
+def write_plan(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def toy(tmp_path: Path) -> Path:
+    write_notebook(tmp_path / "toy.ipynb")
+    return tmp_path
+
+
+def test_two_run_plan_runs_then_resumes(toy: Path) -> None:
+    plan_file = write_plan(toy / "two.yaml", f"output_root: {toy / 'out'}\nnotebooks:\n"
+                                             "  - path: toy.ipynb\n    grid: {value: [2, 3]}\n")
+    plan = load_plan(plan_file, root=toy)
+    assert [r.run_id for r in plan.runs] == ["toy__value=2", "toy__value=3"]
+    first = run_plan(plan, progress=False, cwd=toy)
+    assert [r.status for r in first] == ["done", "done"]
+    run2 = toy / "out" / "two" / "toy__value=2"
+    assert json.loads((run2 / "metrics.json").read_text())["metrics"]["value_squared"] == 4
+    assert json.loads((run2 / "parameters.json").read_text()) == {"value": 2}
+    assert (run2 / "toy.ipynb").is_file() and (run2 / "DONE").is_file() and (run2 / "figures" / "dot.txt").is_file()
+    executed = nbformat.read(str(run2 / "toy.ipynb"), as_version=4)
+    assert any("injected-parameters" in c.metadata.get("tags", []) for c in executed.cells)
+    summary = (toy / "out" / "two" / "summary.md").read_text()
+    assert "toy__value=3" in summary and "value_squared=9" in summary
+    assert "[0.5, 1.0]" in summary and "39.2" in summary  # the paper's Table 5 row beside ours
+    assert (toy / "out" / "two" / "summary.png").stat().st_size > 0
+
+    mtime = (run2 / "toy.ipynb").stat().st_mtime_ns
+    again = run_plan(load_plan(plan_file, root=toy), progress=False, cwd=toy)
+    assert [r.status for r in again] == ["skipped", "skipped"]
+    assert (run2 / "toy.ipynb").stat().st_mtime_ns == mtime  # not executed again
+    assert "2 finished earlier (skipped)" in (toy / "out" / "two" / "summary.md").read_text()
+
+
+def test_failed_run_is_marked_and_others_continue(toy: Path) -> None:
+    plan_file = write_plan(toy / "mixed.yaml", f"output_root: {toy / 'out'}\nnotebooks:\n"
+                                               "  - path: toy.ipynb\n    grid: {fail: [true, false]}\n")
+    results = run_plan(load_plan(plan_file, root=toy), progress=False, cwd=toy)
+    assert [r.status for r in results] == ["failed", "done"]
+    bad = toy / "out" / "mixed" / "toy__fail=True"
+    marker = (bad / "FAILED").read_text()
+    assert "RuntimeError: asked to fail with value=1" in marker
+    assert (bad / "toy.ipynb").is_file() and not (bad / "DONE").exists()  # the executed notebook is kept
+    assert (toy / "out" / "mixed" / "toy__fail=False" / "DONE").is_file()
+    assert "FAILED" in (toy / "out" / "mixed" / "summary.md").read_text()
+    assert run_status(bad, {"fail": True}) == "failed"
+
+
+def test_changed_parameters_make_a_finished_run_pending(tmp_path: Path) -> None:
+    (tmp_path / "parameters.json").write_text(json.dumps({"value": 2}))
+    (tmp_path / "DONE").write_text("{}")
+    assert run_status(tmp_path, {"value": 2}) == "done"
+    assert run_status(tmp_path, {"value": 5}) == "pending"
+    assert run_status(tmp_path / "missing", {"value": 2}) == "pending"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("notebooks:\n  - toy.ipynb\n  - toy.ipynb\n", "occur twice"),
+    ("notebooks:\n  - path: toy.ipynb\n    parameters: {valu: 3}\n", "'valu' is not declared by toy.ipynb"),
+    ("notebooks:\n  - path: toy.ipynb\n    parameters: {value: 0.5}\n", "'value' of toy.ipynb is int"),
+    ("notebooks:\n  - path: toy.ipynb\n    parameters: {fail: 1}\n", "'fail' of toy.ipynb is bool"),
+    ("notebooks:\n  - path: toy.ipynb\n    grid: {value: []}\n", "non-empty list"),
+    ("notebooks:\n  - missing.ipynb\n", "notebook missing.ipynb not found"),
+    ("notebooks:\n  - toy.ipynb\nparameters: {nope: 1}\n", "declared by none of its notebooks"),
+    ("notebooks:\n  - path: toy.ipynb\n    parameters: {output_dir: x}\n", "set by the runner"),
+    ("notebook: [toy.ipynb]\n", "unknown key(s) ['notebook']"),
+    ("notebooks: []\n", "non-empty list"),
+])
+def test_bad_plans_are_rejected_before_running(toy: Path, text: str, message: str) -> None:
+    with pytest.raises((ValueError, FileNotFoundError)) as err:
+        load_plan(write_plan(toy / "bad.yaml", text), root=toy)
+    assert message in str(err.value)
+
+
+def test_notebook_without_single_parameters_cell_is_rejected(tmp_path: Path) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("output_dir = '.'")]
+    nbformat.write(nb, str(tmp_path / "plain.ipynb"))
+    with pytest.raises(ValueError, match="exactly one cell tagged 'parameters'"):
+        load_plan(write_plan(tmp_path / "p.yaml", "notebooks: [plain.ipynb]\n"), root=tmp_path)
+
+
+def test_cli_dry_run_lists_runs_without_executing(toy: Path, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(toy)
+    plan_file = write_plan(toy / "dry.yaml", "output_root: out\nparameters: {value: 4}\n"
+                                             "notebooks:\n  - path: toy.ipynb\n    grid: {fail: [false, true]}\n")
+    assert main(["runs", str(plan_file), "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert "toy__fail=False" in printed and "toy__fail=True" in printed and "value=4" in printed
+    assert not (toy / "out").exists()
+    assert main(["runs", str(toy / "nope.yaml"), "--dry-run"]) == 2
+    assert "mdc: error: plan file not found" in capsys.readouterr().err
+
+
+def test_tables_merge_across_runs_and_sit_beside_the_paper() -> None:
+    per_run = {"a": {"tables": {"table5": {"metric": "m", "values": {"[0.5, 1.0]": 60.0}}}},
+               "b": {"tables": {"table5": {"metric": "m", "values": {"[0.0, 1.0]": 40.0, "[0.5, 1.0]": 61.0}}}}}
+    merged = merge_tables(per_run)
+    assert merged["table5"]["values"] == {"[0.5, 1.0]": 60.0, "[0.0, 1.0]": 40.0, "[0.5, 1.0] (b)": 61.0}
+    text = "\n".join(table_markdown("table5", merged["table5"]))
+    assert "| [0.0, 1.0] | 40.0 | 29.3 |" in text and "| [0.3, 0.8] | – | 36.1 |" in text
+    assert PAPER["table1"].values == {"CLIP": 57.2, "ARC": 54.2, "MDC": 54.8}
