@@ -321,8 +321,9 @@ def build_app(models: Mapping[str, tuple[torch.nn.Module, RunConfig]], *, root: 
     offered too (loaded on first use). `default` names the run selected at start (the first model if None)."""
     for key, (model, cfg) in models.items():
         label = key
-        if root and Path(key).is_absolute():
-            label = os.path.relpath(key, Path(root).resolve())
+        if Path(key).is_absolute():  # a run folder: shown relative to the root (or the working directory)
+            rel = os.path.relpath(key, Path(root or os.getcwd()).resolve())
+            label = key if rel.startswith("..") else rel
         register_run(key, model, cfg, label=label)
     choices = run_choices(root)
     if not choices:

@@ -65,9 +65,24 @@ def capture(url: str, out: str | Path, *, width: int = 1200, height: int = 1600,
     return out
 
 
+def crop_blank_bottom(img: Image.Image, margin: int = 24, gap: int = 60) -> Image.Image:
+    """Cut the empty page below the content: rows after the last block of content that is followed by a gap of
+    more than `gap` blank rows (gradio's small footer line is dropped with it), keeping `margin` px."""
+    import numpy as np
+    ink = (np.asarray(img.convert("L")) < 243).any(axis=1)  # (H,) rows with anything but white
+    rows = np.flatnonzero(ink)
+    if rows.size == 0:
+        return img
+    breaks = np.flatnonzero(np.diff(rows) > gap)  # content blocks separated by tall blank bands
+    blocks = np.split(rows, breaks + 1)
+    if len(blocks) > 1 and blocks[-1][-1] - blocks[-1][0] < 40:  # a short last block: the footer
+        blocks = blocks[:-1]
+    return img.crop((0, 0, img.width, min(int(blocks[-1][-1]) + margin, img.height)))
+
+
 def shrink(path: str | Path, width: int = 900, colours: int = 128) -> Path:
-    """Downscale to `width` px and quantize to `colours` colours, in place (a small PNG for the README)."""
-    img = Image.open(path).convert("RGB")
+    """Crop the blank bottom, downscale to `width` px and quantize to `colours` colours, in place."""
+    img = crop_blank_bottom(Image.open(path).convert("RGB"))
     if img.width > width:
         img = img.resize((width, round(img.height * width / img.width)), Image.Resampling.LANCZOS)
     img.quantize(colours, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(path, optimize=True)

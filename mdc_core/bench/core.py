@@ -300,8 +300,9 @@ def format_report(report: dict[str, Any]) -> str:
     if quality.get("available", True) and quality:
         rows = [[k, v.get("accuracy"), v.get("captions_per_s"), v.get("mean_steps")] for k, v in quality.items()
                 if isinstance(v, dict)]
-        parts += ["quality (single-object colour+shape accuracy, trained runs)",
-                  _table(["method", "accuracy", "captions/s", "mean steps"], rows), ""]
+        parts += [f"quality (single-object colour+shape accuracy, trained runs, N'={quality.get('length')})",
+                  _table(["method", "accuracy", "captions/s", "mean steps"], rows),
+                  f"equal quality: {quality.get('equal_quality')} {quality.get('note', '')}", ""]
     else:
         parts += [f"quality comparison: not measured ({quality.get('note', '')})", ""]
     rows = [[t["target"], t["goal"], t["value"], {True: "reached", False: "missed", None: "not measured"}[t["reached"]]]
