@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all lint setup clean-outputs
+.PHONY: demo test test-all lint setup clean-outputs kernel runs-demo
 
 setup: $(STAMP)
 
@@ -18,6 +18,12 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: $(STAMP)
 	$(PY) -m mdc_core demo
+
+kernel: $(STAMP)  # register this venv as the Jupyter kernel "mdc" (what the notebooks and `mdc runs` use)
+	$(PY) -m ipykernel install --sys-prefix --name mdc --display-name "MDC workbench"
+
+runs-demo: kernel  # all five notebooks on CPU via papermill; summary in papermill_runs/cpu_demo/summary.md
+	$(PY) -m mdc_core runs plans/cpu_demo.yaml
 
 test: $(STAMP)
 	$(PY) -m pytest -m "not slow" -q

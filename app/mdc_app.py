@@ -180,8 +180,6 @@ def on_run_change(run_key: str) -> Any:
 
 def _arc_rows(arc_key: str, state: dict | None) -> list[list[str]]:
     arc = get_run(arc_key)
-    if not arc.is_arc:
-        raise gr.Error(f"{arc.label} is not an ARC run (objective {arc.cfg.objective.name!r})")
     decoder = optional_module("mdc_core.ar_decode")
     if decoder is None:
         return [[f"ARC {html.escape(arc.label)}", "<i>mdc_core/ar_decode.py is not in this checkout: no ARC "
@@ -203,6 +201,9 @@ def _arc_rows(arc_key: str, state: dict | None) -> list[list[str]]:
 def compare_lengths(run_key: str, arc_key: str | None, state: dict | None, *settings: Any) -> str:
     """Captions of the MDC run at N' = 10 / 15 / 20 side by side (and the ARC run's, if one is chosen)."""
     run = get_run(run_key) if run_key else None
+    arc = get_run(arc_key) if arc_key else None
+    if arc is not None and not arc.is_arc:
+        raise gr.Error(f"{arc.label} is not an ARC run (objective {arc.cfg.objective.name!r})")
     cfg = sampler_config(*settings)
     rows = []
     if run is not None and not run.is_arc:

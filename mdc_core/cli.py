@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--preset", default="tiny", help=f"one of: {', '.join(list_presets())}")
     train.add_argument("--data", help="data path (shard folder, brace pattern, CSV/TSV or COCO JSON)")
     train.add_argument("--out", required=True, help="run folder")
-    train.add_argument("--objective", choices=("mdc", "mdc_no_t", "bert", "parallel", "arc", "clip"))
+    train.add_argument("--objective", choices=("mdc", "mdc_no_t", "bert", "parallel", "arc", "clip", "d3pm"))
     train.add_argument("--steps", type=int, help="optimizer steps")
     train.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="override any config key, e.g. --set train.lr=1e-3 (repeatable)")

@@ -228,7 +228,7 @@ def _grid(value: Any, where: str) -> dict[str, list[Any]]:
 
 def _combinations(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     keys = list(grid)
-    return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*(grid[k] for k in keys))]
 
 
 def _check_values(values: dict[str, Any], declared: dict[str, Any], notebook: Path, where: str) -> None:
@@ -322,7 +322,7 @@ def execute_run(spec: RunSpec, run_dir: Path, *, kernel: str, timeout_s: int | N
         status = "failed"
     else:
         (run_dir / DONE).write_text(json.dumps({"duration_s": round(duration, 2),
-                                                "finished": dt.datetime.now(dt.timezone.utc).isoformat()}) + "\n")
+                                                "finished": dt.datetime.now(dt.UTC).isoformat()}) + "\n")
         status = "done"
     return RunResult(spec.run_id, spec.notebook.name, status, run_dir, duration, error, spec.parameters)
 

@@ -179,7 +179,7 @@ def summary_figure(results: list[RunResult], tables: dict[str, dict[str, Any]], 
     nrows = math.ceil(panels / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 3.8 * nrows), squeeze=False)
     flat = list(axes.ravel())
-    for ax, name in zip(flat, _table_order(tables)):
+    for ax, name in zip(flat, _table_order(tables), strict=False):
         _table_panel(ax, name, tables[name])
     ax = flat[len(tables)]
     colours = {"done": "tab:green", "skipped": "tab:gray", "failed": "tab:red"}

@@ -216,7 +216,7 @@ def image_grid(images: Any, captions: list[str], cols: int = 4, width: int = 28)
     fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 3.3 * rows), squeeze=False)
     for ax in axes.ravel():
         ax.axis("off")
-    for ax, img, text in zip(axes.ravel(), pixels, captions):
+    for ax, img, text in zip(axes.ravel(), pixels, captions, strict=False):
         ax.imshow(img)
         ax.set_title("\n".join(textwrap.wrap(text, width)[:4]), fontsize=7)
     fig.tight_layout()
@@ -232,7 +232,7 @@ def caption_lengths(data_cfg: Any, tokenizer: Any, *, split: str = "train", limi
     seen = 0
     for batch in build_loader(data_cfg, split=split, image_size=16, batch_size=256, shuffle=False,
                               drop_last=False):
-        for caption, meta in zip(batch["caption"], batch["meta"]):
+        for caption, meta in zip(batch["caption"], batch["meta"], strict=True):
             style = meta.get("caption_style", "caption") if isinstance(meta, dict) else "caption"
             out.setdefault(style, []).append(len(tokenizer.encode_text(caption)))
         seen += len(batch["caption"])
@@ -248,7 +248,7 @@ def mask_figure(tokenizer: Any, tokens: Any, masks: Any, ratios: list[float]):
     words = tokenizer.token_strings(tokens)
     n = len(words)
     fig, ax = plt.subplots(figsize=(max(6, 0.75 * n), 0.6 * len(ratios) + 0.8))
-    for r, (t, mask) in enumerate(zip(ratios, masks)):
+    for r, mask in enumerate(masks):
         for i, word in enumerate(words):
             hidden = bool(mask[i + 1])  # words start after <sot>
             ax.add_patch(plt.Rectangle((i, -r - 0.45), 0.95, 0.9, color="0.25" if hidden else "0.9"))

@@ -22,7 +22,7 @@ from mdc_core.config import SAMPLER_RANGES, RunConfig, SamplerConfig
 from mdc_core.data.transforms import eval_transform
 from mdc_core.model import Captioner
 from mdc_core.sampler import sample, trajectory
-from mdc_core.tokenizer import CaptionTokenizer
+from mdc_core.tokenizer import CaptionTokenizer, build_output_vocab
 from tests.conftest import micro_config
 
 CHIP = re.compile(r'data-pos="(\d+)" data-state="(\w+)" data-token="([^"]*)"')
@@ -36,12 +36,19 @@ def _settings(**kw) -> list:
 GREEDY = _settings()
 
 
+WORDS = "a photo of the big small red blue green circle square triangle on left right top bottom and"
+
+
 def _micro_run(causal: bool = False) -> tuple[Captioner, RunConfig]:
+    """A micro captioner with a corpus head of ~20 words (fast on CPU, as the tiny preset's head)."""
     torch.manual_seed(1)
-    cfg = RunConfig(model=micro_config()).validate()
+    ids = build_output_vocab([WORDS])
+    short = {"context_length": 10} if causal else {}  # ARC: at most 9 tokens, keeps beam search quick
+    cfg = RunConfig(model=micro_config(output_vocab="corpus", output_vocab_size=len(ids), **short),
+                    sampler=SamplerConfig(length=8 if causal else 15)).validate()
     if causal:
         cfg.objective.name = "arc"
-    return Captioner(cfg.model, causal=causal).eval(), cfg
+    return Captioner(cfg.model, causal=causal, output_ids=ids).eval(), cfg
 
 
 @pytest.fixture(scope="module")

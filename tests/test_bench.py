@@ -113,3 +113,25 @@ def test_cli_quick_json_in_fresh_processes(capsys):
     report = json.loads(capsys.readouterr().out)
     for row in report["train"].values():
         assert "error" not in row and row["peak_mem_mib"] > 0
+
+
+@pytest.mark.slow
+def test_train_compile_gives_the_same_run(tmp_path):
+    """train.compile=true compiles in place: the same losses (to fp tolerance) and the same checkpoint keys."""
+    from safetensors.torch import load_file
+
+    from mdc_core.data import write_synthetic_dataset
+    from mdc_core.train import train
+    from tests.train_helpers import assert_same_metrics, micro_run, read_metrics
+
+    data = tmp_path / "data"
+    write_synthetic_dataset(data, 16, image_size=32, n_val=4, n_test=4, n_compgen=4, shard_size=8, progress=False,
+                            workers=1)
+    runs = {}
+    for flag in (False, True):
+        out = tmp_path / f"compile_{flag}"
+        train(micro_run(data, steps=2, batch_size=4, ckpt_every=2, compile=flag), out, progress=False)
+        runs[flag] = out
+    assert_same_metrics(read_metrics(runs[False]), read_metrics(runs[True]), rel=1e-4)
+    keys = [set(load_file(str(next((r / "checkpoints").glob("step_*")) / "model.safetensors"))) for r in runs.values()]
+    assert keys[0] == keys[1]

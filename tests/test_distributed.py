@@ -16,7 +16,16 @@ from mdc_core import checkpoint as ck
 from mdc_core.config import DataConfig
 from mdc_core.data import build_loader, write_synthetic_dataset
 from mdc_core.train import train
-from tests.train_helpers import assert_same_metrics, free_port, micro_run, read_metrics, start_training
+from tests.train_helpers import (
+    assert_same_metrics,
+    free_port,
+    micro_run,
+    one_thread,  # noqa: F401 - a fixture
+    read_metrics,
+    start_training,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -213,9 +213,13 @@ def test_unscorable_examples_are_skipped_and_counted(tmp_path, aro_dir, monkeypa
     model, cfg = load_model(run)
     ex = load_benchmark("aro-relation", aro_dir)
     ex.append(Example("long", ex[1].image, "the cat " * 20, {"relation": ("the mat",)}))
+    ex.append(Example("add", ex[1].image, "the cat is on the mat",
+                      {"relation": ("the mat is on the cat",), "add": ("the horse is on the mat",)}))
     (res,) = comp.evaluate_model(model, cfg, ex, ["heuristic"], progress=False)
-    assert res["n_examples"] == 1  # only the cat/mat example uses corpus words and fits the context
-    assert res["skipped"] == {"out_of_vocabulary": 1, "too_long": 1}
+    assert res["n_examples"] == 2  # the true captions of the others use other words or overflow the context
+    assert res["skipped"] == {"out_of_vocabulary": 1, "too_long": 1, "add/out_of_vocabulary": 1}
+    assert res["tasks"]["relation"]["n"] == 2 and "add" not in res["tasks"]
+    assert res["examples"][1]["captions"] == ["the cat is on the mat", "the mat is on the cat"]
 
 
 def test_methods_must_fit_the_objective():

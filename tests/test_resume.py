@@ -14,7 +14,15 @@ from safetensors.torch import load_file
 from mdc_core import checkpoint as ck
 from mdc_core.data import write_synthetic_dataset
 from mdc_core.train import train
-from tests.train_helpers import assert_same_metrics, micro_run, read_metrics, start_training
+from tests.train_helpers import (
+    assert_same_metrics,
+    micro_run,
+    one_thread,  # noqa: F401 - a fixture
+    read_metrics,
+    start_training,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +70,7 @@ def test_sigkill_then_resume_continues_like_an_uninterrupted_run(data, tmp_path)
     for name in ("model.safetensors", "ema.safetensors"):
         a, b = _weights(run, name), _weights(tmp_path / "full", name)
         worst = max(float((a[k] - b[k]).abs().max()) for k in a)
-        assert worst < 1e-5, (name, worst)  # the killed child used 1 thread: float sums in another order
+        assert worst < 1e-5, (name, worst)
     assert [p.name for p in ck.list_checkpoints(run)] == ["step_00000008", "step_00000010"]  # keep_last=2
 
 

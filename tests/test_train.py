@@ -16,7 +16,13 @@ from mdc_core.config import ConfigError, ObjectiveConfig
 from mdc_core.data import make_example, write_synthetic_dataset
 from mdc_core.tokenizer import CaptionTokenizer
 from mdc_core.train import TrainingDiverged, loss_denominator, lr_lambda, step_seed, train
-from tests.train_helpers import micro_run, read_metrics
+from tests.train_helpers import (
+    micro_run,
+    one_thread,  # noqa: F401 - a fixture
+    read_metrics,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

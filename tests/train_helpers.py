@@ -14,6 +14,7 @@ import socket
 import traceback
 from pathlib import Path
 
+import pytest
 import torch
 
 from mdc_core.config import RunConfig, load_preset
@@ -22,6 +23,15 @@ from tests.conftest import MICRO
 # logged values that must agree between runs (samples_per_s is a timing)
 COMPARED = ("step", "epoch", "lr", "grad_norm", "loss", "acc_masked", "ce_masked", "masked_frac", "t_mean",
             "skipped", "truncated", "nonfinite_skipped")
+
+
+@pytest.fixture
+def one_thread():
+    """Micro models on a shared 2-core machine run fastest (and reproducibly across processes) on one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def micro_run(data: str | Path, *overrides: str, **train: object) -> RunConfig:

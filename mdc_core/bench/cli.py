@@ -25,6 +25,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> argparse._SubParsersAct
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     p.add_argument("--rows", help="training rows, comma-separated (default: all; see mdc_core.bench.training)")
+    p.add_argument("--steps", type=int, help="timed training steps per row (default 10; warm-up: a third of it)")
+    p.add_argument("--repeats", type=int, help="timed repeats per decoding/scoring figure (default 5)")
     p.add_argument("--mdc-run", default="", help="trained MDC run: adds the equal-quality comparison")
     p.add_argument("--arc-run", default="", help="trained ARC run for that comparison")
     p.add_argument("--profile", type=int, default=0, metavar="ROWS",
@@ -52,6 +54,14 @@ def cmd_bench(args: argparse.Namespace) -> None:
         if unknown:
             raise ValueError(f"unknown training rows {unknown}; choose from {', '.join(TRAIN_SPECS)}")
         kw["train_rows"] = rows
+    if args.steps is not None:
+        if args.steps < 1:
+            raise ValueError(f"--steps must be >= 1, got {args.steps}")
+        kw["train_steps"], kw["train_warmup"] = args.steps, max(1, args.steps // 3)
+    if args.repeats is not None:
+        if args.repeats < 1:
+            raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+        kw["repeats"] = args.repeats
     if bool(args.mdc_run) != bool(args.arc_run):
         raise ValueError("--mdc-run and --arc-run go together (the comparison needs both trained runs)")
     for run in (args.mdc_run, args.arc_run):

@@ -13,8 +13,9 @@ Scores by model family (:data:`METHODS`):
 * CLIP: ``cosine``, the cosine similarity of the image and caption embeddings.
 
 A caption a model cannot represent (longer than its context, or, for a corpus-vocabulary model, holding a word
-outside its corpus) makes its example unscorable for that model: the example is left out and counted under
-``skipped`` instead of being guessed.
+outside its corpus) is never guessed: when it is the true caption the example is left out (counted under
+``skipped[reason]``); when it is a false caption, only the tasks it belongs to are left out for that example
+(``skipped["<task>/<reason>"]``).
 """
 
 from __future__ import annotations
@@ -135,11 +136,20 @@ def evaluate_model(model: torch.nn.Module, cfg: RunConfig, examples: Sequence[Ex
     skipped: dict[str, int] = {}
     for ex in tqdm(examples, desc=f"scoring {run_name or objective}", unit="ex", disable=not progress):
         captions, tasks = ex.candidates()
-        reasons = [r for r in (unscorable(model, tokenizer, c) for c in captions) if r]
-        if reasons or not tasks:
-            reason = reasons[0] if reasons else "no_negative"
+        reasons = [unscorable(model, tokenizer, c) for c in captions]
+        if reasons[0] or not tasks:  # the true caption itself cannot be scored: the whole example goes
+            reason = reasons[0] or "no_negative"
             skipped[reason] = skipped.get(reason, 0) + 1
             continue
+        for task in [t for t, idx in tasks.items() if any(reasons[i] for i in idx)]:  # only this task goes
+            reason = f"{task}/{next(reasons[i] for i in tasks.pop(task) if reasons[i])}"
+            skipped[reason] = skipped.get(reason, 0) + 1
+        if not tasks:
+            continue
+        keep = sorted({0, *(i for idx in tasks.values() for i in idx)})
+        where = {old: new for new, old in enumerate(keep)}
+        captions = [captions[i] for i in keep]
+        tasks = {t: [where[i] for i in idx] for t, idx in tasks.items()}
         image = example_pixels(ex, cfg.model.image_size)[None].to(device)  # (1, 3, S, S)
         tokens = tokenizer(captions, truncate=False).to(device)  # (C, L)
         image_tokens = model.encode_image(image) if family(objective) != "clip" else None  # once per example
