@@ -213,7 +213,7 @@ def _table_panel(ax: Any, name: str, table: dict[str, Any]) -> None:
         ax.legend(fontsize=7)
     else:
         paper_vals = paper.values if paper else {}
-        rows = list(dict.fromkeys([*values, *paper_vals]))
+        rows = list(dict.fromkeys([*paper_vals, *values]))
         x = np.arange(len(rows))
         ours = [float(values[r]) if isinstance(values.get(r), (int, float)) else np.nan for r in rows]
         ax.bar(x - 0.2, ours, 0.4, label="embedded data (ours)")

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from .config import SamplerConfig
 from .model import Captioner
@@ -37,8 +38,8 @@ class SampleOutput:
     tokens: torch.Tensor  # (B, N) final caption ids
     reveal_step: torch.Tensor  # (B, N) step at which each position was revealed
     reveal_confidence: torch.Tensor  # (B, N) its confidence when revealed
-    step_top_token: torch.Tensor  # (S, B, N) per step, each position's top-1 token (meaningful where masked)
-    step_top_confidence: torch.Tensor  # (S, B, N) and its confidence
+    step_top_token: torch.Tensor  # (S, B, N) per step, each still-masked position's top-1 token (0 elsewhere)
+    step_top_confidence: torch.Tensor  # (S, B, N) and its confidence (0 elsewhere)
     step_masked: torch.Tensor  # (S, B, N) bool: position still masked at the start of the step
     settings: dict[str, Any] = field(default_factory=dict)
 
@@ -95,13 +96,16 @@ def sample(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig, *, 
         if cfg.threshold > 0 and not bool(masked.any()):  # every row finished early
             steps = s
             break
-        logits = model.decode(x, None, cache=cache)[:, 1:-1].float()  # (B, N, V_out)
+        select = F.pad(masked, (1, 1))  # (B, N+2): the output head runs at masked positions only
+        logits = model.decode(x, None, cache=cache, select=select).float()  # (n, V_out)
         logits = logits.masked_fill(~allowed, float("-inf"))
         probs = logits.softmax(dim=-1)
-        conf, best = probs.max(dim=-1)  # (B, N)
-        cand = best if gen is None else _sample_rows(logits, cfg.temperature, cfg.top_k, gen)
-        cand_conf = conf if gen is None else probs.gather(-1, cand[..., None])[..., 0]
-        top_tok[s], top_conf[s], was_masked[s] = model.output_ids[best], conf, masked
+        conf_n, best_n = probs.max(dim=-1)  # (n,)
+        cand_n = best_n if gen is None else _sample_rows(logits, cfg.temperature, cfg.top_k, gen)
+        cand_conf_n = conf_n if gen is None else probs.gather(-1, cand_n[..., None])[..., 0]
+        conf, best, cand, cand_conf = (torch.zeros(B, N, dtype=v.dtype, device=device).masked_scatter(masked, v)
+                                       for v in (conf_n, best_n, cand_n, cand_conf_n))  # (B, N), 0 where revealed
+        top_tok[s], top_conf[s], was_masked[s] = torch.where(masked, model.output_ids[best], 0), conf, masked
 
         reveal = _reveal_mask(cand_conf, masked, k, cfg.threshold)  # (B, N)
         x[:, 1:-1] = torch.where(reveal, model.output_ids[cand], x[:, 1:-1])
@@ -126,7 +130,7 @@ def _reveal_mask(conf: torch.Tensor, masked: torch.Tensor, k: int, threshold: fl
 
 
 def _sample_rows(logits: torch.Tensor, temperature: float, top_k: int, gen: torch.Generator) -> torch.Tensor:
-    """Draw one head row per position from softmax(logits / T), optionally among the top_k. (B, N, V) -> (B, N)."""
+    """Draw one head row per position from softmax(logits / T), optionally among the top_k. (..., V) -> (...)."""
     scaled = logits / temperature
     if top_k > 0:
         kth = scaled.topk(min(top_k, scaled.shape[-1]), dim=-1).values[..., -1:]

@@ -30,12 +30,13 @@ class TableModel(nn.Module):
     def image_cache(self, image_tokens):
         return image_tokens
 
-    def decode(self, x, image_tokens, cache=None):
+    def decode(self, x, image_tokens, cache=None, select=None):
         self.seen.append(x.clone())
         B, L = x.shape
         body = self.fn(x) if self.fn is not None else self.table.expand(B, -1, -1)
         pad = torch.zeros(B, 1, body.shape[-1])
-        return torch.cat([pad, body, pad], dim=1)  # (B, L, V): <sot>/<eot> rows are ignored
+        out = torch.cat([pad, body, pad], dim=1)  # (B, L, V): <sot>/<eot> rows are ignored
+        return out if select is None else out[select]
 
 
 def test_eq6_reveal_order_hand_computed():
@@ -139,8 +140,8 @@ class Uncached(nn.Module):
     def image_cache(self, image_tokens):
         return image_tokens
 
-    def decode(self, x, image_tokens, cache=None):
-        return self.model.decode(x, cache)  # `cache` is the image tokens here
+    def decode(self, x, image_tokens, cache=None, **kw):
+        return self.model.decode(x, cache, **kw)  # `cache` is the image tokens here
 
 
 @pytest.mark.parametrize("cfg", [SamplerConfig(length=7), SamplerConfig(length=7, tokens_per_step=3),
