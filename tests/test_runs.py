@@ -140,3 +140,11 @@ def test_tables_merge_across_runs_and_sit_beside_the_paper() -> None:
     text = "\n".join(table_markdown("table5", merged["table5"]))
     assert "| [0.0, 1.0] | 40.0 | 29.3 |" in text and "| [0.3, 0.8] | – | 36.1 |" in text
     assert PAPER["table1"].values == {"CLIP": 57.2, "ARC": 54.2, "MDC": 54.8}
+
+
+@pytest.mark.parametrize("plan", sorted((Path(__file__).resolve().parents[1] / "plans").glob("*.yaml")),
+                         ids=lambda p: p.stem)
+def test_shipped_plans_validate(plan: Path) -> None:
+    loaded = load_plan(plan, root=plan.parents[1])  # notebooks exist, every parameter declared and well typed
+    assert loaded.runs and loaded.name == plan.stem
+    assert all(r.notebook.parent.name == "notebooks" for r in loaded.runs)
