@@ -32,7 +32,7 @@ test-all: $(STAMP)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check mdc_core tests
+	$(VENV)/bin/ruff check mdc_core app tests
 
 clean-outputs:
 	rm -rf outputs

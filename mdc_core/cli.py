@@ -363,7 +363,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     model, cfg = load_model(run_dir)
     report = caption_report(model, cfg.data, cfg.sampler, split="test", limit=args.limit, progress=not args.quiet)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    print("\nheld-out test captions (reference -> MDC greedy, N' = %d):" % cfg.sampler.length)
+    print(f"\nheld-out test captions (reference -> MDC greedy, N' = {cfg.sampler.length}):")
     for row in report["captions"][:12]:
         mark = {True: "ok ", False: "BAD"}.get(row.get("correct"), "   ")
         print(f"  {mark} {row['reference'][:60]:<60} -> {row['caption']}")

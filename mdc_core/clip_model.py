@@ -25,8 +25,8 @@ from open_clip.transformer import TextTransformer, text_global_pool
 from torch import nn
 
 from .config import ModelConfig
-from .model import ImageEncoder
-from .tokenizer import EMBED_SIZE, EOT_ID, MASK_ID, PAD_ID, SOT_ID, VOCAB_SIZE
+from .model import ImageEncoder, corpus_input_index, lookup_rows
+from .tokenizer import EMBED_SIZE, EOT_ID, VOCAB_SIZE
 
 LOGIT_SCALE_INIT = math.log(1 / 0.07)  # CLIP's initial temperature 0.07
 LOGIT_SCALE_MAX = math.log(100.0)  # CLIP clips the learned scale exp(s) at 100
@@ -74,20 +74,12 @@ class CLIPModel(nn.Module):
         if not self.restricted:
             index = torch.arange(EMBED_SIZE, device=device)
         else:
-            n = len(self.vocab_ids)
-            index = torch.full((EMBED_SIZE,), -1, dtype=torch.long, device=device)
-            index[self.vocab_ids] = torch.arange(n, device=device)
-            index[SOT_ID], index[MASK_ID], index[PAD_ID] = n, n + 1, n + 2  # as Captioner.input_index
+            index = corpus_input_index(self.vocab_ids)  # the same table as Captioner.input_index
         self.register_buffer("input_index", index, persistent=False)
 
     def embedding_rows(self, tokens: torch.Tensor) -> torch.Tensor:
         """Embedding rows (B, L) of token ids `tokens` (B, L); ValueError for ids outside a corpus table."""
-        rows = self.input_index[tokens]
-        if bool((rows < 0).any()):
-            unknown = tokens[rows < 0].unique()[:5].tolist()
-            raise ValueError(f"token ids {unknown} are not in this model's corpus vocabulary (it was trained with "
-                             "model.output_vocab='corpus'); such words cannot be represented by this model")
-        return rows
+        return lookup_rows(self.input_index, tokens)
 
     # ------------------------------------------------------------------------------------------------------
     # towers

@@ -309,7 +309,7 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
         args = typing.get_args(tp)
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise ConfigError(f"{where} must be a list of {len(args)} values, got {value!r}")
-        return tuple(_coerce(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+        return tuple(_coerce(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=False)))
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must be a JSON object, got {value!r}")

@@ -31,6 +31,26 @@ def padding_mask(tokens: torch.Tensor) -> torch.Tensor:
     return (torch.cumsum(is_eot.int(), dim=1) - is_eot.int()) > 0
 
 
+def corpus_input_index(ids: torch.Tensor) -> torch.Tensor:
+    """(EMBED_SIZE,) token id -> embedding row for a corpus-restricted table: rows ``ids`` in order, then
+    ``<sot>``, ``[MASK]``, pad; -1 for ids the model never saw."""
+    n = len(ids)
+    index = torch.full((EMBED_SIZE,), -1, dtype=torch.long, device=ids.device)
+    index[ids] = torch.arange(n, device=ids.device)
+    index[SOT_ID], index[MASK_ID], index[PAD_ID] = n, n + 1, n + 2
+    return index
+
+
+def lookup_rows(input_index: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Embedding rows (B, L) of token ids `tokens` (B, L); ValueError naming ids outside the corpus table."""
+    rows = input_index[tokens]
+    if bool((rows < 0).any()):
+        unknown = tokens[rows < 0].unique()[:5].tolist()
+        raise ValueError(f"token ids {unknown} are not in this model's corpus vocabulary (it was trained with "
+                         "model.output_vocab='corpus'); such words cannot be represented by this model")
+    return rows
+
+
 class ImageEncoder(nn.Module):
     """Any timm model as a token-sequence encoder: images (B, 3, H, W) -> tokens (B, M, D)."""
 
@@ -283,20 +303,11 @@ class Captioner(nn.Module):
         index[self.output_ids] = torch.arange(n, device=device)
         self.register_buffer("output_index", index, persistent=False)
         if self.restricted:
-            inp = index.clone()
-            inp[SOT_ID], inp[MASK_ID], inp[PAD_ID] = n, n + 1, n + 2
-            self.register_buffer("input_index", inp, persistent=False)
+            self.register_buffer("input_index", corpus_input_index(self.output_ids), persistent=False)
 
     def embedding_rows(self, tokens: torch.Tensor) -> torch.Tensor | None:
         """Embedding rows of `tokens` (B, L) for a corpus-restricted model (None for the full vocabulary)."""
-        if not self.restricted:
-            return None
-        rows = self.input_index[tokens]
-        if bool((rows < 0).any()):
-            unknown = tokens[rows < 0].unique()[:5].tolist()
-            raise ValueError(f"token ids {unknown} are not in this model's corpus vocabulary (it was trained with "
-                             "model.output_vocab='corpus'); such words cannot be represented by this model")
-        return rows
+        return lookup_rows(self.input_index, tokens) if self.restricted else None
 
     def encode_image(self, images: torch.Tensor) -> torch.Tensor:
         """images (B, 3, H, W) normalised -> image tokens V (B, M, D_img)."""

@@ -12,10 +12,16 @@ import pytest
 from PIL import Image
 
 from mdc_core.data import (
-    COLOURS, LABEL_NAMES, NEGATIVE_TYPES, SHAPES, heldout_combos, make_example, read_manifest,
+    COLOURS,
+    LABEL_NAMES,
+    NEGATIVE_TYPES,
+    SHAPES,
+    heldout_combos,
+    make_example,
+    read_manifest,
+    synth,
     write_synthetic_dataset,
 )
-from mdc_core.data import synth
 from mdc_core.data.captions import RELATIONS
 
 SMALL = dict(n=24, n_val=6, n_test=6, n_compgen=8, image_size=32, shard_size=10, progress=False)
@@ -142,7 +148,7 @@ def test_negatives_differ_and_fit_their_category(train_metas):
             if kind == "relation_swap":
                 assert any(f" {r} " in caption for r in RELATIONS)
             if kind == "replace":
-                diff = [(a, b) for a, b in zip(words, _words(neg)) if a != b]
+                diff = [(a, b) for a, b in zip(words, _words(neg), strict=False) if a != b]
                 assert len(_words(neg)) == len(words) and len(diff) == 1
                 new = diff[0][1]
                 assert (new in COLOURS and new not in scene_colours) or (new in SHAPES and new not in scene_shapes)

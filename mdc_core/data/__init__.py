@@ -9,7 +9,15 @@ from mdc_core.data.captions import NEGATIVE_TYPES
 from mdc_core.data.export import export_coco
 from mdc_core.data.loaders import SKIP_REASONS, build_loader, iter_captions
 from mdc_core.data.scene import (
-    BACKGROUNDS, COLOURS, LABEL_NAMES, POSITIONS, SHAPES, SIZES, SPLITS, heldout_combos, vocabularies,
+    BACKGROUNDS,
+    COLOURS,
+    LABEL_NAMES,
+    POSITIONS,
+    SHAPES,
+    SIZES,
+    SPLITS,
+    heldout_combos,
+    vocabularies,
 )
 from mdc_core.data.sources import resolve_source
 from mdc_core.data.synth import make_example, read_manifest, write_synthetic_dataset

@@ -111,7 +111,7 @@ def spec_is_true(spec: ShortSpec, scene: Scene) -> bool:
         return False
     objs = scene.objects
     for chosen in itertools.permutations(range(len(objs)), len(spec.mentions)):
-        if all(m.matches(objs[i]) for m, i in zip(spec.mentions, chosen)):
+        if all(m.matches(objs[i]) for m, i in zip(spec.mentions, chosen, strict=False)):
             if spec.relation is None or _holds(objs[chosen[0]], objs[chosen[1]], spec.relation):
                 return True
     return False
@@ -172,7 +172,7 @@ def long_caption(scene: Scene, rng: np.random.Generator) -> str:
         if i == 0:
             forms = (f"The main object is {_article(desc)} {desc} {where}.",) + forms[:2]
         sentences.append(forms[int(rng.integers(len(forms)))])
-    for i, (a, b) in enumerate(zip(objs, objs[1:])):
+    for i, (a, b) in enumerate(zip(objs, objs[1:], strict=False)):
         da, db = f"{a.colour} {a.shape}", f"{b.colour} {b.shape}"
         db = f"other {db}" if db == da else db
         rel = f"The {da} is {_LONG_REL[_relation(a, b)]} the {db}."

@@ -28,8 +28,9 @@ import json
 import random
 import warnings
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 import webdataset as wds
@@ -215,7 +216,7 @@ def build_loader(cfg: DataConfig, *, split: str | None = "train", image_size: in
     random_crop = cfg.augment == "rrc" and split not in EVAL_SPLITS
     if random_crop and _is_synthetic(source):
         warnings.warn("data.augment='rrc' on the synthetic data set: random crops change object positions and "
-                      "sizes that captions and labels describe; use augment='none'")
+                      "sizes that captions and labels describe; use augment='none'", stacklevel=2)
     stream = CaptionBatches(source, image_size=image_size, batch_size=batch_size, seed=seed, epoch=epoch,
                             skip_batches=skip_batches, shuffle=shuffle and cfg.shuffle_buffer > 0,
                             drop_last=drop_last, shuffle_buffer=cfg.shuffle_buffer, random_crop=random_crop,

@@ -117,7 +117,7 @@ def heldout_combos(seed: int) -> list[tuple[str, str]]:
     rng = np.random.default_rng([seed, 7919])
     colours = [list(COLOURS)[i] for i in rng.permutation(len(COLOURS))[:N_HELDOUT]]
     shapes = [SHAPES[i] for i in rng.permutation(len(SHAPES))[:N_HELDOUT]]
-    return sorted(zip(colours, shapes))
+    return sorted(zip(colours, shapes, strict=False))
 
 
 def sample_scene(rng: np.random.Generator, heldout: set[tuple[str, str]], compgen: bool = False) -> Scene:
@@ -150,7 +150,7 @@ def sample_scene(rng: np.random.Generator, heldout: set[tuple[str, str]], compge
 
 def _jitter(rng: np.random.Generator, rgb: tuple[int, int, int], amount: int) -> tuple[int, int, int]:
     delta = rng.integers(-amount, amount + 1, size=3)
-    return tuple(min(255, max(0, c + int(d))) for c, d in zip(rgb, delta))  # type: ignore[return-value]
+    return tuple(min(255, max(0, c + int(d))) for c, d in zip(rgb, delta, strict=False))  # type: ignore[return-value]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -190,7 +190,7 @@ def render_scene(scene: Scene, image_size: int, rng: np.random.Generator) -> Ima
     side = image_size * ss
     img = Image.new("RGB", (side, side), scene.bg_rgb)
     draw = ImageDraw.Draw(img)
-    for obj, rgb in zip(scene.objects, scene.obj_rgb):
+    for obj, rgb in zip(scene.objects, scene.obj_rgb, strict=False):
         cx, cy, r = obj.cx * side, obj.cy * side, obj.radius * side
         if obj.shape == "circle":
             draw.ellipse((cx - r, cy - r, cx + r, cy + r), fill=rgb)

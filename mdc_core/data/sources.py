@@ -27,9 +27,10 @@ import glob
 import json
 import logging
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import braceexpand
 import webdataset as wds
@@ -100,7 +101,8 @@ def _pattern_source(pattern: str, fmt: str) -> Source:
                                 f"{'/'.join(SHARD_SUFFIXES)}")
     missing = [n for n in names if n not in shards]
     if missing:
-        warnings.warn(f"{len(missing)} of {len(names)} shards in {pattern!r} do not exist (first: {missing[0]})")
+        warnings.warn(f"{len(missing)} of {len(names)} shards in {pattern!r} do not exist (first: {missing[0]})",
+                      stacklevel=2)
     return Source("wds", pattern, shards=shards, root=Path(shards[0]).parent)
 
 
@@ -158,7 +160,7 @@ def _read_table(p: Path, delimiter: str) -> list[dict[str, Any]]:
         for i, row in enumerate(reader):
             if not row or len(row) <= max(img_col, cap_col):
                 continue
-            meta = {h: v for j, (h, v) in enumerate(zip(header, row)) if j not in (img_col, cap_col)}
+            meta = {h: v for j, (h, v) in enumerate(zip(header, row, strict=False)) if j not in (img_col, cap_col)}
             meta["image"] = row[img_col]
             rows.append({"key": f"{i:09d}", "image": str(p.parent / row[img_col]), "caption": row[cap_col],
                          "meta": meta})

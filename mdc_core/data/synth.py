@@ -20,18 +20,27 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import webdataset as wds
 from tqdm import tqdm
 
 from mdc_core.data.captions import NEGATIVE_TYPES, long_caption, negatives, short_caption
 from mdc_core.data.scene import (
-    LABEL_NAMES, SPLITS, SYNTH_VERSION, encode_jpeg, example_rng, heldout_combos, render_scene, sample_scene,
-    split_id, vocabularies,
+    LABEL_NAMES,
+    SPLITS,
+    SYNTH_VERSION,
+    encode_jpeg,
+    example_rng,
+    heldout_combos,
+    render_scene,
+    sample_scene,
+    split_id,
+    vocabularies,
 )
 
 CAPTION_STYLES = ("short", "long", "mixed")
