@@ -5,7 +5,6 @@ from pathlib import Path
 
 import nbformat
 import papermill as pm
-import pytest
 from jupyter_client.kernelspec import KernelSpecManager
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,8 +31,7 @@ def test_notebook_follows_the_conventions():
     assert set(TINY) <= set(declared) and "output_dir" in declared
 
 
-@pytest.mark.slow
-def test_notebook_runs_with_tiny_parameters(tmp_path):
+def test_notebook_runs_with_tiny_parameters(tmp_path):  # about 15 s: runs in CI
     params = {**TINY, "output_dir": str(tmp_path / "out"), "data_dir": str(tmp_path / "data"),
               "models_dir": str(tmp_path / "models")}
     pm.execute_notebook(str(NOTEBOOK), str(tmp_path / "executed.ipynb"), parameters=params, kernel_name=_kernel(),
