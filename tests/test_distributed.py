@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from mdc_core import checkpoint as ck
 from mdc_core.config import DataConfig
-from mdc_core.data import build_loader, write_synthetic_dataset
+from mdc_core.data import build_loader
 from mdc_core.train import train
 from tests.train_helpers import (
     assert_same_metrics,
@@ -23,6 +23,7 @@ from tests.train_helpers import (
     one_thread,  # noqa: F401 - a fixture
     read_metrics,
     start_training,
+    write_micro_data,
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -33,9 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("ddp_data")
-    write_synthetic_dataset(root, 64, image_size=32, n_val=8, n_test=8, n_compgen=8, shard_size=8, progress=False,
-                            workers=1)
-    return root
+    return write_micro_data(root, 64)
 
 
 def test_ranks_and_workers_read_disjoint_shares_covering_the_epoch(data):

@@ -12,7 +12,6 @@ import torch
 from safetensors.torch import load_file
 
 from mdc_core import checkpoint as ck
-from mdc_core.data import write_synthetic_dataset
 from mdc_core.train import train
 from tests.train_helpers import (
     assert_same_metrics,
@@ -20,6 +19,7 @@ from tests.train_helpers import (
     one_thread,  # noqa: F401 - a fixture
     read_metrics,
     start_training,
+    write_micro_data,
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -28,9 +28,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("resume_data")
-    write_synthetic_dataset(root, 48, image_size=32, n_val=8, n_test=8, n_compgen=8, shard_size=8, progress=False,
-                            workers=1)
-    return root
+    return write_micro_data(root, 48)
 
 
 def _weights(run: Path, name: str = "model.safetensors") -> dict[str, torch.Tensor]:

@@ -13,13 +13,14 @@ from safetensors.torch import load_file
 import mdc_core.train as train_mod
 from mdc_core import checkpoint as ck
 from mdc_core.config import ConfigError, ObjectiveConfig
-from mdc_core.data import make_example, write_synthetic_dataset
+from mdc_core.data import make_example
 from mdc_core.tokenizer import CaptionTokenizer
 from mdc_core.train import TrainingDiverged, loss_denominator, lr_lambda, step_seed, train
 from tests.train_helpers import (
     micro_run,
     one_thread,  # noqa: F401 - a fixture
     read_metrics,
+    write_micro_data,
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -28,9 +29,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("train_data")
-    write_synthetic_dataset(root, 32, image_size=32, n_val=8, n_test=8, n_compgen=8, shard_size=8, progress=False,
-                            workers=1)
-    return root
+    return write_micro_data(root, 32)
 
 
 def test_lr_schedule_hand_values():

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from mdc_core.config import RunConfig, load_preset
+from mdc_core.data import write_synthetic_dataset
 from tests.conftest import MICRO
 
 # logged values that must agree between runs (samples_per_s is a timing)
@@ -41,6 +42,13 @@ def micro_run(data: str | Path, *overrides: str, **train: object) -> RunConfig:
               "train.device=\"cpu\"", "train.warmup_steps=2", "train.log_every=1", "sampler.length=6"]
     items += [f"train.{k}={json.dumps(v)}" for k, v in train.items()]
     return load_preset("tiny", [*items, *overrides])
+
+
+def write_micro_data(root: str | Path, n: int) -> Path:
+    """A tiny synthetic data set of `n` training pairs (32 px, 8 per shard) for the trainer tests."""
+    write_synthetic_dataset(root, n, image_size=32, n_val=8, n_test=8, n_compgen=8, shard_size=8, progress=False,
+                            workers=1)
+    return Path(root)
 
 
 def read_metrics(run_dir: str | Path, name: str = "metrics.jsonl") -> list[dict]:
