@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import json
 import os
 import random
 import time
@@ -31,8 +32,19 @@ from mdc_core.data import make_example
 from mdc_core.data.transforms import eval_transform, open_image
 from mdc_core.sampler import sample, trajectory
 
+DEMO_METRICS = "papermill_runs/cpu_demo/01_pretraining/metrics.json"  # names the model `make demo` trains
 DEFAULT_RUN = "outputs/demo/run"  # the run `mdc demo` trains
-DEFAULT_ROOT = "outputs"  # run folders under it are offered in the run menu
+DEFAULT_ROOT = "."  # run folders under it (4 levels deep, hidden folders skipped) are offered in the run menu
+
+
+def default_run() -> str:
+    """The run the app opens without ``--run``: the MDC model of `make demo`'s notebook 01 when that plan has
+    run, else the run of `mdc demo`."""
+    try:
+        run_dir = json.loads(Path(DEMO_METRICS).read_text())["run_dir"]
+    except (OSError, ValueError, KeyError):
+        return DEFAULT_RUN
+    return run_dir if Path(run_dir).is_dir() else DEFAULT_RUN
 SCENE_SEED, SCENE_SPLIT, INITIAL_SCENE = 0, "test", 3  # the demo data set's seed and held-out split
 COMPARE_LENGTHS = (10, 15, 20)
 UPLOAD_TYPES = (".png", ".jpg", ".jpeg", ".webp")
@@ -399,9 +411,11 @@ THEME = gr.themes.Default(primary_hue="orange")
 LAUNCH_KW: dict[str, Any] = {"max_file_size": MAX_UPLOAD_BYTES, "theme": THEME, "show_error": False}
 
 
-def serve(run: str | Path = DEFAULT_RUN, *, root: str | Path | None = DEFAULT_ROOT, host: str = "127.0.0.1",
+def serve(run: str | Path | None = None, *, root: str | Path | None = DEFAULT_ROOT, host: str = "127.0.0.1",
           port: int | None = None, share: bool = False, block: bool = True) -> gr.Blocks:
-    """Load `run`, build the app and launch it on `host` (loopback unless told otherwise)."""
+    """Load `run` (default: :func:`default_run`), build the app and launch it on `host` (loopback unless told
+    otherwise)."""
+    run = run or default_run()
     model, cfg = load_model(run)
     key = str(Path(run).resolve())
     demo = build_app({key: (model, cfg)}, root=root if root and Path(root).is_dir() else None, default=key)

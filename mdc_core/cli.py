@@ -7,6 +7,7 @@ Every verb is a thin wrapper: it parses arguments, calls the library, prints a r
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from .bench.cli import add_bench_parser, cmd_bench
 from .config import SAMPLER_RANGES, ConfigError, apply_overrides, list_presets, load_preset
+from .mc_diffusion_cli import add_guidance_args, add_vqvae_parser, cmd_vqvae
 from .score_cli import add_score_parser, cmd_sample_auto, cmd_score
 
 USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, ValueError)
@@ -87,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    samp = sub.add_parser("sample", help="caption one image by confidence unmasking")
+    samp = sub.add_parser("sample", help="caption one image: confidence unmasking (MDC), ancestral D3PM sampling "
+                          "(--objective d3pm runs), optionally guided")
     samp.add_argument("--run", required=True, help="run or checkpoint folder")
     samp.add_argument("--image", required=True, help="image file")
     _add_sampler_args(samp)
@@ -95,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     samp.add_argument("--device", default="cpu")
     samp.add_argument("--json", action="store_true", help="print the caption and its full trajectory as JSON")
     samp.add_argument("--auto-range", default="3-20", help="N' tried by --length auto: LO-HI or a list 5,10,15")
+    add_guidance_args(samp)  # --guidance, --guidance-scale, --guidance-p-mask, --diffusion-stride: mc_diffusion_cli
 
     demo = sub.add_parser("demo", help="the main job: synthesize data, train the tiny MDC model, caption test images")
     demo.add_argument("--out", default="outputs/demo", help="folder for data, run and report")
@@ -108,8 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_probe_parser(sub)
 
     app = sub.add_parser("app", help="the gradio app: watch a caption being unmasked (binds 127.0.0.1)")
-    app.add_argument("--run", default="outputs/demo/run", help="run folder selected at start")
-    app.add_argument("--root", default="outputs", help="run folders under it are offered in the run menu")
+    app.add_argument("--run", help="run folder selected at start (default: the MDC model of `make demo`, "
+                     "else outputs/demo/run of `mdc demo`)")
+    app.add_argument("--root", default=".", help="run folders under it (4 levels deep) are offered in the run menu")
     app.add_argument("--host", default="127.0.0.1", help="interface to bind (other than loopback: on purpose only)")
     app.add_argument("--port", type=int, help="port (default: gradio's first free one from 7860)")
     app.add_argument("--share", action="store_true", help="also open a public gradio.live link (off by default)")
@@ -117,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_eval_parsers(sub)
     add_bench_parser(sub)  # mdc bench [model]: mdc_core.bench.cli
     add_score_parser(sub)  # mdc score: mdc_core.score_cli
+    add_vqvae_parser(sub)  # mdc vqvae train | show: mdc_core.mc_diffusion_cli
 
     runs = sub.add_parser("runs", help="execute notebooks with papermill over a plan's parameter grid")
     runs.add_argument("plan", help="plan YAML file (see plans/)")
@@ -313,18 +319,29 @@ def cmd_sample(args: argparse.Namespace) -> None:
 
     from .checkpoint import load_model
     from .data import load_image
+    from .guidance import GuidedCaptioner
+    from .mc_diffusion_cli import check_mdc_sampler_args, cmd_sample_d3pm, guidance_config
     from .sampler import sample, trajectory
     from .tokenizer import CaptionTokenizer
     model, cfg = load_model(args.run, device=args.device, ema=args.ema)
-    cfg = apply_overrides(cfg, _sampler_overrides(args))
+    guidance = guidance_config(args, cfg)
     image = load_image(args.image, cfg.model.image_size)[None].to(args.device)
+    if cfg.objective.name == "d3pm":  # MC-Diffusion: T-step ancestral sampling
+        return cmd_sample_d3pm(args, model, cfg, image, guidance)
+    check_mdc_sampler_args(args, cfg)
+    cfg = apply_overrides(cfg, _sampler_overrides(args))
     if args.length == "auto":
+        if guidance.mode != "none":
+            raise ValueError("--length auto ranks lengths by the unguided heuristic score; drop --guidance or "
+                             "give --length N")
         return cmd_sample_auto(args, model, cfg, image)
     start = time.perf_counter()
     with torch.no_grad():
-        out = sample(model, model.encode_image(image), cfg.sampler)
+        out = sample(GuidedCaptioner(model, guidance), model.encode_image(image), cfg.sampler)
     latency = time.perf_counter() - start
     record = trajectory(out, CaptionTokenizer(cfg.model.context_length))
+    record["sampler"] = "mdc"
+    record["settings"]["guidance"] = dataclasses.asdict(guidance)
     record["latency_s"] = latency
     if args.json:
         print(json.dumps(record))
@@ -332,7 +349,8 @@ def cmd_sample(args: argparse.Namespace) -> None:
     print(record["caption"])
     order = " ".join(f"{s['token']}@{s['position']}({s['confidence']:.2f})" for s in record["steps"])
     print(f"reveal order: {order}")
-    print(f"{record['settings']['steps']} steps in {latency * 1000:.0f} ms")
+    shown = "" if guidance.mode == "none" else f", guidance {guidance.mode} w={guidance.scale:g}"
+    print(f"{record['settings']['steps']} steps in {latency * 1000:.0f} ms{shown}")
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -387,6 +405,12 @@ def cmd_runs(args: argparse.Namespace) -> None:
           f"summary: {plan.out_dir / 'summary.md'}")
     for r in failed:
         print(f"  FAILED {r.run_id}: {r.error.splitlines()[0][:200]}  (see {r.run_dir})")
+    for r in results:  # notebooks that name the model they trained (01) point at the app
+        try:
+            model_dir = json.loads((r.run_dir / "metrics.json").read_text())["run_dir"]
+        except (OSError, ValueError, KeyError):
+            continue
+        print(f"watch {r.run_id}'s model caption: mdc app --run {model_dir}")
     if failed:
         raise SystemExit(1)
 
@@ -453,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     handler = {"data": cmd_data, "train": cmd_train, "sample": cmd_sample, "demo": cmd_demo,
                "presets": cmd_presets, "probe": cmd_probe,
                "app": cmd_app, "runs": cmd_runs, "eval": cmd_eval, "bench": cmd_bench,
-               "score": cmd_score}[args.verb]
+               "score": cmd_score, "vqvae": cmd_vqvae}[args.verb]
     try:
         handler(args)
     except USER_ERRORS as err:

@@ -9,16 +9,21 @@ Read top to bottom: :class:`ImageEncoder` (thin adapter around ``timm.create_mod
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import timm
 import torch
 import torch.nn.functional as F
+from timm.models.vision_transformer_hybrid import HybridEmbed
 from torch import nn
 
 from .config import ModelConfig
 from .tokenizer import EMBED_SIZE, EOT_ID, MASK_ID, PAD_ID, SOT_ID, VOCAB_SIZE
+from .vqgan import DiffusersVQEncoder
 from .vqvae import VQImageEncoder
 
 
@@ -51,13 +56,46 @@ def lookup_rows(input_index: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor
     return rows
 
 
+class ConvStem(nn.Sequential):
+    """Early convolutions for a ViT (Xiao et al. 2021, "Early Convolutions Help Transformers See Better"):
+    one 3x3 stride-2 convolution + GroupNorm + ReLU per entry of `channels`, so the stem's stride is
+    ``2 ** len(channels)``. The ViT's patch projection then runs on the stem's feature map."""
+
+    def __init__(self, in_chans: int, channels: Sequence[int]) -> None:
+        layers: list[nn.Module] = []
+        for c in channels:
+            layers += [nn.Conv2d(in_chans, c, 3, stride=2, padding=1, bias=False), nn.GroupNorm(1, c), nn.ReLU()]
+            in_chans = c
+        super().__init__(*layers)
+        self.stride = 2 ** len(channels)
+
+
+def _conv_stem_embed(channels: Sequence[int], *, img_size: Any, patch_size: int, in_chans: int = 3,
+                     **kwargs: Any) -> HybridEmbed:
+    """timm ``embed_layer`` for ``encoder_kwargs["conv_stem"]``: tokens keep the stride `patch_size`
+    (the stem takes ``2 ** len(channels)`` of it, the patch projection the rest)."""
+    stem = ConvStem(in_chans, channels)
+    if patch_size % stem.stride:
+        raise ValueError(f"conv_stem {list(channels)} has stride {stem.stride}, which must divide the encoder's "
+                         f"patch_size {patch_size}")
+    return HybridEmbed(stem, img_size=img_size, patch_size=patch_size // stem.stride, in_chans=in_chans, **kwargs)
+
+
 class ImageEncoder(nn.Module):
-    """Any timm model as a token-sequence encoder: images (B, 3, H, W) -> tokens (B, M, D)."""
+    """Any timm model as a token-sequence encoder: images (B, 3, H, W) -> tokens (B, M, D).
+
+    ``encoder_kwargs`` go to ``timm.create_model``, except ``conv_stem`` (a list of channel widths), which gives
+    a ViT the early-convolution stem :class:`ConvStem` (a convolutional inductive bias for small images)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         kwargs = dict(cfg.encoder_kwargs)
         kwargs.setdefault("img_size", cfg.image_size)
+        stem = kwargs.pop("conv_stem", None)
+        if stem:
+            if not isinstance(stem, list | tuple) or not all(isinstance(c, int) and c > 0 for c in stem):
+                raise ValueError(f"model.encoder_kwargs.conv_stem must be a list of channel widths, got {stem!r}")
+            kwargs["embed_layer"] = partial(_conv_stem_embed, tuple(stem))
         try:
             self.trunk = timm.create_model(cfg.encoder, pretrained=cfg.pretrained, num_classes=0, **kwargs)
         except (RuntimeError, TypeError) as err:
@@ -86,6 +124,7 @@ class ImageEncoder(nn.Module):
 # encoder options besides timm (the default for any other model.encoder value): name -> class built from ModelConfig
 ENCODERS: dict[str, type[nn.Module]] = {
     "vqvae": VQImageEncoder,  # discrete image tokens of a frozen VQ-VAE (MC-Diffusion; mdc_core.vqvae)
+    "vqgan": DiffusersVQEncoder,  # the same from a local pretrained diffusers VQModel (mdc_core.vqgan)
 }
 
 

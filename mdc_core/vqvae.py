@@ -9,8 +9,9 @@
   owns the learned ``[MASK]`` image token used by the masked condition strategy (:mod:`mdc_core.guidance`).
 
 Architecture hyper-parameters are :class:`VQVAEConfig`, passed as ``model.encoder_kwargs``; the trained weights
-come from ``model.pretrained_path`` (a file :func:`save_vqvae` wrote). Loading a taming-transformers VQGAN
-checkpoint is not supported (its architecture is not reimplemented here).
+come from ``model.pretrained_path`` (a file :func:`save_vqvae` wrote). A pretrained VQ model in diffusers' format
+(VQ-Diffusion's VQ-VAE/VQGAN) is ``model.encoder = "vqgan"`` (:mod:`mdc_core.vqgan`); a raw taming-transformers
+checkpoint is not loaded (its architecture is not reimplemented here).
 """
 
 from __future__ import annotations

@@ -242,9 +242,22 @@ def test_score_own_captions_ranked_as_the_scorer_says(app):
 def test_loopback_by_default_and_no_analytics(app):
     from mdc_core.cli import build_parser
     args = build_parser().parse_args(["app"])
-    assert (args.host, args.share, args.run) == ("127.0.0.1", False, A.DEFAULT_RUN)
+    assert (args.host, args.share, args.run) == ("127.0.0.1", False, None)  # None: serve() picks default_run()
     assert A.serve.__kwdefaults__["host"] == "127.0.0.1" and A.serve.__kwdefaults__["share"] is False
     assert app["demo"].analytics_enabled is False
+
+
+def test_default_run_is_the_demo_plans_model(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert A.default_run() == A.DEFAULT_RUN  # no plan has run: the `mdc demo` folder
+    metrics = tmp_path / A.DEMO_METRICS
+    metrics.parent.mkdir(parents=True)
+    metrics.write_text('{"run_dir": "models/mdc-abc"}')
+    assert A.default_run() == A.DEFAULT_RUN  # named but missing: not offered
+    (tmp_path / "models" / "mdc-abc").mkdir(parents=True)
+    assert A.default_run() == "models/mdc-abc"
+    metrics.write_text("{not json")
+    assert A.default_run() == A.DEFAULT_RUN
 
 
 def _free_port() -> int:

@@ -102,3 +102,20 @@ def test_tokenizer_round_trip_and_errors():
     cut, n = tok.tokenize_batch([long, "a red circle"])
     assert n == 1 and cut[0, -1] == EOT_ID and tok.decode(cut[0]) == "one two three four five six"
     assert tok.decode([SOT_ID, MASK_ID, 320, EOT_ID, 0, 0]) == "[MASK] a"
+
+
+def test_conv_stem_keeps_token_grid_and_checks_stride():
+    from mdc_core.model import build_image_encoder
+    kwargs = '{"patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 2, "conv_stem": [8, 16]}'
+    cfg = load_preset("tiny", [f"model.encoder_kwargs={kwargs}"])
+    enc = build_image_encoder(cfg.model)
+    stem = enc.trunk.patch_embed.backbone
+    assert stem.stride == 4 and enc.trunk.patch_embed.proj.kernel_size == (2, 2)  # 4 x 2 = patch 8
+    tokens = enc(torch.randn(2, 3, 64, 64))
+    assert tokens.shape == (2, 1 + (64 // 8) ** 2, 32)  # same grid as the plain ViT, plus the class token
+    bad = load_preset("tiny", ['model.encoder_kwargs={"patch_size": 6, "embed_dim": 32, "depth": 1, '
+                               '"num_heads": 2, "conv_stem": [8, 16]}'])
+    with pytest.raises(ValueError, match="stride 4, which must divide the encoder's patch_size 6"):
+        build_image_encoder(bad.model)
+    with pytest.raises(ValueError, match="conv_stem must be a list of channel widths"):
+        build_image_encoder(load_preset("tiny", ['model.encoder_kwargs={"conv_stem": 16}']).model)
