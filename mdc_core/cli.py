@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .bench.cli import add_bench_parser, cmd_bench
 from .config import SAMPLER_RANGES, ConfigError, apply_overrides, list_presets, load_preset
+from .eval_cli import add_eval_parser, cmd_eval
 from .mc_diffusion_cli import add_guidance_args, add_vqvae_parser, cmd_vqvae
 from .score_cli import add_score_parser, cmd_sample_auto, cmd_score
 
@@ -119,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     app.add_argument("--port", type=int, help="port (default: gradio's first free one from 7860)")
     app.add_argument("--share", action="store_true", help="also open a public gradio.live link (off by default)")
 
-    _add_eval_parsers(sub)
+    add_eval_parser(sub)  # mdc eval <verb>: mdc_core.eval_cli
     add_bench_parser(sub)  # mdc bench [model]: mdc_core.bench.cli
     add_score_parser(sub)  # mdc score: mdc_core.score_cli
     add_vqvae_parser(sub)  # mdc vqvae train | show: mdc_core.mc_diffusion_cli
@@ -129,134 +130,6 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--dry-run", action="store_true", help="check the plan, parameters and notebooks; run nothing")
     runs.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
-
-
-def _add_eval_parsers(sub: argparse._SubParsersAction) -> None:
-    """``mdc eval <verb>``: one sub-parser per evaluation; its handler goes into EVAL_HANDLERS."""
-    verbs = sub.add_parser("eval", help="evaluate runs (compositionality, captioning, ...)").add_subparsers(
-        dest="eval_verb", required=True)
-
-    comp = verbs.add_parser("compositionality", help="pick-the-true-caption accuracy (paper Table 2)")
-    comp.add_argument("--run", action="append", required=True, help="run folder (repeatable)")
-    comp.add_argument("--data", required=True, help="benchmark data: folder or json (see README)")
-    comp.add_argument("--benchmark", default="synth", choices=("synth", "aro-relation", "aro-attribution",
-                                                              "coco-order", "flickr-order", "sugarcrepe"))
-    comp.add_argument("--methods", nargs="+", help="mc heuristic ar (MDC), ar (ARC), cosine (CLIP); "
-                      "default: mc heuristic / ar / cosine")
-    comp.add_argument("--samples", type=int, default=1024, help="Monte Carlo samples per caption (mc)")
-    comp.add_argument("--limit", type=int, help="at most N examples (per task file for SugarCrepe)")
-    comp.add_argument("--images", help="image folder, when not where the benchmark keeps it")
-    comp.add_argument("--split", default="test", help="split of the embedded data (synth)")
-    comp.add_argument("--seed", type=int, default=0, help="seed of the mc estimator and of order perturbations")
-    comp.add_argument("--device", default="cpu")
-    comp.add_argument("--out", default="outputs/eval", help="folder for compositionality_<benchmark>.json/.md")
-    comp.add_argument("--json", action="store_true", help="print the result JSON instead of the table")
-    comp.add_argument("--quiet", action="store_true", help="no progress bar")
-
-    cap = verbs.add_parser("captioning", help="fine-tune (optional) and caption a test split (paper Table 3)")
-    cap.add_argument("--run", action="append", required=True, help="run folder, MDC-family or ARC (repeatable)")
-    cap.add_argument("--data", required=True, help="Karpathy json, COCO caption json, CSV or embedded data folder")
-    cap.add_argument("--lengths", type=int, nargs="+", default=[10, 15, 20], help="MDC caption lengths N'")
-    cap.add_argument("--beam", type=int, default=6, help="ARC beam size (ARC is also decoded greedily)")
-    cap.add_argument("--finetune-steps", type=int, default=0, help="fine-tune each run this many steps first")
-    cap.add_argument("--finetune-data", help="training data for fine-tuning (default: --data's train split)")
-    cap.add_argument("--finetune-set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                     help="config override for fine-tuning, e.g. train.batch_size=32 (repeatable)")
-    cap.add_argument("--limit", type=int, help="caption at most N test images")
-    cap.add_argument("--metrics", nargs="+", default=["BLEU", "METEOR", "ROUGE-L", "CIDEr", "SPICE"],
-                     help="pycocoevalcap metrics (METEOR and SPICE need Java)")
-    cap.add_argument("--batch-size", type=int, default=32, help="images per decoding batch")
-    cap.add_argument("--max-length", type=int, help="ARC: most tokens generated, <eot> included (default: the context)")
-    cap.add_argument("--device", default="cpu")
-    cap.add_argument("--out", default="outputs/eval", help="folder for captioning.json/.md and finetune/ runs")
-    cap.add_argument("--json", action="store_true", help="print the result JSON instead of the table")
-    cap.add_argument("--quiet", action="store_true", help="no progress bars")
-    sig = verbs.add_parser("position-signal", help="loss(mismatched image) - loss(true image) per caption position")
-    sig.add_argument("--run", action="append", required=True, help="captioner run folder (repeatable: ARC, MDC...)")
-    sig.add_argument("--data", required=True, help="image-caption data (as for train)")
-    sig.add_argument("--split", default="test", help="data split (default test)")
-    sig.add_argument("--limit", type=int, default=256, help="captions scored (the first N of the split)")
-    sig.add_argument("--batch-size", type=int, default=32, help="the mismatched image comes from the same batch")
-    sig.add_argument("--ratios", default="0.25,0.5,0.75,1.0", help="masking ratios of masked-mode runs")
-    sig.add_argument("--draws", type=int, default=4, help="mask draws per batch and ratio")
-    sig.add_argument("--seed", type=int, default=0)
-    sig.add_argument("--device", default="cpu")
-    sig.add_argument("--ema", action="store_true", help="use the EMA weights")
-    sig.add_argument("--out", default="outputs/eval", help="folder for position_signal.json and .png")
-    sig.add_argument("--json", action="store_true", help="print the result JSON")
-    # further `mdc eval` verbs: add their parser here and their handler to EVAL_HANDLERS
-
-
-def cmd_eval_compositionality(args: argparse.Namespace) -> None:
-    from .eval.compositionality import compositionality
-    result = compositionality(args.run, args.benchmark, args.data, methods=args.methods, samples=args.samples,
-                              limit=args.limit, images=args.images, split=args.split, seed=args.seed,
-                              device=args.device, progress=not args.quiet)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"compositionality_{args.benchmark}.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / f"compositionality_{args.benchmark}.md").write_text(result["table"] + "\n")
-    if args.json:
-        print(json.dumps(result))
-        return
-    print(result["table"])
-    for r in result["results"]:
-        skipped = f", skipped {r['skipped']}" if r["skipped"] else ""
-        print(f"  {r['label']} [{r['run']}]: {r['n_examples']} examples in {r['seconds']:.1f} s{skipped}")
-    print(f"results: {out / f'compositionality_{args.benchmark}.json'}")
-
-
-def cmd_eval_captioning(args: argparse.Namespace) -> None:
-    from .eval.captioning import captioning
-    result = captioning(args.run, args.data, lengths=args.lengths, beam=args.beam, finetune_steps=args.finetune_steps,
-                        finetune_data=args.finetune_data, finetune_overrides=args.finetune_set, out=args.out,
-                        limit=args.limit, metrics=args.metrics, batch_size=args.batch_size,
-                        max_length=args.max_length, device=args.device, progress=not args.quiet)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "captioning.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "captioning.md").write_text(result["table"] + "\n")
-    if args.json:
-        print(json.dumps(result))
-        return
-    print(result["table"])
-    for name, reason in (result["results"][0]["unavailable"] if result["results"] else {}).items():
-        print(f"  {name} unavailable: {reason[:160]}")
-    for r in result["results"]:
-        first = r["captions"][0] if r["captions"] else None
-        if first:
-            print(f"  {r['label']} {r['length']} [{r['run']}] e.g. {first['caption']!r}  ({r['seconds']:.1f} s)")
-    print(f"results: {out / 'captioning.json'}  ({result['n_images']} test images)")
-
-
-def cmd_eval_position_signal(args: argparse.Namespace) -> None:
-    from .eval.position_signal import plot_position_signal, position_signal_runs
-    try:
-        ratios = [float(r) for r in args.ratios.split(",") if r.strip()]
-    except ValueError as err:
-        raise ValueError(f"--ratios must be comma-separated numbers, got {args.ratios!r}") from err
-    result = position_signal_runs(args.run, args.data, split=args.split, limit=args.limit, batch_size=args.batch_size,
-                                  ratios=ratios, draws=args.draws, seed=args.seed, device=args.device, ema=args.ema)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "position_signal.json").write_text(json.dumps(result, indent=1) + "\n")
-    plot = plot_position_signal(result, out / "position_signal.png")
-    if args.json:
-        print(json.dumps(result))
-        return
-    for run in result["runs"]:
-        for c in run["curves"]:
-            head = " ".join("  -  " if v is None else f"{v:+.2f}" for v in c["signal"][:12])
-            print(f"{run['objective']:9s} {c['label']:16s} mean {c['mean_signal']:+.3f}  by position: {head}")
-    print(f"results: {out / 'position_signal.json'}  plot: {plot}")
-
-
-EVAL_HANDLERS = {"compositionality": cmd_eval_compositionality, "captioning": cmd_eval_captioning,
-                 "position-signal": cmd_eval_position_signal}
-
-
-def cmd_eval(args: argparse.Namespace) -> None:
-    EVAL_HANDLERS[args.eval_verb](args)
 
 
 def cmd_data(args: argparse.Namespace) -> None:
