@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from mdc_core.bench.core import sync
 from mdc_core.checkpoint import load_model
 from mdc_core.config import DataConfig, SamplerConfig
 from mdc_core.data import build_loader
@@ -82,13 +83,10 @@ def _load_batches(data: str | Path, split: str, image_size: int, batch_size: int
 
 def _timed(fn, device: str):
     """fn()'s result and its wall time in seconds (synchronised on CUDA)."""
-    cuda = str(device).startswith("cuda")
-    if cuda:
-        torch.cuda.synchronize()
+    sync(torch.device(device))
     start = time.perf_counter()
     value = fn()
-    if cuda:
-        torch.cuda.synchronize()
+    sync(torch.device(device))
     return value, time.perf_counter() - start
 
 
