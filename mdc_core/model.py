@@ -58,23 +58,31 @@ def lookup_rows(input_index: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor
 
 class ConvStem(nn.Sequential):
     """Early convolutions for a ViT (Xiao et al. 2021, "Early Convolutions Help Transformers See Better"):
-    one 3x3 stride-2 convolution + GroupNorm + ReLU per entry of `channels`, so the stem's stride is
-    ``2 ** len(channels)``. The ViT's patch projection then runs on the stem's feature map."""
+    per entry of `channels` one stage of `depth` 3x3 convolutions + norm + ReLU, the first with stride 2,
+    so the stem's stride is ``2 ** len(channels)``. `norm` is "batch" (BatchNorm, as in the paper) or "group"
+    (GroupNorm with one group, independent of the batch). The ViT's patch projection then runs on the stem's
+    feature map."""
 
-    def __init__(self, in_chans: int, channels: Sequence[int]) -> None:
+    NORMS = ("batch", "group")
+
+    def __init__(self, in_chans: int, channels: Sequence[int], depth: int = 1, norm: str = "batch") -> None:
+        if norm not in self.NORMS:
+            raise ValueError(f"conv stem norm must be one of {', '.join(self.NORMS)}, got {norm!r}")
         layers: list[nn.Module] = []
         for c in channels:
-            layers += [nn.Conv2d(in_chans, c, 3, stride=2, padding=1, bias=False), nn.GroupNorm(1, c), nn.ReLU()]
-            in_chans = c
+            for i in range(depth):
+                layers += [nn.Conv2d(in_chans, c, 3, stride=2 if i == 0 else 1, padding=1, bias=False),
+                           nn.BatchNorm2d(c) if norm == "batch" else nn.GroupNorm(1, c), nn.ReLU()]
+                in_chans = c
         super().__init__(*layers)
         self.stride = 2 ** len(channels)
 
 
-def _conv_stem_embed(channels: Sequence[int], *, img_size: Any, patch_size: int, in_chans: int = 3,
-                     **kwargs: Any) -> HybridEmbed:
+def _conv_stem_embed(channels: Sequence[int], depth: int, norm: str, *, img_size: Any, patch_size: int,
+                     in_chans: int = 3, **kwargs: Any) -> HybridEmbed:
     """timm ``embed_layer`` for ``encoder_kwargs["conv_stem"]``: tokens keep the stride `patch_size`
     (the stem takes ``2 ** len(channels)`` of it, the patch projection the rest)."""
-    stem = ConvStem(in_chans, channels)
+    stem = ConvStem(in_chans, channels, depth, norm)
     if patch_size % stem.stride:
         raise ValueError(f"conv_stem {list(channels)} has stride {stem.stride}, which must divide the encoder's "
                          f"patch_size {patch_size}")
@@ -85,17 +93,24 @@ class ImageEncoder(nn.Module):
     """Any timm model as a token-sequence encoder: images (B, 3, H, W) -> tokens (B, M, D).
 
     ``encoder_kwargs`` go to ``timm.create_model``, except ``conv_stem`` (a list of channel widths), which gives
-    a ViT the early-convolution stem :class:`ConvStem` (a convolutional inductive bias for small images)."""
+    a ViT the early-convolution stem :class:`ConvStem` (a convolutional inductive bias for small images), with
+    ``conv_stem_depth`` convolutions per stage (default 1) and ``conv_stem_norm`` "batch" (default) or "group"."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         kwargs = dict(cfg.encoder_kwargs)
         kwargs.setdefault("img_size", cfg.image_size)
         stem = kwargs.pop("conv_stem", None)
+        options = {k: kwargs.pop(k) for k in ("conv_stem_depth", "conv_stem_norm") if k in kwargs}
+        if options and not stem:
+            raise ValueError(f"model.encoder_kwargs.{next(iter(options))} needs model.encoder_kwargs.conv_stem")
+        depth, norm = options.get("conv_stem_depth", 1), options.get("conv_stem_norm", "batch")
+        if not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"model.encoder_kwargs.conv_stem_depth must be an integer >= 1, got {depth!r}")
         if stem:
             if not isinstance(stem, list | tuple) or not all(isinstance(c, int) and c > 0 for c in stem):
                 raise ValueError(f"model.encoder_kwargs.conv_stem must be a list of channel widths, got {stem!r}")
-            kwargs["embed_layer"] = partial(_conv_stem_embed, tuple(stem))
+            kwargs["embed_layer"] = partial(_conv_stem_embed, tuple(stem), depth, norm)
         try:
             self.trunk = timm.create_model(cfg.encoder, pretrained=cfg.pretrained, num_classes=0, **kwargs)
         except (RuntimeError, TypeError) as err:

@@ -8,6 +8,7 @@ import pytest
 from mdc_core.bench.coca import build_coca, coca_config
 from mdc_core.bench.core import BenchConfig, format_report, run_bench, targets
 from mdc_core.cli import main
+from mdc_core.config import load_preset
 from tests.conftest import MICRO, micro_config
 
 MICRO_OVERRIDES = [f"model.{k}={json.dumps(v)}" for k, v in MICRO.items()] + ["train.batch_size=4"]
@@ -97,6 +98,8 @@ def test_coca_peer_mirrors_our_dimensions():
     assert len(model.text_decoder.resblocks) == 2 and len(model.visual.transformer.resblocks) == 1
     with pytest.raises(ValueError, match="layout"):
         coca_config(cfg, "nope")
+    with pytest.raises(ValueError, match="no convolutional stem"):  # tiny has one: the bench uses tiny_vit
+        coca_config(load_preset("tiny").model)
 
 
 def test_cli_rejects_bad_options(capsys):

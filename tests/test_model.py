@@ -119,3 +119,26 @@ def test_conv_stem_keeps_token_grid_and_checks_stride():
         build_image_encoder(bad.model)
     with pytest.raises(ValueError, match="conv_stem must be a list of channel widths"):
         build_image_encoder(load_preset("tiny", ['model.encoder_kwargs={"conv_stem": 16}']).model)
+
+
+def test_conv_stem_depth_and_norm():
+    from mdc_core.model import build_image_encoder
+
+    def stem(extra: str) -> torch.nn.Module:
+        kwargs = '{"patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 2, "conv_stem": [8, 16]' + extra + "}"
+        cfg = load_preset("tiny", [f"model.encoder_kwargs={kwargs}"])
+        return build_image_encoder(cfg.model).trunk.patch_embed.backbone
+
+    convs = [m for m in stem(', "conv_stem_depth": 3') if isinstance(m, torch.nn.Conv2d)]
+    assert [c.stride for c in convs] == [(2, 2), (1, 1), (1, 1)] * 2  # per stage: one stride-2 conv, then stride 1
+    assert [c.out_channels for c in convs] == [8, 8, 8, 16, 16, 16]
+    assert any(isinstance(m, torch.nn.BatchNorm2d) for m in stem(""))  # BatchNorm by default, as Xiao et al.
+    group = stem(', "conv_stem_norm": "group"')
+    assert any(isinstance(m, torch.nn.GroupNorm) for m in group) and not any(
+        isinstance(m, torch.nn.BatchNorm2d) for m in group)
+    with pytest.raises(ValueError, match="conv_stem_depth must be an integer >= 1, got 0"):
+        stem(', "conv_stem_depth": 0')
+    with pytest.raises(ValueError, match="conv stem norm must be one of batch, group, got 'layer'"):
+        stem(', "conv_stem_norm": "layer"')
+    with pytest.raises(ValueError, match="conv_stem_depth needs model.encoder_kwargs.conv_stem"):
+        build_image_encoder(load_preset("tiny", ['model.encoder_kwargs={"conv_stem_depth": 2}']).model)

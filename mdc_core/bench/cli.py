@@ -18,7 +18,8 @@ BENCH_HANDLERS: dict[str, Callable[[argparse.Namespace], None]] = {}  # sub-verb
 def add_bench_parser(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
     """Add ``mdc bench`` to the top-level sub-parsers; returns its own sub-parsers for more sub-verbs."""
     p = sub.add_parser("bench", help="speed of training, captioning and scoring vs OpenCLIP CoCa (one run)")
-    p.add_argument("--preset", default="tiny", help="model dimensions, batch and image size (default tiny)")
+    p.add_argument("--preset", default="tiny_vit",
+                   help="model dimensions, batch and image size (default tiny_vit: tiny without its conv stem)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a preset key, e.g. --set train.batch_size=32 (repeatable)")
     p.add_argument("--quick", action="store_true", help="a smoke run in seconds: few repeats, small batches")

@@ -46,6 +46,9 @@ def coca_config(cfg: ModelConfig, layout: str = "depth_matched") -> dict[str, An
     """Keyword arguments of ``open_clip.coca_model.CoCa`` mirroring `cfg` (see the module docstring)."""
     if layout not in COCA_LAYOUTS:
         raise ValueError(f"unknown CoCa layout {layout!r}; choose one of {', '.join(COCA_LAYOUTS)}")
+    if cfg.encoder_kwargs.get("conv_stem"):
+        raise ValueError("open_clip's CoCa has no convolutional stem, so it cannot mirror an encoder with "
+                         "model.encoder_kwargs.conv_stem; benchmark a plain-ViT preset such as tiny_vit")
     enc = encoder_dims(cfg)
     n_patches = (cfg.image_size // enc["patch_size"]) ** 2
     if layout == "depth_matched":

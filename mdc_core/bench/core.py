@@ -35,7 +35,8 @@ from ..tokenizer import CaptionTokenizer, build_output_vocab
 class BenchConfig:
     """What ``mdc bench`` measures and how long it tries."""
 
-    preset: str = "tiny"  # model dimensions, batch size and image size come from this preset
+    preset: str = "tiny_vit"  # model dimensions, batch size and image size come from this preset (a plain ViT,
+    # which open_clip's CoCa can mirror)
     overrides: list[str] = field(default_factory=list)  # section.key=value applied to the preset
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # torch.set_num_threads (0 = torch's default)
