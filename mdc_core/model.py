@@ -68,6 +68,8 @@ class ConvStem(nn.Sequential):
     def __init__(self, in_chans: int, channels: Sequence[int], depth: int = 1, norm: str = "batch") -> None:
         if norm not in self.NORMS:
             raise ValueError(f"conv stem norm must be one of {', '.join(self.NORMS)}, got {norm!r}")
+        if not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"model.encoder_kwargs.conv_stem_depth must be an integer >= 1, got {depth!r}")
         layers: list[nn.Module] = []
         for c in channels:
             for i in range(depth):
@@ -78,11 +80,12 @@ class ConvStem(nn.Sequential):
         self.stride = 2 ** len(channels)
 
 
-def _conv_stem_embed(channels: Sequence[int], depth: int, norm: str, *, img_size: Any, patch_size: int,
+def _conv_stem_embed(channels: Sequence[int], options: dict[str, Any], *, img_size: Any, patch_size: int,
                      in_chans: int = 3, **kwargs: Any) -> HybridEmbed:
     """timm ``embed_layer`` for ``encoder_kwargs["conv_stem"]``: tokens keep the stride `patch_size`
-    (the stem takes ``2 ** len(channels)`` of it, the patch projection the rest)."""
-    stem = ConvStem(in_chans, channels, depth, norm)
+    (the stem takes ``2 ** len(channels)`` of it, the patch projection the rest). `options`: ConvStem's
+    ``depth`` and ``norm``."""
+    stem = ConvStem(in_chans, channels, **options)
     if patch_size % stem.stride:
         raise ValueError(f"conv_stem {list(channels)} has stride {stem.stride}, which must divide the encoder's "
                          f"patch_size {patch_size}")
@@ -104,13 +107,11 @@ class ImageEncoder(nn.Module):
         options = {k: kwargs.pop(k) for k in ("conv_stem_depth", "conv_stem_norm") if k in kwargs}
         if options and not stem:
             raise ValueError(f"model.encoder_kwargs.{next(iter(options))} needs model.encoder_kwargs.conv_stem")
-        depth, norm = options.get("conv_stem_depth", 1), options.get("conv_stem_norm", "batch")
-        if not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"model.encoder_kwargs.conv_stem_depth must be an integer >= 1, got {depth!r}")
         if stem:
             if not isinstance(stem, list | tuple) or not all(isinstance(c, int) and c > 0 for c in stem):
                 raise ValueError(f"model.encoder_kwargs.conv_stem must be a list of channel widths, got {stem!r}")
-            kwargs["embed_layer"] = partial(_conv_stem_embed, tuple(stem), depth, norm)
+            options = {k.removeprefix("conv_stem_"): v for k, v in options.items()}  # ConvStem's depth, norm
+            kwargs["embed_layer"] = partial(_conv_stem_embed, tuple(stem), options)
         try:
             self.trunk = timm.create_model(cfg.encoder, pretrained=cfg.pretrained, num_classes=0, **kwargs)
         except (RuntimeError, TypeError) as err:
