@@ -1,4 +1,4 @@
-"""``mdc eval compositionality | captioning | position-signal | parallel-decoding``: parsers and handlers.
+"""``mdc eval compositionality | captioning | position-signal | parallel-decoding | objects``: parsers, handlers.
 
 Each handler calls one evaluation of :mod:`mdc_core.eval`, writes its JSON (and figure) into ``--out`` and
 prints a table; :func:`mdc_core.cli.main` turns the user errors they raise into one ``mdc: error:`` line.
@@ -79,6 +79,20 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     par.add_argument("--out", default="outputs/eval", help="folder for parallel_decoding.json and .png")
     par.add_argument("--json", action="store_true", help="print the result JSON instead of the table")
     par.add_argument("--quiet", action="store_true", help="no progress bar")
+    obj = verbs.add_parser("objects", help="single-object colour+shape accuracy at every checkpoint of a run "
+                           "(embedded data): when did the run learn to name shapes?")
+    obj.add_argument("--run", action="append", required=True, help="MDC-family run folder (repeatable: one line "
+                     "each in the plot)")
+    obj.add_argument("--data", help="embedded data folder (default: each run's own data.path)")
+    obj.add_argument("--lengths", type=int, nargs="+", help="caption lengths N' (default: the run's sampler.length)")
+    obj.add_argument("--split", default="test", help="data split (default test)")
+    obj.add_argument("--limit", type=int, default=512, help="caption the first N images of the split")
+    obj.add_argument("--batch-size", type=int, default=64, help="images per decoding batch")
+    obj.add_argument("--ema", action="store_true", help="use the EMA weights")
+    obj.add_argument("--device", default="cpu")
+    obj.add_argument("--out", default="outputs/eval", help="folder for objects.json and objects.png")
+    obj.add_argument("--json", action="store_true", help="print the result JSON instead of the tables")
+    obj.add_argument("--quiet", action="store_true", help="no progress bars")
     # further `mdc eval` verbs: add their parser here and their handler to EVAL_HANDLERS
 
 
@@ -172,8 +186,27 @@ def cmd_eval_parallel_decoding(args: argparse.Namespace) -> None:
     print(f"results: {out / 'parallel_decoding.json'}  plot: {plot}")
 
 
+def cmd_eval_objects(args: argparse.Namespace) -> None:
+    from .eval.object_curve import curve_table, object_accuracy_curve, plot_object_curves
+    results = [object_accuracy_curve(run, data=args.data, lengths=args.lengths or (), split=args.split,
+                                     limit=args.limit, batch_size=args.batch_size, device=args.device, ema=args.ema,
+                                     progress=not args.quiet) for run in args.run]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "objects.json").write_text(json.dumps({"runs": results}, indent=1) + "\n")
+    plot = plot_object_curves(results, out / "objects.png")
+    if args.json:
+        print(json.dumps({"runs": results}))
+        return
+    for result in results:
+        print(f"{result['run']} ({result['split']} split of {result['data']}):")
+        print(curve_table(result))
+    print(f"results: {out / 'objects.json'}  plot: {plot}")
+
+
 EVAL_HANDLERS = {"compositionality": cmd_eval_compositionality, "captioning": cmd_eval_captioning,
-                 "position-signal": cmd_eval_position_signal, "parallel-decoding": cmd_eval_parallel_decoding}
+                 "position-signal": cmd_eval_position_signal, "parallel-decoding": cmd_eval_parallel_decoding,
+                 "objects": cmd_eval_objects}
 
 
 def cmd_eval(args: argparse.Namespace) -> None:

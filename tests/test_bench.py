@@ -49,6 +49,11 @@ def test_quick_report_structure(report):
     assert report["caption"]["batch_4"]["mdc_cached"]["same_tokens_as_uncached"] is True
     assert report["caption"]["batch_1"]["mdc_uncached"]["steps"] == 8  # N' decoder passes, one token each
     assert report["caption"]["batch_1"]["coca_generate"]["steps"] == 9  # N' tokens + the forced <eot>
+    # MFU is taken against the peak of the precision the step trains in: fp32 on the CPU (bf16 on CUDA)
+    assert report["matmul_peak"]["dtype"] == "float32"
+    assert "float32 matmul peak" in format_report(report)
+    # the cached and uncached Monte Carlo rows score the same pairs, so their captions/s compare
+    assert report["scoring"]["mc"]["pairs"] == report["scoring"]["mc_uncached"]["pairs"] == 2
     json.dumps(report)  # --json must be able to print it
     assert "training step" in format_report(report)
 

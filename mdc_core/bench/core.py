@@ -2,8 +2,9 @@
 
 :func:`run_bench` measures everything on one machine with one set of dimensions (the preset's encoder, decoder
 width/depth/heads and image size; one batch of embedded-data images and captions) and returns a JSON-ready
-dict; :func:`format_report` renders it as tables. Timings are medians over repeats after warm-up; the fp32
-matmul peak that the model FLOPs utilisation (MFU) is measured against is taken in the same run.
+dict; :func:`format_report` renders it as tables. Timings are medians over repeats after warm-up; the matmul
+peak that the model FLOPs utilisation (MFU) is measured against is taken in the same run, in the precision the
+training step runs in (fp32 on CPU; bf16 on CUDA, where training uses bf16 autocast).
 
 Sections: ``train`` (:mod:`mdc_core.bench.training`, one fresh process per row), ``caption`` and ``scoring``
 (:mod:`mdc_core.bench.decoding`), ``quality`` (only with trained runs), and ``targets`` (issue 6's goals, each
@@ -50,7 +51,7 @@ class BenchConfig:
     score_pairs: int = 64  # image-caption pairs for the heuristic scorer's throughput
     mc_samples: int = 1024  # Monte Carlo samples per pair
     mc_pairs: int = 8  # pairs for the Monte Carlo throughput (latency is measured on one)
-    matmul_size: int = 0  # n of the n x n fp32 matmul peak (0 = 2048 on CPU, 8192 on CUDA)
+    matmul_size: int = 0  # n of the n x n matmul peak (0 = 2048 on CPU, 8192 on CUDA)
     mdc_run: str = ""  # optional trained MDC run: adds the quality comparison of parallel decoding
     arc_run: str = ""  # optional trained ARC run for the same comparison
     quality_images: int = 256  # test images for the quality comparison
@@ -95,17 +96,18 @@ def median_time(fn: Callable[[], Any], *, repeats: int, warmup: int = 1,
     return statistics.median(times), out
 
 
-def matmul_peak(device: torch.device, n: int, repeats: int = 5) -> dict[str, Any]:
-    """Measured fp32 matmul throughput: the median of `repeats` (n x n) @ (n x n) products (TF32 off)."""
+def matmul_peak(device: torch.device, n: int, repeats: int = 5, dtype: torch.dtype = torch.float32
+                ) -> dict[str, Any]:
+    """Measured matmul throughput in `dtype`: the median of `repeats` (n x n) @ (n x n) products (TF32 off)."""
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        a = torch.randn(n, n, device=device)
-        b = torch.randn(n, n, device=device)
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
         seconds, _ = median_time(lambda: torch.mm(a, b), repeats=repeats, warmup=2, device=device)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
-    return {"n": n, "seconds": seconds, "flops_per_s": 2 * n**3 / seconds}
+    return {"n": n, "dtype": str(dtype).removeprefix("torch."), "seconds": seconds, "flops_per_s": 2 * n**3 / seconds}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -180,9 +182,12 @@ def run_bench(bench: BenchConfig, progress: Callable[[str], None] | None = None)
                             "output_vocab_size": len(payload["output_ids"]) if payload["output_ids"] is not None
                             else 49408}
 
-    say("fp32 matmul peak")
+    from ..train import use_bf16
+
+    dtype = torch.bfloat16 if use_bf16(cfg.train.precision, device) else torch.float32  # as the training step
+    say(f"{str(dtype).removeprefix('torch.')} matmul peak")
     n = bench.matmul_size or (8192 if device.type == "cuda" else 2048)
-    report["matmul_peak"] = matmul_peak(device, n)
+    report["matmul_peak"] = matmul_peak(device, n, dtype=dtype)
 
     with tempfile.TemporaryDirectory(prefix="mdc_bench_") as tmp:
         path = Path(tmp) / "payload.pt"
@@ -246,7 +251,8 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
         ("1024-sample Monte Carlo score of one pair, seconds (lower is better)", 1.0,
          _get(report, "scoring", "mc", "latency_one_pair_s")
          if report.get("scoring", {}).get("mc", {}).get("samples") == 1024 else None),
-        ("MDC training step MFU vs measured fp32 matmul peak", 0.30, _get(report, "train", "mdc", "mfu")),
+        ("MDC training step MFU vs measured matmul peak (training precision)", 0.30,
+         _get(report, "train", "mdc", "mfu")),
     ]
     out = []
     for name, goal, value in rows:
@@ -278,7 +284,8 @@ def format_report(report: dict[str, Any]) -> str:
              f"{mach['torch_threads']} threads, device {mach['device']}); load average at start "
              f"{_fmt(mach.get('load_average_start'))}",
              f"dimensions: {json.dumps(dims)}",
-             f"fp32 matmul peak: {peak['flops_per_s'] / 1e9:.1f} GFLOP/s (n={peak['n']})", ""]
+             f"{peak.get('dtype', 'float32')} matmul peak: {peak['flops_per_s'] / 1e9:.1f} GFLOP/s (n={peak['n']})",
+             ""]
     rows = []
     for name, r in report["train"].items():
         if "error" in r:
