@@ -10,6 +10,7 @@ Run-level evaluations (they load runs and data themselves; import the module to 
 
 * :mod:`mdc_core.eval.compositionality` (+ :mod:`mdc_core.eval.benchmarks`): ``mdc eval compositionality``.
 * :mod:`mdc_core.eval.captioning`: ``mdc eval captioning``.
+* :mod:`mdc_core.eval.object_curve`: ``mdc eval objects`` (single-object accuracy at every checkpoint).
 Note: ``mdc_core.eval.caption_metrics`` names the function here; the module is
 ``sys.modules["mdc_core.eval.caption_metrics"]`` (or ``importlib.import_module``).
 """

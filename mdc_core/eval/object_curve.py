@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mdc_core.checkpoint import list_checkpoints, load_model
+from mdc_core.eval.figures import save_png
 from mdc_core.objectives import objective_spec
 from mdc_core.report import caption_report
 
@@ -92,9 +93,4 @@ def plot_object_curves(results: Sequence[dict[str, Any]], path: str | Path, titl
     ax.set_ylabel("single-object scenes named right (%)")
     ax.set_title(title or "greedy captions naming colour and shape")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_png(fig, path)

@@ -30,6 +30,7 @@ from mdc_core.checkpoint import load_model
 from mdc_core.config import DataConfig, SamplerConfig
 from mdc_core.data import build_loader
 from mdc_core.eval.caption_metrics import caption_metrics
+from mdc_core.eval.figures import save_png
 from mdc_core.objectives import objective_spec
 from mdc_core.report import names_object
 from mdc_core.sampler import sample
@@ -243,9 +244,4 @@ def plot_decoding_curve(result: dict[str, Any], path: str | Path) -> Path:
         ax.margins(x=0.15, y=0.12)  # room for the labels
     fig.suptitle(f"{Path(result['run']).name}: N'={result['length']}, {result['n_images']} {result['split']} images",
                  fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_png(fig, path)

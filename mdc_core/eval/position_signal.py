@@ -34,6 +34,7 @@ from torch import Tensor
 from mdc_core.checkpoint import load_model
 from mdc_core.config import DataConfig
 from mdc_core.data import build_loader
+from mdc_core.eval.figures import save_png
 from mdc_core.objectives import apply_mask, maskable_positions, objective_spec, trim_padding
 from mdc_core.tokenizer import MASK_ID, CaptionTokenizer
 
@@ -239,9 +240,4 @@ def plot_position_signal(result: dict[str, Any], path: str | Path) -> Path:
     ax.set_ylabel("loss(mismatched image) - loss(true image) [nats]")
     ax.set_title("visual signal by position")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_png(fig, path)
