@@ -87,7 +87,9 @@ def _fmt(value: Any) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
-        return "–" if math.isnan(value) else f"{value:.1f}"
+        if math.isnan(value):
+            return "–"
+        return f"{value:.3g}" if abs(value) < 1 else f"{value:.1f}"  # fractions (accuracy 0.934) keep 3 digits
     return str(value)
 
 

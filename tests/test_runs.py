@@ -10,7 +10,7 @@ import pytest
 
 from mdc_core.cli import main
 from mdc_core.runs import load_plan, run_plan, run_status
-from mdc_core.runs_summary import PAPER, merge_tables, table_markdown
+from mdc_core.runs_summary import PAPER, _fmt, merge_tables, table_markdown
 
 TINY_BODY = """\
 import json, pathlib
@@ -148,3 +148,9 @@ def test_shipped_plans_validate(plan: Path) -> None:
     loaded = load_plan(plan, root=plan.parents[1])  # notebooks exist, every parameter declared and well typed
     assert loaded.runs and loaded.name == plan.stem
     assert all(r.notebook.parent.name == "notebooks" for r in loaded.runs)
+
+
+def test_summary_numbers_keep_the_digits_that_matter():
+    # percentages keep one decimal; fractions (an accuracy of 0.934) are not rounded to 0.9
+    assert [_fmt(v) for v in (36.66, 0.9338, 0.0712, 4000, float("nan"), None)] == [
+        "36.7", "0.934", "0.0712", "4000", "–", "–"]
