@@ -1,5 +1,5 @@
 # Two commands for a fresh clone; each bootstraps the virtual environment .venv on first use.
-#   make demo   the main job: all five notebooks on the embedded data through papermill (plans/cpu_demo.yaml)
+#   make demo   the main job: notebooks 01-05 on the embedded data through papermill (plans/cpu_demo.yaml)
 #   make test   the test suite (what CI runs)
 PYTHON ?= python3
 VENV ?= .venv

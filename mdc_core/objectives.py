@@ -3,7 +3,7 @@
 Everything here except :func:`compute_loss` is a pure function of tensors, so the mathematics is tested
 directly against hand-computed values.
 
-Conventions (DESIGN.md section 2): caption tokens are ``<sot> c_0 .. c_{N-1} <eot> pad ...``. Only the
+Conventions (docs/design.md "Decisions"): caption tokens are ``<sot> c_0 .. c_{N-1} <eot> pad ...``. Only the
 caption tokens ``c_i`` are *maskable*: ``<sot>``, ``<eot>`` and pads are never masked and never in the loss,
 so the sampling canvas ``<sot> [MASK]*N' <eot>`` is in-distribution.
 

@@ -4,7 +4,7 @@ Captions come as token rows ``<sot> c_1 .. c_n <eot> pad ...`` (n >= 1 caption t
 log-likelihood score, higher = more likely, and is chosen from :data:`METHODS`:
 
 - ``mc`` (MDC models): the ELBO of Eq. 8, ``sum_{l=1}^{n} (1/l) E_{|mask|=l}[sum_{i masked} log p(c_i | C_l)]``,
-  estimated as LLaDA's ``get_log_likelihood`` does (DESIGN.md section 3): sample j masks l_j tokens chosen
+  estimated as LLaDA's ``get_log_likelihood`` does (docs/design.md "Decisions"): sample j masks l_j tokens chosen
   uniformly, with l_j stratified over 1..n (``l_j = floor((j + u) n / S) + 1``, one random offset u, so with S a
   multiple of n every l gets S/n samples), and contributes ``(n / l_j) sum_{masked} log p``; the mean is unbiased
   and its standard error is the stratified one. All captions use the same random numbers (seed), which lowers

@@ -1,4 +1,4 @@
-"""Caption tokenizer: open_clip's CLIP BPE with a ``[MASK]`` id appended (DESIGN.md section 2).
+"""Caption tokenizer: open_clip's CLIP BPE with a ``[MASK]`` id appended (docs/design.md "Decisions").
 
 Ids: 0..49407 are CLIP's BPE vocabulary (``<sot>`` = 49406, ``<eot>`` = 49407). Padding uses id 0, which is
 also the real token "!", so decoding always cuts at ``<eot>`` before turning ids into text. ``[MASK]`` =

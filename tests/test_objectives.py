@@ -1,4 +1,4 @@
-"""The MDC objective against hand-computed values (paper Alg. 1 / Eq. 5, DESIGN.md section 2)."""
+"""The MDC objective against hand-computed values (paper Alg. 1 / Eq. 5, docs/design.md "Decisions")."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Scenes of the embedded synthetic data set: vocabularies, sampling and drawing (DESIGN.md section 4).
+"""Scenes of the embedded synthetic data set: vocabularies, sampling and drawing (docs/design.md "Embedded data").
 
 A scene is 1-4 non-overlapping objects on a plain, slightly noisy background. Each object has a shape, a colour,
 a size and a cell of a 3x3 grid (its position). Everything about image ``index`` of split ``split`` is drawn
