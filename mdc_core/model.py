@@ -22,9 +22,9 @@ from timm.models.vision_transformer_hybrid import HybridEmbed
 from torch import nn
 
 from .config import ModelConfig
+from .masked_conditional.vqgan import DiffusersVQEncoder
+from .masked_conditional.vqvae import VQImageEncoder
 from .tokenizer import EMBED_SIZE, EOT_ID, MASK_ID, PAD_ID, SOT_ID, VOCAB_SIZE
-from .vqgan import DiffusersVQEncoder
-from .vqvae import VQImageEncoder
 
 
 def padding_mask(tokens: torch.Tensor) -> torch.Tensor:
@@ -139,8 +139,8 @@ class ImageEncoder(nn.Module):
 
 # encoder options besides timm (the default for any other model.encoder value): name -> class built from ModelConfig
 ENCODERS: dict[str, type[nn.Module]] = {
-    "vqvae": VQImageEncoder,  # discrete image tokens of a frozen VQ-VAE (MC-Diffusion; mdc_core.vqvae)
-    "vqgan": DiffusersVQEncoder,  # the same from a local pretrained diffusers VQModel (mdc_core.vqgan)
+    "vqvae": VQImageEncoder,  # discrete image tokens of a frozen VQ-VAE (MC-Diffusion; masked_conditional.vqvae)
+    "vqgan": DiffusersVQEncoder,  # the same from a local pretrained diffusers VQModel (masked_conditional.vqgan)
 }
 
 

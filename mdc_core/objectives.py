@@ -26,8 +26,8 @@ import torch.nn.functional as F
 
 from .clip_model import contrastive_loss
 from .config import ObjectiveConfig
-from .guidance import condition_mask_value, corrupt_condition
-from .mc_diffusion import d3pm_loss
+from .masked_conditional.diffusion import d3pm_loss
+from .masked_conditional.guidance import condition_mask_value, corrupt_condition
 from .model import Captioner, padding_mask
 from .tokenizer import EOT_ID, MASK_ID, SOT_ID
 
@@ -40,7 +40,7 @@ class ObjectiveSpec:
 
     causal: bool  # decoder self-attention is causal (teacher forcing) instead of bidirectional
     masking: str  # "time": t ~ U[t_low, t_high] per caption; "fixed": t = mask_ratio; "all": t = 1; "none";
-    # "d3pm": mask-and-replace noise at t ~ U{1..T} (mdc_core.mc_diffusion)
+    # "d3pm": mask-and-replace noise at t ~ U{1..T} (mdc_core.masked_conditional.diffusion)
     inv_t_weight: bool  # weight each caption's masked CE by 1/t (the diffusion ELBO weight)
     model: str = "captioner"  # model family (mdc_core.factory.MODELS): "captioner" or "clip" (contrastive loss)
 
@@ -159,10 +159,10 @@ def compute_loss(model: Captioner, images: torch.Tensor, tokens: torch.Tensor, c
     if spec.model == "clip":  # symmetric InfoNCE of mdc_core.clip_model; no token masking
         return LossOutput(*contrastive_loss(model, images, tokens))
     image_tokens = model.encode_image(images)  # (B, M, D)
-    if cfg.guidance != "none":  # classifier-free guidance / masked condition strategy (mdc_core.guidance)
+    if cfg.guidance != "none":  # classifier-free guidance / masked condition strategy (masked_conditional.guidance)
         image_tokens = corrupt_condition(image_tokens, cfg.guidance, cfg.p_cond, cfg.p_mask,
                                          condition_mask_value(model), generator)
-    if spec.masking == "d3pm":  # loss of mdc_core.mc_diffusion (VLB term + auxiliary x_0 cross-entropy)
+    if spec.masking == "d3pm":  # loss of mdc_core.masked_conditional.diffusion (VLB term + auxiliary x_0 cross-entropy)
         return LossOutput(*d3pm_loss(model, image_tokens, tokens, cfg, generator))
     if spec.masking == "none":
         return _autoregressive_loss(model, tokens, image_tokens, cfg)

@@ -2,7 +2,7 @@
 
 :func:`run_bench` (:mod:`mdc_core.bench.core`) returns the JSON-ready report, :func:`format_report` its tables;
 the rows live in :mod:`~mdc_core.bench.training`, :mod:`~mdc_core.bench.decoding` and the peer model in
-:mod:`~mdc_core.bench.coca`; :mod:`~mdc_core.bench.cli` is the command line. Imports are lazy so that building
+:mod:`~mdc_core.bench.coca`; :mod:`~mdc_core.cli.bench` is the command line. Imports are lazy so that building
 the ``mdc`` parser does not load torch.
 """
 

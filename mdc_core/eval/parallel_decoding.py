@@ -31,8 +31,8 @@ from mdc_core.config import DataConfig, SamplerConfig
 from mdc_core.data import build_loader
 from mdc_core.eval.caption_metrics import caption_metrics
 from mdc_core.eval.figures import save_png
+from mdc_core.eval.report import names_object
 from mdc_core.objectives import objective_spec
-from mdc_core.report import names_object
 from mdc_core.sampler import sample
 from mdc_core.tokenizer import CaptionTokenizer
 

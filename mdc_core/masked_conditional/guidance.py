@@ -21,7 +21,8 @@ Sampling (:class:`GuidanceConfig`), combining log-probabilities of x_0 with guid
 
 The masked reference condition is drawn afresh (each token masked with ``p_mask``) at every decoder call, or
 once per image cache. :class:`GuidedCaptioner` wraps a captioner so that any sampler (MDC's confidence sampler
-:func:`mdc_core.sampler.sample` and the D3PM sampler of :mod:`mdc_core.mc_diffusion`) uses guided predictions.
+:func:`mdc_core.sampler.sample` and the D3PM sampler of :mod:`mdc_core.masked_conditional.diffusion`) uses guided
+predictions.
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_eval_compositionality(args: argparse.Namespace) -> None:
-    from .eval.compositionality import compositionality
+    from mdc_core.eval.compositionality import compositionality
     result = compositionality(args.run, args.benchmark, args.data, methods=args.methods, samples=args.samples,
                               limit=args.limit, images=args.images, split=args.split, seed=args.seed,
                               device=args.device, progress=not args.quiet)
@@ -116,7 +116,7 @@ def cmd_eval_compositionality(args: argparse.Namespace) -> None:
 
 
 def cmd_eval_captioning(args: argparse.Namespace) -> None:
-    from .eval.captioning import captioning
+    from mdc_core.eval.captioning import captioning
     result = captioning(args.run, args.data, lengths=args.lengths, beam=args.beam, finetune_steps=args.finetune_steps,
                         finetune_data=args.finetune_data, finetune_overrides=args.finetune_set, out=args.out,
                         limit=args.limit, metrics=args.metrics, batch_size=args.batch_size,
@@ -139,7 +139,7 @@ def cmd_eval_captioning(args: argparse.Namespace) -> None:
 
 
 def cmd_eval_position_signal(args: argparse.Namespace) -> None:
-    from .eval.position_signal import plot_position_signal, position_signal_runs
+    from mdc_core.eval.position_signal import plot_position_signal, position_signal_runs
     try:
         ratios = [float(r) for r in args.ratios.split(",") if r.strip()]
     except ValueError as err:
@@ -168,7 +168,7 @@ def _number_list(text: str, kind: type, flag: str) -> list:
 
 
 def cmd_eval_parallel_decoding(args: argparse.Namespace) -> None:
-    from .eval.parallel_decoding import decoding_curve, plot_decoding_curve
+    from mdc_core.eval.parallel_decoding import decoding_curve, plot_decoding_curve
     result = decoding_curve(args.run, args.data, thresholds=_number_list(args.thresholds, float, "--thresholds"),
                             ks=_number_list(args.ks, int, "--ks"), length=args.length, split=args.split,
                             limit=args.limit, batch_size=args.batch_size, device=args.device,
@@ -187,7 +187,7 @@ def cmd_eval_parallel_decoding(args: argparse.Namespace) -> None:
 
 
 def cmd_eval_objects(args: argparse.Namespace) -> None:
-    from .eval.object_curve import curve_table, object_accuracy_curve, plot_object_curves
+    from mdc_core.eval.object_curve import curve_table, object_accuracy_curve, plot_object_curves
     results = [object_accuracy_curve(run, data=args.data, lengths=args.lengths or (), split=args.split,
                                      limit=args.limit, batch_size=args.batch_size, device=args.device, ema=args.ema,
                                      progress=not args.quiet) for run in args.run]

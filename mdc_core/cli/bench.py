@@ -44,8 +44,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
     if verb not in (None, "model"):
         BENCH_HANDLERS[verb](args)
         return
-    from .core import BenchConfig, format_report, run_bench
-    from .training import TRAIN_SPECS
+    from mdc_core.bench.core import BenchConfig, format_report, run_bench
+    from mdc_core.bench.training import TRAIN_SPECS
 
     kw = {"preset": args.preset, "overrides": list(args.set), "device": args.device, "threads": args.threads,
           "mdc_run": args.mdc_run, "arc_run": args.arc_run, "profile_rows": args.profile}

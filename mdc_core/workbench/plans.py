@@ -341,7 +341,7 @@ def _mark_failed(run_dir: Path, error: str, duration: float) -> None:
 
 def run_plan(plan: Plan, *, progress: bool = True, cwd: Path | None = None) -> list[RunResult]:
     """Execute every pending run of `plan`, skipping finished ones, then write the summary."""
-    from .runs_summary import write_summary
+    from mdc_core.workbench.summary import write_summary
 
     kernel = ensure_kernel(plan.kernel)
     out = plan.out_dir

@@ -13,11 +13,11 @@ import sys
 import time
 from pathlib import Path
 
-from .bench.cli import add_bench_parser, cmd_bench
-from .config import SAMPLER_RANGES, ConfigError, apply_overrides, list_presets, load_preset
-from .eval_cli import add_eval_parser, cmd_eval
-from .mc_diffusion_cli import add_guidance_args, add_vqvae_parser, cmd_vqvae
-from .score_cli import add_score_parser, cmd_sample_auto, cmd_score
+from mdc_core.cli.bench import add_bench_parser, cmd_bench
+from mdc_core.cli.evaluate import add_eval_parser, cmd_eval
+from mdc_core.cli.masked_conditional import add_guidance_args, add_vqvae_parser, cmd_vqvae
+from mdc_core.cli.sample import add_score_parser, cmd_sample_auto, cmd_score
+from mdc_core.config import SAMPLER_RANGES, ConfigError, apply_overrides, list_presets, load_preset
 
 USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, ValueError)
 
@@ -120,10 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     app.add_argument("--port", type=int, help="port (default: gradio's first free one from 7860)")
     app.add_argument("--share", action="store_true", help="also open a public gradio.live link (off by default)")
 
-    add_eval_parser(sub)  # mdc eval <verb>: mdc_core.eval_cli
-    add_bench_parser(sub)  # mdc bench [model]: mdc_core.bench.cli
-    add_score_parser(sub)  # mdc score: mdc_core.score_cli
-    add_vqvae_parser(sub)  # mdc vqvae train | show: mdc_core.mc_diffusion_cli
+    add_eval_parser(sub)  # mdc eval <verb>: mdc_core.cli.evaluate
+    add_bench_parser(sub)  # mdc bench [model]: mdc_core.cli.bench
+    add_score_parser(sub)  # mdc score: mdc_core.cli.sample
+    add_vqvae_parser(sub)  # mdc vqvae train | show: mdc_core.cli.masked_conditional
 
     runs = sub.add_parser("runs", help="execute notebooks with papermill over a plan's parameter grid")
     runs.add_argument("plan", help="plan YAML file (see plans/)")
@@ -137,7 +137,7 @@ def cmd_data(args: argparse.Namespace) -> None:
 
 
 def cmd_data_shards(args: argparse.Namespace) -> None:
-    from .data.shards import write_shards
+    from mdc_core.data.shards import write_shards
     stats = write_shards(args.source, args.out, shard_size=args.shard_size, check_images=not args.no_check,
                          progress=not args.quiet)
     print(f"wrote {stats['written']} pairs in {stats['shards']} shards; skipped {stats['skipped'] or 'none'}")
@@ -145,7 +145,7 @@ def cmd_data_shards(args: argparse.Namespace) -> None:
 
 
 def cmd_data_bench(args: argparse.Namespace) -> None:
-    from .data.throughput import bench_data
+    from mdc_core.bench.data import bench_data
     rows = bench_data(args.data, image_sizes=tuple(args.image_size), workers=args.workers,
                       batch_size=args.batch_size, batches=args.batches, augment=args.augment)
     if args.json:
@@ -158,7 +158,7 @@ def cmd_data_bench(args: argparse.Namespace) -> None:
 
 
 def cmd_data_synth(args: argparse.Namespace) -> None:
-    from .data import write_synthetic_dataset
+    from mdc_core.data import write_synthetic_dataset
     manifest = write_synthetic_dataset(args.out, args.n, seed=args.seed, image_size=args.image_size,
                                        captions=args.captions, shard_size=args.shard_size)
     counts = manifest.get("counts", {})
@@ -177,7 +177,7 @@ def _train_config(args: argparse.Namespace):
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from .train import train
+    from mdc_core.train import train
     cfg = _train_config(args)
     result = train(cfg, args.out, resume=args.resume, progress=not args.quiet)
     print(f"trained {result.steps} steps, final loss {result.final_loss:.4f}; checkpoint {result.checkpoint}")
@@ -190,12 +190,12 @@ def cmd_train(args: argparse.Namespace) -> None:
 def cmd_sample(args: argparse.Namespace) -> None:
     import torch
 
-    from .checkpoint import load_model
-    from .data import load_image
-    from .guidance import GuidedCaptioner
-    from .mc_diffusion_cli import check_mdc_sampler_args, cmd_sample_d3pm, guidance_config
-    from .sampler import sample, trajectory
-    from .tokenizer import CaptionTokenizer
+    from mdc_core.checkpoint import load_model
+    from mdc_core.cli.masked_conditional import check_mdc_sampler_args, cmd_sample_d3pm, guidance_config
+    from mdc_core.data import load_image
+    from mdc_core.masked_conditional.guidance import GuidedCaptioner
+    from mdc_core.sampler import sample, trajectory
+    from mdc_core.tokenizer import CaptionTokenizer
     model, cfg = load_model(args.run, device=args.device, ema=args.ema)
     guidance = guidance_config(args, cfg)
     image = load_image(args.image, cfg.model.image_size)[None].to(args.device)
@@ -227,10 +227,10 @@ def cmd_sample(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from .checkpoint import load_model
-    from .data import read_manifest, write_synthetic_dataset
-    from .report import caption_report
-    from .train import train
+    from mdc_core.checkpoint import load_model
+    from mdc_core.data import read_manifest, write_synthetic_dataset
+    from mdc_core.eval.report import caption_report
+    from mdc_core.train import train
     out = Path(args.out)
     data_dir = out / "data"
     try:
@@ -243,7 +243,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
         overrides.append(f"train.steps={args.steps}")
     cfg = load_preset("tiny", overrides)
     run_dir = out / "run"
-    from .checkpoint import latest_checkpoint
+    from mdc_core.checkpoint import latest_checkpoint
     done = latest_checkpoint(run_dir)
     if done is not None and json.loads((done / "meta.json").read_text())["step"] >= cfg.train.steps:
         print(f"reusing trained run {run_dir}")
@@ -266,7 +266,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def cmd_runs(args: argparse.Namespace) -> None:
-    from .runs import describe_plan, load_plan, run_plan
+    from mdc_core.workbench.plans import describe_plan, load_plan, run_plan
     plan = load_plan(args.plan)
     if args.dry_run:
         print(describe_plan(plan))
@@ -304,7 +304,7 @@ def cmd_presets(args: argparse.Namespace) -> None:
 
 
 def _add_probe_parser(sub: argparse._SubParsersAction) -> None:
-    from .data import LABEL_NAMES
+    from mdc_core.data import LABEL_NAMES
     probe = sub.add_parser("probe", help="linear probe of a run's frozen encoder (CLIP-benchmark protocol, Table 1)")
     probe.add_argument("--run", action="append", required=True, help="run or checkpoint folder (repeatable)")
     probe.add_argument("--data", required=True, help="synthetic data folder, class folders root/train|val/CLASS/, "
@@ -324,7 +324,7 @@ def _add_probe_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_probe(args: argparse.Namespace) -> None:
-    from .eval.probe_data import probe_runs
+    from mdc_core.eval.probe_data import probe_runs
     result = probe_runs(args.run, args.data, task=args.task, fmt=args.format, device=args.device,
                         batch_size=args.batch_size, cache_dir=args.cache_dir, ema=args.ema, limit=args.limit,
                         weight_decay=args.weight_decay, progress=not args.quiet)
@@ -360,8 +360,8 @@ def main(argv: list[str] | None = None) -> int:
         print("mdc: interrupted", file=sys.stderr)
         return 130
     except RuntimeError as err:  # a training run stopped for a reason its message explains
-        from .distributed import RankFailure
-        from .train import TrainingDiverged
+        from mdc_core.distributed import RankFailure
+        from mdc_core.train import TrainingDiverged
         if not isinstance(err, (TrainingDiverged, RankFailure)):
             raise
         print(f"mdc: error: {err}", file=sys.stderr)

@@ -1,9 +1,10 @@
 """MC-Diffusion on the command line: guided ``mdc sample`` (MDC and D3PM runs) and ``mdc vqvae train | show``.
 
-Thin wrappers around :mod:`mdc_core.guidance`, :mod:`mdc_core.mc_diffusion` and :mod:`mdc_core.vqvae`;
+Thin wrappers around :mod:`mdc_core.masked_conditional.guidance`, :mod:`mdc_core.masked_conditional.diffusion`
+and :mod:`mdc_core.masked_conditional.vqvae`;
 :mod:`mdc_core.cli` registers them. ``mdc sample`` on a run trained with ``objective.name = "d3pm"`` runs the T-step
 ancestral sampler; on any other masked run MDC's confidence sampler. ``--guidance`` wraps either model in a
-:class:`~mdc_core.guidance.GuidedCaptioner`.
+:class:`~mdc_core.masked_conditional.guidance.GuidedCaptioner`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-# Literal tables, not imports of mdc_core.guidance / mdc_core.vqvae: importing mdc_core.cli does not import torch
+# Literal tables, not imports of mdc_core.masked_conditional.guidance / .vqvae: importing mdc_core.cli does not
+# import torch
 # (tests/test_mc_diffusion_cli.py checks that they match those modules).
 GUIDANCE_MODES = ("none", "cfg", "mcs", "mcs_cfg")  # "none" + guidance.GUIDANCE_FORMS
 # ``mdc sample`` options of MDC's confidence sampler that the D3PM sampler has no use for: (dest, flag)
@@ -51,7 +53,7 @@ def add_guidance_args(p: argparse.ArgumentParser) -> None:
 def guidance_config(args: argparse.Namespace, cfg: Any) -> Any:
     """The :class:`GuidanceConfig` of ``mdc sample``'s options for a run with config `cfg`; ValueError explains
     options that do not fit the run. Notes on stderr where the sampling mode differs from the training mode."""
-    from .guidance import GuidanceConfig
+    from mdc_core.masked_conditional.guidance import GuidanceConfig
     mode, trained = args.guidance, cfg.objective.guidance
     if mode == "none":
         for value, flag in ((args.guidance_scale, "--guidance-scale"), (args.guidance_p_mask, "--guidance-p-mask")):
@@ -91,10 +93,10 @@ def cmd_sample_d3pm(args: argparse.Namespace, model: Any, cfg: Any, image: Any, 
     """``mdc sample`` for a D3PM (MC-Diffusion) run: T-step ancestral sampling (T = the run's objective.d3pm_steps)."""
     import torch
 
-    from .d3pm import reverse_times
-    from .guidance import GuidedCaptioner
-    from .mc_diffusion import d3pm_sample
-    from .tokenizer import CaptionTokenizer
+    from mdc_core.masked_conditional.d3pm import reverse_times
+    from mdc_core.masked_conditional.diffusion import d3pm_sample
+    from mdc_core.masked_conditional.guidance import GuidedCaptioner
+    from mdc_core.tokenizer import CaptionTokenizer
     given = [flag for dest, flag in MDC_ONLY_ARGS if getattr(args, dest) is not None]
     if given or args.length == "auto":
         raise ValueError(f"{', '.join(given) or '--length auto'}: options of MDC's confidence sampler; {args.run} "
@@ -158,13 +160,14 @@ def add_vqvae_parser(sub: argparse._SubParsersAction) -> None:
 
 def encoder_flags(path: str | Path, token_width: int | None = None) -> list[str]:
     """``mdc train`` arguments that set a captioner's encoder to the VQ model at `path`: a file written by
-    :func:`mdc_core.vqvae.save_vqvae` (``model.encoder=vqvae``) or a diffusers VQModel folder (``vqgan``)."""
+    :func:`mdc_core.masked_conditional.vqvae.save_vqvae` (``model.encoder=vqvae``) or a diffusers VQModel folder
+    (``vqgan``)."""
     path = Path(path)
     if path.is_dir():
-        from .vqgan import vqgan_encoder_kwargs
+        from mdc_core.masked_conditional.vqgan import vqgan_encoder_kwargs
         name, kwargs, size = "vqgan", vqgan_encoder_kwargs(path, token_width), None
     else:
-        from .vqvae import vqvae_encoder_kwargs
+        from mdc_core.masked_conditional.vqvae import vqvae_encoder_kwargs
         kwargs = vqvae_encoder_kwargs(path, token_width)
         name, size = "vqvae", kwargs["image_size"]
     flags = ["--set", f"model.encoder={name}", "--set", f"model.pretrained_path={json.dumps(str(path))}",
@@ -177,8 +180,8 @@ def cmd_vqvae(args: argparse.Namespace) -> None:
 
 
 def cmd_vqvae_train(args: argparse.Namespace) -> None:
-    from .config import DataConfig
-    from .vqvae import VQVAEConfig, save_vqvae, train_vqvae
+    from mdc_core.config import DataConfig
+    from mdc_core.masked_conditional.vqvae import VQVAEConfig, save_vqvae, train_vqvae
     out = Path(args.out)
     if out.exists():
         raise FileExistsError(f"{out} exists; choose another --out or delete it")

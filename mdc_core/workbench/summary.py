@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .runs import Plan, RunResult
+    from mdc_core.workbench.plans import Plan, RunResult
 
 
 @dataclass(frozen=True)

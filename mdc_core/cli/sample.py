@@ -28,9 +28,9 @@ def add_score_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_score(args: argparse.Namespace) -> None:
     import torch
 
-    from .checkpoint import load_model
-    from .data import load_image
-    from .scoring import model_kind, score_captions
+    from mdc_core.checkpoint import load_model
+    from mdc_core.data import load_image
+    from mdc_core.scoring import model_kind, score_captions
     model, cfg = load_model(args.run, device=args.device, ema=args.ema)
     model_kind(model)  # a CLIP run fails here, before any work
     image = load_image(args.image, cfg.model.image_size)[None].to(args.device)
@@ -54,9 +54,9 @@ def cmd_sample_auto(args: argparse.Namespace, model, cfg, image) -> None:  # noq
     """``mdc sample --length auto``: the best candidate of each N' in ``--auto-range`` by heuristic score per token."""
     import torch
 
-    from .auto_length import parse_range, sample_auto_length
-    from .sampler import trajectory
-    from .tokenizer import CaptionTokenizer
+    from mdc_core.auto_length import parse_range, sample_auto_length
+    from mdc_core.sampler import trajectory
+    from mdc_core.tokenizer import CaptionTokenizer
     lengths = parse_range(args.auto_range, cfg.model.context_length)
     tok = CaptionTokenizer(cfg.model.context_length)
     start = time.perf_counter()
