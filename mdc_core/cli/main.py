@@ -17,7 +17,7 @@ from mdc_core.cli.bench import add_bench_parser, cmd_bench
 from mdc_core.cli.evaluate import add_eval_parser, cmd_eval
 from mdc_core.cli.masked_conditional import add_guidance_args, add_vqvae_parser, cmd_vqvae
 from mdc_core.cli.sample import add_score_parser, cmd_sample_auto, cmd_score
-from mdc_core.config import SAMPLER_RANGES, ConfigError, apply_overrides, list_presets, load_preset
+from mdc_core.config import OBJECTIVE_NAMES, SAMPLER_RANGES, ConfigError, apply_overrides, list_presets, load_preset
 
 USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, ValueError)
 
@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--preset", default="tiny", help=f"one of: {', '.join(list_presets())}")
     train.add_argument("--data", help="data path (shard folder, brace pattern, CSV/TSV or COCO JSON)")
     train.add_argument("--out", required=True, help="run folder")
-    train.add_argument("--objective", choices=("mdc", "mdc_no_t", "bert", "parallel", "arc", "clip", "d3pm"))
+    train.add_argument("--objective", choices=OBJECTIVE_NAMES)
     train.add_argument("--steps", type=int, help="optimizer steps")
     train.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="override any config key, e.g. --set train.lr=1e-3 (repeatable)")

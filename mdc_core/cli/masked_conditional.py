@@ -18,13 +18,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-# Literal tables, not imports of mdc_core.masked_conditional.guidance / .vqvae: importing mdc_core.cli does not
-# import torch
-# (tests/test_mc_diffusion_cli.py checks that they match those modules).
-GUIDANCE_MODES = ("none", "cfg", "mcs", "mcs_cfg")  # "none" + guidance.GUIDANCE_FORMS
+from mdc_core.config import GUIDANCE_MODES
+
 # ``mdc sample`` options of MDC's confidence sampler that the D3PM sampler has no use for: (dest, flag)
 MDC_ONLY_ARGS = (("tokens_per_step", "--tokens-per-step"), ("threshold", "--threshold"), ("top_k", "--top-k"))
-VQVAE_OPTIONS = {  # VQVAEConfig field -> (type, help) of its `mdc vqvae train` option; unset = VQVAEConfig's default
+# VQVAEConfig field -> (type, help) of its `mdc vqvae train` option; unset = VQVAEConfig's default. Literal, not
+# derived from VQVAEConfig, so that importing mdc_core.cli imports no torch (tests/test_mc_diffusion_cli.py checks
+# that the fields and defaults match).
+VQVAE_OPTIONS = {
     "image_size": (int, "input pixels (square; default 64); the captioner's model.image_size must equal it"),
     "channels": (int, "hidden conv channels (default 64)"),
     "downsample": (int, "stride-2 stages: (image_size / 2**downsample)^2 image tokens (default 3)"),

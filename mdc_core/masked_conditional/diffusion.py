@@ -27,6 +27,7 @@ import torch
 
 from mdc_core.config import ObjectiveConfig
 from mdc_core.masked_conditional import d3pm
+from mdc_core.objectives import LossOutput, encode_condition, maskable_positions
 from mdc_core.tokenizer import EOT_ID, MASK_ID, SOT_ID
 
 
@@ -57,11 +58,16 @@ def schedule_for(cfg: ObjectiveConfig) -> d3pm.MaskReplaceSchedule:
     return d3pm.mask_replace_schedule(cfg.d3pm_steps)
 
 
+def d3pm_objective(model: Any, images: torch.Tensor, tokens: torch.Tensor, cfg: ObjectiveConfig,
+                   generator: torch.Generator | None = None) -> LossOutput:
+    """The ``d3pm`` row of the core's objective table: images (B, 3, H, W) -> (guidance-corrupted) image tokens
+    -> :func:`d3pm_loss` (VLB term + auxiliary x_0 cross-entropy)."""
+    return LossOutput(*d3pm_loss(model, encode_condition(model, images, cfg, generator), tokens, cfg, generator))
+
+
 def d3pm_loss(model: Any, image_tokens: torch.Tensor, tokens: torch.Tensor, cfg: ObjectiveConfig,
               generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(loss, metrics) of a batch: image_tokens (B, M, D) (already guidance-corrupted), tokens (B, L)."""
-    from mdc_core.objectives import maskable_positions  # objectives imports this module lazily; avoid a cycle
-
     sched = schedule_for(cfg)
     table = state_table(model)
     K, T = table.num_classes, sched.steps
