@@ -1,4 +1,4 @@
-"""``mdc bench [model]``: the command line of the speed benchmark (:func:`mdc_core.bench.core.run_bench`).
+"""``mdc bench [model]``: the command line of the speed benchmark (:func:`mdc_core.bench.run.run_bench`).
 
 ``mdc bench`` is a group: without a sub-verb (or with ``model``) it runs the model benchmark. Other benchmark
 sub-verbs register themselves on the sub-parsers :func:`add_bench_parser` returns and in :data:`BENCH_HANDLERS`.
@@ -44,7 +44,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
     if verb not in (None, "model"):
         BENCH_HANDLERS[verb](args)
         return
-    from mdc_core.bench.core import BenchConfig, format_report, run_bench
+    from mdc_core.bench.core import BenchConfig
+    from mdc_core.bench.run import format_report, run_bench
     from mdc_core.bench.training import TRAIN_SPECS
 
     kw = {"preset": args.preset, "overrides": list(args.set), "device": args.device, "threads": args.threads,
