@@ -305,48 +305,24 @@ def markdown_table(rows: dict[str, dict[str, Any]], first: str = "", digits: int
 
 
 def trajectory_html(record: dict[str, Any], step: int) -> str:
-    """The canvas of one :func:`mdc_core.sampler.trajectory` record after `step` denoising steps, as HTML:
-    revealed tokens on a background whose strength is their confidence when revealed (numbered by reveal
-    order), still-masked positions grey with the model's current top guess and its confidence."""
-    import html
+    """The canvas of one :func:`mdc_core.sampler.trajectory` record after `step` denoising steps, as the app's
+    HTML token chips (:func:`app.render.chips_html`: one drawing for the app and the notebooks)."""
+    from app.render import chips_html
 
-    steps = record["steps"]
-    step = max(0, min(step, len(steps)))
-    cells: dict[int, str] = {}
-    for s in steps[:step]:
-        for r in s["revealed"]:
-            alpha = 0.15 + 0.85 * r["confidence"]
-            cells[r["position"]] = (
-                f"<span style='background:rgba(30,120,220,{alpha:.2f});color:{'white' if alpha > 0.6 else 'black'};"
-                f"padding:3px 6px;margin:2px;border-radius:4px;display:inline-block' title='confidence "
-                f"{r['confidence']:.2f}'><sup>{s['step'] + 1}</sup> {html.escape(r['token'])}</span>")
-    guesses = {m["position"]: m for m in steps[step]["masked"]} if step < len(steps) else {}
-    for pos, m in guesses.items():
-        cells[pos] = (f"<span style='background:#ddd;color:#888;padding:3px 6px;margin:2px;border-radius:4px;"
-                      f"display:inline-block'>[MASK] <i>{html.escape(m['top_token'])} {m['top_confidence']:.2f}"
-                      f"</i></span>")
-    body = "".join(cells[p] for p in sorted(cells))
-    return f"<div style='font-family:monospace;line-height:2.2'>step {step} / {len(steps)}: {body}</div>"
+    return chips_html(record, step)
 
 
-def confidence_heatmap(record: dict[str, Any], title: str = ""):
-    """Steps x positions: each masked position's top-guess confidence per step; the revealed one circled."""
-    import matplotlib.pyplot as plt
-    import numpy as np
+def confidence_heatmap(record: dict[str, Any], title: str = "") -> Any:
+    """Steps x positions: each masked position's top-guess confidence per step, the reveal order traced on it
+    (:func:`app.render.heatmap_figure`); shown in the notebook's output when run inside one, and returned."""
+    from app.render import heatmap_figure
 
-    steps = record["steps"]
-    n = len(record["tokens"])
-    grid = np.full((len(steps), n), np.nan)
-    for s in steps:
-        for m in s["masked"]:
-            grid[s["step"], m["position"]] = m["top_confidence"]
-    fig, ax = plt.subplots(figsize=(max(5, 0.5 * n), max(3, 0.3 * len(steps))))
-    im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
-    ax.plot([s["position"] for s in steps], [s["step"] for s in steps], "o", mfc="none", mec="red", ms=9)
-    ax.set_xticks(range(n), record["tokens"], rotation=45, ha="right", fontsize=8)
-    ax.set_xlabel("caption position (final token)")
-    ax.set_ylabel("denoising step")
-    ax.set_title(title or record["caption"], fontsize=9)
-    fig.colorbar(im, ax=ax, label="top-guess confidence")
-    fig.tight_layout()
+    fig = heatmap_figure(record, title)
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        return fig
+    if get_ipython() is not None:
+        display(fig)
     return fig
