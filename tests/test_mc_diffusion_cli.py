@@ -75,7 +75,8 @@ def test_parser_tables_match_the_library_and_do_not_import_torch():
     import subprocess
     import sys
 
-    from mdc_core.cli.masked_conditional import GUIDANCE_MODES, VQVAE_OPTIONS
+    from mdc_core.cli.masked_conditional import VQVAE_OPTIONS
+    from mdc_core.config import GUIDANCE_MODES
     from mdc_core.masked_conditional.guidance import GUIDANCE_FORMS
     from mdc_core.masked_conditional.vqvae import VQVAEConfig
 
