@@ -125,6 +125,36 @@ def test_commands_in_the_docs_parse() -> None:
     assert checked >= 40
 
 
+def test_code_the_docs_name_exists() -> None:
+    """Paths (`mdc_core/eval/probe.py`, `plans/cpu_demo.yaml`) and dotted names (`mdc_core.scoring.METHODS`,
+    `mdc_core/masked_conditional/diffusion.py: d3pm_loss`) in the README and docs/ exist in this tree."""
+    import importlib
+
+    missing, names = [], set()
+    for page in [*PAGES, ROOT / "benchmarks" / "README.md"]:
+        text = page.read_text()
+        for path in re.findall(r"`((?:mdc_core|app|notebooks|plans|tests|benchmarks|docs)/[^`\s:]*)", text):
+            if not re.search(r"[*<{]|\.\.\.", path) and not (ROOT / path.rstrip("/")).exists():
+                missing.append(f"{page.name}: {path}")
+        names |= set(re.findall(r"`(mdc_core(?:\.\w+)+)", text))
+        cited = re.findall(r"`(mdc_core/[\w/]+\.py): (\w+)`", text)  # `mdc_core/x.py: name`
+        names |= {f"{f[:-3].replace('/', '.')}.{attr}" for f, attr in cited}
+    for name in sorted(names):
+        parts = name.split(".")
+        for k in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:k]))
+                break
+            except ModuleNotFoundError:
+                continue
+        for attr in parts[k:]:
+            obj = getattr(obj, attr, None)
+        if obj is None:
+            missing.append(name)
+    assert not missing, f"the docs name code that does not exist: {missing}"
+    assert len(names) >= 10
+
+
 def test_cli_reference_covers_every_verb() -> None:
     from mdc_core.cli import build_parser
 
