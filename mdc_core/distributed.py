@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TypeVar
@@ -123,6 +123,19 @@ def all_reduce(ctx: DistContext, values: torch.Tensor, op: str = "sum", what: st
     red = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op]
     _collective(ctx, what, lambda: dist.all_reduce(values, op=red))
     return values
+
+
+def all_reduce_named(ctx: DistContext, values: Mapping[str, torch.Tensor | float], what: str = "all-reduce"
+                     ) -> dict[str, float]:
+    """Named scalars summed over ranks by one collective (in float64); returns the sums by name.
+
+    Every rank must pass the same names. Used for the trainer's step metrics, so that each logged value has a
+    name instead of a position in a vector.
+    """
+    keys = list(values)
+    vec = torch.stack([torch.as_tensor(values[k], dtype=torch.float64, device=ctx.device).reshape(())
+                       for k in keys])  # (len(keys),)
+    return dict(zip(keys, all_reduce(ctx, vec, "sum", what).tolist(), strict=True))
 
 
 def all_agree(ctx: DistContext, flag: bool, what: str = "agreement") -> bool:
