@@ -20,10 +20,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
 import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -138,3 +140,37 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", ema: boo
 def load_train_state(ckpt: Path) -> dict[str, Any]:
     """Optimizer/scheduler/RNG/data-position state, loaded with ``weights_only=True`` (no code execution)."""
     return torch.load(ckpt / "state.pt", map_location="cpu", weights_only=True)
+
+
+def rng_state() -> dict[str, Any]:
+    """The torch, Python, NumPy and CUDA generator states (for ``state.pt``; loads with ``weights_only``)."""
+    np_state = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
+            "python_version": random.getstate()[0],
+            "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]],
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` saved."""
+    torch.set_rng_state(state["torch"])
+    random.setstate((state["python_version"], tuple(state["python"]), None))
+    np_state = state["numpy"]
+    np.random.set_state((np_state[0], np_state[1].numpy(), *np_state[2:]))
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def truncate_jsonl(path: Path, step: int) -> None:
+    """Keep the lines of `path` logged at or before `step` (a killed run may have logged past its checkpoint)."""
+    if not path.is_file():
+        return
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    keep = []
+    for line in lines:
+        try:
+            if json.loads(line).get("step", 0) <= step:
+                keep.append(line)
+        except json.JSONDecodeError:  # a line cut off by the kill
+            continue
+    _atomic_write_text(path, "".join(x + "\n" for x in keep))

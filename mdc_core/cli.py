@@ -171,7 +171,7 @@ def _train_config(args: argparse.Namespace):
         overrides.append(f"data.path={json.dumps(args.data)}")
     if args.objective:
         overrides.append(f"objective.name={args.objective}")
-    if args.steps:
+    if args.steps is not None:
         overrides.append(f"train.steps={args.steps}")
     return load_preset(args.preset, overrides)
 
@@ -180,6 +180,10 @@ def cmd_train(args: argparse.Namespace) -> None:
     from .train import train
     cfg = _train_config(args)
     result = train(cfg, args.out, resume=args.resume, progress=not args.quiet)
+    if result.interrupted:
+        print(f"mdc train: interrupted at step {result.steps}; checkpoint {result.checkpoint}; continue with the "
+              f"same command and --resume", file=sys.stderr)
+        raise SystemExit(128 + result.interrupted)  # the shell's convention for a run stopped by a signal
     print(f"trained {result.steps} steps, final loss {result.final_loss:.4f}; checkpoint {result.checkpoint}")
     if result.skipped:
         print(f"skipped corrupt records: {result.skipped}")
@@ -239,7 +243,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     except (FileNotFoundError, ValueError):
         write_synthetic_dataset(data_dir, args.n, seed=0, progress=not args.quiet)
     overrides = [f"data.path={json.dumps(str(data_dir))}", *args.set]
-    if args.steps:
+    if args.steps is not None:
         overrides.append(f"train.steps={args.steps}")
     cfg = load_preset("tiny", overrides)
     run_dir = out / "run"

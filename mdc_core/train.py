@@ -10,12 +10,14 @@ summed over micro-batches and ranks), and every random draw of micro-batch ``a``
 with accumulation A compute the same updates as one process with ``world x`` the workers and accumulation
 ``world * A`` (up to floating-point summation order), and makes accumulation equal to one bigger batch.
 
-A resumed run restores model, optimizer, scheduler, EMA, RNG states, counters and the data position (epoch,
-batches read), and truncates ``metrics.jsonl``/``epochs.jsonl`` to the checkpoint's step, so it continues as if
-never stopped. A non-finite loss or gradient norm either stops the run with :class:`TrainingDiverged` before
-anything is written, so the last checkpoint on disk is the last good one (``train.nonfinite=stop``), or
-skips that update (``skip``; at most ``train.max_skipped_steps`` in a row). Records skipped as corrupt are
-counted per epoch in ``epochs.jsonl``.
+A resumed run restores model, optimizer, scheduler, EMA, RNG states, counters and the data position (epoch, batches
+read), and truncates ``metrics.jsonl``/``epochs.jsonl`` to the checkpoint's step, so it continues as if never
+stopped. SIGINT (Ctrl-C) and SIGTERM (a pre-empted job) stop the run at the next step boundary with a checkpoint
+(under torchrun the ranks agree through the step's all-reduce); ``train.ckpt_every_minutes`` adds time-based
+checkpoints, which bounds the work a crash can lose. A non-finite loss or gradient norm either stops the run with
+:class:`TrainingDiverged` before anything is written, so the last checkpoint on disk is the last good one
+(``train.nonfinite=stop``), or skips that update (``skip``; at most ``train.max_skipped_steps`` in a row). Records
+skipped as corrupt are counted per epoch in ``epochs.jsonl``.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ import contextlib
 import json
 import math
 import random
+import signal
+import sys
+import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +45,8 @@ from tqdm.auto import tqdm
 from . import checkpoint as ckpt_io
 from . import distributed as dist
 from .config import ObjectiveConfig, RunConfig
-from .data import SKIP_REASONS, build_loader, iter_captions, resolve_source
+from .data import SKIP_REASONS, iter_captions, resolve_source
+from .data.loaders import BatchStream
 from .factory import create_model
 from .model import padding_mask
 from .objectives import compute_loss, maskable_positions, objective_spec
@@ -61,6 +65,7 @@ class TrainResult:
     checkpoint: Path
     skipped: dict[str, int] = field(default_factory=dict)  # corrupt records skipped, by reason
     truncated: int = 0  # captions cut to the context length
+    interrupted: int = 0  # the signal (SIGINT, SIGTERM) that stopped the run early with a checkpoint; 0 = none
 
 
 def resolve_device(name: str) -> torch.device:
@@ -143,79 +148,6 @@ class _Objective(torch.nn.Module):
         return out.loss, out.metrics
 
 
-class _BatchStream:
-    """This rank's micro-batches, epoch after epoch, from the data position (epoch, batch_in_epoch).
-
-    :meth:`take` returns n micro-batches of the current epoch or, when any rank cannot fill its n (the end of the
-    epoch; ranks agree by one all-reduce), drops what it got, calls ``on_epoch_end`` and starts the next epoch.
-    Skipped-record counts met on this rank accumulate in `pending` until the trainer sums them over ranks.
-    """
-
-    def __init__(self, cfg: RunConfig, ctx: dist.DistContext, epoch: int, batch_in_epoch: int,
-                 on_epoch_end: Any):
-        self.cfg, self.ctx, self.on_epoch_end = cfg, ctx, on_epoch_end
-        self.epoch, self.batch_in_epoch = epoch, batch_in_epoch
-        self.pending: Counter[str] = Counter()
-        self._it: Iterator[dict[str, Any]] | None = None
-
-    def _open(self) -> Iterator[dict[str, Any]]:
-        t = self.cfg.train
-        return iter(build_loader(self.cfg.data, split="train", image_size=self.cfg.model.image_size,
-                                 batch_size=t.batch_size, seed=t.seed, epoch=self.epoch,
-                                 skip_batches=self.batch_in_epoch, rank=self.ctx.rank, world=self.ctx.world))
-
-    def take(self, n: int) -> list[dict[str, Any]]:
-        while True:
-            if self._it is None:
-                self._it = self._open()
-            got = list(islice(self._it, n))
-            for batch in got:
-                self.pending.update(batch.get("skipped", {}))
-            if dist.all_agree(self.ctx, len(got) == n, "end-of-epoch agreement"):
-                self.batch_in_epoch += n
-                return got
-            if self.batch_in_epoch == 0:
-                t = self.cfg.train
-                raise ValueError(f"data at {self.cfg.data.path} gave a rank fewer than {n} batches of {t.batch_size} "
-                                 f"in a whole epoch (too few valid samples or shards for {self.ctx.world} ranks x "
-                                 "grad_accum, or all corrupt); lower train.batch_size or check the data")
-            self._it = None  # a DataLoader's workers stop with their iterator
-            self.on_epoch_end(self.epoch)
-            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
-
-
-def _rng_state() -> dict[str, Any]:
-    np_state = np.random.get_state()
-    return {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
-            "python_version": random.getstate()[0],
-            "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]],
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate((state["python_version"], tuple(state["python"]), None))
-    np_state = state["numpy"]
-    np.random.set_state((np_state[0], np_state[1].numpy(), *np_state[2:]))
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _truncate_jsonl(path: Path, step: int) -> None:
-    """Keep the lines of `path` logged at or before `step` (a killed run may have logged past its checkpoint)."""
-    if not path.is_file():
-        return
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    keep = []
-    for line in lines:
-        try:
-            if json.loads(line).get("step", 0) <= step:
-                keep.append(line)
-        except json.JSONDecodeError:  # a line cut off by the kill
-            continue
-    ckpt_io._atomic_write_text(path, "".join(x + "\n" for x in keep))
-
-
 def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bool = True) -> TrainResult:
     """Train `cfg` into run folder `out`. With `resume`, continue from its latest complete checkpoint.
 
@@ -246,7 +178,11 @@ def _prepare_run(cfg: RunConfig, out: Path, resume: bool) -> tuple[RunConfig, Pa
         return cfg, None
     start_ckpt = ckpt_io.latest_checkpoint(out)
     if start_ckpt is None:
-        raise FileNotFoundError(f"--resume: {out} holds no complete checkpoint to resume from")
+        if not ((out / "config.json").is_file() or (out / "metrics.jsonl").is_file()):
+            raise FileNotFoundError(f"--resume: {out} holds no complete checkpoint to resume from")
+        warnings.warn(f"--resume: {out} holds a run that stopped before its first checkpoint; starting it over "
+                      "from step 0", stacklevel=3)
+        return cfg, None
     saved = RunConfig.load(start_ckpt / "config.json")
     _check_resume_config(saved, cfg)
     return (saved if saved.train.steps == cfg.train.steps else _with_steps(saved, cfg.train.steps)), start_ckpt
@@ -272,10 +208,40 @@ class StepStats:
     samples: float  # captions read by all ranks this step
     truncated: int  # captions cut to the context length, all ranks
     grad_norm: float  # global gradient norm before clipping
+    stop: bool = False  # some rank got SIGINT/SIGTERM: checkpoint after this step and stop
+    checkpoint_due: bool = False  # some rank's clock says train.ckpt_every_minutes have passed
 
     @property
     def finite(self) -> bool:
         return math.isfinite(self.loss) and math.isfinite(self.grad_norm)
+
+
+class _StopRequest:
+    """While entered (in the main thread), SIGINT and SIGTERM only set :attr:`signum`; the trainer reads it at
+    the next step boundary, checkpoints and stops. With `repeat_aborts`, a second Ctrl-C aborts at once (under
+    torchrun it does not: torchrun forwards the terminal's Ctrl-C again, and escalates to SIGKILL itself)."""
+
+    def __init__(self, repeat_aborts: bool = True):
+        self.signum, self.repeat_aborts = 0, repeat_aborts
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.signum and signum == signal.SIGINT and self.repeat_aborts:
+            raise KeyboardInterrupt
+        if not self.signum:
+            again = " (Ctrl-C again: stop at once, without it)" if self.repeat_aborts else ""
+            sys.stderr.write(f"\nmdc train: got {signal.Signals(signum).name}; finishing this step and writing a "
+                             f"checkpoint{again}\n")
+        self.signum = signum
 
 
 class _Trainer:
@@ -297,6 +263,9 @@ class _Trainer:
         if self.main:
             out.mkdir(parents=True, exist_ok=True)
             cfg.save(out / "config.json")
+            if start_ckpt is None:  # a run started over (--resume before any checkpoint) logs from step 0
+                ckpt_io.truncate_jsonl(out / "metrics.jsonl", 0)
+                ckpt_io.truncate_jsonl(out / "epochs.jsonl", 0)
         objective = _Objective(model, cfg.objective)
         if ctx.distributed:
             objective = DistributedDataParallel(objective, device_ids=[self.device.index]
@@ -313,8 +282,10 @@ class _Trainer:
         self.n = _Counters()
         self.last_ckpt = start_ckpt
         self.consecutive_skips = 0
+        self.saved_at = time.monotonic()
+        self.stop = _StopRequest(repeat_aborts=not ctx.distributed)
         epoch, batch_in_epoch = self._restore(start_ckpt) if start_ckpt is not None else (0, 0)
-        self.stream = _BatchStream(cfg, ctx, epoch, batch_in_epoch, self._end_epoch)
+        self.stream = BatchStream(cfg, ctx, epoch, batch_in_epoch, self._end_epoch)
 
     def _restore(self, ckpt: Path) -> tuple[int, int]:
         """Load optimizer, schedule, EMA, RNG and counters from `ckpt`; return the data position (epoch, batch)."""
@@ -324,7 +295,7 @@ class _Trainer:
         if self.ema is not None and (ckpt / "ema.safetensors").is_file():
             self.ema.module.load_state_dict(ckpt_io.load_file(str(ckpt / "ema.safetensors")))
             self.ema.n_averaged.fill_(state.get("ema_n_averaged", 1))
-        _set_rng_state(state["rng"])
+        ckpt_io.set_rng_state(state["rng"])
         epoch, batch_in_epoch = state["epoch"], state["batch_in_epoch"]
         saved_world = state.get("world", 1)
         if saved_world != self.ctx.world:  # the same number of samples of this epoch, but not the same samples
@@ -335,8 +306,8 @@ class _Trainer:
         self.n = _Counters(state["step"], state.get("truncated", 0), state.get("nonfinite_skipped", 0),
                            Counter(state.get("skipped", {})), Counter(state.get("skipped_epoch", {})))
         if self.main:
-            _truncate_jsonl(self.out / "metrics.jsonl", self.n.step)
-            _truncate_jsonl(self.out / "epochs.jsonl", self.n.step)
+            ckpt_io.truncate_jsonl(self.out / "metrics.jsonl", self.n.step)
+            ckpt_io.truncate_jsonl(self.out / "epochs.jsonl", self.n.step)
         return epoch, batch_in_epoch
 
     def run(self) -> TrainResult:
@@ -348,27 +319,40 @@ class _Trainer:
                         disable=not (self.progress and main))
         self.metrics_file = open(self.out / "metrics.jsonl", "a") if main else None
         self.window_start, self.window_samples = time.perf_counter(), 0.0
-        loss = float("nan")
+        self.loss, stopped_by = float("nan"), 0
         try:
-            while self.n.step < t.steps:
-                stats = self._accumulate(self.stream.take(t.grad_accum))
-                self._reduce_pending()
-                if not stats.finite:
-                    self._skip_nonfinite(stats)
-                    continue
-                self.consecutive_skips = 0
-                self._update()
-                loss = stats.loss
-                self._log(stats)
-                if self.n.step % t.ckpt_every == 0 or self.n.step == t.steps:
-                    self._checkpoint()
+            with self.stop:
+                stopped_by = self._loop()
             dist.barrier(self.ctx, "end of training")
         finally:
             self.bar.close()
             if self.metrics_file is not None:
                 self.metrics_file.close()
         last = self.last_ckpt or ckpt_io.latest_checkpoint(self.out)  # None: resumed a run that was complete
-        return TrainResult(self.out, self.n.step, loss, last, dict(self.n.skipped), self.n.truncated)
+        return TrainResult(self.out, self.n.step, self.loss, last, dict(self.n.skipped), self.n.truncated,
+                           stopped_by)
+
+    def _loop(self) -> int:
+        """Optimizer steps until train.steps or a stop request; returns the stopping signal (0: none)."""
+        t = self.cfg.train
+        while self.n.step < t.steps:
+            stats = self._accumulate(self.stream.take(t.grad_accum))
+            self._reduce_pending()
+            if not stats.finite:
+                self._skip_nonfinite(stats)
+                continue
+            self.consecutive_skips = 0
+            self._update()
+            self.loss = stats.loss
+            self._log(stats)
+            if self.n.step % t.ckpt_every == 0 or self.n.step == t.steps or stats.checkpoint_due or stats.stop:
+                self._checkpoint()
+            if stats.stop:
+                if self.main:
+                    tqdm.write(f"stopped by {signal.Signals(self.stop.signum or signal.SIGTERM).name} at step "
+                               f"{self.n.step}: checkpoint {self.last_ckpt}")
+                return int(self.stop.signum or signal.SIGTERM)  # a rank that got no signal reports SIGTERM
+        return 0
 
     def _accumulate(self, micro: list[dict[str, Any]]) -> StepStats:
         """The step body: forward and backward over this rank's micro-batches (gradients add up to the global
@@ -396,12 +380,14 @@ class _Trainer:
                     means[k] = means.get(k, 0) + v.detach().double() / len(micro)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip if t.grad_clip > 0 else
                                                    float("inf"))
+        due = t.ckpt_every_minutes > 0 and time.monotonic() - self.saved_at >= 60 * t.ckpt_every_minutes
         local = {"loss": loss_sum, "samples": float(sum(len(b["caption"]) for b in micro)),
-                 "truncated": float(sum(cut)), **{f"metric/{k}": v / ctx.world for k, v in sorted(means.items())}}
-        total = dist.all_reduce_named(ctx, local, "step metrics")  # one collective for all of them
+                 "truncated": float(sum(cut)), "stop": float(self.stop.signum > 0), "due": float(due),
+                 **{f"metric/{k}": v / ctx.world for k, v in sorted(means.items())}}
+        total = dist.all_reduce_named(ctx, local, "step metrics")  # one collective for all of them and the flags
         return StepStats(loss=total["loss"] / denom, samples=total["samples"], truncated=int(total["truncated"]),
                          metrics={k.removeprefix("metric/"): v for k, v in total.items() if k.startswith("metric/")},
-                         grad_norm=float(grad_norm))
+                         grad_norm=float(grad_norm), stop=total["stop"] > 0, checkpoint_due=total["due"] > 0)
 
     def _update(self) -> None:
         """Apply the accumulated gradients: optimizer, schedule and EMA step; one more step taken."""
@@ -471,11 +457,13 @@ class _Trainer:
 
     def _checkpoint(self) -> None:
         """Rank 0 writes checkpoint `step` (atomically); every rank remembers where it is."""
+        self.saved_at = time.monotonic()
         if not self.main:
             self.last_ckpt = self.out / ckpt_io.CKPT_DIR / f"step_{self.n.step:08d}"
             return
         n, ema = self.n, self.ema
-        train_state = {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(), "rng": _rng_state(),
+        train_state = {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+                       "rng": ckpt_io.rng_state(),
                        "step": n.step, "epoch": self.stream.epoch, "batch_in_epoch": self.stream.batch_in_epoch,
                        "world": self.ctx.world, "global_batch": self.global_batch, "skipped": dict(n.skipped),
                        "skipped_epoch": dict(n.skipped_epoch), "truncated": n.truncated,
