@@ -158,16 +158,17 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
     ctx = dist.setup(cfg.train.device, cfg.train.dist_timeout_s)
     try:
         out = Path(out)
-        cfg, start_ckpt = _prepare_run(cfg, out, resume)
+        cfg, start_ckpt = _prepare_run(cfg, out, resume, ctx.is_main)
         dist.barrier(ctx, "start-up")  # every rank has checked the run folder before rank 0 writes to it
         return _Trainer(cfg, out, ctx, start_ckpt, progress).run()
     finally:
         dist.teardown(ctx)
 
 
-def _prepare_run(cfg: RunConfig, out: Path, resume: bool) -> tuple[RunConfig, Path | None]:
+def _prepare_run(cfg: RunConfig, out: Path, resume: bool, main: bool) -> tuple[RunConfig, Path | None]:
     """Check the data and the run folder; the config to train (the saved one when resuming) and the checkpoint to
-    start from (None: a fresh run)."""
+    start from (None: a fresh run): the newest intact one, damaged newer ones set aside (by rank 0) with a
+    warning."""
     if not cfg.data.path:
         raise ValueError("data.path is empty: pass --data DIR (e.g. a folder written by `mdc data synth`)")
     resolve_source(cfg.data.path, cfg.data.format, "train")  # a missing or unusable path fails here, before any work
@@ -176,7 +177,7 @@ def _prepare_run(cfg: RunConfig, out: Path, resume: bool) -> tuple[RunConfig, Pa
             raise FileExistsError(f"run folder {out} already holds a run; pass --resume to continue it or choose "
                                   "another --out (nothing was overwritten)")
         return cfg, None
-    start_ckpt = ckpt_io.latest_checkpoint(out)
+    start_ckpt = ckpt_io.latest_intact_checkpoint(out, set_aside=main)
     if start_ckpt is None:
         if not ((out / "config.json").is_file() or (out / "metrics.jsonl").is_file()):
             raise FileNotFoundError(f"--resume: {out} holds no complete checkpoint to resume from")
@@ -293,7 +294,7 @@ class _Trainer:
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         if self.ema is not None and (ckpt / "ema.safetensors").is_file():
-            self.ema.module.load_state_dict(ckpt_io.load_file(str(ckpt / "ema.safetensors")))
+            self.ema.module.load_state_dict(ckpt_io.load_weights(ckpt / "ema.safetensors"))
             self.ema.n_averaged.fill_(state.get("ema_n_averaged", 1))
         ckpt_io.set_rng_state(state["rng"])
         epoch, batch_in_epoch = state["epoch"], state["batch_in_epoch"]
