@@ -107,7 +107,8 @@ def _is_complete(path: Path) -> bool:
 
 
 def verify_checkpoint(ckpt: str | Path, files: tuple[str, ...] | None = None) -> None:
-    """Check `files` of checkpoint folder `ckpt` (default: all that ``meta.json`` lists) against the sizes and
+    """Check `files` of checkpoint folder `ckpt` (default: the binary ones, every file ``meta.json`` lists but
+    ``config.json``, which stays editable and whose errors the config loader reports) against the sizes and
     SHA-256 digests in ``meta.json``; raise :class:`CheckpointError` naming the first damaged file. Checkpoints
     written before digests were recorded pass unchecked."""
     ckpt = Path(ckpt)
@@ -116,7 +117,7 @@ def verify_checkpoint(ckpt: str | Path, files: tuple[str, ...] | None = None) ->
     except (OSError, json.JSONDecodeError) as err:
         raise CheckpointError(f"checkpoint {ckpt}: meta.json is missing or damaged ({err})") from err
     digests, sizes = meta.get("sha256", {}), meta.get("bytes", {})
-    for name in files or tuple(digests):
+    for name in files or tuple(f for f in digests if f != "config.json"):
         path = ckpt / name
         if name not in digests:
             continue
@@ -202,7 +203,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
 def _previous_hint(ckpt: Path) -> str:
     """'; the newest intact checkpoint is X' for a damaged checkpoint of a run folder ('' if none)."""
     older = [c for c in list_checkpoints(ckpt.parent.parent) if c.name < ckpt.name]
-    intact = next((c for c in reversed(older) if not _damaged(c, ("config.json", "model.safetensors"))), None)
+    intact = next((c for c in reversed(older) if not _damaged(c, ("model.safetensors",))), None)
     return f"; the newest intact checkpoint is {intact} (pass it as --run)" if intact else ""
 
 
@@ -214,7 +215,7 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", ema: boo
     weights = ckpt / ("ema.safetensors" if ema else "model.safetensors")
     if not weights.is_file():
         raise FileNotFoundError(f"{weights} not found" + (" (the run was trained without EMA)" if ema else ""))
-    problem = _damaged(ckpt, ("config.json", weights.name))
+    problem = _damaged(ckpt, (weights.name,))
     if problem:
         raise CheckpointError(problem + _previous_hint(ckpt))
     cfg = RunConfig.load(ckpt / "config.json")
