@@ -346,6 +346,9 @@ def cmd_probe(args: argparse.Namespace) -> None:
             print(f"  {task:12s} {r['n_classes']:7d} {r['top1']:7.1%} {r['top5']:7.1%} "
                   f"{r['balanced_accuracy']:8.1%} {r['weight_decay']:9.2e}")
     print("\ntop-1 (%):\n" + result["table"])
+    for run in result["runs"]:
+        if any(run.get("skipped", {}).values()):
+            print(f"skipped unreadable images of {run['run']}: {run['skipped']}")
 
 
 def main(argv: list[str] | None = None) -> int:
