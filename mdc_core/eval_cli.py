@@ -27,6 +27,10 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     comp.add_argument("--limit", type=int, help="at most N examples (per task file for SugarCrepe)")
     comp.add_argument("--images", help="image folder, when not where the benchmark keeps it")
     comp.add_argument("--split", default="test", help="split of the embedded data (synth)")
+    comp.add_argument("--no-blind", dest="blind", action="store_false",
+                      help="skip the blind rows (each run scored again with the mean image instead of the image)")
+    comp.add_argument("--length-norm", action="store_true",
+                      help="add per-token rows: likelihood scores divided by the caption's token count")
     comp.add_argument("--seed", type=int, default=0, help="seed of the mc estimator and of order perturbations")
     comp.add_argument("--device", default="cpu")
     comp.add_argument("--out", default="outputs/eval", help="folder for compositionality_<benchmark>.json/.md")
@@ -100,7 +104,8 @@ def cmd_eval_compositionality(args: argparse.Namespace) -> None:
     from .eval.compositionality import compositionality
     result = compositionality(args.run, args.benchmark, args.data, methods=args.methods, samples=args.samples,
                               limit=args.limit, images=args.images, split=args.split, seed=args.seed,
-                              device=args.device, progress=not args.quiet)
+                              device=args.device, progress=not args.quiet, blind=args.blind,
+                              length_norm=args.length_norm)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"compositionality_{args.benchmark}.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -109,7 +114,7 @@ def cmd_eval_compositionality(args: argparse.Namespace) -> None:
         print(json.dumps(result))
         return
     print(result["table"])
-    for r in result["results"]:
+    for r in result["results"] + result["blind"]:
         skipped = f", skipped {r['skipped']}" if r["skipped"] else ""
         print(f"  {r['label']} [{r['run']}]: {r['n_examples']} examples in {r['seconds']:.1f} s{skipped}")
     print(f"results: {out / f'compositionality_{args.benchmark}.json'}")
