@@ -119,14 +119,14 @@ def _seed_run(out: Path, cfg: RunConfig, model: torch.nn.Module) -> None:
     """Write step 0 of run `out`: the pretrained weights with a fresh optimizer, schedule and RNG state, so that
     ``train(cfg, out, resume=True)`` fine-tunes them. (train() has no "initialise from weights" option.)"""
     from mdc_core import checkpoint as ckpt_io
-    from mdc_core.train import _rng_state, lr_lambda, param_groups
+    from mdc_core.train import lr_lambda, param_groups
     t = cfg.train
     opt = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=t.betas)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, t.warmup_steps, t.steps, t.min_lr_ratio))
     torch.manual_seed(t.seed)  # the RNG state a fresh run starts from
     random.seed(t.seed)
     np.random.seed(t.seed)
-    state = {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": _rng_state(), "step": 0,
+    state = {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": ckpt_io.rng_state(), "step": 0,
              "epoch": 0, "batch_in_epoch": 0}
     ckpt_io.save_checkpoint(out, 0, cfg, model, train_state=state, keep_last=t.keep_last)
 
