@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from .bench.cli import add_bench_parser, cmd_bench
+from .cli_checks import check_numeric_args
 from .config import SAMPLER_RANGES, ConfigError, apply_overrides, list_presets, load_preset
 from .eval_cli import add_eval_parser, cmd_eval
 from .mc_diffusion_cli import add_guidance_args, add_vqvae_parser, cmd_vqvae
@@ -66,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     shards = data.add_parser("shards", help="write your image-caption folder or CSV/TSV/COCO json as tar shards")
     shards.add_argument("--from", dest="source", required=True,
                         help="caption table (.csv/.tsv/.json) or a folder of images with same-name .txt captions")
+    shards.add_argument("--images", help="image folder of a caption json/CSV (default: beside it, or the COCO "
+                        "layout annotations/ + val2017/)")
     shards.add_argument("--out", required=True, help="output folder for 00000.tar, 00001.tar, ...")
     shards.add_argument("--shard-size", type=int, default=10_000, help="samples per tar shard")
     shards.add_argument("--no-check", action="store_true", help="do not decode images (faster; broken ones stay)")
@@ -82,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train a captioner")
     train.add_argument("--preset", default="tiny", help=f"one of: {', '.join(list_presets())}")
     train.add_argument("--data", help="data path (shard folder, brace pattern, CSV/TSV or COCO JSON)")
+    train.add_argument("--images", help="image folder of a caption json/CSV (default: beside it, or the COCO "
+                       "layout annotations/ + train2017/)")
     train.add_argument("--out", required=True, help="run folder")
     train.add_argument("--objective", choices=("mdc", "mdc_no_t", "bert", "parallel", "arc", "clip", "d3pm"))
     train.add_argument("--steps", type=int, help="optimizer steps")
@@ -139,7 +144,7 @@ def cmd_data(args: argparse.Namespace) -> None:
 def cmd_data_shards(args: argparse.Namespace) -> None:
     from .data.shards import write_shards
     stats = write_shards(args.source, args.out, shard_size=args.shard_size, check_images=not args.no_check,
-                         progress=not args.quiet)
+                         progress=not args.quiet, images=args.images)
     print(f"wrote {stats['written']} pairs in {stats['shards']} shards; skipped {stats['skipped'] or 'none'}")
     print(f"train with: --data '{stats['pattern']}'")
 
@@ -169,6 +174,8 @@ def _train_config(args: argparse.Namespace):
     overrides = list(args.set)
     if args.data:
         overrides.append(f"data.path={json.dumps(args.data)}")
+    if args.images:
+        overrides.append(f"data.images={json.dumps(args.images)}")
     if args.objective:
         overrides.append(f"objective.name={args.objective}")
     if args.steps is not None:
@@ -359,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
                "app": cmd_app, "runs": cmd_runs, "eval": cmd_eval, "bench": cmd_bench,
                "score": cmd_score, "vqvae": cmd_vqvae}[args.verb]
     try:
+        check_numeric_args(args)  # e.g. --steps 0: an error, never the preset's default
         handler(args)
     except USER_ERRORS as err:
         print(f"mdc: error: {err}", file=sys.stderr)

@@ -100,6 +100,8 @@ class DataConfig:
     """Where the image-caption pairs come from and how they are read."""
 
     path: str = ""  # shard dir / brace pattern / .csv / .tsv / COCO .json (required for training)
+    images: str = ""  # folder a caption table's/json's image paths are relative to ("": found, see data.sources)
+    path_as_given: str = ""  # data.path as the user typed it (display; training stores `path` resolved)
     format: str = "auto"  # auto | wds | csv | tsv | coco
     shuffle_buffer: int = 1000  # samples held for shuffling streamed shards (0 = no shuffle)
     augment: str = "none"  # none | rrc (random resized crop; breaks position words, so off for synthetic data)

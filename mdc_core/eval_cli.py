@@ -40,6 +40,8 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     cap = verbs.add_parser("captioning", help="fine-tune (optional) and caption a test split (paper Table 3)")
     cap.add_argument("--run", action="append", required=True, help="run folder, MDC-family or ARC (repeatable)")
     cap.add_argument("--data", required=True, help="Karpathy json, COCO caption json, CSV or embedded data folder")
+    cap.add_argument("--images", help="image folder of a caption json/CSV (default: beside it, or the COCO layout "
+                     "annotations/ + val2017/)")
     cap.add_argument("--lengths", type=int, nargs="+", default=[10, 15, 20], help="MDC caption lengths N'")
     cap.add_argument("--beam", type=int, default=6, help="ARC beam size (ARC is also decoded greedily)")
     cap.add_argument("--finetune-steps", type=int, default=0, help="fine-tune each run this many steps first")
@@ -125,7 +127,8 @@ def cmd_eval_captioning(args: argparse.Namespace) -> None:
     result = captioning(args.run, args.data, lengths=args.lengths, beam=args.beam, finetune_steps=args.finetune_steps,
                         finetune_data=args.finetune_data, finetune_overrides=args.finetune_set, out=args.out,
                         limit=args.limit, metrics=args.metrics, batch_size=args.batch_size,
-                        max_length=args.max_length, device=args.device, progress=not args.quiet)
+                        max_length=args.max_length, device=args.device, progress=not args.quiet,
+                        images=args.images)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "captioning.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -23,9 +23,12 @@ skipped as corrupt are counted per epoch in ``epochs.jsonl``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
+import os
 import random
+import shutil
 import signal
 import sys
 import threading
@@ -156,13 +159,35 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
     """
     cfg.validate()
     ctx = dist.setup(cfg.train.device, cfg.train.dist_timeout_s)
+    out = Path(out)
+    created = not out.exists()
     try:
-        out = Path(out)
-        cfg, start_ckpt = _prepare_run(cfg, out, resume, ctx.is_main)
+        cfg, start_ckpt = _prepare_run(resolve_data_paths(cfg), out, resume, ctx.is_main)
         dist.barrier(ctx, "start-up")  # every rank has checked the run folder before rank 0 writes to it
         return _Trainer(cfg, out, ctx, start_ckpt, progress).run()
+    except BaseException:
+        if ctx.is_main and created and _never_started(out):  # a run that could not start leaves no folder behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     finally:
         dist.teardown(ctx)
+
+
+def _never_started(out: Path) -> bool:
+    """`out` holds no checkpoint and no logged step."""
+    metrics = out / "metrics.jsonl"
+    return not ckpt_io.list_checkpoints(out) and not (metrics.is_file() and metrics.read_text().strip())
+
+
+def resolve_data_paths(cfg: RunConfig) -> RunConfig:
+    """`cfg` with ``data.path`` and ``data.images`` absolute (``data.path_as_given`` keeps what was typed), so
+    that a run started with ``--data i2d`` resumes with the absolute path or from another working directory."""
+    def absolute(path: str) -> str:
+        return os.path.abspath(os.path.expanduser(path)) if path and "://" not in path else path
+    d = cfg.data
+    data = dataclasses.replace(d, path=absolute(d.path), images=absolute(d.images),
+                               path_as_given=d.path_as_given or d.path)
+    return dataclasses.replace(cfg, data=data)
 
 
 def _prepare_run(cfg: RunConfig, out: Path, resume: bool, main: bool) -> tuple[RunConfig, Path | None]:
@@ -171,7 +196,7 @@ def _prepare_run(cfg: RunConfig, out: Path, resume: bool, main: bool) -> tuple[R
     warning."""
     if not cfg.data.path:
         raise ValueError("data.path is empty: pass --data DIR (e.g. a folder written by `mdc data synth`)")
-    resolve_source(cfg.data.path, cfg.data.format, "train")  # a missing or unusable path fails here, before any work
+    resolve_source(cfg.data.path, cfg.data.format, "train", cfg.data.images or None)  # fails here, before any work
     if not resume:
         if ckpt_io.list_checkpoints(out) or (out / "metrics.jsonl").exists():
             raise FileExistsError(f"run folder {out} already holds a run; pass --resume to continue it or choose "
@@ -184,7 +209,7 @@ def _prepare_run(cfg: RunConfig, out: Path, resume: bool, main: bool) -> tuple[R
         warnings.warn(f"--resume: {out} holds a run that stopped before its first checkpoint; starting it over "
                       "from step 0", stacklevel=3)
         return cfg, None
-    saved = RunConfig.load(start_ckpt / "config.json")
+    saved = resolve_data_paths(RunConfig.load(start_ckpt / "config.json"))  # older runs saved paths as typed
     _check_resume_config(saved, cfg)
     return (saved if saved.train.steps == cfg.train.steps else _with_steps(saved, cfg.train.steps)), start_ckpt
 
@@ -487,6 +512,7 @@ def _check_resume_config(saved: RunConfig, given: RunConfig) -> None:
     a["train"]["steps"] = b["train"]["steps"]
     a["model"]["output_vocab_size"] = b["model"]["output_vocab_size"] = 0
     a["preset"] = b["preset"] = ""
+    a["data"]["path_as_given"] = b["data"]["path_as_given"] = ""  # the resolved paths are compared
     diffs = [f"{s}.{k}: saved {a[s][k]!r}, given {b[s][k]!r}" for s in a if isinstance(a[s], dict)
              for k in a[s] if a[s][k] != b[s].get(k)]
     if diffs:

@@ -216,7 +216,7 @@ def build_loader(cfg: DataConfig, *, split: str | None = "train", image_size: in
                          f"{batch_size}, {skip_batches}")
     if not 0 <= rank < world:
         raise ValueError(f"need 0 <= rank < world, got rank {rank} of {world}")
-    source = resolve_source(cfg.path, cfg.format, split)
+    source = resolve_source(cfg.path, cfg.format, split, cfg.images or None)
     random_crop = cfg.augment == "rrc" and split not in EVAL_SPLITS
     if random_crop and _is_synthetic(source):
         warnings.warn("data.augment='rrc' on the synthetic data set: random crops change object positions and "
@@ -250,7 +250,7 @@ def iter_captions(cfg: DataConfig, split: str | None = "train") -> Iterator[str]
     """Every usable caption (stripped, non-empty, valid UTF-8) of the split in storage order, without reading
     images: for building a corpus vocabulary. Bad shards (reported on the log) and bad captions are passed over."""
     cfg.validate()
-    source = resolve_source(cfg.path, cfg.format, split)
+    source = resolve_source(cfg.path, cfg.format, split, cfg.images or None)
     if source.kind != "wds":
         yield from (c for c in (str(r["caption"]).strip() for r in source.rows) if c)
         return
@@ -296,7 +296,8 @@ class BatchStream:
                 return got
             if self.batch_in_epoch == 0:
                 t = self.cfg.train
-                raise ValueError(f"data at {self.cfg.data.path} gave a rank fewer than {n} batches of {t.batch_size} "
+                shown = self.cfg.data.path_as_given or self.cfg.data.path
+                raise ValueError(f"data at {shown} gave a rank fewer than {n} batches of {t.batch_size} "
                                  f"in a whole epoch (too few valid samples or shards for {self.ctx.world} ranks x "
                                  "grad_accum, or all corrupt); lower train.batch_size or check the data")
             self._it = None  # a DataLoader's workers stop with their iterator
