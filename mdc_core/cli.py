@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     shards.add_argument("--quiet", action="store_true", help="no progress bar")
     dbench = data.add_parser("bench", help="data throughput: images/s decoded + augmented, per worker")
     dbench.add_argument("--data", required=True, help="data path (shard folder, brace pattern, CSV/TSV, COCO)")
+    dbench.add_argument("--images", help="image folder of a caption json/CSV (default: beside it, or the COCO layout)")
     dbench.add_argument("--image-size", type=int, nargs="+", default=[64, 224], help="output pixels (square)")
     dbench.add_argument("--workers", type=int, default=0, help="DataLoader workers (0 = this process)")
     dbench.add_argument("--batch-size", type=int, default=64)
@@ -152,7 +153,7 @@ def cmd_data_shards(args: argparse.Namespace) -> None:
 def cmd_data_bench(args: argparse.Namespace) -> None:
     from .data.throughput import bench_data
     rows = bench_data(args.data, image_sizes=tuple(args.image_size), workers=args.workers,
-                      batch_size=args.batch_size, batches=args.batches, augment=args.augment)
+                      batch_size=args.batch_size, batches=args.batches, augment=args.augment, images=args.images)
     if args.json:
         print(json.dumps(rows))
         return

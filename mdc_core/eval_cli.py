@@ -60,6 +60,7 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     sig = verbs.add_parser("position-signal", help="loss(mismatched image) - loss(true image) per caption position")
     sig.add_argument("--run", action="append", required=True, help="captioner run folder (repeatable: ARC, MDC...)")
     sig.add_argument("--data", required=True, help="image-caption data (as for train)")
+    sig.add_argument("--images", help="image folder of a caption json/CSV (default: beside it, or the COCO layout)")
     sig.add_argument("--split", default="test", help="data split (default test)")
     sig.add_argument("--limit", type=int, default=256, help="captions scored (the first N of the split)")
     sig.add_argument("--batch-size", type=int, default=32, help="the mismatched image comes from the same batch")
@@ -153,7 +154,8 @@ def cmd_eval_position_signal(args: argparse.Namespace) -> None:
     except ValueError as err:
         raise ValueError(f"--ratios must be comma-separated numbers, got {args.ratios!r}") from err
     result = position_signal_runs(args.run, args.data, split=args.split, limit=args.limit, batch_size=args.batch_size,
-                                  ratios=ratios, draws=args.draws, seed=args.seed, device=args.device, ema=args.ema)
+                                  ratios=ratios, draws=args.draws, seed=args.seed, device=args.device, ema=args.ema,
+                                  images=args.images)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "position_signal.json").write_text(json.dumps(result, indent=1) + "\n")
