@@ -188,10 +188,6 @@ def cmd_train(args: argparse.Namespace) -> None:
     from .train import train
     cfg = _train_config(args)
     result = train(cfg, args.out, resume=args.resume, progress=not args.quiet)
-    if result.interrupted:
-        print(f"mdc train: interrupted at step {result.steps}; checkpoint {result.checkpoint}; continue with the "
-              f"same command and --resume", file=sys.stderr)
-        raise SystemExit(128 + result.interrupted)  # the shell's convention for a run stopped by a signal
     print(f"trained {result.steps} steps, final loss {result.final_loss:.4f}; checkpoint {result.checkpoint}")
     if result.skipped:
         print(f"skipped corrupt records: {result.skipped}")
@@ -372,7 +368,11 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as err:
         print(f"mdc: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
+        from .train import TrainingInterrupted
+        if isinstance(err, TrainingInterrupted):  # a checkpoint was written: say where, and how to go on
+            print(f"mdc: {err}; continue with the same command and --resume", file=sys.stderr)
+            return 128 + err.signum  # the shell's convention for a process stopped by a signal
         print("mdc: interrupted", file=sys.stderr)
         return 130
     except RuntimeError as err:  # a training run stopped for a reason its message explains

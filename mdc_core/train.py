@@ -30,8 +30,6 @@ import os
 import random
 import shutil
 import signal
-import sys
-import threading
 import time
 import warnings
 from collections import Counter
@@ -60,6 +58,15 @@ class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite."""
 
 
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGINT/SIGTERM stopped the run at a step boundary, after writing `checkpoint` (step `step`). A subclass of
+    KeyboardInterrupt, so that callers that do not look for it (a notebook cell, ``mdc demo``) stop as on Ctrl-C."""
+
+    def __init__(self, signum: int, step: int, checkpoint: Path | None):
+        super().__init__(f"interrupted by {signal.Signals(signum).name} at step {step}; checkpoint {checkpoint}")
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+
+
 @dataclass
 class TrainResult:
     run_dir: Path
@@ -68,7 +75,6 @@ class TrainResult:
     checkpoint: Path
     skipped: dict[str, int] = field(default_factory=dict)  # corrupt records skipped, by reason
     truncated: int = 0  # captions cut to the context length
-    interrupted: int = 0  # the signal (SIGINT, SIGTERM) that stopped the run early with a checkpoint; 0 = none
 
 
 def resolve_device(name: str) -> torch.device:
@@ -242,34 +248,6 @@ class StepStats:
         return math.isfinite(self.loss) and math.isfinite(self.grad_norm)
 
 
-class _StopRequest:
-    """While entered (in the main thread), SIGINT and SIGTERM only set :attr:`signum`; the trainer reads it at
-    the next step boundary, checkpoints and stops. With `repeat_aborts`, a second Ctrl-C aborts at once (under
-    torchrun it does not: torchrun forwards the terminal's Ctrl-C again, and escalates to SIGKILL itself)."""
-
-    def __init__(self, repeat_aborts: bool = True):
-        self.signum, self.repeat_aborts = 0, repeat_aborts
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> _StopRequest:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if self.signum and signum == signal.SIGINT and self.repeat_aborts:
-            raise KeyboardInterrupt
-        if not self.signum:
-            again = " (Ctrl-C again: stop at once, without it)" if self.repeat_aborts else ""
-            sys.stderr.write(f"\nmdc train: got {signal.Signals(signum).name}; finishing this step and writing a "
-                             f"checkpoint{again}\n")
-        self.signum = signum
-
-
 class _Trainer:
     """The state of one training run (model, optimizer, schedule, EMA, data position, counters) and its loop."""
 
@@ -309,7 +287,7 @@ class _Trainer:
         self.last_ckpt = start_ckpt
         self.consecutive_skips = 0
         self.saved_at = time.monotonic()
-        self.stop = _StopRequest(repeat_aborts=not ctx.distributed)
+        self.stop = dist.StopRequest(repeat_aborts=not ctx.distributed)
         epoch, batch_in_epoch = self._restore(start_ckpt) if start_ckpt is not None else (0, 0)
         self.stream = BatchStream(cfg, ctx, epoch, batch_in_epoch, self._end_epoch)
 
@@ -354,9 +332,10 @@ class _Trainer:
             self.bar.close()
             if self.metrics_file is not None:
                 self.metrics_file.close()
+        if stopped_by:
+            raise TrainingInterrupted(stopped_by, self.n.step, self.last_ckpt)
         last = self.last_ckpt or ckpt_io.latest_checkpoint(self.out)  # None: resumed a run that was complete
-        return TrainResult(self.out, self.n.step, self.loss, last, dict(self.n.skipped), self.n.truncated,
-                           stopped_by)
+        return TrainResult(self.out, self.n.step, self.loss, last, dict(self.n.skipped), self.n.truncated)
 
     def _loop(self) -> int:
         """Optimizer steps until train.steps or a stop request; returns the stopping signal (0: none)."""
@@ -374,9 +353,6 @@ class _Trainer:
             if self.n.step % t.ckpt_every == 0 or self.n.step == t.steps or stats.checkpoint_due or stats.stop:
                 self._checkpoint()
             if stats.stop:
-                if self.main:
-                    tqdm.write(f"stopped by {signal.Signals(self.stop.signum or signal.SIGTERM).name} at step "
-                               f"{self.n.step}: checkpoint {self.last_ckpt}")
                 return int(self.stop.signum or signal.SIGTERM)  # a rank that got no signal reports SIGTERM
         return 0
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+import mdc_core.train as train_mod
 from mdc_core import checkpoint as ck
-from mdc_core.train import train
+from mdc_core.train import TrainingInterrupted, train
 from tests.train_helpers import (
     assert_same_metrics,
     free_port,
@@ -62,14 +63,15 @@ def test_a_signal_to_mdc_train_checkpoints_the_step_and_resume_matches_an_uninte
     finally:
         proc.kill()
     assert proc.returncode == 128 + sig, err[-2000:]
-    assert f"got {signal.Signals(sig).name}" in err and "interrupted at step" in err and "--resume" in err
+    assert f"got {signal.Signals(sig).name}" in err and "--resume" in err
+    assert f"mdc: interrupted by {signal.Signals(sig).name} at step" in err
     stopped = read_metrics(run)[-1]["step"]
     assert ck.latest_checkpoint(run).name == f"step_{stopped:08d}"  # the step it was in, saved
 
     steps = stopped + 2
     full = train(micro_run(data, steps=steps, **kw), tmp_path / "full", progress=False)
     resumed = train(micro_run(data, steps=steps, **kw), run, resume=True, progress=False)
-    assert resumed.steps == full.steps == steps and not resumed.interrupted
+    assert resumed.steps == full.steps == steps
     assert_same_metrics(read_metrics(run), read_metrics(tmp_path / "full"))
 
 
@@ -79,9 +81,9 @@ def test_ranks_agree_to_stop_when_only_one_rank_gets_the_signal(data, tmp_path):
     procs = [start_training(cfg, run, rank=r, world=2, port=port, delay_s=0.05) for r in range(2)]
     _wait_for(lambda: len(read_metrics(run)) >= 2)
     os.kill(procs[1][0].pid, signal.SIGTERM)  # as a scheduler pre-empting one node would
-    for proc, err in procs:
+    for proc, err in procs:  # each rank raised TrainingInterrupted (the helper reports it and exits 1)
         proc.join(120)
-        assert proc.exitcode == 0, err.read_text() if err.exists() else "still running"
+        assert proc.exitcode == 1 and err.read_text().startswith("TrainingInterrupted: interrupted by SIGTERM")
     stopped = read_metrics(run)[-1]["step"]
     assert ck.latest_checkpoint(run).name == f"step_{stopped:08d}"
     assert ck.load_train_state(ck.latest_checkpoint(run))["world"] == 2
@@ -111,3 +113,23 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_from_scratch(data, tmp
     assert result.steps == 4
     train(cfg, tmp_path / "full", progress=False)
     assert_same_metrics(read_metrics(run), read_metrics(tmp_path / "full"))
+
+
+def test_in_process_an_interrupt_raises_after_the_checkpoint(data, tmp_path, monkeypatch):
+    """A library caller (a notebook cell) sees a KeyboardInterrupt, as before, but only after the checkpoint."""
+    real, calls = train_mod.compute_loss, [0]
+
+    def interrupting(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C during the third step
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train_mod, "compute_loss", interrupting)
+    cfg = micro_run(data, steps=50, batch_size=4, ckpt_every=100)
+    with pytest.raises(KeyboardInterrupt) as info:
+        train(cfg, tmp_path / "run", progress=False)
+    err = info.value
+    assert isinstance(err, TrainingInterrupted) and err.signum == signal.SIGINT and err.step in (3, 4)
+    assert err.checkpoint == ck.latest_checkpoint(tmp_path / "run") and err.checkpoint.name == f"step_{err.step:08d}"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is restored
