@@ -2,7 +2,7 @@
 
 argparse checks that ``--steps 0`` is an integer, not that it makes sense; :func:`check_numeric_args` runs on the
 parsed arguments of any verb and raises ``ValueError`` naming the first flag outside its range, which
-:func:`mdc_core.cli.main` prints as one ``mdc: error:`` line (exit 2) before anything runs. A flag not listed
+:func:`mdc_core.cli.main.main` prints as one ``mdc: error:`` line (exit 2) before anything runs. A flag not listed
 below must be >= 1 (counts, sizes, steps, lengths); the tables list the exceptions.
 """
 
