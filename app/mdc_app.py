@@ -332,12 +332,11 @@ def build_app(models: Mapping[str, tuple[torch.nn.Module, RunConfig]], *, root: 
               default: str | None = None, initial_scene: int = INITIAL_SCENE) -> gr.Blocks:
     """The app's Blocks from loaded models ``{name or run folder: (model, cfg)}``; run folders under `root` are
     offered too (loaded on first use). `default` names the run selected at start (the first model if None)."""
-    for key, (model, cfg) in models.items():
-        label = key
-        if Path(key).is_absolute():  # a run folder: shown relative to the root (or the working directory)
-            rel = os.path.relpath(key, Path(root or os.getcwd()).resolve())
-            label = key if rel.startswith("..") else rel
-        register_run(key, model, cfg, label=label)
+    shown = {}
+    for key, (model, cfg) in models.items():  # a run folder is named relative to the root (or working directory)
+        shown[key] = os.path.relpath(key, Path(root or os.getcwd()).resolve()) if Path(key).is_absolute() else key
+        register_run(shown[key], model, cfg)
+    default = shown.get(default, default) if default else None
     choices = run_choices(root)
     if not choices:
         raise ValueError("the app needs at least one run: pass a loaded model or a root with run folders")
