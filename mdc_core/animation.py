@@ -102,12 +102,14 @@ def attention_map(attention: Any, prefix: int = 0, layer: int | str = -1, head: 
 
 
 def overlay(image: Image.Image, grid: np.ndarray | None, size: int = 192, alpha: float = 0.6) -> Image.Image:
-    """The image at `size` x `size` px with `grid` (g, g) drawn over it as a heat map (max = brightest); patch
-    borders stay sharp (nearest-neighbour upsampling), so each cell is one image token."""
+    """The image at `size` x `size` px with `grid` (g, g) drawn over it as a heat map, scaled from its minimum
+    (transparent) to its maximum (brightest, `alpha` opaque); patch borders stay sharp (nearest-neighbour
+    upsampling), so each cell is one image token."""
     base = image.convert("RGB").resize((size, size), Image.Resampling.NEAREST)
     if grid is None:
         return base
-    norm = grid / grid.max() if grid.max() > 0 else grid
+    span = float(grid.max() - grid.min())
+    norm = (grid - grid.min()) / span if span > 0 else np.zeros_like(grid)
     heat = (ATTENTION_CMAP(norm)[..., :3] * 255).astype(np.uint8)  # (g, g, 3)
     heat_img = Image.fromarray(heat).resize((size, size), Image.Resampling.NEAREST)
     weight = Image.fromarray((np.clip(norm, 0, 1) * 255 * alpha).astype(np.uint8)).resize(

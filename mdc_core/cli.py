@@ -7,7 +7,6 @@ Every verb is a thin wrapper: it parses arguments, calls the library, prints a r
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -18,6 +17,7 @@ from .config import SAMPLER_RANGES, ConfigError, apply_overrides, list_presets, 
 from .eval_cli import add_eval_parser, cmd_eval
 from .mc_diffusion_cli import add_guidance_args, add_vqvae_parser, cmd_vqvae
 from .score_cli import add_score_parser, cmd_sample_auto, cmd_score
+from .trajectory_cli import add_trajectory_args
 
 USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, ValueError)
 
@@ -99,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     samp.add_argument("--device", default="cpu")
     samp.add_argument("--json", action="store_true", help="print the caption and its full trajectory as JSON")
     samp.add_argument("--auto-range", default="3-20", help="N' tried by --length auto: LO-HI or a list 5,10,15")
+    add_trajectory_args(samp)  # --prompt, --remask-*, --attention, --gif (mdc_core/trajectory_cli.py)
     add_guidance_args(samp)  # --guidance, --guidance-scale, --guidance-p-mask, --diffusion-stride: mc_diffusion_cli
 
     demo = sub.add_parser("demo", help="the main job: synthesize data, train the tiny MDC model, caption test images")
@@ -188,34 +189,25 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_sample(args: argparse.Namespace) -> None:
-    import torch
-
+    from . import trajectory_cli
     from .checkpoint import load_model
     from .data import load_image
-    from .guidance import GuidedCaptioner
     from .mc_diffusion_cli import check_mdc_sampler_args, cmd_sample_d3pm, guidance_config
-    from .sampler import sample, trajectory
-    from .tokenizer import CaptionTokenizer
     model, cfg = load_model(args.run, device=args.device, ema=args.ema)
     guidance = guidance_config(args, cfg)
     image = load_image(args.image, cfg.model.image_size)[None].to(args.device)
+    trajectory_cli.check_args(args, cfg.objective.name)
     if cfg.objective.name == "d3pm":  # MC-Diffusion: T-step ancestral sampling
         return cmd_sample_d3pm(args, model, cfg, image, guidance)
     check_mdc_sampler_args(args, cfg)
-    cfg = apply_overrides(cfg, _sampler_overrides(args))
+    cfg = apply_overrides(cfg, _sampler_overrides(args) + trajectory_cli.sampler_overrides(args))
     if args.length == "auto":
         if guidance.mode != "none":
             raise ValueError("--length auto ranks lengths by the unguided heuristic score; drop --guidance or "
                              "give --length N")
         return cmd_sample_auto(args, model, cfg, image)
-    start = time.perf_counter()
-    with torch.no_grad():
-        out = sample(GuidedCaptioner(model, guidance), model.encode_image(image), cfg.sampler)
-    latency = time.perf_counter() - start
-    record = trajectory(out, CaptionTokenizer(cfg.model.context_length))
-    record["sampler"] = "mdc"
-    record["settings"]["guidance"] = dataclasses.asdict(guidance)
-    record["latency_s"] = latency
+    record = trajectory_cli.sample_one(args, model, cfg, image, args.image, guidance)
+    latency = record["latency_s"]
     if args.json:
         print(json.dumps(record))
         return
@@ -224,6 +216,7 @@ def cmd_sample(args: argparse.Namespace) -> None:
     print(f"reveal order: {order}")
     shown = "" if guidance.mode == "none" else f", guidance {guidance.mode} w={guidance.scale:g}"
     print(f"{record['settings']['steps']} steps in {latency * 1000:.0f} ms{shown}")
+    trajectory_cli.report(args, record)
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
