@@ -128,8 +128,8 @@ def step_attention(record: dict[str, Any], step: int, layer: int | str = -1, hea
         return None, "sampled without attention"
     prefix = int(record["settings"].get("attention_prefix_tokens", 0))
     grid = attention_map(first["attention"], prefix, layer, head)
-    where = f"layer {layer}" if layer != -1 else "last layer"
-    who = "mean over heads" if head == "mean" else f"head {head}"
+    where = "last layer" if layer == -1 else "mean over layers" if layer == "mean" else f"layer {int(layer) + 1}"
+    who = "mean over heads" if head == "mean" else f"head {int(head) + 1}"
     return grid, f"'{first['token']}' (position {first['position']}): {where}, {who}"
 
 
