@@ -23,9 +23,9 @@ from PIL import Image
 
 from app import render
 from app.runs import LoadedRun, get_run, user_errors
-from mdc_core import animation
 from mdc_core.config import SamplerConfig
 from mdc_core.infill import parse_prompt
+from mdc_core.workbench import animation
 
 MEAN, LAST = "mean", "last"
 MAX_JSON_BYTES = 20 * 2**20

@@ -16,7 +16,7 @@ import matplotlib
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 
-from mdc_core import animation
+from mdc_core.workbench import animation
 
 CMAP = matplotlib.colormaps["viridis"]
 MASK_BG = "#e5e7eb"  # grey of a still-masked chip

@@ -25,7 +25,7 @@ import numpy as np
 from mdc_core.config import SamplerConfig
 from mdc_core.eval.caption_metrics import caption_metrics
 from mdc_core.eval.repetition import repeated_words
-from mdc_core.report import caption_report
+from mdc_core.eval.report import caption_report
 
 Z95 = 1.959963984540054
 

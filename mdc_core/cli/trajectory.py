@@ -1,8 +1,8 @@
 """``mdc sample`` options for infilling, remasking, attention and shareable trajectories.
 
-The CLI file only declares these flags (:func:`add_trajectory_args`) and calls :func:`sample_one`, which samples,
-builds the JSON record (seed and settings included, the image embedded so the app can replay it) and writes the
-GIF. ``--prompt "a [MASK] square on the _"`` fixes the other words and takes N' from the prompt.
+``mdc_core/cli/sample.py`` only declares these flags (:func:`add_trajectory_args`) and calls :func:`sample_one`,
+which samples, builds the JSON record (seed and settings included, the image embedded so the app can replay it)
+and writes the GIF. ``--prompt "a [MASK] square on the _"`` fixes the other words and takes N' from the prompt.
 """
 
 from __future__ import annotations
@@ -12,13 +12,6 @@ import dataclasses
 import time
 from pathlib import Path
 from typing import Any
-
-import torch
-
-from .animation import trajectory_gif, with_image
-from .infill import parse_prompt
-from .sampler import sample, trajectory
-from .tokenizer import CaptionTokenizer
 
 
 def add_trajectory_args(p: argparse.ArgumentParser) -> None:
@@ -55,11 +48,17 @@ def check_args(args: argparse.Namespace, objective: str) -> None:
         raise ValueError(f"--gif needs a file name ending in .gif, got {args.gif!r}")
 
 
-def sample_one(args: argparse.Namespace, model: Any, cfg: Any, pixels: torch.Tensor, image_path: str,
+def sample_one(args: argparse.Namespace, model: Any, cfg: Any, pixels: Any, image_path: str,
                guidance: Any) -> dict[str, Any]:
     """Sample one image (pixels (1, 3, S, S)) with the run's sampler config; returns the trajectory record with
     ``sampler``, ``run``, ``image``, ``prompt``, ``latency_s`` and the embedded image; writes ``--gif``."""
-    from .guidance import GuidedCaptioner
+    import torch
+
+    from mdc_core.infill import parse_prompt
+    from mdc_core.masked_conditional.guidance import GuidedCaptioner
+    from mdc_core.sampler import sample, trajectory
+    from mdc_core.tokenizer import CaptionTokenizer
+    from mdc_core.workbench.animation import trajectory_gif, with_image
     tok = CaptionTokenizer(cfg.model.context_length)
     prompt = parse_prompt(args.prompt, tok, model)[0].to(pixels.device) if args.prompt is not None else None
     want_attention = bool(args.attention or args.gif)
@@ -86,7 +85,7 @@ def model_view(image_path: str | Path, image_size: int) -> Any:
     """The image as the model sees it (shorter side resized, centre crop; not normalised), as a PIL image."""
     import torchvision.transforms as T
 
-    from .data.transforms import open_image
+    from mdc_core.data.transforms import open_image
     img = open_image(Path(image_path).read_bytes(), str(image_path))
     return T.CenterCrop(image_size)(T.Resize(image_size, interpolation=T.InterpolationMode.BICUBIC)(img))
 
