@@ -268,3 +268,33 @@ def load_record(path: str | Path) -> dict[str, Any]:
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"{path.name} holds a damaged trajectory: {err}") from err
     return record
+
+
+def attention_grid(record: dict[str, Any], image: Image.Image, *, layer: int | str = -1, head: int | str = "mean",
+                   cols: int = 5, title: str = "") -> Any:
+    """A matplotlib Figure with one panel per caption position: the image with the attention of that token at its
+    (last) reveal, titled with the token, its reveal order and confidence; fixed prompt words get a plain panel."""
+    from matplotlib.figure import Figure
+    prefix = int(record["settings"].get("attention_prefix_tokens", 0))
+    last: dict[int, tuple[int, dict[str, Any]]] = {}
+    order = 0
+    for st in record["steps"]:
+        for r in st["revealed"]:
+            order += 1
+            last[r["position"]] = (order, r)
+    n = len(record["token_ids"])
+    rows = math.ceil(n / cols)
+    fig = Figure(figsize=(2.0 * min(cols, n), 2.25 * rows), dpi=100, layout="constrained")
+    for p in range(n):
+        ax = fig.add_subplot(rows, min(cols, n), p + 1)
+        ax.set_axis_off()
+        if p in last and "attention" in last[p][1]:
+            k, r = last[p]
+            ax.imshow(overlay(image, attention_map(r["attention"], prefix, layer, head), 128))
+            ax.set_title(f"{r['token']}\n#{k} p={r['confidence']:.2f}", fontsize=9)
+        else:
+            ax.imshow(image.convert("RGB").resize((128, 128), Image.Resampling.NEAREST))
+            ax.set_title(f"{record['tokens'][p]}\n(fixed)", fontsize=9)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
