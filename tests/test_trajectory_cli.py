@@ -65,3 +65,16 @@ def test_bad_flags_are_one_line_errors(run_and_image, argv, message, capsys):
     assert main(["sample", "--run", str(run), "--image", str(image), *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("mdc: error:") and message in err and "\n" not in err
+
+
+def test_score_prompt_ranks_fillings_of_the_slots(run_and_image, capsys):
+    run, image = run_and_image
+    capsys.readouterr()
+    assert main(["score", "--run", str(run), "--image", str(image), "--prompt", "a _ square", "--caption", "red",
+                 "--caption", "blue", "--method", "heuristic", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["fill"] for r in rows} == {"red", "blue"} and rows[0]["score"] >= rows[1]["score"]
+    assert all(len(r["slot_logprobs"]) == 1 and r["caption"].endswith("square") for r in rows)
+    assert main(["score", "--run", str(run), "--image", str(image), "--prompt", "a _ square", "--caption",
+                 "dark red", "--method", "mc"]) == 2
+    assert "1 slot" in capsys.readouterr().err

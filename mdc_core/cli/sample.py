@@ -43,6 +43,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     score.add_argument("--method", required=True, choices=("heuristic", "mc", "ar"),
                        help="heuristic / mc: MDC; ar: ARC chain rule, or left-to-right order for MDC")
     score.add_argument("--samples", type=int, default=1024, help="Monte Carlo samples per caption (mc)")
+    score.add_argument("--prompt", help="conditional scores: a caption with [MASK] or _ slots; each --caption is "
+                       "then a filling of the slots (e.g. --prompt \"a _ square\" --caption red --caption blue) and "
+                       "only the slots are scored, given the fixed words")
 
 
 def _add_sampler_args(p: argparse.ArgumentParser) -> None:
@@ -247,8 +250,14 @@ def cmd_score(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     with torch.no_grad():
         image_tokens = model.encode_image(image)  # encoded once for all captions
-    rows = score_captions(model, image_tokens, args.caption, args.method, samples=args.samples, seed=args.seed,
-                          batch_size=args.batch_size)
+    if args.prompt is not None:  # conditional: only the slots are scored (mdc_core/infill.py)
+        from mdc_core.infill import score_fills
+        rows = score_fills(model, image_tokens, args.prompt, args.caption, args.method, samples=args.samples,
+                           seed=args.seed, batch_size=args.batch_size)
+        rows = [{**r, "tokens": r["slot_tokens"]} for r in rows]
+    else:
+        rows = score_captions(model, image_tokens, args.caption, args.method, samples=args.samples, seed=args.seed,
+                              batch_size=args.batch_size)
     seconds = time.perf_counter() - start
     if args.json:
         print(json.dumps(rows))
