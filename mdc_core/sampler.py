@@ -111,8 +111,8 @@ def _prompt_canvas(prompt: torch.Tensor, fixed: torch.Tensor | None, batch: int,
         raise ValueError("a prompt may not fix <sot> or <eot> inside the caption")
     x = canvas(batch, prompt.shape[1], device)
     x[:, 1:-1] = torch.where(fixed, prompt, MASK_ID)
-    if bool(fixed.any()):
-        model.embedding_rows(x) if hasattr(model, "embedding_rows") else None  # ValueError for unknown words
+    if bool(fixed.any()) and hasattr(model, "embedding_rows"):
+        model.embedding_rows(x)  # ValueError naming fixed words a corpus-restricted model cannot represent
     return x, fixed
 
 

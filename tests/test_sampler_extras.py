@@ -238,3 +238,14 @@ def test_attention_is_off_by_default(tiny_model):
     out = sample(model, model.encode_image(torch.randn(1, 3, 32, 32)), SamplerConfig(length=4))
     assert out.step_attention is None
     assert "attention" not in trajectory(out, TOK)["steps"][0]["revealed"][0]
+
+
+def test_guided_sampling_reports_the_conditional_models_attention(tiny_model):
+    from mdc_core.masked_conditional.guidance import GuidanceConfig, GuidedCaptioner
+    model = tiny_model()
+    image_tokens = model.encode_image(torch.randn(1, 3, 32, 32))
+    out = sample(GuidedCaptioner(model, GuidanceConfig(mode="cfg", scale=2.0)), image_tokens,
+                 SamplerConfig(length=4), attention=True)
+    att = out.step_attention[out.step_revealed]  # (4, Ly, h, M): one map per layer, not one per guided call
+    assert att.shape[1] == len(model.decoder.layers)
+    torch.testing.assert_close(att.sum(-1), torch.ones(att.shape[:-1]))
