@@ -26,6 +26,7 @@ PRESET_DIR = Path(__file__).parent / "presets"
 OBJECTIVE_NAMES = ("mdc", "mdc_no_t", "bert", "parallel", "arc", "clip", "d3pm")  # rows of objectives.OBJECTIVES
 GUIDANCE_TRAINING_MODES = ("none", "cfg", "mcs")  # objective.guidance: condition corruption while training
 GUIDANCE_MODES = ("none", "cfg", "mcs", "mcs_cfg")  # sampling: "none" + masked_conditional.guidance.GUIDANCE_FORMS
+SCORE_METHODS = ("heuristic", "mc", "ar")  # caption likelihood scores: the rows of scoring.METHODS
 
 
 def resolve_ref(ref: str) -> Any:

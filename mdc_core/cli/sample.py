@@ -16,7 +16,7 @@ from typing import Any
 
 from mdc_core.cli import trajectory
 from mdc_core.cli.common import flags
-from mdc_core.config import GUIDANCE_MODES, SAMPLER_RANGES, apply_overrides
+from mdc_core.config import GUIDANCE_MODES, SAMPLER_RANGES, SCORE_METHODS, apply_overrides
 
 # ``mdc sample`` options of MDC's confidence sampler that the D3PM sampler has no use for: (dest, flag)
 MDC_ONLY_ARGS = (("tokens_per_step", "--tokens-per-step"), ("threshold", "--threshold"), ("top_k", "--top-k"))
@@ -40,7 +40,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                           ema=True, device=True,
                                           json="print a JSON list: caption, score, stderr (mc), tokens...")])
     score.add_argument("--caption", action="append", required=True, help="caption text (repeatable)")
-    score.add_argument("--method", required=True, choices=("heuristic", "mc", "ar"),
+    score.add_argument("--method", required=True, choices=SCORE_METHODS,
                        help="heuristic / mc: MDC; ar: ARC chain rule, or left-to-right order for MDC")
     score.add_argument("--samples", type=int, default=1024, help="Monte Carlo samples per caption (mc)")
     score.add_argument("--prompt", help="conditional scores: a caption with [MASK] or _ slots; each --caption is "
