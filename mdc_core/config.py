@@ -186,12 +186,24 @@ class SamplerConfig:
     seed: int = 0  # seed for temperature sampling
     # Fast-dLLM parallel decoding: also reveal every masked token with confidence >= threshold (0 = off)
     threshold: float = field(default=0.0, metadata={"range": (0.0, 1.0)})
+    # revisable tokens (opt-in, see mdc_core.sampler): once a caption is complete, mask again its least confident
+    # token below remask_threshold and predict it anew, for at most remask_steps extra steps (0 and 0 = off)
+    remask_threshold: float = field(default=0.0, metadata={"range": (0.0, 1.0)})
+    remask_steps: int = field(default=0, metadata={"range": (0, 75)})
 
     def validate(self) -> None:
         for name, (lo, hi) in SAMPLER_RANGES.items():
             value = getattr(self, name)
             if not lo <= value <= hi:
                 raise ConfigError(f"sampler.{name} must be in [{lo}, {hi}], got {value}")
+        if (self.remask_threshold > 0) != (self.remask_steps > 0):
+            raise ConfigError("remasking needs both sampler.remask_threshold > 0 and sampler.remask_steps > 0 "
+                              f"(got {self.remask_threshold} and {self.remask_steps}); set both, or both to 0")
+
+    @property
+    def remasking(self) -> bool:
+        """True when revisable-token sampling is on."""
+        return self.remask_steps > 0 and self.remask_threshold > 0
 
 
 SAMPLER_RANGES: dict[str, tuple[float, float]] = {

@@ -9,7 +9,8 @@
   length N' (10 / 15 / 20 in the paper); ARC by greedy and beam search (beam 6 in the paper,
   :mod:`mdc_core.ar_decode`). CLIP cannot caption.
 * Metrics: :func:`mdc_core.eval.caption_metrics.caption_metrics` (pycocoevalcap with its PTB tokenizer; a
-  metric that cannot run, such as SPICE without its jars, is reported unavailable).
+  metric that cannot run, such as SPICE without its jars, is reported unavailable), and the repetition rate
+  (:func:`mdc_core.eval.repetition.repetition_rate`: the fraction of captions that repeat a word).
 
 Data (``data`` / ``finetune_data``): a Karpathy split json (``dataset_coco.json``: ``images[].split``,
 ``filename``, ``sentences[].raw``; fine-tuning reads ``train`` + ``restval``, evaluation ``test``), a COCO caption
@@ -36,11 +37,13 @@ from mdc_core.config import RunConfig, SamplerConfig, apply_overrides
 from mdc_core.data.sources import iter_shard_records, resolve_source
 from mdc_core.eval.benchmarks import image_pixels
 from mdc_core.eval.caption_metrics import ALL_METRICS, caption_metrics
+from mdc_core.eval.repetition import repetition_rate
 from mdc_core.tokenizer import CaptionTokenizer
 
 PAPER_LENGTHS = (10, 15, 20)
 PAPER_BEAM = 6
 TABLE3_METRICS = (("B@4", "BLEU@4"), ("M", "METEOR"), ("C", "CIDEr"), ("S", "SPICE"), ("RL", "ROUGE-L"))
+REPETITION = ("Rep", "repetition_rate")  # % of captions repeating a word (mdc_core.eval.repetition); not in the paper
 
 
 @dataclass(frozen=True)
@@ -234,11 +237,12 @@ def decoder_label(objective: str, decoder: str) -> tuple[str, str]:
 
 def captioning_table(results: Sequence[dict[str, Any]]) -> str:
     """A markdown table like the paper's Table 3 (metrics x 100; "n/a" for an unavailable metric)."""
-    head = "| method | run | sequence length | " + " | ".join(short for short, _ in TABLE3_METRICS) + " |"
-    lines = [head, "|---|---|---:|" + "---:|" * len(TABLE3_METRICS)]
+    columns = TABLE3_METRICS + ((REPETITION,) if any(REPETITION[1] in r["metrics"] for r in results) else ())
+    head = "| method | run | sequence length | " + " | ".join(short for short, _ in columns) + " |"
+    lines = [head, "|---|---|---:|" + "---:|" * len(columns)]
     for r in results:
         cells = [f"{100 * r['metrics'][key]:.1f}" if r["metrics"].get(key) is not None else "n/a"
-                 for _, key in TABLE3_METRICS]
+                 for _, key in columns]
         lines.append(f"| {r['label']} | {r['run']} | {r['length']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -294,7 +298,8 @@ def captioning(runs: Sequence[str | Path], data: str | Path, *, lengths: Sequenc
             results.append({
                 "run": str(run), "finetuned_run": str(eval_run) if finetune_steps > 0 else None,
                 "objective": cfg.objective.name, "decoder": d, "label": label, "length": length,
-                "metrics": {k: v for k, v in scores.items() if k not in ("unavailable", "tokenizer", "n_images")},
+                "metrics": {**{k: v for k, v in scores.items() if k not in ("unavailable", "tokenizer", "n_images")},
+                            "repetition_rate": repetition_rate(decoded[d]["captions"].values())},
                 "unavailable": scores["unavailable"], "tokenizer": scores["tokenizer"],
                 "seconds": round(decoded[d]["seconds"], 3),
                 "captions": [{"key": k, "caption": c, "references": references[k]}
