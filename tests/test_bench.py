@@ -144,3 +144,18 @@ def test_train_compile_gives_the_same_run(tmp_path):
     assert_same_metrics(read_metrics(runs[False]), read_metrics(runs[True]), rel=1e-4)
     keys = [set(load_file(str(next((r / "checkpoints").glob("step_*")) / "model.safetensors"))) for r in runs.values()]
     assert keys[0] == keys[1]
+
+
+def test_coca_peer_head_is_initialised():
+    """open_clip leaves CoCa's decoder projection as torch.empty memory; the peer must not depend on it."""
+    import torch
+
+    cfg = micro_config()
+    garbage = [torch.full((cfg.text_width, 49408), float("nan")) for _ in range(8)]  # dirty the allocator
+    del garbage
+    torch.manual_seed(0)
+    first = build_coca(cfg).text_decoder.text_projection.detach()
+    torch.manual_seed(0)
+    second = build_coca(cfg).text_decoder.text_projection.detach()
+    assert torch.isfinite(first).all() and torch.equal(first, second)
+    assert first.std() > 0.5 * cfg.text_width ** -0.5  # N(0, width^-1/2), not zeros

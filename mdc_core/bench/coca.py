@@ -74,7 +74,13 @@ def build_coca(cfg: ModelConfig, layout: str = "depth_matched") -> torch.nn.Modu
     """A randomly initialised OpenCLIP CoCa with the dimensions of `cfg`."""
     from open_clip.coca_model import CoCa
 
-    return CoCa(**coca_config(cfg, layout))
+    model = CoCa(**coca_config(cfg, layout))
+    # open_clip's MultimodalTransformer allocates its output projection with torch.empty and never calls its own
+    # init_parameters (which would fail: it reads self.transformer), so the head holds whatever memory it got:
+    # zeros (every logit ties) or garbage (NaN probabilities in generate). Initialise it as that method intends.
+    projection = model.text_decoder.text_projection
+    torch.nn.init.normal_(projection, std=projection.shape[0] ** -0.5)
+    return model
 
 
 class CocaCaptionLoss(torch.nn.Module):
