@@ -305,7 +305,7 @@ def cmd_presets(args: argparse.Namespace) -> None:
 
 def _add_probe_parser(sub: argparse._SubParsersAction) -> None:
     from .data import LABEL_NAMES
-    probe = sub.add_parser("probe", help="linear probe of a run's frozen encoder (CLIP-benchmark protocol, Table 1)")
+    probe = sub.add_parser("probe", help="linear probe of a run's frozen encoder (converged L-BFGS; Table 1)")
     probe.add_argument("--run", action="append", required=True, help="run or checkpoint folder (repeatable)")
     probe.add_argument("--data", required=True, help="synthetic data folder, class folders root/train|val/CLASS/, "
                        "or CIFAR python pickles")
@@ -315,7 +315,13 @@ def _add_probe_parser(sub: argparse._SubParsersAction) -> None:
     probe.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (features and probe)")
     probe.add_argument("--batch-size", type=int, default=64, help="images per feature-extraction batch")
     probe.add_argument("--limit", type=int, help="only the first N images of each split (quick looks)")
-    probe.add_argument("--weight-decay", type=float, help="fixed probe weight decay (default: CLIP-benchmark search)")
+    probe.add_argument("--protocol", default="lbfgs", choices=("lbfgs", "clip_benchmark"),
+                       help="lbfgs: logistic regression to convergence, C searched on a val split (CLIP paper A.3); "
+                       "clip_benchmark: AdamW lr 0.1, 10 epochs, batch 64 (under-fits small sets)")
+    probe.add_argument("--C", dest="c", type=float, help="lbfgs: fixed inverse regularisation (default: search)")
+    probe.add_argument("--weight-decay", type=float, help="clip_benchmark: fixed weight decay (default: search)")
+    probe.add_argument("--baselines", nargs="*", default=["random"], choices=("random", "pixels"),
+                       help="baseline rows: random = the architecture untrained, pixels = raw pixels (default: random)")
     probe.add_argument("--cache-dir", help="feature cache folder (default: RUN/probe_features)")
     probe.add_argument("--ema", action="store_true", help="use the EMA weights")
     probe.add_argument("--out", help="also write the result JSON to this file")
@@ -327,7 +333,8 @@ def cmd_probe(args: argparse.Namespace) -> None:
     from .eval.probe_data import probe_runs
     result = probe_runs(args.run, args.data, task=args.task, fmt=args.format, device=args.device,
                         batch_size=args.batch_size, cache_dir=args.cache_dir, ema=args.ema, limit=args.limit,
-                        weight_decay=args.weight_decay, progress=not args.quiet)
+                        weight_decay=args.weight_decay, progress=not args.quiet, protocol=args.protocol, c=args.c,
+                        baselines=args.baselines)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
@@ -335,12 +342,13 @@ def cmd_probe(args: argparse.Namespace) -> None:
         print(json.dumps(result))
         return
     for run in result["runs"]:
-        print(f"{run['objective']} run {run['run']} (step {run['step']}, {run['pool']} features) "
-              f"on {run['format']} data {run['data']}")
-        print(f"  {'task':12s} {'classes':>7s} {'top-1':>7s} {'top-5':>7s} {'balanced':>8s} {'wd':>9s}")
+        print(f"{run['objective']} run {run['run']} ({run['init']} weights, step {run['step']}, {run['pool']} "
+              f"features, {run['protocol']} probe) on {run['format']} data {run['data']}")
+        reg = "C" if run["protocol"] == "lbfgs" else "wd"
+        print(f"  {'task':12s} {'classes':>7s} {'top-1':>7s} {'top-5':>7s} {'balanced':>8s} {reg:>9s}")
         for task, r in run["tasks"].items():
             print(f"  {task:12s} {r['n_classes']:7d} {r['top1']:7.1%} {r['top5']:7.1%} "
-                  f"{r['balanced_accuracy']:8.1%} {r['weight_decay']:9.2e}")
+                  f"{r['balanced_accuracy']:8.1%} {r['C'] if reg == 'C' else r['weight_decay']:9.2e}")
     print("\ntop-1 (%):\n" + result["table"])
 
 
