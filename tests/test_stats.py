@@ -200,3 +200,52 @@ def test_the_statistics_modules_import_no_torch() -> None:
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_too_few_items_give_no_bootstrap_interval() -> None:
+    assert not bootstrap_interval([1.0, 0.0, 1.0]).has_interval
+    assert not bootstrap_difference([100.0], [0.0]).has_interval  # one item cannot resolve anything
+    assert verdict(bootstrap_difference([100.0], [0.0])) == UNMEASURED
+
+
+def test_claim_names_what_the_table_lacks() -> None:
+    claim = next(c for c in PAPER_CLAIMS if c.key == "table2")
+    cells = {row: {"relation": Cell({0: v, 1: v + 1, 2: v + 2})} for row, v in
+             (("MDC (Heuristic)", 80.0), ("ARC", 60.0))}
+    res = evaluate_claim(claim, cells)
+    assert res["verdict"] == HOLDS and len(res["parts"]) == 1  # only the column and rows present are compared
+    assert sorted(res["missing"]) == ["CLIP", "column attribute", "column swap"]
+    assert "not in this table (not measured): " in "\n".join(claims_markdown([res]))
+
+
+def test_probe_scores_and_items_average_the_evidence_tasks() -> None:
+    from mdc_core.eval.probe_report import probe_items, probe_scores, probe_table
+
+    result = {"tasks": {"shape": {"top1": 0.5, "test_correct": [1, 0, 1, 0]},
+                        "colour": {"top1": 1.0, "test_correct": [1, 1, 1, 1]},
+                        "count": {"top1": 0.25, "test_correct": [0, 0, 1, 0]}}}
+    scores = probe_scores(result, ["colour"], ["shape", "count"])
+    assert scores == {"colour": 100.0, "shape": 50.0, "count": 25.0, "mean": 37.5}
+    items = probe_items(result, ["shape", "count"])
+    assert items == [50.0, 0.0, 100.0, 0.0] and sum(items) / 4 == scores["mean"]
+    probe = {"scores": {"[0.5, 1.0]": scores}, "items": {"[0.5, 1.0]": items}}
+    table = probe_table(probe, ["[0.5, 1.0]"], "m", {"[0.5, 1.0]": "MDC"})
+    assert table == {"metric": "m", "values": {"MDC": 37.5}, "items": {"MDC": items}}
+    with pytest.raises(ValueError, match="not probed"):
+        probe_scores(result, ["position"], ["shape"])
+
+
+def test_compositionality_items_pair_the_examples_every_scorer_scored() -> None:
+    from mdc_core.eval.table_items import compositionality_items
+
+    result = {"results": [
+        {"label": "ARC", "examples": [{"key": "a", "correct": {"relation": True, "add": False}},
+                                     {"key": "b", "correct": {"relation": False}}]},
+        {"label": "MDC (Heuristic)", "examples": [{"key": "a", "correct": {"relation": True}},  # "add" skipped
+                                                  {"key": "b", "correct": {"relation": True}}]},
+    ]}
+    items = compositionality_items(result)
+    assert items == {"ARC": {"relation": [100.0, 0.0]}, "MDC (Heuristic)": {"relation": [100.0, 100.0]}}
+    example = {"key": "a", "correct": {"swap_obj": True, "swap_att": False}}
+    sugar = {"results": [{"label": "ARC", "examples": [example]}]}
+    assert compositionality_items(sugar) == {"ARC": {}}  # swap averages two sub-tasks: no items

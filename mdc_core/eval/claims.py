@@ -7,8 +7,9 @@ mean and 95% interval (:mod:`mdc_core.eval.stats`), :func:`cell_difference` the 
 :func:`evaluate_claims` one verdict per claim of :data:`PAPER_CLAIMS`.
 
 A claim is a list of pairwise orderings ``better <relation> worse`` between rows of one table (in each listed
-column for two-dimensional tables). A row pattern is a row name, ``*`` (every row other than the other side's),
-or a shell pattern such as ``BERT*``. The claim's verdict combines its parts with
+column for two-dimensional tables). A row pattern is a row name, ``*`` (every model row other than the other
+side's; the baseline rows ``random init ...`` and ``raw pixels`` are not models), or a shell pattern such as
+``BERT*``. The claim's verdict combines its parts with
 :func:`~mdc_core.eval.stats.combine_verdicts`: reversed if any part is reversed, holds only if every part holds.
 """
 
@@ -45,9 +46,13 @@ class Claim:
     columns: tuple[str, ...] = ()  # columns checked in a 2-D table (each part in each column); () for 1-D tables
 
 
+BASELINE_ROWS = ("random init*", "raw pixels*")  # rows that are baselines, not models (never matched by "*")
+
 PAPER_CLAIMS: tuple[Claim, ...] = (
     Claim("table1", "Table 1", "linear probe: CLIP > MDC >= ARC", "table1",
           (("CLIP", ">", "MDC"), ("MDC", ">=", "ARC"))),
+    Claim("table1_training", "workbench check", "training adds to the features: every model's probe > the randomly "
+          "initialised encoder's", "table1", (("*", ">", "random init*"),)),
     Claim("table4", "Table 4", "the 1/t weight helps: MDC > MDC without 1/t", "table4",
           (("MDC", ">", "MDC (w/o 1/t)"),)),
     Claim("table5_best", "Table 5", "short captions: schedule [0.5, 1] beats every other schedule", "table5",
@@ -152,7 +157,7 @@ def _match(pattern: str, rows: Sequence[str]) -> list[str]:
 
 def _rows(pattern: str, rows: Sequence[str], other: str) -> list[str]:
     if pattern == "*":
-        excluded = set(_match(other, rows))
+        excluded = set(_match(other, rows)) | {r for b in BASELINE_ROWS for r in _match(b, rows)}
         return [r for r in rows if r not in excluded]
     return _match(pattern, rows)
 
@@ -164,15 +169,21 @@ def evaluate_claim(claim: Claim, cells: Table | None) -> dict[str, Any]:
     "difference": Estimate dict | None, "verdict"}]}``.
     """
     parts: list[dict[str, Any]] = []
+    missing: list[str] = []  # rows or columns the claim names that the table lacks
     rows = list(cells or {})
     for better_pat, relation, worse_pat in claim.parts:
+        missing += [p for p in (better_pat, worse_pat) if p != "*" and not _match(p, rows) and p not in missing]
         for better in _rows(better_pat, rows, worse_pat):
             for worse in _rows(worse_pat, rows, better_pat):
                 if better == worse:
                     continue
                 for col in claim.columns or ("",):
                     a, b = cells[better].get(col), cells[worse].get(col)
-                    diff = cell_difference(a, b) if a is not None and b is not None else None
+                    if a is None or b is None:
+                        if f"column {col}" not in missing:
+                            missing.append(f"column {col}")
+                        continue
+                    diff = cell_difference(a, b)
                     result = verdict(diff, relation)
                     parts.append({"better": better, "relation": relation, "worse": worse, "column": col,
                                   "difference": diff.to_dict() if diff else None, "verdict": result,
@@ -180,7 +191,8 @@ def evaluate_claim(claim: Claim, cells: Table | None) -> dict[str, Any]:
     overall = combine_verdicts([p["verdict"] for p in parts]) if parts else UNMEASURED
     relation = ">=" if parts and all(p["relation"] == ">=" for p in parts) else ">"
     return {"key": claim.key, "source": claim.source, "text": claim.text, "table": claim.table,
-            "verdict": overall, "verdict_text": describe_verdict(overall, relation), "parts": parts}
+            "verdict": overall, "verdict_text": describe_verdict(overall, relation), "parts": parts,
+            "missing": missing}
 
 
 def evaluate_claims(tables: dict[str, dict[str, Any]], claims: Sequence[Claim] = PAPER_CLAIMS
@@ -205,6 +217,8 @@ def claims_markdown(results: Sequence[dict[str, Any]], digits: int = 1) -> list[
                 diff = f"{d['mean']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}] ({d['method']})"
             lines.append(f"  - {p['better']} {p['relation']} {p['worse']}{where}: difference {diff}: "
                          f"{p['verdict_text']}")
+        if r.get("missing"):
+            lines.append(f"  - not in this table (not measured): {', '.join(r['missing'])}")
     return lines
 
 
@@ -233,3 +247,26 @@ def position_fade(run: dict[str, Any]) -> float:
     if not fades:
         raise ValueError(f"run {run.get('run')} has fewer than two scored caption positions")
     return sum(fades) / len(fades)
+
+
+def report_markdown(tables: dict[str, dict[str, Any]], seed: int | None = None, digits: int = 1) -> str:
+    """What a notebook shows for its own paper tables (``metrics.json`` layout, one training seed): each cell as
+    ``mean [95% interval]`` (a bootstrap over test items where the table has ``items``, test-set noise only),
+    then the verdicts of the paper's claims on these tables. Repeats over seeds are the summary's job."""
+    gathered = gather_tables([("notebook", seed, {"tables": tables})])
+    lines: list[str] = []
+    for name, table in gathered.items():
+        est = table_estimates(table["cells"])
+        columns = list(dict.fromkeys(c for cols in est.values() for c in cols))
+        head = [name, *(c or table["metric"] for c in columns)]
+        lines += ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+        for row, cols in est.items():
+            cells = [cols[c].format(digits) if c in cols else "-" for c in columns]
+            lines.append("| " + " | ".join([row, *cells]) + " |")
+        lines.append("")
+    lines.append("Brackets: 95% bootstrap intervals over the test items (one training seed: test-set noise only).")
+    verdicts = evaluate_claims(gathered)
+    if verdicts:
+        lines += ["", "**Verdicts on the paper's claims** (interval of each difference; see docs/evidence.md):", "",
+                  *claims_markdown(verdicts, digits)]
+    return "\n".join(lines)

@@ -27,6 +27,7 @@ from scipy import stats as sps
 
 CONFIDENCE = 0.95
 N_BOOT = 4000  # bootstrap resamples (percentile interval; the 2.5% tails hold 100 draws each)
+MIN_ITEMS = 10  # fewer test items give no bootstrap interval (a resample of 1-9 items says nothing reliable)
 HOLDS, REVERSED, UNRESOLVED, UNMEASURED = "holds", "reversed", "not resolved", "not measured"
 RELATIONS = (">", ">=")
 
@@ -93,9 +94,13 @@ def bootstrap_interval(items: Sequence[float] | np.ndarray, confidence: float = 
     """Mean of per-test-item scores (e.g. 0/1 correctness, or % per item) with a percentile bootstrap interval.
 
     The interval describes test-set noise only (the model is held fixed). Deterministic for a given `seed`.
+    Fewer than :data:`MIN_ITEMS` items: the mean without an interval.
     """
     _check_confidence(confidence)
     arr = _values(items, "bootstrap_interval")
+    if arr.size < MIN_ITEMS:
+        return Estimate(float(arr.mean()), math.nan, math.nan, int(arr.size),
+                        f"only {arr.size} test items: no bootstrap interval (needs {MIN_ITEMS})")
     low, high = _bootstrap(arr, confidence, n_boot, seed)
     return Estimate(float(arr.mean()), low, high, int(arr.size),
                     f"bootstrap over {arr.size} test items (test-set noise only)")
@@ -152,6 +157,8 @@ def bootstrap_difference(items_a: Sequence[float], items_b: Sequence[float], con
     if xa.size != xb.size:
         raise ValueError(f"a paired bootstrap needs the same test items: {xa.size} vs {xb.size} scores")
     est = bootstrap_interval(xa - xb, confidence, n_boot=n_boot, seed=seed)
+    if not est.has_interval:
+        return est
     return Estimate(est.mean, est.low, est.high, est.n, f"paired bootstrap over {est.n} test items "
                     "(test-set noise only)")
 
