@@ -1,6 +1,7 @@
 """Evaluation: linear probing of frozen features and captioning metrics.
 
-* :mod:`mdc_core.eval.probe`: :func:`linear_probe` (CLIP-benchmark protocol) and :func:`cached_features`.
+* :mod:`mdc_core.eval.probe`: :func:`linear_probe` (converged L-BFGS by default, or the CLIP-benchmark protocol)
+  and :func:`cached_features`.
 * :mod:`mdc_core.eval.caption_metrics`: :func:`caption_metrics` (BLEU, METEOR, ROUGE-L, CIDEr, SPICE via
   pycocoevalcap).
 
