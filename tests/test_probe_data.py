@@ -220,3 +220,13 @@ def test_random_init_features_are_the_untrained_architecture(tmp_path, class_fol
     assert all(torch.equal(a, b) for a, b in pairs), "random init must equal the model training starts from"
     assert any(not torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), trained.state_dict().values(),
                                                      strict=True))
+
+
+def test_probe_run_takes_a_list_of_tasks(tmp_path):
+    data = tmp_path / "synth"
+    write_synthetic_dataset(data, 48, image_size=32, n_val=4, n_test=24, n_compgen=4, progress=False, workers=1)
+    micro_run(tmp_path / "run")
+    result = probe_run(tmp_path / "run", data, task=["shape", "colour"], c=1.0)
+    assert list(result["tasks"]) == ["shape", "colour"] and result["tasks"]["shape"]["C"] == 1.0
+    with pytest.raises(ValueError, match="unknown task 'hue'"):
+        probe_run(tmp_path / "run", data, task=["shape", "hue"])

@@ -20,7 +20,7 @@ import json, pathlib
 out = pathlib.Path(output_dir)
 (out / "figures" / "dot.txt").write_text("x")
 s = train_seed
-values = {"CLIP": 60.0 + gap + s, "MDC": 60.0 + s, "ARC": 70.0 - s}
+values = {"CLIP": 60.0 + gap + 2 * s, "MDC": 60.0 + s, "ARC": 70.0 - s}
 items = {"MDC": [100.0] * 6 + [0.0] * 4, "ARC": [100.0] * 7 + [0.0] * 3}
 metrics = {"metrics": {"seed": s}, "tables": {"table1": {"metric": "toy top-1 %", "values": values, "items": items}}}
 (out / "metrics.json").write_text(json.dumps(metrics))
@@ -61,15 +61,16 @@ def test_summary_shows_intervals_over_seeds_and_verdicts(seeded: Path) -> None:
     results = run_plan(plan, progress=False, cwd=seeded)
     assert [r.status for r in results] == ["done"] * 3
     summary = (seeded / "out" / "s" / "summary.md").read_text()
-    # CLIP = 70, 71, 72: mean 71, t-interval 71 +- 4.303 * 1 / sqrt(3) = [68.5, 73.5]
-    assert "| CLIP | 71.0 [68.5, 73.5] | 57.2 |" in summary
+    # MDC = 60, 61, 62: mean 61, t-interval 61 +- 4.303 * 1 / sqrt(3) = [58.5, 63.5]
+    assert "| MDC | 61.0 [58.5, 63.5] | 54.8 |" in summary
     assert "t-intervals over training seeds" in summary
-    # CLIP - MDC = 10 on every seed (paired: no spread): holds; MDC - ARC = -10, -8, -6: reversed
+    # CLIP - MDC = 10, 11, 12 (paired): 11 +- 2.48 = [8.5, 13.5], holds; MDC - ARC = -10, -8, -6: reversed
     assert "- **Table 1**: linear probe: CLIP > MDC >= ARC -> **reversed**" in summary
-    assert "CLIP > MDC: difference +10.0 [+10.0, +10.0] (paired t over 3 seeds): holds" in summary
+    assert "CLIP > MDC: difference +11.0 [+8.5, +13.5] (paired t over 3 seeds): holds" in summary
+    assert "MDC >= ARC: difference -8.0 [-13.0, -3.0] (paired t over 3 seeds): reversed" in summary
     record = json.loads((seeded / "out" / "s" / "summary.json").read_text())
     assert record["claims"][0]["verdict"] == "reversed"
-    assert record["tables"]["table1"]["intervals"]["CLIP"] == pytest.approx([68.515, 73.485], abs=1e-3)
+    assert record["tables"]["table1"]["intervals"]["MDC"] == pytest.approx([58.515, 63.485], abs=1e-3)
 
 
 def test_summary_with_one_seed_says_so_and_bootstraps_the_test_items(seeded: Path) -> None:

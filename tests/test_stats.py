@@ -158,9 +158,9 @@ def test_claims_on_constructed_tables_hold_reverse_or_stay_open() -> None:
         return {row: {"": Cell(dict(enumerate(v)))} for row, v in values.items()}
 
     claim = next(c for c in PAPER_CLAIMS if c.key == "table1")
-    clear = evaluate_claim(claim, table({"CLIP": [70, 71, 72], "MDC": [60, 61, 62], "ARC": [50, 51, 52]}))
+    clear = evaluate_claim(claim, table({"CLIP": [70, 72, 71.5], "MDC": [60, 61, 62], "ARC": [50, 52, 51]}))
     assert clear["verdict"] == HOLDS and len(clear["parts"]) == 2
-    flipped = evaluate_claim(claim, table({"CLIP": [50, 51, 52], "MDC": [60, 61, 62], "ARC": [50, 51, 52]}))
+    flipped = evaluate_claim(claim, table({"CLIP": [50, 52, 51], "MDC": [60, 61, 62], "ARC": [50, 52, 51]}))
     assert flipped["verdict"] == REVERSED
     overlap = evaluate_claim(claim, table({"CLIP": [70, 71, 72], "MDC": [60, 65, 61], "ARC": [62, 60, 64]}))
     assert overlap["verdict"] == UNRESOLVED
@@ -180,7 +180,7 @@ def test_claims_on_constructed_tables_hold_reverse_or_stay_open() -> None:
 def test_two_dimensional_claim_checks_each_column_and_markdown_says_it() -> None:
     cells = {"MDC (Heuristic)": {c: Cell({0: 80.0, 1: 82.0, 2: 81.0}) for c in ("relation", "attribute", "swap")},
              "ARC": {c: Cell({0: 60.0, 1: 61.0, 2: 62.0}) for c in ("relation", "attribute", "swap")},
-             "CLIP": {c: Cell({0: 50.0, 1: 52.0, 2: 51.0}) for c in ("relation", "attribute", "swap")}}
+             "CLIP": {c: Cell({0: 50.0, 1: 51.0, 2: 53.0}) for c in ("relation", "attribute", "swap")}}
     results = evaluate_claims({"table2": {"metric": "m", "cells": cells}})
     assert [r["key"] for r in results] == ["table2"] and results[0]["verdict"] == HOLDS
     assert len(results[0]["parts"]) == 6
@@ -210,8 +210,8 @@ def test_too_few_items_give_no_bootstrap_interval() -> None:
 
 def test_claim_names_what_the_table_lacks() -> None:
     claim = next(c for c in PAPER_CLAIMS if c.key == "table2")
-    cells = {row: {"relation": Cell({0: v, 1: v + 1, 2: v + 2})} for row, v in
-             (("MDC (Heuristic)", 80.0), ("ARC", 60.0))}
+    cells = {"MDC (Heuristic)": {"relation": Cell({0: 80.0, 1: 81.0, 2: 82.0})},
+             "ARC": {"relation": Cell({0: 60.0, 1: 62.0, 2: 61.0})}}
     res = evaluate_claim(claim, cells)
     assert res["verdict"] == HOLDS and len(res["parts"]) == 1  # only the column and rows present are compared
     assert sorted(res["missing"]) == ["CLIP", "column attribute", "column swap"]
@@ -249,3 +249,16 @@ def test_compositionality_items_pair_the_examples_every_scorer_scored() -> None:
     example = {"key": "a", "correct": {"swap_obj": True, "swap_att": False}}
     sugar = {"results": [{"label": "ARC", "examples": [example]}]}
     assert compositionality_items(sugar) == {"ARC": {}}  # swap averages two sub-tasks: no items
+
+
+def test_no_spread_over_seeds_falls_back_to_pooled_test_items() -> None:
+    items = [100.0] * 12 + [0.0] * 8  # 60% on 20 test items, the same on both seeds
+    flat = Cell({0: 60.0, 1: 60.0}, {0: items, 1: items})
+    est = flat.estimate()
+    assert est.mean == 60.0 and est.low < 60 < est.high and "no spread over 2 seeds" in est.method
+    assert not Cell({0: 60.0, 1: 60.0}).estimate().has_interval  # and without items: no interval at all
+    other = Cell({0: 50.0, 1: 50.0}, {0: [100.0] * 10 + [0.0] * 10, 1: [100.0] * 10 + [0.0] * 10})
+    diff = cell_difference(flat, other)
+    assert diff is not None and diff.mean == pytest.approx(10.0) and "paired bootstrap over 40" in diff.method
+    assert not cell_difference(Cell({0: 60.0, 1: 60.0}), Cell({0: 50.0, 1: 50.0})).has_interval
+    assert not seed_difference([1.0, 1.0], [0.0, 0.0, 0.0], paired=False).has_interval

@@ -79,12 +79,23 @@ class Cell:
     items: dict[int, list[float]] = field(default_factory=dict)
 
     def estimate(self) -> Estimate:
-        """t-interval over seeds (>= 2 seeds); one seed: bootstrap over its test items, else no interval."""
+        """t-interval over seeds (>= 2 seeds); one seed: bootstrap over its test items, else no interval.
+
+        Identical values on every seed (accuracies on a small test set are coarse, so this happens) give a
+        zero-width t-interval that means nothing: then the interval is a bootstrap over the test items of all
+        seeds pooled (test-set noise only), or none without items."""
         seeds = sorted(self.values)
         if not seeds:
             raise ValueError("an empty cell has no estimate")
         if len(seeds) >= 2:
-            return t_interval([self.values[s] for s in seeds])
+            est = t_interval([self.values[s] for s in seeds])
+            if est.low < est.high:
+                return est
+            pooled = _pooled_items([self], seeds)
+            if pooled is None:
+                return Estimate(est.mean, math.nan, math.nan, est.n, f"no spread over {est.n} seeds: no interval")
+            boot = bootstrap_interval(pooled[0])
+            return Estimate(est.mean, boot.low, boot.high, boot.n, f"no spread over {est.n} seeds; {boot.method}")
         items = self.items.get(seeds[0])
         if items:
             est = bootstrap_interval(items)
@@ -98,13 +109,31 @@ def cell_difference(a: Cell, b: Cell) -> Estimate | None:
     sa, sb = sorted(a.values), sorted(b.values)
     if len(sa) >= 2 and len(sb) >= 2:
         paired = sa == sb
-        return seed_difference([a.values[s] for s in sa], [b.values[s] for s in sb], paired=paired)
+        diff = seed_difference([a.values[s] for s in sa], [b.values[s] for s in sb], paired=paired)
+        if diff.has_interval and diff.low < diff.high:
+            return diff
+        pooled = _pooled_items([a, b], sa) if paired else None  # no spread over seeds: test-set noise at least
+        if pooled is None:
+            return Estimate(diff.mean, math.nan, math.nan, diff.n, "no spread over seeds: no interval")
+        boot = bootstrap_difference(*pooled)
+        return Estimate(diff.mean, boot.low, boot.high, boot.n, f"no spread over seeds; {boot.method}")
     if len(sa) == 1 and len(sb) == 1:
         ia, ib = a.items.get(sa[0]), b.items.get(sb[0])
         if ia and ib and len(ia) == len(ib):
             diff = bootstrap_difference(ia, ib)
             return Estimate(a.values[sa[0]] - b.values[sb[0]], diff.low, diff.high, diff.n, diff.method)
     return None
+
+
+def _pooled_items(cells: Sequence[Cell], seeds: Sequence[int]) -> list[list[float]] | None:
+    """Each cell's items of `seeds` concatenated (seed order), when every cell has items for every seed and the
+    cells' lists align (same lengths); else None."""
+    out = []
+    for cell in cells:
+        if any(not cell.items.get(s) for s in seeds):
+            return None
+        out.append([x for s in seeds for x in cell.items[s]])
+    return out if len({len(o) for o in out}) == 1 else None
 
 
 Table = dict[str, dict[str, Cell]]  # row -> column ("" for 1-D tables) -> cell

@@ -277,7 +277,7 @@ def extract_features(model: torch.nn.Module, data: ProbeDataset, *, pool: str, i
     return torch.cat(feats), {t: torch.cat(v) for t, v in labels.items()}
 
 
-def probe_run(run: str | Path, data: str | Path, *, task: str = "all", fmt: str = "auto",
+def probe_run(run: str | Path, data: str | Path, *, task: str | Sequence[str] = "all", fmt: str = "auto",
               device: str = "cpu", batch_size: int = 64, cache_dir: str | Path | None = None, ema: bool = False,
               limit: int | None = None, weight_decay: float | None = None, progress: bool = False,
               protocol: str = "lbfgs", c: float | None = None, init: str = "trained") -> dict[str, Any]:
@@ -287,7 +287,7 @@ def probe_run(run: str | Path, data: str | Path, *, task: str = "all", fmt: str 
         run: run or checkpoint folder.
         data: data folder (see the module docstring); `fmt` is ``auto``, ``synth``, ``folder`` or ``cifar``.
         task: a label of the synthetic data (shape, colour, size, position, count, background) or ``all`` for
-            each of them; for folder / CIFAR data only ``class`` (``all`` means ``class``).
+            each of them, or a list of labels; for folder / CIFAR data only ``class`` (``all`` means ``class``).
         device: where features are extracted and the probe trains.
         cache_dir: feature cache folder (default ``<run folder>/probe_features``, also for a checkpoint path).
         limit: use only the first `limit` images of each split (quick looks; part of the cache key).
@@ -304,10 +304,11 @@ def probe_run(run: str | Path, data: str | Path, *, task: str = "all", fmt: str 
     ckpt = resolve_checkpoint(run)
     train_set = open_probe_dataset(data, "train", fmt, limit)
     test_set = open_probe_dataset(data, "test", train_set.format, limit)
-    tasks = list(train_set.classes) if task == "all" else [task]
-    if task != "all" and task not in train_set.classes:
-        raise ValueError(f"unknown task {task!r} for {train_set.format} data; choose all or one of "
-                         f"{', '.join(train_set.classes)}")
+    tasks = list(train_set.classes) if task == "all" else [task] if isinstance(task, str) else list(task)
+    unknown = [t for t in tasks if t not in train_set.classes]
+    if unknown or not tasks:
+        raise ValueError(f"unknown task {(unknown or [task])[0]!r} for {train_set.format} data; choose all or one "
+                         f"of {', '.join(train_set.classes)}")
     if init not in INITS:
         raise ValueError(f"unknown probe init {init!r}; choose one of {', '.join(INITS)}")
     if (protocol == "lbfgs" and weight_decay is not None) or (protocol != "lbfgs" and c is not None):

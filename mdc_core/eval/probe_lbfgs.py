@@ -24,7 +24,7 @@ from sklearn.linear_model import LogisticRegression
 
 C_GRID: tuple[float, ...] = tuple(np.logspace(-3, 6, num=97).tolist())  # inverse L2 strengths searched
 MAX_ITER = 1000  # L-BFGS iterations per fit (CLIP's appendix A.3 uses 1000)
-TOL = 1e-6  # gradient tolerance (sklearn's default is 1e-4; tighter = closer to the optimum)
+TOL = 1e-4  # L-BFGS projected-gradient tolerance (sklearn's default; 1e-6 took 2-3x the time, same accuracy)
 
 
 def fit_logistic(x: np.ndarray, t: np.ndarray, c: float, *, max_iter: int = MAX_ITER, tol: float = TOL

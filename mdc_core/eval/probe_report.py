@@ -45,14 +45,16 @@ def probe_models(runs: Mapping[str, str | Path], data: str | Path, *, tasks: Seq
     (CLS)`` etc. when the runs mix kinds); ``pixels`` = the raw pixels (row ``raw pixels``).
 
     Returns ``{"scores": {row: {task: %, "mean": %}}, "items": {row: [% per test image]}, "results": {row:
-    probe_run result}}``. `probe_kwargs` go to :func:`~mdc_core.eval.probe_data.probe_run` (task is "all").
+    probe_run result}}``. Only `tasks` and `mean_tasks` are probed; `probe_kwargs` go to
+    :func:`~mdc_core.eval.probe_data.probe_run`.
     Progress is reported to the batch runner (:mod:`mdc_core.progress`).
     """
     from mdc_core.eval.probe_data import probe_run
 
     results: dict[str, dict[str, Any]] = {}
+    needed = list(dict.fromkeys([*tasks, *mean_tasks]))
     for name, run in track(runs.items(), "probe"):
-        results[name] = probe_run(run, data, task="all", **probe_kwargs)
+        results[name] = probe_run(run, data, task=needed, **probe_kwargs)
     pools = {r["pool"] for r in results.values()}
     done: set[str] = set()
     if "random" in baselines:
@@ -63,10 +65,11 @@ def probe_models(runs: Mapping[str, str | Path], data: str | Path, *, tasks: Seq
             done.add(pool)
             label = "random init" if len(pools) == 1 else f"random init ({pool.upper()})"
             report(stage=f"probe {label}")
-            results[label] = probe_run(run, data, task="all", init="random", **probe_kwargs)
+            results[label] = probe_run(run, data, task=needed, init="random", **probe_kwargs)
     if "pixels" in baselines:
         report(stage="probe raw pixels")
-        results["raw pixels"] = probe_run(next(iter(runs.values())), data, task="all", init="pixels", **probe_kwargs)
+        results["raw pixels"] = probe_run(next(iter(runs.values())), data, task=needed, init="pixels",
+                                          **probe_kwargs)
     return {"scores": {k: probe_scores(r, tasks, mean_tasks) for k, r in results.items()},
             "items": {k: probe_items(r, mean_tasks) for k, r in results.items()}, "results": results}
 

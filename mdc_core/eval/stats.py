@@ -9,6 +9,8 @@ Conventions (docs/evidence.md explains them for readers):
 * **Differences** between two methods get their own interval: paired by seed (a t-interval of the per-seed
   differences) when both have the same seeds, since seeds share data order and initialisation stream; Welch's
   unequal-variance t-interval otherwise; with one seed each, a paired bootstrap over the shared test items.
+  (:mod:`mdc_core.eval.claims` falls back to a bootstrap over the pooled test items when the values show no
+  spread over seeds, which coarse accuracies on small test sets sometimes do.)
 * **Verdicts** for an ordering claim ``a > b`` or ``a >= b`` read the interval of ``a - b``:
   ``holds`` when it lies above 0, ``reversed`` when it lies below 0, ``not resolved`` when it contains 0.
   For ``>=`` an unresolved interval is also *consistent* with the claim (not reversed); the verdict text says
@@ -141,8 +143,8 @@ def seed_difference(a: Sequence[float], b: Sequence[float], *, paired: bool,
         return Estimate(mean, math.nan, math.nan, min(xa.size, xb.size), "too few seeds for Welch's interval")
     va, vb = xa.var(ddof=1) / xa.size, xb.var(ddof=1) / xb.size
     se = math.sqrt(va + vb)
-    if se == 0:
-        return Estimate(mean, mean, mean, int(xa.size + xb.size), "Welch t (no spread)")
+    if se == 0:  # identical values within each group: a zero-width interval would claim certainty it lacks
+        return Estimate(mean, math.nan, math.nan, int(xa.size + xb.size), "no spread over seeds: no interval")
     df = (va + vb) ** 2 / (va ** 2 / (xa.size - 1) + vb ** 2 / (xb.size - 1))
     half = float(sps.t.ppf(0.5 + confidence / 2, df) * se)
     return Estimate(mean, mean - half, mean + half, int(xa.size + xb.size),
