@@ -1,5 +1,5 @@
 """Plans repeated over training seeds, the summary's intervals and verdicts, and the runner's view of a
-notebook's own progress (mdc_core.runs, mdc_core.runs_evidence, mdc_core.progress)."""
+notebook's own progress (mdc_core.workbench.plans, mdc_core.workbench.evidence, mdc_core.workbench.progress)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mdc_core import progress
-from mdc_core.runs import SEED_PARAM, execute_run, load_plan, run_plan
+from mdc_core.workbench import progress
+from mdc_core.workbench.plans import SEED_PARAM, execute_run, load_plan, run_plan
 
 from .test_runs import write_notebook, write_plan
 
@@ -87,7 +87,7 @@ def test_summary_with_one_seed_says_so_and_bootstraps_the_test_items(seeded: Pat
 
 
 def test_runner_shows_the_notebooks_own_progress(tmp_path: Path) -> None:
-    body = ("import time\nfrom mdc_core import progress\n"
+    body = ("import time\nfrom mdc_core.workbench import progress\n"
             "for name in progress.track(['ARC', 'MDC'], 'train'):\n"
             "    progress.report(detail=f'step 5/10 of {name}')\n"
             "    time.sleep(1.6)\n"

@@ -219,7 +219,7 @@ def test_claim_names_what_the_table_lacks() -> None:
 
 
 def test_probe_scores_and_items_average_the_evidence_tasks() -> None:
-    from mdc_core.eval.probe_report import probe_items, probe_scores, probe_table
+    from mdc_core.workbench.probe_report import probe_items, probe_scores, probe_table
 
     result = {"tasks": {"shape": {"top1": 0.5, "test_correct": [1, 0, 1, 0]},
                         "colour": {"top1": 1.0, "test_correct": [1, 1, 1, 1]},
@@ -236,7 +236,7 @@ def test_probe_scores_and_items_average_the_evidence_tasks() -> None:
 
 
 def test_compositionality_items_pair_the_examples_every_scorer_scored() -> None:
-    from mdc_core.eval.table_items import compositionality_items
+    from mdc_core.workbench.table_items import compositionality_items
 
     result = {"results": [
         {"label": "ARC", "examples": [{"key": "a", "correct": {"relation": True, "add": False}},

@@ -30,7 +30,7 @@ Every run gets ``output_dir`` (its own run folder, absolute) on top of its param
 ``metrics.json`` and ``figures/*.png`` the notebook writes, and a marker: ``DONE`` (JSON: duration) or
 ``FAILED`` (the error). A failed run is kept and the plan goes on; re-running a plan skips runs whose ``DONE``
 marker and ``parameters.json`` match (a changed parameter re-runs that run), and retries failed ones. When the
-plan ends :mod:`mdc_core.runs_summary` writes ``summary.md``, ``summary.json`` and ``summary.png``.
+plan ends :mod:`mdc_core.workbench.summary` writes ``summary.md``, ``summary.json`` and ``summary.png``.
 
 Parameters are checked against each notebook's ``parameters`` cell (``papermill.inspect_notebook``) before
 anything runs: an undeclared name, a value of the wrong type, or a missing notebook is an error naming it.
@@ -57,12 +57,15 @@ from typing import Any
 import yaml
 from tqdm.auto import tqdm
 
+from mdc_core.workbench.evidence import SEED_PARAM
+from mdc_core.workbench.summary import RunResult, write_summary
+
 KERNEL_NAME = "mdc"  # the project's Jupyter kernel (this virtual environment's python)
 KERNEL_DISPLAY_NAME = "MDC workbench"
 PLAN_KEYS = ("name", "description", "kernel", "output_root", "timeout_s", "parameters", "grid", "seeds",
              "notebooks")
 ENTRY_KEYS = ("path", "id", "parameters", "grid", "seeds")
-SEED_PARAM = "train_seed"  # the notebook parameter a plan's `seeds` sets
+
 RESERVED = ("output_dir",)  # set by the runner for every run
 DONE, FAILED = "DONE", "FAILED"
 
@@ -101,17 +104,6 @@ class Plan:
     @property
     def out_dir(self) -> Path:
         return self.output_root / self.name
-
-
-@dataclass
-class RunResult:
-    run_id: str
-    notebook: str
-    status: str  # done | failed | skipped
-    run_dir: Path
-    duration_s: float = 0.0
-    error: str = ""
-    parameters: dict[str, Any] = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -339,7 +331,7 @@ def execute_run(spec: RunSpec, run_dir: Path, *, kernel: str, timeout_s: int | N
     written to ``FAILED`` and returned; KeyboardInterrupt marks the run and propagates.
 
     ``on_progress(text)`` is called about once a second with what the notebook reports through
-    :mod:`mdc_core.progress` (its stage and training step), read from ``<run_dir>/progress.json``."""
+    :mod:`mdc_core.workbench.progress` (its stage and training step), read from ``<run_dir>/progress.json``."""
     import papermill
 
     if run_dir.exists():
@@ -374,9 +366,9 @@ def execute_run(spec: RunSpec, run_dir: Path, *, kernel: str, timeout_s: int | N
 
 @contextlib.contextmanager
 def _progress_relay(path: Path, on_progress: Callable[[str], None] | None, every_s: float = 1.0) -> Iterator[None]:
-    """Point the kernel at `path` (:data:`mdc_core.progress.ENV`; a kernel inherits the runner's environment)
+    """Point the kernel at `path` (:data:`mdc_core.workbench.progress.ENV`; a kernel inherits the runner's environment)
     and, with `on_progress`, poll the notebook's reports in a thread while the block runs."""
-    from .progress import ENV, describe
+    from mdc_core.workbench.progress import ENV, describe
 
     before = os.environ.get(ENV)
     os.environ[ENV] = str(path.resolve())
@@ -419,7 +411,6 @@ def _mark_failed(run_dir: Path, error: str, duration: float) -> None:
 
 def run_plan(plan: Plan, *, progress: bool = True, cwd: Path | None = None) -> list[RunResult]:
     """Execute every pending run of `plan`, skipping finished ones, then write the summary."""
-    from .runs_summary import write_summary
 
     kernel = ensure_kernel(plan.kernel)
     out = plan.out_dir
@@ -441,7 +432,7 @@ def run_plan(plan: Plan, *, progress: bool = True, cwd: Path | None = None) -> l
             tqdm.write(f"run {spec.run_id} FAILED: {result.error.splitlines()[0][:300]}")
         results.append(result)
     bar.close()
-    write_summary(plan, results)
+    write_summary(plan.out_dir, results, name=plan.name, source=plan.source, description=plan.description)
     return results
 
 

@@ -1,7 +1,7 @@
 """Per-test-item scores for the paper tables a notebook writes, so that a single training seed still gets a
 bootstrap interval (test-set noise only) in its notebook and in the plan summary (``tables[name]["items"]``).
 
-Probe items come from :mod:`mdc_core.eval.probe_report`; this module holds the compositionality ones.
+Probe items come from :mod:`mdc_core.workbench.probe_report`; this module holds the compositionality ones.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 paper claim (:mod:`mdc_core.eval.stats`, :mod:`mdc_core.eval.claims`).
 
 Runs that repeat one notebook over training seeds (a plan's ``seeds``; the seed is the run's
-:data:`~mdc_core.runs.SEED_PARAM` parameter) are gathered cell by cell: with two or more seeds a cell's interval is
-the t-interval over seeds; with one seed it is a bootstrap over the test items the notebook recorded (the
+:data:`SEED_PARAM` parameter) are gathered cell by cell: with two or more seeds a cell's interval is the
+t-interval over seeds; with one seed it is a bootstrap over the test items the notebook recorded (the
 table's ``items``), which captures test-set noise only; without items it has none. Torch-free.
 """
 
@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .eval.claims import claims_markdown, evaluate_claims, gather_tables, table_estimates
-from .eval.stats import Estimate
-from .runs import SEED_PARAM
+from mdc_core.eval.claims import claims_markdown, evaluate_claims, gather_tables, table_estimates
+from mdc_core.eval.stats import Estimate
+
+SEED_PARAM = "train_seed"  # the notebook parameter a plan's `seeds` sets (mdc_core.workbench.plans)
 
 
 def gather_runs(runs: Sequence[tuple[str, dict[str, Any], dict[str, Any]]]) -> dict[str, dict[str, Any]]:
@@ -28,7 +29,7 @@ def _cell_text(est: Estimate) -> str:
 
 
 def display_tables(gathered: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Tables in :func:`mdc_core.runs_summary.table_markdown`'s layout, each cell the text ``mean [low, high]``;
+    """Tables in :func:`mdc_core.workbench.summary.table_markdown`'s layout, each cell the text ``mean [low, high]``;
     ``means`` and ``intervals`` ((low, high) or None per cell) alongside, for figures."""
     out: dict[str, dict[str, Any]] = {}
     for name, table in gathered.items():

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mdc_core.progress import report, track
+from mdc_core.workbench.progress import report, track
 
 EVIDENCE_TASKS = ("shape", "count", "position")  # averaged into "mean" by default (see the module docstring)
 
@@ -47,7 +47,7 @@ def probe_models(runs: Mapping[str, str | Path], data: str | Path, *, tasks: Seq
     Returns ``{"scores": {row: {task: %, "mean": %}}, "items": {row: [% per test image]}, "results": {row:
     probe_run result}}``. Only `tasks` and `mean_tasks` are probed; `probe_kwargs` go to
     :func:`~mdc_core.eval.probe_data.probe_run`.
-    Progress is reported to the batch runner (:mod:`mdc_core.progress`).
+    Progress is reported to the batch runner (:mod:`mdc_core.workbench.progress`).
     """
     from mdc_core.eval.probe_data import probe_run
 
