@@ -69,7 +69,7 @@ def test_summary_shows_intervals_over_seeds_and_verdicts(seeded: Path) -> None:
     assert "CLIP > MDC: difference +11.0 [+8.5, +13.5] (paired t over 3 seeds): holds" in summary
     assert "MDC >= ARC: difference -8.0 [-13.0, -3.0] (paired t over 3 seeds): reversed" in summary
     record = json.loads((seeded / "out" / "s" / "summary.json").read_text())
-    assert record["claims"][0]["verdict"] == "reversed"
+    assert record["claims"][0]["verdict"] == "reversed" and record["plan"] == "s"
     assert record["tables"]["table1"]["intervals"]["MDC"] == pytest.approx([58.515, 63.485], abs=1e-3)
 
 
