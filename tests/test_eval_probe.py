@@ -10,7 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
 
+from mdc_core.eval import probe_lbfgs
 from mdc_core.eval.probe import C_GRID, CLIP_BENCHMARK_WD_GRID, _wd_search, cached_features, linear_probe
 
 clip_probe = functools.partial(linear_probe, protocol="clip_benchmark")  # the default protocol is lbfgs
@@ -108,13 +111,13 @@ def test_converged_probe_separates_a_linearly_separable_fixture() -> None:
 
 
 def test_converged_probe_matches_a_direct_sklearn_fit_at_the_chosen_c() -> None:
-    """Independent check of the search + refit: a separate sklearn fit at the chosen C on all training rows
-    (tighter tolerance, more iterations) scores within 1 point on the same test set."""
+    """Independent check of the search + refit: a separate sklearn pipeline (StandardScaler + LogisticRegression)
+    at the chosen C on all training rows (tighter tolerance, more iterations) scores within 1 point."""
     x, y = gaussian_clusters(3000, n_classes=10, dim=64, spread=0.3, seed=1)
     train_x, train_y, test_x, test_y = x[:2000], y[:2000], x[2000:], y[2000:]
     r = linear_probe(train_x, train_y, test_x, test_y)
-    clf = LogisticRegression(C=r.C, max_iter=10000, tol=1e-10).fit(F.normalize(train_x, dim=-1).numpy(),
-                                                                     train_y.numpy())
+    clf = make_pipeline(StandardScaler(), LogisticRegression(C=r.C, max_iter=10000, tol=1e-10))
+    clf.fit(F.normalize(train_x, dim=-1).numpy(), train_y.numpy())
     sk_top1 = float((clf.predict(F.normalize(test_x, dim=-1).numpy()) == test_y.numpy()).mean())
     assert 0.5 < sk_top1 < 0.95, "the problem should be neither trivial nor hopeless"
     assert abs(r.top1 - sk_top1) <= 0.01, (r.top1, sk_top1)
@@ -185,3 +188,18 @@ def test_cached_features_roundtrip_and_invalidation(tmp_path: Path) -> None:
     assert sorted(p.name for p in path.parent.iterdir()) == ["train.safetensors", "train.safetensors.json"]
     with pytest.raises(TypeError):
         cached_features(path, compute, {"bad": object()})
+
+
+def test_converged_probe_is_not_fooled_by_tiny_feature_variations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Features around a large shared component (as a small encoder's L2-normalised features are): the class
+    signal lives in variations ~1e-3. Standardising before L-BFGS recovers it; unscaled, L-BFGS met its tolerance
+    early and stayed near chance."""
+    g = torch.Generator().manual_seed(7)
+    y = torch.randint(0, 4, (1200,), generator=g)
+    centres = torch.randn(4, 32, generator=g)
+    x = 100.0 * torch.ones(32) + 0.02 * (centres[y] + 0.5 * torch.randn(1200, 32, generator=g))
+    r = linear_probe(x[:900], y[:900], x[900:], y[900:])
+    assert r.top1 >= 0.9, r.top1
+    unscaled = lambda *arrays: [a.astype("float64") for a in arrays]  # noqa: E731  (the probe without the fix)
+    monkeypatch.setattr(probe_lbfgs, "standardise", unscaled)
+    assert linear_probe(x[:900], y[:900], x[900:], y[900:]).top1 < 0.4  # measured: 0.27, chance 0.25

@@ -1,8 +1,9 @@
 """The probe tables' baselines: what a linear probe gets without any training.
 
 * ``random``: the run's own architecture, randomly initialised exactly as training starts (``torch.manual_seed``
-  of the run's training seed, then :func:`~mdc_core.factory.create_model`), never trained. Colour and
-  background are linearly decodable from such features; what training adds shows in shape, count and position.
+  of the run's training seed, then :func:`~mdc_core.factory.create_model`), never trained. Background is
+  linearly decodable from such features, colour, count and position partly (docs/evidence.md): what training
+  adds is the gap to this row.
 * ``pixels``: the image itself, average-pooled to 16 x 16 x 3 and flattened (768 numbers): a floor any
   encoder should clear on tasks that need more than colour statistics.
 """

@@ -1,11 +1,20 @@
 """The converged linear probe: L-BFGS multinomial logistic regression (OpenAI CLIP, appendix A.3).
 
-On L2-normalised frozen features (the caller normalises), scikit-learn's ``LogisticRegression(solver="lbfgs")``
-is trained to convergence for each inverse regularisation strength ``C`` of a log grid, scored on a validation
+On L2-normalised frozen features (the caller normalises), standardised per dimension with the mean and standard
+deviation of the rows each fit trains on, scikit-learn's ``LogisticRegression(solver="lbfgs")`` is trained to
+convergence for each inverse regularisation strength ``C`` of a log grid, scored on a validation
 split carved from the training rows, and the best ``C`` is refined around the peak; the probe with that ``C`` is
 then refit on train + validation and scored on the test set. The search is CLIP-benchmark's ``find_peak`` (7
 evenly spaced grid points, then steps of 8, 4, 2, 1 grid points around the best), here over ``C`` in
-``logspace(-3, 6, 97)`` (steps of x1.24); ties go to the smaller ``C`` (the stronger regularisation).
+``logspace(-3, 6, 97)`` (steps of x1.24); ties go to the smaller ``C`` (the stronger regularisation). Each fit of
+the search starts from the previous solution (``warm_start``) and is capped at 300 iterations (the final fit at
+1000): on a random-init ``tiny`` encoder's features the chosen probes scored the same within noise in half the time.
+
+Why standardise: L2-normalised features of a small encoder often vary by ~1e-3 per dimension around a large
+shared component. L-BFGS then meets its gradient tolerance long before the optimum (its gradients are tiny) and
+the search picks the weakest useful fit: on a randomly initialised ``tiny`` encoder, 12% colour top-1 unscaled
+vs 48% standardised (chance 15%). Standardising is an affine map of the features, so the probe is still a linear
+classifier of them; only the L2 penalty is measured in the standardised coordinates.
 
 Unlike the CLIP-benchmark protocol (AdamW, 10 epochs; :mod:`mdc_core.eval.probe`), nothing here depends on the
 set's size: the optimiser runs until the gradient is below ``tol`` (or ``max_iter``), so small probe sets are not
@@ -23,14 +32,26 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 
 C_GRID: tuple[float, ...] = tuple(np.logspace(-3, 6, num=97).tolist())  # inverse L2 strengths searched
-MAX_ITER = 1000  # L-BFGS iterations per fit (CLIP's appendix A.3 uses 1000)
+MAX_ITER = 1000  # L-BFGS iterations of the final fit (CLIP's appendix A.3 uses 1000)
+SEARCH_MAX_ITER = 300  # per fit of the C search: the same chosen accuracy within noise, half the time (measured)
 TOL = 1e-4  # L-BFGS projected-gradient tolerance (sklearn's default; 1e-6 took 2-3x the time, same accuracy)
 
 
-def fit_logistic(x: np.ndarray, t: np.ndarray, c: float, *, max_iter: int = MAX_ITER, tol: float = TOL
-                 ) -> tuple[LogisticRegression, bool]:
-    """One multinomial logistic regression, x (N, D) float, t (N,) int targets; returns (model, converged)."""
-    model = LogisticRegression(C=c, solver="lbfgs", max_iter=max_iter, tol=tol)
+def standardise(fit_x: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
+    """Centre and scale every column by the mean and standard deviation of `fit_x` (N, D); constant columns are
+    only centred. Returns [fit_x, *others] transformed, float64."""
+    mean = fit_x.mean(axis=0)
+    std = fit_x.std(axis=0)
+    std = np.where(std > 0, std, 1.0)
+    return [(a.astype(np.float64) - mean) / std for a in (fit_x, *others)]
+
+
+def fit_logistic(x: np.ndarray, t: np.ndarray, c: float, *, max_iter: int = MAX_ITER, tol: float = TOL,
+                 model: LogisticRegression | None = None) -> tuple[LogisticRegression, bool]:
+    """One multinomial logistic regression, x (N, D) float, t (N,) int targets; returns (model, converged).
+    Passing a fitted `model` built with ``warm_start=True`` starts from its solution."""
+    model = model or LogisticRegression(solver="lbfgs", max_iter=max_iter, tol=tol)
+    model.set_params(C=c)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConvergenceWarning)
         model.fit(x, t)
@@ -79,11 +100,14 @@ def lbfgs_probe(fit: tuple[np.ndarray, np.ndarray], val: tuple[np.ndarray, np.nd
     """
     scores: list[tuple[float, float]] = []
     cache: dict[float, float] = {}
+    if val is not None:
+        fit_x, val_x = standardise(fit[0], val[0])
+    path = LogisticRegression(solver="lbfgs", max_iter=SEARCH_MAX_ITER, tol=TOL, warm_start=True)  # warm path
 
     def val_top1(c: float) -> float:
         if c not in cache:
-            model, _ = fit_logistic(*fit, c)
-            cache[c] = float((model.predict(val[0]) == val[1]).mean())
+            model, _ = fit_logistic(fit_x, fit[1], c, model=path)
+            cache[c] = float((model.predict(val_x) == val[1]).mean())
             scores.append((c, cache[c]))
             if on_fit:
                 on_fit()
@@ -93,7 +117,8 @@ def lbfgs_probe(fit: tuple[np.ndarray, np.ndarray], val: tuple[np.ndarray, np.nd
         best = float(c_grid[0])
     else:
         best = float(find_peak_search(list(c_grid), val_top1))
-    model, converged = fit_logistic(*full, best)
+    full_x, test_x = standardise(full[0], test_x)
+    model, converged = fit_logistic(full_x, full[1], best)
     if on_fit:
         on_fit()
     logits = model.decision_function(test_x).astype(np.float32)
