@@ -8,8 +8,8 @@ mean and 95% interval (:mod:`mdc_core.eval.stats`), :func:`cell_difference` the 
 
 A claim is a list of pairwise orderings ``better <relation> worse`` between rows of one table (in each listed
 column for two-dimensional tables). A row pattern is a row name, ``*`` (every model row other than the other
-side's; the baseline rows ``random init ...`` and ``raw pixels`` are not models), or a shell pattern such as
-``BERT*``. The claim's verdict combines its parts with
+side's; the baseline rows ``random init ...``, ``raw pixels`` and ``..., blind`` are not models), or a shell
+pattern such as ``BERT*``. The claim's verdict combines its parts with
 :func:`~mdc_core.eval.stats.combine_verdicts`: reversed if any part is reversed, holds only if every part holds.
 """
 
@@ -46,7 +46,7 @@ class Claim:
     columns: tuple[str, ...] = ()  # columns checked in a 2-D table (each part in each column); () for 1-D tables
 
 
-BASELINE_ROWS = ("random init*", "raw pixels*")  # rows that are baselines, not models (never matched by "*")
+BASELINE_ROWS = ("random init*", "raw pixels*", "*, blind")  # baselines, not models (never matched by "*")
 
 PAPER_CLAIMS: tuple[Claim, ...] = (
     Claim("table1", "Table 1", "linear probe: CLIP > MDC >= ARC", "table1",

@@ -150,7 +150,7 @@ def train_vqvae(cfg: VQVAEConfig, data: DataConfig, *, steps: int, batch_size: i
     batch used since the last check are moved onto random encoder outputs (a standard fix for dead codes).
     Returns the model (eval mode) and one metrics dict per `log_every` steps.
     """
-    from mdc_core.data import build_loader  # the data room imports PIL/webdataset; keep the model import light
+    from mdc_core.data import build_loader  # mdc_core.data imports PIL/webdataset; keep the model import light
 
     torch.manual_seed(seed)
     model = VQVAE(cfg).to(device)
