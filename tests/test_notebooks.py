@@ -32,8 +32,11 @@ TINY = {  # per notebook: parameters on top of COMMON
 EXPECTED = {  # what each notebook's metrics.json must hold: metric keys and paper tables
     "01_pretraining": ({"final_loss", "final_masked_acc", "single_object_accuracy"}, set()),
     "02_noise_schedule_ablation": ({"probe/[0.0, 1.0]", "probe/[0.5, 1.0]", "probe/MDC (w/o 1/t)",
-                                    "probe/Parallel (r = 1)", "loss_std/[0.0, 1.0]"}, {"table4", "table5", "fig4"}),
-    "03_linear_probing": ({"probe/CLIP", "probe/ARC", "probe/MDC"}, {"table1"}),
+                                    "probe/Parallel (r = 1)", "loss_std/[0.0, 1.0]", "probe/random init"},
+                                   {"table4", "table5", "fig4"}),
+    "03_linear_probing": ({"probe/CLIP", "probe/ARC", "probe/MDC", "probe/random init (CLS)",
+                           "probe/random init (GAP)", "signal_fade/ARC", "signal_fade/MDC"},
+                          {"table1", "position_signal"}),
     "04_compositionality": ({"MDC (Heuristic)/relation", "MDC (Monte Carlo)/attribute", "ARC/order", "CLIP/add"},
                             {"table2"}),
     "05_captioning": ({"MDC-4/BLEU@4", "MDC-6/CIDEr", "ARC/ROUGE-L"}, {"table3"}),
@@ -91,4 +94,9 @@ def test_notebook_executes_with_tiny_parameters(name: str, shared: Path) -> None
     assert tables == set(record["tables"])
     for table in record["tables"].values():
         assert table["metric"] and table["values"]
+    probe_table = {"02_noise_schedule_ablation": "table5", "03_linear_probing": "table1"}.get(name)
+    if probe_table:  # every probe table has the untrained encoder's row, and per-item scores for intervals
+        table = record["tables"][probe_table]
+        assert any(row.startswith("random init") for row in table["values"]), list(table["values"])
+        assert set(table["items"]) == set(table["values"])
     assert list((out / "figures").glob("*.png")), "every notebook saves figures"

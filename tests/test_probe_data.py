@@ -66,7 +66,7 @@ def test_synth_all_tasks_probe_and_cache(tmp_path, monkeypatch):
     data = tmp_path / "synth"
     write_synthetic_dataset(data, 96, image_size=32, n_val=4, n_test=32, n_compgen=4, progress=False, workers=1)
     micro_run(tmp_path / "run")
-    result = probe_run(tmp_path / "run", data, weight_decay=1e-4)
+    result = probe_run(tmp_path / "run", data, weight_decay=1e-4, protocol="clip_benchmark")
     assert result["format"] == "synth" and result["pool"] == "gap" and result["objective"] == "mdc"
     assert set(result["tasks"]) == set(vocabularies())
     for task, r in result["tasks"].items():
@@ -80,7 +80,7 @@ def test_synth_all_tasks_probe_and_cache(tmp_path, monkeypatch):
         raise AssertionError("features should come from the cache")
 
     monkeypatch.setattr(probe_data, "extract_features", boom)
-    again = probe_run(tmp_path / "run", data, weight_decay=1e-4)
+    again = probe_run(tmp_path / "run", data, weight_decay=1e-4, protocol="clip_benchmark")
     assert again["tasks"] == result["tasks"]
 
 
@@ -105,12 +105,12 @@ def test_folder_features_are_the_encoder_gap_and_colours_separate(tmp_path, clas
     first = load_image(class_folders / "train" / "blue" / "0.png", 32)[None]
     with torch.no_grad():
         assert torch.allclose(feats[0], model.pooled_features(first, "gap")[0], atol=1e-5)
-    result = probe_run(tmp_path / "run", class_folders, weight_decay=0.0)
+    result = probe_run(tmp_path / "run", class_folders, weight_decay=0.0, protocol="clip_benchmark")
     r = result["tasks"]["class"]
     assert r["n_test"] == 9 and r["n_classes"] == 3 and r["top5_k"] == 3
     assert r["top1"] >= 0.8  # solid colours are linearly separable even in a random encoder's features
     ckpt = tmp_path / "run" / "checkpoints" / "step_00000001"  # a checkpoint path shares the run's cache
-    assert probe_run(ckpt, class_folders, weight_decay=0.0)["tasks"] == result["tasks"]
+    assert probe_run(ckpt, class_folders, weight_decay=0.0, protocol="clip_benchmark")["tasks"] == result["tasks"]
     assert len(list((tmp_path / "run" / "probe_features").glob("*.safetensors"))) == 2
 
 
@@ -165,7 +165,8 @@ def test_cli_probe_table_of_a_clip_and_an_arc_run(tmp_path, class_folders, capsy
     micro_run(tmp_path / "arc", objective="arc")
     out = tmp_path / "probe.json"
     code = main(["probe", "--run", str(tmp_path / "clip"), "--run", str(tmp_path / "arc"), "--data",
-                 str(class_folders), "--json", "--quiet", "--weight-decay", "0", "--out", str(out)])
+                 str(class_folders), "--json", "--quiet", "--protocol", "clip_benchmark", "--weight-decay", "0",
+                 "--baselines", "--out", str(out)])
     assert code == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == json.loads(out.read_text())
@@ -177,3 +178,55 @@ def test_cli_probe_table_of_a_clip_and_an_arc_run(tmp_path, class_folders, capsy
     assert rows[2] == f"| clip | clip | cls | {100 * clip['tasks']['class']['top1']:.1f} |"
     assert main(["probe", "--run", str(tmp_path / "missing"), "--data", str(class_folders)]) == 2
     assert "mdc: error:" in capsys.readouterr().err
+
+
+def test_cli_probe_has_random_init_rows_by_default(tmp_path, class_folders, capsys):
+    """The default probe table: the converged L-BFGS probe, plus one untrained row per feature kind (CLS, GAP)
+    and, asked for, the raw pixels."""
+    micro_run(tmp_path / "clip", objective="clip", seed=1)
+    micro_run(tmp_path / "mdc", objective="mdc", seed=2)
+    code = main(["probe", "--run", str(tmp_path / "clip"), "--run", str(tmp_path / "mdc"), "--data",
+                 str(class_folders), "--json", "--quiet", "--baselines", "random", "pixels"])
+    assert code == 0
+    printed = json.loads(capsys.readouterr().out)
+    inits = [(r["init"], r["pool"], r["protocol"]) for r in printed["runs"]]
+    assert inits == [("trained", "cls", "lbfgs"), ("trained", "gap", "lbfgs"), ("random", "cls", "lbfgs"),
+                     ("random", "gap", "lbfgs"), ("pixels", "pixels", "lbfgs")]
+    rows = printed["table"].splitlines()
+    assert rows[4].startswith("| random init (clip architecture) | clip | cls |")
+    assert rows[5].startswith("| random init (mdc architecture) | mdc | gap |")
+    assert rows[6].startswith("| raw pixels | - | pixels |")
+    pixels = printed["runs"][4]["tasks"]["class"]
+    assert pixels["top1"] == 1.0 and pixels["C"] is not None  # solid colours: raw pixels separate them
+    assert len(pixels["test_correct"]) == pixels["n_test"] == 9
+    assert main(["probe", "--run", str(tmp_path / "mdc"), "--data", str(class_folders), "--weight-decay", "0"]) == 2
+    assert "clip_benchmark" in capsys.readouterr().err
+
+
+def test_random_init_features_are_the_untrained_architecture(tmp_path, class_folders):
+    from mdc_core.checkpoint import resolve_checkpoint
+    from mdc_core.eval.probe_baselines import random_init_model
+
+    trained = micro_run(tmp_path / "run", seed=3)  # weights drawn under seed 3; the config's train.seed is 0
+    cfg = RunConfig.load(resolve_checkpoint(tmp_path / "run") / "config.json")
+    result = probe_run(tmp_path / "run", class_folders, init="random")
+    assert result["init"] == "random" and result["protocol"] == "lbfgs"
+    cached = sorted(p.name for p in (tmp_path / "run" / "probe_features").glob("*.safetensors"))
+    assert cached and all("-random-" in name for name in cached)
+    fresh = random_init_model(cfg)
+    torch.manual_seed(cfg.train.seed)
+    reference = create_model(cfg, "mdc")
+    pairs = list(zip(fresh.state_dict().values(), reference.state_dict().values(), strict=True))
+    assert all(torch.equal(a, b) for a, b in pairs), "random init must equal the model training starts from"
+    assert any(not torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), trained.state_dict().values(),
+                                                     strict=True))
+
+
+def test_probe_run_takes_a_list_of_tasks(tmp_path):
+    data = tmp_path / "synth"
+    write_synthetic_dataset(data, 48, image_size=32, n_val=4, n_test=24, n_compgen=4, progress=False, workers=1)
+    micro_run(tmp_path / "run")
+    result = probe_run(tmp_path / "run", data, task=["shape", "colour"], c=1.0)
+    assert list(result["tasks"]) == ["shape", "colour"] and result["tasks"]["shape"]["C"] == 1.0
+    with pytest.raises(ValueError, match="unknown task 'hue'"):
+        probe_run(tmp_path / "run", data, task=["shape", "hue"])

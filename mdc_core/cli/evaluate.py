@@ -214,7 +214,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 def _add_probe_parser(sub: argparse._SubParsersAction) -> None:
     from mdc_core.data import LABEL_NAMES
-    probe = sub.add_parser("probe", help="linear probe of a run's frozen encoder (CLIP-benchmark protocol, Table 1)",
+    probe = sub.add_parser("probe", help="linear probe of a run's frozen encoder (converged L-BFGS; Table 1)",
                            parents=[flags(
         runs="run or checkpoint folder (repeatable)",
         data="synthetic data folder, class folders root/train|val/CLASS/, or CIFAR python pickles",
@@ -225,7 +225,13 @@ def _add_probe_parser(sub: argparse._SubParsersAction) -> None:
     probe.add_argument("--task", default="all", choices=("all", *LABEL_NAMES, "class"),
                        help="synthetic-data label to probe, or all of them (folder/CIFAR data: class)")
     probe.add_argument("--format", default="auto", choices=("auto", "synth", "folder", "cifar"))
-    probe.add_argument("--weight-decay", type=float, help="fixed probe weight decay (default: CLIP-benchmark search)")
+    probe.add_argument("--protocol", default="lbfgs", choices=("lbfgs", "clip_benchmark"),
+                       help="lbfgs: logistic regression to convergence, C searched on a val split (CLIP paper A.3); "
+                       "clip_benchmark: AdamW lr 0.1, 10 epochs, batch 64 (under-fits small sets)")
+    probe.add_argument("--C", dest="c", type=float, help="lbfgs: fixed inverse regularisation (default: search)")
+    probe.add_argument("--weight-decay", type=float, help="clip_benchmark: fixed weight decay (default: search)")
+    probe.add_argument("--baselines", nargs="*", default=["random"], choices=("random", "pixels"),
+                       help="baseline rows: random = the architecture untrained, pixels = raw pixels (default: random)")
     probe.add_argument("--cache-dir", help="feature cache folder (default: RUN/probe_features)")
 
 
@@ -233,7 +239,8 @@ def cmd_probe(args: argparse.Namespace) -> None:
     from mdc_core.eval.probe_data import probe_runs
     result = probe_runs(args.run, args.data, task=args.task, fmt=args.format, device=args.device,
                         batch_size=args.batch_size, cache_dir=args.cache_dir, ema=args.ema, limit=args.limit,
-                        weight_decay=args.weight_decay, progress=not args.quiet)
+                        weight_decay=args.weight_decay, progress=not args.quiet, protocol=args.protocol, c=args.c,
+                        baselines=args.baselines)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
@@ -241,12 +248,13 @@ def cmd_probe(args: argparse.Namespace) -> None:
         print(json.dumps(result))
         return
     for run in result["runs"]:
-        print(f"{run['objective']} run {run['run']} (step {run['step']}, {run['pool']} features) "
-              f"on {run['format']} data {run['data']}")
-        print(f"  {'task':12s} {'classes':>7s} {'top-1':>7s} {'top-5':>7s} {'balanced':>8s} {'wd':>9s}")
+        print(f"{run['objective']} run {run['run']} ({run['init']} weights, step {run['step']}, {run['pool']} "
+              f"features, {run['protocol']} probe) on {run['format']} data {run['data']}")
+        reg = "C" if run["protocol"] == "lbfgs" else "wd"
+        print(f"  {'task':12s} {'classes':>7s} {'top-1':>7s} {'top-5':>7s} {'balanced':>8s} {reg:>9s}")
         for task, r in run["tasks"].items():
             print(f"  {task:12s} {r['n_classes']:7d} {r['top1']:7.1%} {r['top5']:7.1%} "
-                  f"{r['balanced_accuracy']:8.1%} {r['weight_decay']:9.2e}")
+                  f"{r['balanced_accuracy']:8.1%} {r['C'] if reg == 'C' else r['weight_decay']:9.2e}")
     print("\ntop-1 (%):\n" + result["table"])
     for run in result["runs"]:
         if any(run.get("skipped", {}).values()):

@@ -1,6 +1,7 @@
 """Evaluations of trained runs: linear probes, compositionality, captioning metrics, position signal, decoding.
 
-* :mod:`mdc_core.eval.probe`: :func:`linear_probe` (CLIP-benchmark protocol) and :func:`cached_features`.
+* :mod:`mdc_core.eval.probe`: :func:`linear_probe` (converged L-BFGS by default, or the CLIP-benchmark protocol)
+  and :func:`cached_features`.
 * :mod:`mdc_core.eval.caption_metrics`: :func:`caption_metrics` (BLEU, METEOR, ROUGE-L, CIDEr, SPICE via
   pycocoevalcap).
 
@@ -18,12 +19,28 @@ Run-level evaluations (they load runs and data themselves; import the module to 
   :mod:`mdc_core.eval.remasking`: greedy vs remasking (``python -m mdc_core.eval.remasking``, notebook 05).
 Note: ``mdc_core.eval.caption_metrics`` names the function here; the module is
 ``sys.modules["mdc_core.eval.caption_metrics"]`` (or ``importlib.import_module``).
+
+Torch-free (numpy/scipy): :mod:`mdc_core.eval.stats` (intervals, differences, verdicts) and
+:mod:`mdc_core.eval.claims` (the paper's ordering claims). The probe's names below are imported on first use,
+so that importing those two pulls no torch.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from mdc_core.eval.caption_metrics import ALL_METRICS, caption_metrics, simple_tokenize
-from mdc_core.eval.probe import CLIP_BENCHMARK_WD_GRID, ProbeResult, cached_features, linear_probe
+
+_LAZY = ("CLIP_BENCHMARK_WD_GRID", "ProbeResult", "cached_features", "linear_probe")  # from mdc_core.eval.probe
 
 __all__ = [
     "ALL_METRICS", "CLIP_BENCHMARK_WD_GRID", "ProbeResult", "cached_features", "caption_metrics", "linear_probe",
     "simple_tokenize",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'mdc_core.eval' has no attribute {name!r}")
+    return getattr(importlib.import_module("mdc_core.eval.probe"), name)

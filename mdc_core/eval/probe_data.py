@@ -17,7 +17,9 @@ CLIP (:data:`mdc_core.factory.PROBE_POOL`); images preprocessed as for evaluatio
 They are extracted once per (run, data, split, task) and cached with
 :func:`~mdc_core.eval.probe.cached_features` in ``<run>/probe_features/`` (the fingerprint holds the checkpoint,
 its weights' size and mtime, the data files' sizes and mtimes, pooling and image size, so any change recomputes).
-The probe is :func:`~mdc_core.eval.probe.linear_probe` (CLIP-benchmark protocol, L2-normalised features).
+The probe is :func:`~mdc_core.eval.probe.linear_probe` on L2-normalised features (default: converged L-BFGS
+logistic regression; ``protocol="clip_benchmark"``: CLIP-benchmark's AdamW protocol). ``init="random"`` probes the
+same architecture untrained and ``init="pixels"`` the raw pixels (:mod:`mdc_core.eval.probe_baselines`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import hashlib
 import json
 import pickle
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,7 @@ from mdc_core.config import DataConfig
 from mdc_core.data import LABEL_NAMES, build_loader, load_image, read_manifest
 from mdc_core.data.transforms import eval_transform
 from mdc_core.eval.probe import cached_features, linear_probe
+from mdc_core.eval.probe_baselines import INITS, PixelFeatures, random_init_model
 from mdc_core.factory import probe_pool
 
 PROBE_FORMATS = ("synth", "folder", "cifar")
@@ -285,35 +288,49 @@ def extract_features(model: torch.nn.Module, data: ProbeDataset, *, pool: str, i
     return torch.cat(feats), {t: torch.cat(v) for t, v in labels.items()}
 
 
-def probe_run(run: str | Path, data: str | Path, *, task: str = "all", fmt: str = "auto",
+def probe_run(run: str | Path, data: str | Path, *, task: str | Sequence[str] = "all", fmt: str = "auto",
               device: str = "cpu", batch_size: int = 64, cache_dir: str | Path | None = None, ema: bool = False,
-              limit: int | None = None, weight_decay: float | None = None, progress: bool = False
-              ) -> dict[str, Any]:
+              limit: int | None = None, weight_decay: float | None = None, progress: bool = False,
+              protocol: str = "lbfgs", c: float | None = None, init: str = "trained") -> dict[str, Any]:
     """Linear-probe the frozen encoder of `run` on the labelled data at `data`; a JSON-ready result.
 
     Args:
         run: run or checkpoint folder.
         data: data folder (see the module docstring); `fmt` is ``auto``, ``synth``, ``folder`` or ``cifar``.
         task: a label of the synthetic data (shape, colour, size, position, count, background) or ``all`` for
-            each of them; for folder / CIFAR data only ``class`` (``all`` means ``class``).
+            each of them, or a list of labels; for folder / CIFAR data only ``class`` (``all`` means ``class``).
         device: where features are extracted and the probe trains.
         cache_dir: feature cache folder (default ``<run folder>/probe_features``, also for a checkpoint path).
         limit: use only the first `limit` images of each split (quick looks; part of the cache key).
-        weight_decay: a fixed probe weight decay instead of CLIP-benchmark's search on a validation split.
+        weight_decay: clip_benchmark protocol: a fixed weight decay instead of its search on a validation split.
+        protocol: ``lbfgs`` (converged logistic regression, default) or ``clip_benchmark``.
+        c: lbfgs protocol: a fixed inverse regularisation C instead of its search on a validation split.
+        init: ``trained`` (the run's weights), ``random`` (its architecture, untrained) or ``pixels`` (raw pixels).
 
     Returns:
-        ``{"run", "checkpoint", "step", "objective", "pool", "data", "format", "tasks": {task: result}}`` where each
+        ``{"run", "checkpoint", "step", "objective", "pool", "init", "protocol", "data", "format", "tasks": {task:
+        result}}`` where each
         result is :meth:`ProbeResult.to_dict` (top1, top5, balanced_accuracy, ...) plus ``classes``.
     """
     ckpt = resolve_checkpoint(run)
     train_set = open_probe_dataset(data, "train", fmt, limit)
     test_set = open_probe_dataset(data, "test", train_set.format, limit)
-    tasks = list(train_set.classes) if task == "all" else [task]
-    if task != "all" and task not in train_set.classes:
-        raise ValueError(f"unknown task {task!r} for {train_set.format} data; choose all or one of "
-                         f"{', '.join(train_set.classes)}")
+    tasks = list(train_set.classes) if task == "all" else [task] if isinstance(task, str) else list(task)
+    unknown = [t for t in tasks if t not in train_set.classes]
+    if unknown or not tasks:
+        raise ValueError(f"unknown task {(unknown or [task])[0]!r} for {train_set.format} data; choose all or one "
+                         f"of {', '.join(train_set.classes)}")
+    if init not in INITS:
+        raise ValueError(f"unknown probe init {init!r}; choose one of {', '.join(INITS)}")
+    if (protocol == "lbfgs" and weight_decay is not None) or (protocol != "lbfgs" and c is not None):
+        raise ValueError("a fixed weight decay belongs to the clip_benchmark protocol and a fixed C to lbfgs; "
+                         f"got protocol={protocol!r} with weight_decay={weight_decay}, C={c}")
     model, cfg = load_model(ckpt, device=device, ema=ema)
     pool = probe_pool(cfg.objective.name)
+    if init == "random":
+        model = random_init_model(cfg, device)
+    elif init == "pixels":
+        model, pool = PixelFeatures(), "pixels"
     weights = ckpt / ("ema.safetensors" if ema else "model.safetensors")
     run_root = ckpt.parent.parent if ckpt.parent.name == CKPT_DIR else ckpt  # RUN/checkpoints/step_N -> RUN
     cache = Path(cache_dir) if cache_dir is not None else run_root / "probe_features"
@@ -335,8 +352,9 @@ def probe_run(run: str | Path, data: str | Path, *, task: str = "all", fmt: str 
                            "weights_size": weights.stat().st_size, "weights_mtime_ns": weights.stat().st_mtime_ns,
                            "data": str(ds.root.resolve()), "format": ds.format, "split": ds.split, "task": t,
                            "data_stamp": ds.stamp(), "pool": pool, "image_size": cfg.model.image_size,
-                           "limit": limit}
-            name = f"{ds.format}-{ds.root.name}-{tag}-{ckpt.name}{'-ema' if ema else ''}-{ds.split}-{t}.safetensors"
+                           "limit": limit, "init": init, "train_seed": cfg.train.seed}
+            kind = {"trained": "-ema" if ema else "", "random": "-random", "pixels": "-pixels"}[init]
+            name = f"{ds.format}-{ds.root.name}-{tag}-{ckpt.name}{kind}-{ds.split}-{t}.safetensors"
             out[t] = cached_features(cache / name, lambda t=t: compute(t), fingerprint)
         return out
 
@@ -344,21 +362,35 @@ def probe_run(run: str | Path, data: str | Path, *, task: str = "all", fmt: str 
     results = {}
     for t in tasks:
         (tx, ty), (vx, vy) = train_feats[t], test_feats[t]
-        res = linear_probe(tx, ty, vx, vy, device=device, progress=progress,
-                           wd_grid=None if weight_decay is None else [weight_decay])
+        res = linear_probe(tx, ty, vx, vy, device=device, progress=progress, protocol=protocol,
+                           wd_grid=None if weight_decay is None else [weight_decay], c_grid=None if c is None else [c])
         results[t] = {**res.to_dict(), "classes": train_set.classes[t]}
     meta = json.loads((ckpt / "meta.json").read_text())
     return {"run": str(run), "checkpoint": str(ckpt), "step": meta.get("step"), "objective": cfg.objective.name,
-            "pool": pool, "data": str(data), "format": train_set.format, "ema": ema, "tasks": results,
+            "pool": pool, "init": init, "protocol": protocol, "data": str(data), "format": train_set.format,
+            "ema": ema, "tasks": results,
             "skipped": {"train": len(train_set.skipped), "test": len(test_set.skipped)}}  # unreadable images
 
 
-def probe_runs(runs: list[str | Path], data: str | Path, **kwargs: Any) -> dict[str, Any]:
-    """:func:`probe_run` for each run on the same data (keyword arguments as there); one JSON-ready dict
-    ``{"data", "runs": [probe_run result, ...], "table": markdown}`` (paper Table 1: runs x tasks)."""
+def probe_runs(runs: list[str | Path], data: str | Path, *, baselines: Sequence[str] = ("random",),
+               **kwargs: Any) -> dict[str, Any]:
+    """:func:`probe_run` for each run on the same data (keyword arguments as there), then the `baselines` rows:
+    ``random``: the first run of each feature kind (CLS / GAP) with its architecture untrained; ``pixels``: the
+    raw pixels once. One JSON-ready dict ``{"data", "runs": [probe_run result, ...], "table": markdown}``
+    (paper Table 1: runs x tasks, baselines last)."""
     if not runs:
         raise ValueError("give at least one run")
+    unknown = sorted(set(baselines) - {"random", "pixels"})
+    if unknown:
+        raise ValueError(f"unknown probe baseline(s) {unknown}; choose from random, pixels")
     results = [probe_run(run, data, **kwargs) for run in runs]
+    pools: set[str] = set()
+    for run, res in zip(runs, list(results), strict=True):
+        if "random" in baselines and res["pool"] not in pools:
+            pools.add(res["pool"])
+            results.append(probe_run(run, data, init="random", **kwargs))
+    if "pixels" in baselines:
+        results.append(probe_run(runs[0], data, init="pixels", **kwargs))
     return {"data": str(data), "runs": results, "table": probe_table(results)}
 
 
@@ -368,5 +400,17 @@ def probe_table(results: list[dict[str, Any]], metric: str = "top1") -> str:
     lines = ["| run | objective | feature | " + " | ".join(tasks) + " |", "|---|---|---|" + "---:|" * len(tasks)]
     for r in results:
         cells = [f"{100 * r['tasks'][t][metric]:.1f}" if t in r["tasks"] else "" for t in tasks]
-        lines.append(f"| {Path(r['run']).name} | {r['objective']} | {r['pool']} | " + " | ".join(cells) + " |")
+        objective = "-" if r.get("init") == "pixels" else r["objective"]  # raw pixels come from no model
+        lines.append(f"| {row_name(r)} | {objective} | {r['pool']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def row_name(result: dict[str, Any]) -> str:
+    """A probe table's row label: the run's folder name, or the baseline it stands for."""
+    init = result.get("init", "trained")
+    if init == "pixels":
+        return "raw pixels"
+    name = Path(result["run"]).name
+    return f"random init ({result['objective']} architecture)" if init == "random" else name
+
+

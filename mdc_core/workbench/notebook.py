@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mdc_core.config import RunConfig, load_preset
+from mdc_core.workbench.progress import watch_training
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,10 +100,11 @@ def train_cached(cfg: RunConfig, models_dir: str | Path, *, live: bool = False, 
         if not resume and run_dir.exists():  # a run killed before its first checkpoint: start it over
             import shutil
             shutil.rmtree(run_dir)
-        if live:
-            live_train(cfg, run_dir, resume=resume)
-        else:
-            train(cfg, run_dir, resume=resume, progress=progress)
+        with watch_training(run_dir, cfg.train.steps):  # the batch runner shows the step (mdc_core.workbench.progress)
+            if live:
+                live_train(cfg, run_dir, resume=resume)
+            else:
+                train(cfg, run_dir, resume=resume, progress=progress)
     device = "cpu" if cfg.train.device == "auto" else cfg.train.device
     model, saved = load_model(run_dir, device=device)
     return model, saved, run_dir

@@ -10,13 +10,20 @@ A plan is a YAML file (the shipped ones are in ``plans/``)::
     parameters:                        # base parameters: given to every notebook that declares them
       device: cpu
     grid:                              # optional; crossed with every notebook's own grid
-      seed: [0, 1]
+      n_train: [2000, 4000]
+    seeds: [0, 1, 2]                   # optional; repeat every run over training seeds (see below)
     notebooks:
       - notebooks/01_pretraining.ipynb            # a path ...
       - path: notebooks/02_noise_schedule_ablation.ipynb   # ... or a mapping
         id: ablation                              # optional run-id prefix (default: the notebook's stem)
         parameters: {steps: 200}                  # must be declared by this notebook
         grid: {t_low: [0.3, 0.5]}                 # one run per combination
+        seeds: [0]                                # optional; overrides the plan's seeds for this notebook
+
+``seeds`` repeats each run once per training seed: the notebook's ``train_seed`` parameter (:data:`SEED_PARAM`;
+it seeds model initialisation, masks and data order) is set, and the run id gets ``__seed=N``. The plan-level
+list applies to the notebooks that declare ``train_seed`` (others run once); an entry's own ``seeds`` needs a
+notebook that declares it. The summary gathers the repeats of a table row into a mean with a 95% interval.
 
 Every run gets ``output_dir`` (its own run folder, absolute) on top of its parameters and executes in
 ``<output_root>/<name>/<run-id>/`` as ``<run-id>/<notebook>.ipynb`` beside ``parameters.json``, the
@@ -31,14 +38,18 @@ anything runs: an undeclared name, a value of the wrong type, or a missing noteb
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import itertools
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,12 +57,15 @@ from typing import Any
 import yaml
 from tqdm.auto import tqdm
 
+from mdc_core.workbench.evidence import SEED_PARAM
 from mdc_core.workbench.summary import RunResult, write_summary
 
 KERNEL_NAME = "mdc"  # the project's Jupyter kernel (this virtual environment's python)
 KERNEL_DISPLAY_NAME = "MDC workbench"
-PLAN_KEYS = ("name", "description", "kernel", "output_root", "timeout_s", "parameters", "grid", "notebooks")
-ENTRY_KEYS = ("path", "id", "parameters", "grid")
+PLAN_KEYS = ("name", "description", "kernel", "output_root", "timeout_s", "parameters", "grid", "seeds",
+             "notebooks")
+ENTRY_KEYS = ("path", "id", "parameters", "grid", "seeds")
+
 RESERVED = ("output_dir",)  # set by the runner for every run
 DONE, FAILED = "DONE", "FAILED"
 
@@ -115,6 +129,7 @@ def load_plan(path: str | Path, *, root: str | Path | None = None) -> Plan:
         raise ValueError(f"plan name {name!r} may hold only letters, digits, '_', '-' and '.'")
     base = _mapping(data.get("parameters"), "parameters")
     top_grid = _grid(data.get("grid"), "grid")
+    top_seeds = _seeds(data.get("seeds"), f"plan {path}: seeds")
     entries = data.get("notebooks")
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"plan {path}: 'notebooks' must be a non-empty list of notebook paths or mappings")
@@ -142,10 +157,13 @@ def load_plan(path: str | Path, *, root: str | Path | None = None) -> Plan:
         shared = {k: v for k, v in base.items() if k in params}
         used_base.update(shared)
         prefix = str(entry.get("id") or notebook.stem)
+        seeds = _entry_seeds(entry, top_seeds, params, notebook, where)
         for combo in _combinations(grid):
-            values = {**shared, **own, **combo}
-            _check_values(values, params, notebook, where)
-            runs.append(RunSpec(run_id=_run_id(prefix, combo), notebook=notebook, parameters=values))
+            for seed in seeds:
+                values = {**shared, **own, **combo, **({} if seed is None else {SEED_PARAM: seed})}
+                _check_values(values, params, notebook, where)
+                run_id = _run_id(prefix, combo) + ("" if seed is None else f"__seed={seed}")
+                runs.append(RunSpec(run_id=run_id, notebook=notebook, parameters=values))
     unused = sorted(set(base) - used_base)
     if unused:
         raise ValueError(f"plan {path}: base parameter(s) {unused} are declared by none of its notebooks")
@@ -217,6 +235,30 @@ def _grid(value: Any, where: str) -> dict[str, list[Any]]:
     return grid
 
 
+def _seeds(value: Any, where: str) -> list[int] | None:
+    """A `seeds` list: distinct non-negative integers (None when absent)."""
+    if value is None:
+        return None
+    if (not isinstance(value, list) or not value
+            or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in value)):
+        raise ValueError(f"{where} must be a non-empty list of non-negative integers, got {value!r}")
+    if len(set(value)) != len(value):
+        raise ValueError(f"{where} lists a seed twice: {value!r}")
+    return list(value)
+
+
+def _entry_seeds(entry: dict[str, Any], top: list[int] | None, params: dict[str, Any], notebook: Path,
+                 where: str) -> list[int | None]:
+    """The training seeds one notebook entry runs over ([None]: once, without setting the seed)."""
+    own = _seeds(entry.get("seeds"), f"{where}.seeds")
+    if own is not None and SEED_PARAM not in params:
+        raise ValueError(f"{where}: 'seeds' needs a '{SEED_PARAM}' parameter, which {notebook.name} does not declare")
+    if own is not None and (SEED_PARAM in (entry.get("parameters") or {}) or SEED_PARAM in (entry.get("grid") or {})):
+        raise ValueError(f"{where}: set '{SEED_PARAM}' through 'seeds' or through parameters/grid, not both")
+    seeds = own if own is not None else (top if SEED_PARAM in params else None)
+    return list(seeds) if seeds else [None]
+
+
 def _combinations(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     keys = list(grid)
     return [dict(zip(keys, values, strict=True)) for values in itertools.product(*(grid[k] for k in keys))]
@@ -284,9 +326,12 @@ def run_status(run_dir: Path, parameters: dict[str, Any]) -> str:
 
 
 def execute_run(spec: RunSpec, run_dir: Path, *, kernel: str, timeout_s: int | None = None,
-                cwd: Path | None = None) -> RunResult:
+                cwd: Path | None = None, on_progress: Callable[[str], None] | None = None) -> RunResult:
     """Execute one run into `run_dir` (cleared first). Never raises for a failing notebook: the error is
-    written to ``FAILED`` and returned; KeyboardInterrupt marks the run and propagates."""
+    written to ``FAILED`` and returned; KeyboardInterrupt marks the run and propagates.
+
+    ``on_progress(text)`` is called about once a second with what the notebook reports through
+    :mod:`mdc_core.workbench.progress` (its stage and training step), read from ``<run_dir>/progress.json``."""
     import papermill
 
     if run_dir.exists():
@@ -297,9 +342,10 @@ def execute_run(spec: RunSpec, run_dir: Path, *, kernel: str, timeout_s: int | N
     start = time.perf_counter()
     error = ""
     try:
-        papermill.execute_notebook(str(spec.notebook), str(run_dir / spec.notebook.name), parameters=params,
-                                   kernel_name=kernel, progress_bar=False, cwd=str(cwd or Path.cwd()),
-                                   execution_timeout=timeout_s)
+        with _progress_relay(run_dir / "progress.json", on_progress):
+            papermill.execute_notebook(str(spec.notebook), str(run_dir / spec.notebook.name), parameters=params,
+                                       kernel_name=kernel, progress_bar=False, cwd=str(cwd or Path.cwd()),
+                                       execution_timeout=timeout_s)
         if not (run_dir / "metrics.json").is_file():
             error = f"the notebook finished but wrote no metrics.json into {run_dir}"
     except KeyboardInterrupt:
@@ -316,6 +362,39 @@ def execute_run(spec: RunSpec, run_dir: Path, *, kernel: str, timeout_s: int | N
                                                 "finished": dt.datetime.now(dt.UTC).isoformat()}) + "\n")
         status = "done"
     return RunResult(spec.run_id, spec.notebook.name, status, run_dir, duration, error, spec.parameters)
+
+
+@contextlib.contextmanager
+def _progress_relay(path: Path, on_progress: Callable[[str], None] | None, every_s: float = 1.0) -> Iterator[None]:
+    """Point the kernel at `path` (:data:`mdc_core.workbench.progress.ENV`; a kernel inherits the runner's environment)
+    and, with `on_progress`, poll the notebook's reports in a thread while the block runs."""
+    from mdc_core.workbench.progress import ENV, describe
+
+    before = os.environ.get(ENV)
+    os.environ[ENV] = str(path.resolve())
+    stop = threading.Event()
+
+    def poll() -> None:
+        shown = ""
+        while not stop.wait(every_s):
+            text = describe(path)
+            if text and text != shown:
+                shown = text
+                on_progress(text)
+
+    thread = threading.Thread(target=poll, daemon=True, name="mdc-runs-progress") if on_progress else None
+    if thread:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if thread:
+            thread.join(timeout=every_s + 1)
+        if before is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = before
 
 
 def _describe(err: Exception) -> str:
@@ -346,7 +425,9 @@ def run_plan(plan: Plan, *, progress: bool = True, cwd: Path | None = None) -> l
             results.append(RunResult(spec.run_id, spec.notebook.name, "skipped", run_dir,
                                      float(done.get("duration_s", 0.0)), parameters=spec.parameters))
             continue
-        result = execute_run(spec, run_dir, kernel=kernel, timeout_s=plan.timeout_s, cwd=cwd)
+        report = (lambda text, rid=spec.run_id: bar.set_postfix_str(f"{rid}: {text}", refresh=True)) \
+            if progress else None
+        result = execute_run(spec, run_dir, kernel=kernel, timeout_s=plan.timeout_s, cwd=cwd, on_progress=report)
         if result.status == "failed":
             tqdm.write(f"run {spec.run_id} FAILED: {result.error.splitlines()[0][:300]}")
         results.append(result)

@@ -8,9 +8,12 @@ Each notebook writes ``metrics.json`` into its run folder::
                            "values": {"[0.5, 1.0]": 61.0, ...}}}}  # row -> number, or row -> {column -> number}
 
 Tables of the same name from several runs are merged row by row (a grid over schedules gives one row per
-run); a row that two runs both report is kept twice, suffixed with its run id. Every table whose name is in
-:data:`PAPER` is printed side by side with the paper's numbers. The embedded data are small synthetic scenes,
-so the columns are comparable in direction and ordering only, never in value.
+run); repeats of a run over training seeds are gathered into one cell shown as ``mean [95% interval]``, and a
+row that two other runs both report is kept twice, suffixed with its run id. A table may carry per-test-item
+scores (``"items": {row: [...]}`` or ``{row: {column: [...]}}``, whose mean is the value) for bootstrap intervals
+with one seed. Every table whose name is in :data:`PAPER` is printed side by side with the paper's numbers, and
+the paper's ordering claims get verdicts (:mod:`mdc_core.workbench.evidence`). The embedded data are small
+synthetic scenes, so the columns are comparable in direction and ordering only, never in value.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mdc_core.workbench.evidence import display_tables, evidence_markdown, gather_runs, interval_note
 from mdc_core.workbench.paper import PAPER
 
 
@@ -119,7 +123,8 @@ def write_summary(out: Path, results: list[RunResult], *, name: str, source: Pat
     """Write summary.md, summary.json and summary.png into the plan folder `out` of plan `name` (read from the
     YAML file `source`); returns the summary.md path."""
     per_run = {r.run_id: read_metrics(r.run_dir) for r in results}
-    tables = merge_tables({k: v for k, v in per_run.items() if v})
+    gathered = gather_runs([(r.run_id, r.parameters, per_run[r.run_id]) for r in results])
+    tables = display_tables(gathered)
     n_failed = sum(r.status == "failed" for r in results)
     lines = [f"# Plan `{name}`", ""]
     if description:
@@ -133,12 +138,15 @@ def write_summary(out: Path, results: list[RunResult], *, name: str, source: Pat
     if tables:
         lines += ["", "## Embedded-data versions of the paper's tables", "",
                   "The embedded data are small synthetic scenes and the models tiny, so compare orderings and "
-                  "directions with the paper, not values.", ""]
-        for name in _table_order(tables):
-            lines += table_markdown(name, tables[name])
+                  "directions with the paper, not values. " + interval_note(gathered), ""]
+        for table_name in _table_order(tables):  # not `name`: that is the plan's
+            lines += table_markdown(table_name, tables[table_name])
+    verdict_lines, verdicts = evidence_markdown(gathered)
+    if tables:
+        lines += verdict_lines
     path = out / "summary.md"
     path.write_text("\n".join(lines) + "\n")
-    record = {"plan": name, "source": str(source), "tables": tables,
+    record = {"plan": name, "source": str(source), "tables": tables, "claims": verdicts,
               "paper": {k: {"title": v.title, "metric": v.metric, "values": v.values} for k, v in PAPER.items()},
               "runs": [{"run_id": r.run_id, "notebook": r.notebook, "status": r.status,
                         "duration_s": round(r.duration_s, 2), "error": r.error, "parameters": r.parameters,
@@ -187,17 +195,23 @@ def _table_panel(ax: Any, name: str, table: dict[str, Any]) -> None:
         rows = [r for r, v in values.items() if isinstance(v, dict)]
         columns = list(dict.fromkeys(c for r in rows for c in values[r]))
         width = 0.8 / max(1, len(rows))
+        means = table.get("means", values)
         for i, row in enumerate(rows):
-            ys = [float(values[row].get(c, np.nan)) for c in columns]
-            ax.bar(np.arange(len(columns)) + i * width, ys, width, label=row)
+            ys = [float(means[row].get(c, np.nan)) for c in columns]
+            spans = [((table.get("intervals") or {}).get(row) or {}).get(c) for c in columns]
+            yerr = np.array([[y - s[0], s[1] - y] if s else [0.0, 0.0] for y, s in zip(ys, spans, strict=True)]).T
+            ax.bar(np.arange(len(columns)) + i * width, ys, width, yerr=yerr, capsize=2, label=row)
         ax.set_xticks(np.arange(len(columns)) + 0.4 - width / 2, columns, rotation=30, ha="right", fontsize=7)
         ax.legend(fontsize=7)
     else:
         paper_vals = paper.values if paper else {}
         rows = list(dict.fromkeys([*paper_vals, *values]))
         x = np.arange(len(rows))
-        ours = [float(values[r]) if isinstance(values.get(r), (int, float)) else np.nan for r in rows]
-        ax.bar(x - 0.2, ours, 0.4, label="embedded data (ours)")
+        means = table.get("means", values)  # display tables hold text cells; their numbers are in "means"
+        ours = [float(means[r]) if isinstance(means.get(r), (int, float)) else np.nan for r in rows]
+        spans = [(table.get("intervals") or {}).get(r) for r in rows]
+        yerr = np.array([[m - s[0], s[1] - m] if s else [0.0, 0.0] for m, s in zip(ours, spans, strict=True)]).T
+        ax.bar(x - 0.2, ours, 0.4, yerr=yerr, capsize=3, label="embedded data (ours, 95% interval)")
         if paper_vals:
             ax.bar(x + 0.2, [float(paper_vals.get(r, np.nan)) for r in rows], 0.4, label="paper", color="tab:gray")
         ax.set_xticks(x, rows, rotation=30, ha="right", fontsize=7)

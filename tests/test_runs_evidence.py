@@ -1,0 +1,118 @@
+"""Plans repeated over training seeds, the summary's intervals and verdicts, and the runner's view of a
+notebook's own progress (mdc_core.workbench.plans, mdc_core.workbench.evidence, mdc_core.workbench.progress)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mdc_core.workbench import progress
+from mdc_core.workbench.plans import SEED_PARAM, execute_run, load_plan, run_plan
+
+from .test_runs import write_notebook, write_plan
+
+SEEDED_PARAMS = ('output_dir: str = "."  # run folder\ntrain_seed: int = 0  # training seed\n'
+                 'gap: float = 10.0  # CLIP minus MDC')
+SEEDED_BODY = """\
+import json, pathlib
+out = pathlib.Path(output_dir)
+(out / "figures" / "dot.txt").write_text("x")
+s = train_seed
+values = {"CLIP": 60.0 + gap + 2 * s, "MDC": 60.0 + s, "ARC": 70.0 - s}
+items = {"MDC": [100.0] * 6 + [0.0] * 4, "ARC": [100.0] * 7 + [0.0] * 3}
+metrics = {"metrics": {"seed": s}, "tables": {"table1": {"metric": "toy top-1 %", "values": values, "items": items}}}
+(out / "metrics.json").write_text(json.dumps(metrics))
+"""
+
+
+@pytest.fixture
+def seeded(tmp_path: Path) -> Path:
+    write_notebook(tmp_path / "probe.ipynb", SEEDED_PARAMS, SEEDED_BODY)
+    write_notebook(tmp_path / "toy.ipynb")  # declares no train_seed
+    return tmp_path
+
+
+def test_seeds_expand_into_per_seed_runs(seeded: Path) -> None:
+    text = ("seeds: [0, 1, 2]\nnotebooks:\n  - probe.ipynb\n  - path: toy.ipynb\n    grid: {value: [1, 2]}\n"
+            "  - path: probe.ipynb\n    id: once\n    seeds: [7]\n")
+    plan = load_plan(write_plan(seeded / "p.yaml", text), root=seeded)
+    ids = [r.run_id for r in plan.runs]
+    assert ids == ["probe__seed=0", "probe__seed=1", "probe__seed=2", "toy__value=1", "toy__value=2", "once__seed=7"]
+    assert [r.parameters.get(SEED_PARAM) for r in plan.runs] == [0, 1, 2, None, None, 7]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("seeds: [0, 0]\nnotebooks: [probe.ipynb]\n", "lists a seed twice"),
+    ("seeds: []\nnotebooks: [probe.ipynb]\n", "non-empty list of non-negative integers"),
+    ("seeds: [1.5]\nnotebooks: [probe.ipynb]\n", "non-empty list of non-negative integers"),
+    ("notebooks:\n  - path: toy.ipynb\n    seeds: [0, 1]\n", "needs a 'train_seed' parameter"),
+    ("notebooks:\n  - path: probe.ipynb\n    seeds: [0]\n    parameters: {train_seed: 3}\n", "not both"),
+])
+def test_bad_seeds_are_rejected(seeded: Path, text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        load_plan(write_plan(seeded / "bad.yaml", text), root=seeded)
+
+
+def test_summary_shows_intervals_over_seeds_and_verdicts(seeded: Path) -> None:
+    plan = load_plan(write_plan(seeded / "s.yaml", f"output_root: {seeded / 'out'}\nseeds: [0, 1, 2]\n"
+                                                   "notebooks: [probe.ipynb]\n"), root=seeded)
+    results = run_plan(plan, progress=False, cwd=seeded)
+    assert [r.status for r in results] == ["done"] * 3
+    summary = (seeded / "out" / "s" / "summary.md").read_text()
+    # MDC = 60, 61, 62: mean 61, t-interval 61 +- 4.303 * 1 / sqrt(3) = [58.5, 63.5]
+    assert "| MDC | 61.0 [58.5, 63.5] | 54.8 |" in summary
+    assert "t-intervals over training seeds" in summary
+    # CLIP - MDC = 10, 11, 12 (paired): 11 +- 2.48 = [8.5, 13.5], holds; MDC - ARC = -10, -8, -6: reversed
+    assert "- **Table 1**: linear probe: CLIP > MDC >= ARC -> **reversed**" in summary
+    assert "CLIP > MDC: difference +11.0 [+8.5, +13.5] (paired t over 3 seeds): holds" in summary
+    assert "MDC >= ARC: difference -8.0 [-13.0, -3.0] (paired t over 3 seeds): reversed" in summary
+    record = json.loads((seeded / "out" / "s" / "summary.json").read_text())
+    assert record["claims"][0]["verdict"] == "reversed" and record["plan"] == "s"
+    assert record["tables"]["table1"]["intervals"]["MDC"] == pytest.approx([58.515, 63.485], abs=1e-3)
+
+
+def test_summary_with_one_seed_says_so_and_bootstraps_the_test_items(seeded: Path) -> None:
+    plan = load_plan(write_plan(seeded / "one.yaml", f"output_root: {seeded / 'out'}\nnotebooks: [probe.ipynb]\n"),
+                     root=seeded)
+    run_plan(plan, progress=False, cwd=seeded)
+    summary = (seeded / "out" / "one" / "summary.md").read_text()
+    assert "One training seed per model" in summary and "test-set noise only" in summary
+    row = next(line for line in summary.splitlines() if line.startswith("| MDC |"))
+    assert row.startswith("| MDC | 60.0 [") and "| 54.8 |" in row  # MDC has per-item scores: an interval
+    assert "| CLIP | 70.0 | 57.2 |" in summary  # no items, one seed: no interval, and no verdict on CLIP > MDC
+    assert "CLIP > MDC: difference no interval" in summary
+    assert "MDC >= ARC: difference -10.0 [" in summary and "paired bootstrap over 10 test items" in summary
+
+
+def test_runner_shows_the_notebooks_own_progress(tmp_path: Path) -> None:
+    body = ("import time\nfrom mdc_core.workbench import progress\n"
+            "for name in progress.track(['ARC', 'MDC'], 'train'):\n"
+            "    progress.report(detail=f'step 5/10 of {name}')\n"
+            "    time.sleep(1.6)\n"
+            "import json, pathlib\n(pathlib.Path(output_dir) / 'metrics.json').write_text(json.dumps({}))\n")
+    write_notebook(tmp_path / "slow.ipynb", 'output_dir: str = "."  # run folder', body)
+    plan = load_plan(write_plan(tmp_path / "p.yaml", "notebooks: [slow.ipynb]\n"), root=tmp_path)
+    seen: list[str] = []
+    result = execute_run(plan.runs[0], tmp_path / "run", kernel="mdc", cwd=tmp_path, on_progress=seen.append)
+    assert result.status == "done", result.error
+    assert "train 1/2: ARC · step 5/10 of ARC" in seen and "train 2/2: MDC · step 5/10 of MDC" in seen
+    assert progress.ENV not in __import__("os").environ  # the runner's environment is restored
+
+
+def test_progress_helpers_are_no_ops_without_the_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(progress.ENV, raising=False)
+    assert list(progress.track([1, 2], "x")) == [1, 2]
+    progress.report("stage")  # nothing to write to: no error
+    target = tmp_path / "p.json"
+    monkeypatch.setenv(progress.ENV, str(target))
+    assert list(progress.track({"a": 1}.items(), "probe")) == [("a", 1)]
+    assert progress.describe(target) == "probe 1/1: a"
+    progress.report(detail="step 3/9")
+    assert progress.describe(target) == "probe 1/1: a · step 3/9"
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 4}\n{"step": 8}\n{"ste')
+    with progress.watch_training(tmp_path / "run", 20, every_s=0.05):
+        __import__("time").sleep(0.3)
+    assert progress.describe(target).startswith("probe 1/1: a · step 8/20")
