@@ -91,12 +91,12 @@ def main() -> None:
 
     # decoder
     box(ax, 50, 37, 30, 25, "", face="#f7f7f7", edge="#555555")
-    ax.text(65, 63.6, "text decoder g  (L pre-LN layers, no time input)", ha="center", va="bottom", fontsize=9,
+    ax.text(63, 63.6, "text decoder g\n(L pre-LN layers, no time input)", ha="center", va="bottom", fontsize=9,
             weight="bold")
     box(ax, 52, 53.5, 26, 5.5, "self-attention over the caption\n(bidirectional; ARC baseline: causal)",
         size=7.5)
     box(ax, 52, 46.5, 26, 5.5, "cross-attention to V", face="#deebf7", size=8)
-    box(ax, 52, 39.5, 26, 5.5, "MLP  ->  logits over the caption vocabulary", size=7.5)
+    box(ax, 52, 39.5, 26, 5.5, "MLP -> logits over\nthe caption vocabulary", size=7.5)
 
     # training row
     ax.text(85, 68.5, "Training: mask each caption token with probability t ~ U[0.5, 1]", fontsize=10,
