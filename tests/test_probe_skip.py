@@ -14,7 +14,7 @@ def test_an_unreadable_image_in_a_class_folder_is_skipped_and_counted(tmp_path, 
     (class_folders / "val" / "blue" / "empty.jpg").write_bytes(b"")
     with pytest.warns(UserWarning, match="broken.png"):
         assert main(["probe", "--run", str(tmp_path / "run"), "--data", str(class_folders), "--format", "folder",
-                     "--weight-decay", "0", "--json", "--quiet"]) == 0
+                     "--protocol", "clip_benchmark", "--weight-decay", "0", "--json", "--quiet"]) == 0
     result = json.loads(capsys.readouterr().out)["runs"][0]
     assert result["skipped"] == {"train": 1, "test": 1}
     assert result["tasks"]["class"]["n_train"] == 18 and result["tasks"]["class"]["n_test"] == 9
