@@ -204,7 +204,8 @@ def build_loader(cfg: DataConfig, *, split: str | None = "train", image_size: in
     happens when `shuffle` and ``cfg.shuffle_buffer > 0``, seeded by (seed, epoch). ``cfg.augment == "rrc"``
     gives random resized crops, except for the val/test/compgen splits. Iterating the result again repeats the
     same epoch. `rank` of `world` (torchrun) reads only its share of the shards/rows (module docstring);
-    `skip_batches` counts this rank's batches.
+    `skip_batches` counts this rank's batches. ``cfg.in_memory`` serves the same samples from memory, decoded once
+    per process (:mod:`mdc_core.data.memory`; a full permutation per epoch instead of the shuffle buffer).
     """
     cfg.validate()
     if image_size < 1 or batch_size < 1 or skip_batches < 0:
@@ -217,6 +218,12 @@ def build_loader(cfg: DataConfig, *, split: str | None = "train", image_size: in
     if random_crop and _is_synthetic(source):
         warnings.warn("data.augment='rrc' on the synthetic data set: random crops change object positions and "
                       "sizes that captions and labels describe; use augment='none'", stacklevel=2)
+    if cfg.in_memory:  # decoded once per process; ranks deal batches, workers are not needed
+        from mdc_core.data.memory import MemoryBatches  # it reads records with this module's decoders
+
+        return MemoryBatches(source, image_size=image_size, batch_size=batch_size, seed=seed, epoch=epoch,
+                             skip_batches=skip_batches, shuffle=shuffle and cfg.shuffle_buffer > 0,
+                             drop_last=drop_last, rank=rank, world=world)
     stream = CaptionBatches(source, image_size=image_size, batch_size=batch_size, seed=seed, epoch=epoch,
                             skip_batches=skip_batches, shuffle=shuffle and cfg.shuffle_buffer > 0,
                             drop_last=drop_last, shuffle_buffer=cfg.shuffle_buffer, random_crop=random_crop,
