@@ -103,3 +103,9 @@ def test_decoded_once_per_process(synth_root):
 def test_in_memory_needs_no_augmentation():
     with pytest.raises(ConfigError, match="data.in_memory .* needs data.augment='none'"):
         DataConfig(path="x", in_memory=True, augment="rrc").validate()
+
+
+def test_too_large_a_split_is_refused(synth_root):
+    source = resolve_source(str(synth_root), "auto", "compgen")
+    with pytest.raises(ValueError, match="data.in_memory is for small sets, set data.in_memory=false"):
+        decode_split(source, 16, max_bytes=3 * 16 * 16 * 5)  # room for 5 images of 16 px

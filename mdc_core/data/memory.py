@@ -31,11 +31,13 @@ from mdc_core.data.transforms import eval_geometry, normalise_batch
 
 _CACHE: OrderedDict[tuple[str, str, int], dict[str, Any]] = OrderedDict()  # (location, kind, size) -> decoded split
 _CACHE_SIZE = 4  # splits kept decoded per process (train + the evaluation splits of one data set)
+MAX_BYTES = 2 * 1024**3  # decoded images of one split held at most (20,000 images of 64 px: 246 MB)
 
 
-def decode_split(source: Source, image_size: int) -> dict[str, Any]:
+def decode_split(source: Source, image_size: int, max_bytes: int = MAX_BYTES) -> dict[str, Any]:
     """Every usable sample of `source`, decoded once per process and cached: ``{"images": uint8 (N, 3, S, S),
-    "captions", "keys", "metas": lists of N, "skipped": Counter}``."""
+    "captions", "keys", "metas": lists of N, "skipped": Counter}``. ValueError once the images pass
+    `max_bytes`."""
     cache_key = (source.location, source.kind, image_size)
     if cache_key in _CACHE:
         _CACHE.move_to_end(cache_key)
@@ -52,6 +54,10 @@ def decode_split(source: Source, image_size: int) -> dict[str, Any]:
             skipped[sample["__skip__"]] += 1
             continue
         images.append(TF.pil_to_tensor(geometry(sample["pil"])))  # uint8 (3, S, S)
+        if len(images) * images[0].numel() > max_bytes:
+            raise ValueError(f"{source.location}: the decoded images pass {max_bytes / 1024**3:.1f} GiB at "
+                             f"{len(images)} images of {image_size} px; data.in_memory is for small sets, "
+                             "set data.in_memory=false")
         captions.append(sample["caption"])
         keys.append(sample["key"])
         metas.append(sample["meta"])
