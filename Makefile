@@ -1,19 +1,22 @@
 # Two commands for a fresh clone; each bootstraps the virtual environment .venv on first use.
 #   make demo   the main job: all five notebooks on the embedded data through papermill (plans/cpu_demo.yaml)
 #   make test   the test suite (what CI runs)
+#   make lab    JupyterLab on the notebooks (127.0.0.1), with the project's kernel "mdc"
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+KERNEL := mdc# the Jupyter kernel the notebooks name (their metadata.kernelspec.name; mdc_core.workbench.plans)
+EXTRAS := dev,app,notebooks,eval,bench,vqgan# everything but [lab] (pyproject.toml's optional-dependencies)
 
-.PHONY: demo test test-all lint setup clean-outputs kernel quick-demo app
+.PHONY: demo test test-all lint setup clean-outputs kernel quick-demo app lab
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --progress-bar off -c constraints.txt -e ".[dev]"
+	$(PY) -m pip install --progress-bar off -c constraints.txt -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 demo: kernel  # summary: papermill_runs/cpu_demo/summary.md; then `make app`
@@ -26,7 +29,12 @@ app: $(STAMP)  # the Gradio app on 127.0.0.1, opened on the model of `make demo`
 	$(PY) -m mdc_core app
 
 kernel: $(STAMP)  # register this venv as the Jupyter kernel "mdc" (what the notebooks and `mdc runs` use)
-	$(PY) -m ipykernel install --sys-prefix --name mdc --display-name "MDC workbench"
+	$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "MDC workbench"
+
+lab: kernel  # install the [lab] extra, then JupyterLab in notebooks/ on 127.0.0.1 (--allow-root only as root)
+	$(PY) -m pip install --progress-bar off -c constraints.txt -e ".[lab]"
+	$(PY) -m jupyterlab --notebook-dir=notebooks --ip=127.0.0.1 --no-browser \
+		$$(if [ "$$(id -u)" = 0 ]; then echo --allow-root; fi)
 
 test: $(STAMP)
 	$(PY) -m pytest -m "not slow" -q

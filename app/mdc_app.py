@@ -1,7 +1,7 @@
 """Gradio app: watch a caption being unmasked token by token, with per-token confidence.
 
 :func:`build_app` turns already loaded models into a ``gr.Blocks``; :func:`serve` (the CLI verb
-``mdc app --run RUN``, or ``python -m app.mdc_app``) loads a run and launches it on 127.0.0.1. Every callback is a
+``mdc app --run RUN``) loads a run and launches it on 127.0.0.1. Every callback is a
 named module-level function of plain values, so tests call them without a server. Per-user data (the image and
 the last trajectory) lives in a ``gr.State`` dict; models live in a process-wide cache keyed by run folder.
 Rendering (chips, heatmap, tables) is in :mod:`app.render`, the model cache in :mod:`app.runs`.
@@ -423,10 +423,3 @@ def serve(run: str | Path | None = None, *, root: str | Path | None = DEFAULT_RO
     demo.launch(server_name=host, server_port=port, share=share, prevent_thread_lock=not block, **LAUNCH_KW)
     return demo
 
-
-if __name__ == "__main__":
-    import sys
-
-    from mdc_core.cli import main
-
-    sys.exit(main(["app", *sys.argv[1:]]))

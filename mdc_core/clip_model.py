@@ -4,7 +4,7 @@ symmetric contrastive loss with a learned temperature (Radford et al., 2021).
 Built from open_clip's parts: the text tower is ``open_clip.transformer.TextTransformer`` (pre-LN blocks, causal
 mask, final LayerNorm, bias-free projection) configured with the decoder's width / layers / heads / MLP ratio /
 context length, and the loss is ``open_clip.loss.ClipLoss``. The image tower is the same
-:class:`~mdc_core.model.ImageEncoder` the captioners use; its CLS (pre-logits) token is both the probe feature
+:class:`~mdc_core.encoders.ImageEncoder` the captioners use; its CLS (pre-logits) token is both the probe feature
 and, through a linear projection, the image embedding. The joint space has ``text_width`` dimensions
 (512 for the paper's ViT-B presets, as OpenAI's CLIP ViT-B).
 
@@ -25,7 +25,8 @@ from open_clip.transformer import TextTransformer, text_global_pool
 from torch import nn
 
 from .config import ModelConfig
-from .model import ImageEncoder, corpus_input_index, lookup_rows
+from .encoders import ImageEncoder
+from .model import corpus_input_index, lookup_rows
 from .tokenizer import EMBED_SIZE, EOT_ID, VOCAB_SIZE
 
 LOGIT_SCALE_INIT = math.log(1 / 0.07)  # CLIP's initial temperature 0.07

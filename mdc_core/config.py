@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import json
 import typing
 from dataclasses import dataclass, field
@@ -20,6 +21,19 @@ from pathlib import Path
 from typing import Any
 
 PRESET_DIR = Path(__file__).parent / "presets"
+
+# Name tables (torch-free, so the command line imports them instead of copying them)
+OBJECTIVE_NAMES = ("mdc", "mdc_no_t", "bert", "parallel", "arc", "clip", "d3pm")  # rows of objectives.OBJECTIVES
+GUIDANCE_TRAINING_MODES = ("none", "cfg", "mcs")  # objective.guidance: condition corruption while training
+GUIDANCE_MODES = ("none", "cfg", "mcs", "mcs_cfg")  # sampling: "none" + masked_conditional.guidance.GUIDANCE_FORMS
+SCORE_METHODS = ("heuristic", "mc", "ar")  # caption likelihood scores: the rows of scoring.METHODS
+
+
+def resolve_ref(ref: str) -> Any:
+    """The object a ``"package.module:attribute"`` string names, importing the module on first use: how the
+    core's tables name extension code (the VQ encoders, the D3PM loss) without importing it."""
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 class ConfigError(ValueError):
@@ -77,8 +91,8 @@ class ObjectiveConfig:
     p_mask: float = 0.1  # mcs: probability that each image token of such an example is masked
 
     def validate(self) -> None:
-        _choice(self, "name", ("mdc", "mdc_no_t", "bert", "parallel", "arc", "clip", "d3pm"))
-        _choice(self, "guidance", ("none", "cfg", "mcs"))
+        _choice(self, "name", OBJECTIVE_NAMES)
+        _choice(self, "guidance", GUIDANCE_TRAINING_MODES)
         if self.guidance != "none" and self.name == "clip":
             raise ConfigError("objective.guidance applies to captioners; the clip objective has no image condition")
         _positive(self, "d3pm_steps")

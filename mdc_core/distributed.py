@@ -133,6 +133,13 @@ def all_agree(ctx: DistContext, flag: bool, what: str = "agreement") -> bool:
     return bool(all_reduce(ctx, t, "min", what).item() > 0)
 
 
+def sync(device: torch.device) -> None:
+    """Wait until `device` has finished its queued work (CUDA kernels run asynchronously), so that a wall-clock
+    timing around it measures the work; nothing to wait for on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def barrier(ctx: DistContext, what: str = "barrier") -> None:
     if ctx.distributed:
         _collective(ctx, what, lambda: dist.barrier())

@@ -19,15 +19,15 @@ NELBO estimator of MDLM with the linear schedule alpha_t = 1 - t, for which -alp
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from .clip_model import contrastive_loss
-from .config import ObjectiveConfig
-from .guidance import condition_mask_value, corrupt_condition
-from .mc_diffusion import d3pm_loss
+from .config import ObjectiveConfig, resolve_ref
 from .model import Captioner, padding_mask
 from .tokenizer import EOT_ID, MASK_ID, SOT_ID
 
@@ -40,20 +40,30 @@ class ObjectiveSpec:
 
     causal: bool  # decoder self-attention is causal (teacher forcing) instead of bidirectional
     masking: str  # "time": t ~ U[t_low, t_high] per caption; "fixed": t = mask_ratio; "all": t = 1; "none";
-    # "d3pm": mask-and-replace noise at t ~ U{1..T} (mdc_core.mc_diffusion)
+    # "d3pm": mask-and-replace noise at t ~ U{1..T} (mdc_core.masked_conditional.diffusion)
     inv_t_weight: bool  # weight each caption's masked CE by 1/t (the diffusion ELBO weight)
+    loss: str  # "module:function" of the batch loss, (model, images, tokens, cfg, generator) -> LossOutput;
+    # a string so that the table names the MC-Diffusion extension without importing it (resolved on use)
     model: str = "captioner"  # model family (mdc_core.factory.MODELS): "captioner" or "clip" (contrastive loss)
 
+    def loss_fn(self) -> Callable[..., LossOutput]:
+        return resolve_ref(self.loss)
 
-OBJECTIVES: dict[str, ObjectiveSpec] = {
-    "mdc": ObjectiveSpec(causal=False, masking="time", inv_t_weight=True),  # masked diffusion captioning
-    "mdc_no_t": ObjectiveSpec(causal=False, masking="time", inv_t_weight=False),  # = CMLM (paper Table 4)
-    "bert": ObjectiveSpec(causal=False, masking="fixed", inv_t_weight=False),  # image-conditioned BERT, ratio r
-    "parallel": ObjectiveSpec(causal=False, masking="all", inv_t_weight=False),  # r = 1, CapPa parallel decoding
-    "arc": ObjectiveSpec(causal=True, masking="none", inv_t_weight=False),  # autoregressive captioning
-    "clip": ObjectiveSpec(causal=True, masking="none", inv_t_weight=False, model="clip"),  # contrastive baseline
-    "d3pm": ObjectiveSpec(causal=False, masking="d3pm", inv_t_weight=False),  # MC-Diffusion mask-and-replace D3PM
+
+_MASKED, _AR = "mdc_core.objectives:masked_token_loss", "mdc_core.objectives:autoregressive_loss"
+OBJECTIVES: dict[str, ObjectiveSpec] = {  # keys: config.OBJECTIVE_NAMES in that order (tests/test_objectives.py)
+    "mdc": ObjectiveSpec(causal=False, masking="time", inv_t_weight=True, loss=_MASKED),  # masked diffusion captioning
+    "mdc_no_t": ObjectiveSpec(causal=False, masking="time", inv_t_weight=False, loss=_MASKED),  # = CMLM (Table 4)
+    "bert": ObjectiveSpec(causal=False, masking="fixed", inv_t_weight=False, loss=_MASKED),  # image-cond. BERT, r
+    "parallel": ObjectiveSpec(causal=False, masking="all", inv_t_weight=False, loss=_MASKED),  # r = 1, CapPa parallel
+    "arc": ObjectiveSpec(causal=True, masking="none", inv_t_weight=False, loss=_AR),  # autoregressive captioning
+    "clip": ObjectiveSpec(causal=True, masking="none", inv_t_weight=False, model="clip",  # contrastive baseline
+                          loss="mdc_core.objectives:clip_loss"),
+    "d3pm": ObjectiveSpec(causal=False, masking="d3pm", inv_t_weight=False,  # MC-Diffusion mask-and-replace D3PM
+                          loss="mdc_core.masked_conditional.diffusion:d3pm_objective"),
 }
+# training-time condition corruption for guided sampling (objective.guidance = cfg | mcs; MC-Diffusion's guidance)
+CONDITION_CORRUPTION = "mdc_core.masked_conditional.guidance:corrupt_training_condition"
 
 
 def objective_spec(name: str) -> ObjectiveSpec:
@@ -153,20 +163,33 @@ def mask_rates(cfg: ObjectiveConfig, batch: int, generator: torch.Generator | No
 
 def compute_loss(model: Captioner, images: torch.Tensor, tokens: torch.Tensor, cfg: ObjectiveConfig,
                  generator: torch.Generator | None = None) -> LossOutput:
-    """Loss of one batch: images (B, 3, H, W), tokens (B, L) from :class:`CaptionTokenizer`."""
-    spec = objective_spec(cfg.name)
-    tokens = trim_padding(tokens)
-    if spec.model == "clip":  # symmetric InfoNCE of mdc_core.clip_model; no token masking
-        return LossOutput(*contrastive_loss(model, images, tokens))
-    image_tokens = model.encode_image(images)  # (B, M, D)
-    if cfg.guidance != "none":  # classifier-free guidance / masked condition strategy (mdc_core.guidance)
-        image_tokens = corrupt_condition(image_tokens, cfg.guidance, cfg.p_cond, cfg.p_mask,
-                                         condition_mask_value(model), generator)
-    if spec.masking == "d3pm":  # loss of mdc_core.mc_diffusion (VLB term + auxiliary x_0 cross-entropy)
-        return LossOutput(*d3pm_loss(model, image_tokens, tokens, cfg, generator))
-    if spec.masking == "none":
-        return _autoregressive_loss(model, tokens, image_tokens, cfg)
+    """Loss of one batch: images (B, 3, H, W), tokens (B, L) from :class:`CaptionTokenizer`; the objective's
+    row of :data:`OBJECTIVES` names the loss function."""
+    return objective_spec(cfg.name).loss_fn()(model, images, trim_padding(tokens), cfg, generator)
 
+
+def encode_condition(model: Captioner, images: torch.Tensor, cfg: ObjectiveConfig,
+                     generator: torch.Generator | None = None) -> torch.Tensor:
+    """Image tokens (B, M, D) the decoder cross-attends to; with ``cfg.guidance`` = cfg | mcs, corrupted for
+    guided sampling by :data:`CONDITION_CORRUPTION`."""
+    image_tokens = model.encode_image(images)  # (B, M, D)
+    if cfg.guidance != "none":
+        image_tokens = resolve_ref(CONDITION_CORRUPTION)(model, image_tokens, cfg, generator)
+    return image_tokens
+
+
+def clip_loss(model: Any, images: torch.Tensor, tokens: torch.Tensor, cfg: ObjectiveConfig,
+              generator: torch.Generator | None = None) -> LossOutput:
+    """Symmetric InfoNCE of :func:`mdc_core.clip_model.contrastive_loss`; no token masking."""
+    return LossOutput(*contrastive_loss(model, images, tokens))
+
+
+def masked_token_loss(model: Captioner, images: torch.Tensor, tokens: torch.Tensor, cfg: ObjectiveConfig,
+                      generator: torch.Generator | None = None) -> LossOutput:
+    """MDC and its masked baselines (mdc_no_t, bert, parallel): mask each caption token with the objective's
+    rate, predict the masked tokens, weight by 1/t where the row says so (module docstring)."""
+    spec = objective_spec(cfg.name)
+    image_tokens = encode_condition(model, images, cfg, generator)
     t = mask_rates(cfg, tokens.shape[0], generator, tokens.device)  # (B,)
     noisy, mask = apply_mask(tokens, t, generator=generator, min_one=cfg.min_one_masked)
     logits = model.decode(noisy, image_tokens, select=mask, causal=False)  # (n, V_out), masked positions only
@@ -186,9 +209,10 @@ def compute_loss(model: Captioner, images: torch.Tensor, tokens: torch.Tensor, c
     return LossOutput(loss, metrics)
 
 
-def _autoregressive_loss(model: Captioner, tokens: torch.Tensor, image_tokens: torch.Tensor,
-                         cfg: ObjectiveConfig) -> LossOutput:
+def autoregressive_loss(model: Captioner, images: torch.Tensor, tokens: torch.Tensor, cfg: ObjectiveConfig,
+                        generator: torch.Generator | None = None) -> LossOutput:
     """Teacher forcing: predict token i+1 from tokens <= i; targets are the caption tokens and ``<eot>``."""
+    image_tokens = encode_condition(model, images, cfg, generator)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]  # (B, L-1)
     valid = ~padding_mask(tokens)[:, 1:]  # (B, L-1) caption tokens and <eot>
     logits = model.decode(inputs, image_tokens, select=valid, causal=True)  # (n, V_out)

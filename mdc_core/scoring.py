@@ -13,7 +13,7 @@ log-likelihood score, higher = more likely, and is chosen from :data:`METHODS`:
   confidence is highest (the sampler's rule, Eq. 6: max probability over the canvas vocabulary), adds the
   log-probability of the ground-truth token there and places it. ``order`` is the reveal step of each token.
 - ``ar``: ARC models, the exact chain rule of Eq. 7 by teacher forcing, *including* the ``<eot>`` term, as in
-  the training loss (``objectives._autoregressive_loss``), so the score is the log-probability of the caption as a
+  the training loss (``objectives.autoregressive_loss``), so the score is the log-probability of the caption as a
   complete sentence. MDC models: a fixed left-to-right order (reveal position 1, 2, ..., n; ``<eot>`` is part of
   the canvas and not scored, as MDC never predicts it).
 

@@ -6,7 +6,8 @@ import math
 import pytest
 
 from mdc_core.bench.coca import build_coca, coca_config
-from mdc_core.bench.core import BenchConfig, format_report, run_bench, targets
+from mdc_core.bench.core import BenchConfig
+from mdc_core.bench.run import format_report, run_bench, targets
 from mdc_core.cli import main
 from mdc_core.config import load_preset
 from tests.conftest import MICRO, micro_config

@@ -75,9 +75,10 @@ def test_parser_tables_match_the_library_and_do_not_import_torch():
     import subprocess
     import sys
 
-    from mdc_core.guidance import GUIDANCE_FORMS
-    from mdc_core.mc_diffusion_cli import GUIDANCE_MODES, VQVAE_OPTIONS
-    from mdc_core.vqvae import VQVAEConfig
+    from mdc_core.cli.masked_conditional import VQVAE_OPTIONS
+    from mdc_core.config import GUIDANCE_MODES
+    from mdc_core.masked_conditional.guidance import GUIDANCE_FORMS
+    from mdc_core.masked_conditional.vqvae import VQVAEConfig
 
     assert GUIDANCE_MODES == ("none", *GUIDANCE_FORMS)
     fields = {f.name: f for f in dataclasses.fields(VQVAEConfig)}

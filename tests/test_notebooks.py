@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mdc_core.runs import ensure_kernel, notebook_parameters
+from mdc_core.workbench.plans import ensure_kernel, notebook_parameters
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NAMES = ["01_pretraining", "02_noise_schedule_ablation", "03_linear_probing", "04_compositionality", "05_captioning"]

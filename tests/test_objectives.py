@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mdc_core.config import ObjectiveConfig
+from mdc_core.config import OBJECTIVE_NAMES, ObjectiveConfig
 from mdc_core.objectives import (
     OBJECTIVES,
     T_MIN,
@@ -144,6 +144,15 @@ def test_fixed_ratio_and_parallel_rates():
     assert torch.equal(mask_rates(ObjectiveConfig(name="parallel"), 3, g, "cpu"), torch.ones(3))
     assert OBJECTIVES["arc"].causal and not OBJECTIVES["mdc"].causal
     assert OBJECTIVES["mdc"].inv_t_weight and not OBJECTIVES["mdc_no_t"].inv_t_weight
+
+
+def test_objective_table_rows_are_the_config_names_and_name_their_loss_functions():
+    """config.OBJECTIVE_NAMES (torch-free, used by the CLI and config validation) is the table's key list, and
+    every row's "module:function" loss resolves to a function."""
+    assert tuple(OBJECTIVES) == OBJECTIVE_NAMES
+    for name, spec in OBJECTIVES.items():
+        assert callable(spec.loss_fn()), name
+    assert OBJECTIVES["d3pm"].loss_fn().__module__ == "mdc_core.masked_conditional.diffusion"
 
 
 def test_compute_loss_mdc_matches_manual(tiny_model):

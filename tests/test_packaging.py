@@ -18,9 +18,14 @@ def _pins() -> dict[str, str]:
     return {_name(s): s for s in (ln.strip() for ln in lines) if s and not s.startswith("#")}
 
 
+def _project() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
 def test_environment_yml_matches_pyproject():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    wanted = {_name(s): s for s in project["dependencies"] + sum(project["optional-dependencies"].values(), [])}
+    project = _project()
+    wanted = {_name(s): s for s in project["dependencies"] + sum(project["optional-dependencies"].values(), [])
+              if _name(s) != project["name"]}  # an extra that names others of this project ("mdc-workbench[...]")
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
     have = {_name(s): s for s in pip}
@@ -40,3 +45,41 @@ def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     readme = (ROOT / "README.md").read_text()
     assert "make test" in ci and "make test" in readme and "make demo" in readme
+
+
+CORE_FREE_OF = ("gradio", "gradio-client", "papermill", "nbformat", "ipykernel", "ipywidgets", "jupyterlab",
+                "scikit-learn", "pycocoevalcap", "transformers", "diffusers", "matplotlib", "pyyaml")
+
+
+def test_core_install_pulls_no_app_notebook_or_eval_stack_and_make_installs_every_extra():
+    project = _project()
+    extras = project["optional-dependencies"]
+    assert {_name(s) for s in project["dependencies"]}.isdisjoint(CORE_FREE_OF)
+    assert {"app", "notebooks", "eval", "bench", "vqgan", "lab", "dev"} <= set(extras)
+    for spec in extras["lab"]:  # self-references name existing extras
+        if _name(spec) == project["name"]:
+            assert set(re.search(r"\[(.*)\]", spec).group(1).split(",")) <= set(extras)
+    makefile = (ROOT / "Makefile").read_text()
+    installed = set(re.search(r"^EXTRAS := ([\w,]+)", makefile, re.M).group(1).split(","))
+    assert installed == set(extras) - {"lab"}
+    assert '-e ".[$(EXTRAS)]"' in makefile
+
+
+def test_make_lab_installs_lab_registers_the_notebooks_kernel_and_serves_on_loopback(tmp_path):
+    """`make -n lab` (a dry run) prints the install of [lab], the kernel registration under the name every
+    notebook's kernelspec and `mdc runs` use, and JupyterLab on 127.0.0.1 in notebooks/ (--allow-root only as root)."""
+    import json
+    import subprocess
+
+    from mdc_core.workbench.plans import KERNEL_NAME
+
+    out = subprocess.run(["make", "-n", "-B", "lab", f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    registered = re.search(r"-m ipykernel install --sys-prefix --name (\S+)", out).group(1)
+    assert '-m pip install --progress-bar off -c constraints.txt -e ".[lab]"' in out
+    lab = out[out.index("-m jupyterlab"):]
+    assert "--notebook-dir=notebooks" in lab and "--ip=127.0.0.1" in lab
+    assert 'if [ "$(id -u)" = 0 ]; then echo --allow-root; fi' in lab
+    assert out.index("ipykernel install") < out.index("-e \".[lab]\"") < out.index("-m jupyterlab")
+    names = {json.loads(p.read_text())["metadata"]["kernelspec"]["name"] for p in (ROOT / "notebooks").glob("*.ipynb")}
+    assert names == {registered} == {KERNEL_NAME}

@@ -9,8 +9,9 @@ import nbformat
 import pytest
 
 from mdc_core.cli import main
-from mdc_core.runs import load_plan, run_plan, run_status
-from mdc_core.runs_summary import PAPER, _fmt, merge_tables, table_markdown
+from mdc_core.workbench.paper import PAPER
+from mdc_core.workbench.plans import load_plan, run_plan, run_status
+from mdc_core.workbench.summary import _fmt, merge_tables, table_markdown
 
 TINY_BODY = """\
 import json, pathlib

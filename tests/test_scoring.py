@@ -6,7 +6,7 @@ import itertools
 import pytest
 import torch
 
-from mdc_core.config import SamplerConfig
+from mdc_core.config import SCORE_METHODS, SamplerConfig
 from mdc_core.sampler import allowed_rows, sample
 from mdc_core.scoring import METHODS, methods_for, score_captions, score_tokens
 from mdc_core.tokenizer import EOT_ID, MASK_ID, CaptionTokenizer, build_output_vocab
@@ -192,7 +192,7 @@ def test_score_captions_records(tiny_model):
 
 def test_method_table_and_errors(tiny_model):
     mdc, arc = sharp_model(tiny_model), sharp_model(tiny_model, causal=True)
-    assert set(METHODS) == {"mc", "heuristic", "ar"}
+    assert set(METHODS) == {"mc", "heuristic", "ar"} == set(SCORE_METHODS)  # the CLI's torch-free name table
     assert methods_for(mdc) == ["mc", "heuristic", "ar"] and methods_for(arc) == ["ar"]
     image = mdc.encode_image(torch.randn(1, 3, 32, 32))
     with pytest.raises(ValueError, match="unknown scoring method 'elbo'"):

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from mdc_core.cli import main
-from mdc_core.model import Captioner, build_image_encoder
-from mdc_core.vqgan import DiffusersVQEncoder, vqgan_encoder_kwargs
+from mdc_core.encoders import build_image_encoder
+from mdc_core.masked_conditional.vqgan import DiffusersVQEncoder, vqgan_encoder_kwargs
+from mdc_core.model import Captioner
 
 from .conftest import micro_config
 

@@ -1,8 +1,8 @@
 """``mdc bench``: speed of training, captioning and scoring, against OpenCLIP CoCa, in one run.
 
-:func:`run_bench` (:mod:`mdc_core.bench.core`) returns the JSON-ready report, :func:`format_report` its tables;
+:func:`run_bench` (:mod:`mdc_core.bench.run`) returns the JSON-ready report, :func:`format_report` its tables;
 the rows live in :mod:`~mdc_core.bench.training`, :mod:`~mdc_core.bench.decoding` and the peer model in
-:mod:`~mdc_core.bench.coca`; :mod:`~mdc_core.bench.cli` is the command line. Imports are lazy so that building
+:mod:`~mdc_core.bench.coca`; :mod:`~mdc_core.cli.bench` is the command line. Imports are lazy so that building
 the ``mdc`` parser does not load torch.
 """
 
@@ -15,6 +15,6 @@ __all__ = ["BenchConfig", "format_report", "run_bench"]
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from mdc_core.bench import core
-        return getattr(core, name)
+        from mdc_core.bench import core, run
+        return getattr(core if name == "BenchConfig" else run, name)
     raise AttributeError(f"module 'mdc_core.bench' has no attribute {name!r}")

@@ -187,7 +187,7 @@ def quality_comparison(bench: BenchConfig, device: torch.device,
 
     from ..checkpoint import load_model
     from ..data import build_loader
-    from ..report import names_object
+    from ..eval.report import names_object
     from ..tokenizer import CaptionTokenizer
 
     mdc, mcfg = load_model(bench.mdc_run, device=str(device))

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from ..config import RunConfig
+from ..distributed import sync
 from ..model import Captioner
 from ..objectives import compute_loss, objective_spec, trim_padding
 
@@ -87,11 +88,6 @@ def count_step_flops(loss_fn: Callable[..., torch.Tensor], images: torch.Tensor,
     return int(counter.get_total_flops())
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _status_mib(field: str) -> float | None:
     """A memory field of /proc/self/status (VmRSS, VmHWM) in MiB; None where there is no /proc."""
     try:
@@ -152,7 +148,7 @@ def measure_train_step(name: str, payload: dict[str, Any], *, steps: int, warmup
     start = time.perf_counter()
     for _ in range(warmup):  # torch.compile compiles here; its memory is not part of the step's peak
         step()
-    _sync(dev)
+    sync(dev)
     warmup_s = time.perf_counter() - start
     was_reset = reset_peak_rss()
     if dev.type == "cuda":
@@ -161,7 +157,7 @@ def measure_train_step(name: str, payload: dict[str, Any], *, steps: int, warmup
     for _ in range(steps):
         start = time.perf_counter()
         step()
-        _sync(dev)
+        sync(dev)
         times.append(time.perf_counter() - start)
     step_s = statistics.median(times)
     if dev.type == "cuda":

@@ -1,4 +1,4 @@
-"""Data room: the embedded synthetic image-caption data set and the loaders that read it and real data.
+"""Data: the embedded synthetic image-caption data set and the loaders that read it and real data.
 
 Writing: :func:`write_synthetic_dataset` (WebDataset shards as img2dataset writes them + manifest.json),
 :func:`make_example` (one example), :func:`export_coco`. Reading: :func:`build_loader` (batches),

@@ -1,4 +1,4 @@
-"""Evaluation: linear probing of frozen features and captioning metrics.
+"""Evaluations of trained runs: linear probes, compositionality, captioning metrics, position signal, decoding.
 
 * :mod:`mdc_core.eval.probe`: :func:`linear_probe` (CLIP-benchmark protocol) and :func:`cached_features`.
 * :mod:`mdc_core.eval.caption_metrics`: :func:`caption_metrics` (BLEU, METEOR, ROUGE-L, CIDEr, SPICE via
@@ -11,6 +11,9 @@ Run-level evaluations (they load runs and data themselves; import the module to 
 * :mod:`mdc_core.eval.compositionality` (+ :mod:`mdc_core.eval.benchmarks`): ``mdc eval compositionality``.
 * :mod:`mdc_core.eval.captioning`: ``mdc eval captioning``.
 * :mod:`mdc_core.eval.object_curve`: ``mdc eval objects`` (single-object accuracy at every checkpoint).
+* :mod:`mdc_core.eval.position_signal`: ``mdc eval position-signal``; :mod:`mdc_core.eval.parallel_decoding`:
+  ``mdc eval parallel-decoding``; :mod:`mdc_core.eval.probe_data`: ``mdc probe``.
+* :mod:`mdc_core.eval.report`: the held-out caption report of ``mdc demo`` and notebook 01.
 Note: ``mdc_core.eval.caption_metrics`` names the function here; the module is
 ``sys.modules["mdc_core.eval.caption_metrics"]`` (or ``importlib.import_module``).
 """

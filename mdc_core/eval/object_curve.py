@@ -1,7 +1,7 @@
 """Object-naming accuracy over training: when does a run learn to name colour and shape?
 
 Every complete checkpoint of an MDC-family run captions the same held-out images of the embedded data set
-(greedy, paper Eq. 6, at one or more canvas lengths N'); :func:`mdc_core.report.caption_report` scores the
+(greedy, paper Eq. 6, at one or more canvas lengths N'); :func:`mdc_core.eval.report.caption_report` scores the
 single-object scenes: a caption is right when it names the object's colour and its shape. On the embedded data
 the colour words come early and the shape words late and abruptly, so a curve over the checkpoints shows where a
 run stands far better than its final figure (``mdc eval objects``; ``train.keep_last`` decides how many
@@ -18,8 +18,8 @@ from typing import Any
 
 from mdc_core.checkpoint import list_checkpoints, load_model
 from mdc_core.eval.figures import save_png
+from mdc_core.eval.report import caption_report
 from mdc_core.objectives import objective_spec
-from mdc_core.report import caption_report
 
 
 def object_accuracy_curve(run: str | Path, *, data: str | Path | None = None, lengths: Sequence[int] = (),

@@ -25,14 +25,14 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from mdc_core.bench.core import sync
 from mdc_core.checkpoint import load_model
 from mdc_core.config import DataConfig, SamplerConfig
 from mdc_core.data import build_loader
+from mdc_core.distributed import sync
 from mdc_core.eval.caption_metrics import caption_metrics
 from mdc_core.eval.figures import save_png
+from mdc_core.eval.report import names_object
 from mdc_core.objectives import objective_spec
-from mdc_core.report import names_object
 from mdc_core.sampler import sample
 from mdc_core.tokenizer import CaptionTokenizer
 

@@ -21,7 +21,8 @@ Sampling (:class:`GuidanceConfig`), combining log-probabilities of x_0 with guid
 
 The masked reference condition is drawn afresh (each token masked with ``p_mask``) at every decoder call, or
 once per image cache. :class:`GuidedCaptioner` wraps a captioner so that any sampler (MDC's confidence sampler
-:func:`mdc_core.sampler.sample` and the D3PM sampler of :mod:`mdc_core.mc_diffusion`) uses guided predictions.
+:func:`mdc_core.sampler.sample` and the D3PM sampler of :mod:`mdc_core.masked_conditional.diffusion`) uses guided
+predictions.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from typing import Any
 
 import torch
 
-TRAINING_MODES = ("none", "cfg", "mcs")
+from mdc_core.config import GUIDANCE_TRAINING_MODES
+
+TRAINING_MODES = GUIDANCE_TRAINING_MODES
 # sampling: mode -> (weight of log p(x | y), weight of log p(x | reference)) as functions of the scale w
 GUIDANCE_FORMS: dict[str, Any] = {
     "cfg": lambda w: (w, 1.0 - w),
@@ -72,6 +75,14 @@ def corrupt_condition(image_tokens: torch.Tensor, mode: str, p_cond: float, p_ma
     rate = 1.0 if mode == "cfg" else p_mask
     token_mask = chosen[:, None] & (torch.rand(B, M, generator=generator, device=image_tokens.device) < rate)
     return mask_tokens(image_tokens, token_mask, mask_value)
+
+
+def corrupt_training_condition(model: Any, image_tokens: torch.Tensor, cfg: Any,
+                               generator: torch.Generator | None = None) -> torch.Tensor:
+    """:func:`corrupt_condition` with the settings of ObjectiveConfig `cfg` and `model`'s null token: the hook
+    the core's losses call (``mdc_core.objectives.CONDITION_CORRUPTION``) when ``objective.guidance`` is set."""
+    return corrupt_condition(image_tokens, cfg.guidance, cfg.p_cond, cfg.p_mask, condition_mask_value(model),
+                             generator)
 
 
 def reference_condition(image_tokens: torch.Tensor, mode: str, p_mask: float, mask_value: torch.Tensor,

@@ -8,14 +8,14 @@ on discrete VQ-VAE image tokens as in the paper), trained with ``objective.name 
   ``<sot>``, ``<eot>`` and pads are never noised and never in the loss, as for MDC.
 * **Network.** The decoder predicts p_theta(x_0 | x_t, y) at every caption position (time-independent, like
   MDC's decoder; the posterior carries the time step). Its reverse step is the posterior mixed over that
-  prediction (:func:`mdc_core.d3pm.q_posterior`).
+  prediction (:func:`mdc_core.masked_conditional.d3pm.q_posterior`).
 * **Loss** (paper Eq. 7): per caption t ~ U{1..T}; per token the VLB term L_{t-1} plus ``d3pm_aux_weight`` times
   the x_0 cross-entropy, averaged over the caption tokens of the batch. The logged ``vlb`` is T * E[L_{t-1}]
   + the prior term, an estimate of the full bound in nats per token.
 * **Sampler.** From the all-``[MASK]`` canvas ``<sot> [MASK]*N <eot>`` (the forward process ends there with
   probability gamma_bar_T = 0.99999), T ancestral steps (or every `stride`-th), each drawing x_{t-1} from
   p_theta(x_{t-1} | x_t); the last step (s = 0) leaves no mask. Guidance: pass a
-  :class:`~mdc_core.guidance.GuidedCaptioner` as the model.
+  :class:`~mdc_core.masked_conditional.guidance.GuidedCaptioner` as the model.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from typing import Any
 
 import torch
 
-from . import d3pm
-from .config import ObjectiveConfig
-from .tokenizer import EOT_ID, MASK_ID, SOT_ID
+from mdc_core.config import ObjectiveConfig
+from mdc_core.masked_conditional import d3pm
+from mdc_core.objectives import LossOutput, encode_condition, maskable_positions
+from mdc_core.tokenizer import EOT_ID, MASK_ID, SOT_ID
 
 
 @dataclass
@@ -57,11 +58,16 @@ def schedule_for(cfg: ObjectiveConfig) -> d3pm.MaskReplaceSchedule:
     return d3pm.mask_replace_schedule(cfg.d3pm_steps)
 
 
+def d3pm_objective(model: Any, images: torch.Tensor, tokens: torch.Tensor, cfg: ObjectiveConfig,
+                   generator: torch.Generator | None = None) -> LossOutput:
+    """The ``d3pm`` row of the core's objective table: images (B, 3, H, W) -> (guidance-corrupted) image tokens
+    -> :func:`d3pm_loss` (VLB term + auxiliary x_0 cross-entropy)."""
+    return LossOutput(*d3pm_loss(model, encode_condition(model, images, cfg, generator), tokens, cfg, generator))
+
+
 def d3pm_loss(model: Any, image_tokens: torch.Tensor, tokens: torch.Tensor, cfg: ObjectiveConfig,
               generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(loss, metrics) of a batch: image_tokens (B, M, D) (already guidance-corrupted), tokens (B, L)."""
-    from .objectives import maskable_positions  # objectives imports this module lazily; avoid a cycle
-
     sched = schedule_for(cfg)
     table = state_table(model)
     K, T = table.num_classes, sched.steps
@@ -105,9 +111,9 @@ def d3pm_sample(model: Any, image_tokens: torch.Tensor, length: int, *, steps: i
                 temperature: float = 1.0, seed: int = 0) -> D3PMSampleOutput:
     """Ancestral sampling of captions of `length` tokens for image_tokens (B, M, D) with T = `steps`.
 
-    `model` is a Captioner or a :class:`~mdc_core.guidance.GuidedCaptioner`. `temperature` divides the x_0
-    log-probabilities before the posterior (1 = the model's distribution). `stride` > 1 jumps t -> t - stride
-    with the multi-step posterior (fewer network calls).
+    `model` is a Captioner or a :class:`~mdc_core.masked_conditional.guidance.GuidedCaptioner`. `temperature`
+    divides the x_0 log-probabilities before the posterior (1 = the model's distribution). `stride` > 1 jumps
+    t -> t - stride with the multi-step posterior (fewer network calls).
     """
     if getattr(model, "causal", False):
         raise ValueError("this model is autoregressive (ARC); D3PM sampling needs a bidirectional model")

@@ -23,7 +23,7 @@ Every run gets ``output_dir`` (its own run folder, absolute) on top of its param
 ``metrics.json`` and ``figures/*.png`` the notebook writes, and a marker: ``DONE`` (JSON: duration) or
 ``FAILED`` (the error). A failed run is kept and the plan goes on; re-running a plan skips runs whose ``DONE``
 marker and ``parameters.json`` match (a changed parameter re-runs that run), and retries failed ones. When the
-plan ends :mod:`mdc_core.runs_summary` writes ``summary.md``, ``summary.json`` and ``summary.png``.
+plan ends :mod:`mdc_core.workbench.summary` writes ``summary.md``, ``summary.json`` and ``summary.png``.
 
 Parameters are checked against each notebook's ``parameters`` cell (``papermill.inspect_notebook``) before
 anything runs: an undeclared name, a value of the wrong type, or a missing notebook is an error naming it.
@@ -45,6 +45,8 @@ from typing import Any
 
 import yaml
 from tqdm.auto import tqdm
+
+from mdc_core.workbench.summary import RunResult, write_summary
 
 KERNEL_NAME = "mdc"  # the project's Jupyter kernel (this virtual environment's python)
 KERNEL_DISPLAY_NAME = "MDC workbench"
@@ -88,17 +90,6 @@ class Plan:
     @property
     def out_dir(self) -> Path:
         return self.output_root / self.name
-
-
-@dataclass
-class RunResult:
-    run_id: str
-    notebook: str
-    status: str  # done | failed | skipped
-    run_dir: Path
-    duration_s: float = 0.0
-    error: str = ""
-    parameters: dict[str, Any] = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -341,7 +332,6 @@ def _mark_failed(run_dir: Path, error: str, duration: float) -> None:
 
 def run_plan(plan: Plan, *, progress: bool = True, cwd: Path | None = None) -> list[RunResult]:
     """Execute every pending run of `plan`, skipping finished ones, then write the summary."""
-    from .runs_summary import write_summary
 
     kernel = ensure_kernel(plan.kernel)
     out = plan.out_dir
@@ -361,7 +351,7 @@ def run_plan(plan: Plan, *, progress: bool = True, cwd: Path | None = None) -> l
             tqdm.write(f"run {spec.run_id} FAILED: {result.error.splitlines()[0][:300]}")
         results.append(result)
     bar.close()
-    write_summary(plan, results)
+    write_summary(plan.out_dir, results, name=plan.name, source=plan.source, description=plan.description)
     return results
 
 

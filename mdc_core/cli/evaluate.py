@@ -1,4 +1,4 @@
-"""``mdc eval compositionality | captioning | position-signal | parallel-decoding | objects``: parsers, handlers.
+"""``mdc eval compositionality | captioning | position-signal | parallel-decoding | objects`` and ``mdc probe``.
 
 Each handler calls one evaluation of :mod:`mdc_core.eval`, writes its JSON (and figure) into ``--out`` and
 prints a table; :func:`mdc_core.cli.main` turns the user errors they raise into one ``mdc: error:`` line.
@@ -10,94 +10,83 @@ import argparse
 import json
 from pathlib import Path
 
+from mdc_core.cli.common import flags
 
-def add_eval_parser(sub: argparse._SubParsersAction) -> None:
-    """``mdc eval <verb>``: one sub-parser per evaluation; its handler goes into EVAL_HANDLERS."""
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """``mdc eval <verb>`` (one sub-parser per evaluation; its handler goes into EVAL_HANDLERS) and ``mdc probe``."""
     verbs = sub.add_parser("eval", help="evaluate runs (compositionality, captioning, ...)").add_subparsers(
         dest="eval_verb", required=True)
 
-    comp = verbs.add_parser("compositionality", help="pick-the-true-caption accuracy (paper Table 2)")
-    comp.add_argument("--run", action="append", required=True, help="run folder (repeatable)")
-    comp.add_argument("--data", required=True, help="benchmark data: folder or json (see README)")
+    comp = verbs.add_parser("compositionality", help="pick-the-true-caption accuracy (paper Table 2)", parents=[flags(
+        runs=True, data="benchmark data: folder or json (see README)",
+        limit="at most N examples (per task file for SugarCrepe)", split="split of the embedded data (synth)",
+        seed="seed of the mc estimator and of order perturbations", device=True,
+        out={"default": "outputs/eval", "required": False, "help": "folder for compositionality_<benchmark>.json/.md"},
+        json="print the result JSON instead of the table", quiet=True)])
     comp.add_argument("--benchmark", default="synth", choices=("synth", "aro-relation", "aro-attribution",
                                                               "coco-order", "flickr-order", "sugarcrepe"))
     comp.add_argument("--methods", nargs="+", help="mc heuristic ar (MDC), ar (ARC), cosine (CLIP); "
                       "default: mc heuristic / ar / cosine")
     comp.add_argument("--samples", type=int, default=1024, help="Monte Carlo samples per caption (mc)")
-    comp.add_argument("--limit", type=int, help="at most N examples (per task file for SugarCrepe)")
     comp.add_argument("--images", help="image folder, when not where the benchmark keeps it")
-    comp.add_argument("--split", default="test", help="split of the embedded data (synth)")
-    comp.add_argument("--seed", type=int, default=0, help="seed of the mc estimator and of order perturbations")
-    comp.add_argument("--device", default="cpu")
-    comp.add_argument("--out", default="outputs/eval", help="folder for compositionality_<benchmark>.json/.md")
-    comp.add_argument("--json", action="store_true", help="print the result JSON instead of the table")
-    comp.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    cap = verbs.add_parser("captioning", help="fine-tune (optional) and caption a test split (paper Table 3)")
-    cap.add_argument("--run", action="append", required=True, help="run folder, MDC-family or ARC (repeatable)")
-    cap.add_argument("--data", required=True, help="Karpathy json, COCO caption json, CSV or embedded data folder")
+    cap = verbs.add_parser("captioning", help="fine-tune (optional) and caption a test split (paper Table 3)",
+                           parents=[flags(
+        runs="run folder, MDC-family or ARC (repeatable)",
+        data="Karpathy json, COCO caption json, CSV or embedded data folder", limit="caption at most N test images",
+        batch_size={"default": 32, "help": "images per decoding batch"}, device=True,
+        out={"default": "outputs/eval", "required": False, "help": "folder for captioning.json/.md and finetune/ runs"},
+        json="print the result JSON instead of the table", quiet="no progress bars")])
     cap.add_argument("--lengths", type=int, nargs="+", default=[10, 15, 20], help="MDC caption lengths N'")
     cap.add_argument("--beam", type=int, default=6, help="ARC beam size (ARC is also decoded greedily)")
     cap.add_argument("--finetune-steps", type=int, default=0, help="fine-tune each run this many steps first")
     cap.add_argument("--finetune-data", help="training data for fine-tuning (default: --data's train split)")
     cap.add_argument("--finetune-set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                      help="config override for fine-tuning, e.g. train.batch_size=32 (repeatable)")
-    cap.add_argument("--limit", type=int, help="caption at most N test images")
     cap.add_argument("--metrics", nargs="+", default=["BLEU", "METEOR", "ROUGE-L", "CIDEr", "SPICE"],
                      help="pycocoevalcap metrics (METEOR and SPICE need Java)")
-    cap.add_argument("--batch-size", type=int, default=32, help="images per decoding batch")
     cap.add_argument("--max-length", type=int, help="ARC: most tokens generated, <eot> included (default: the context)")
-    cap.add_argument("--device", default="cpu")
-    cap.add_argument("--out", default="outputs/eval", help="folder for captioning.json/.md and finetune/ runs")
-    cap.add_argument("--json", action="store_true", help="print the result JSON instead of the table")
-    cap.add_argument("--quiet", action="store_true", help="no progress bars")
-    sig = verbs.add_parser("position-signal", help="loss(mismatched image) - loss(true image) per caption position")
-    sig.add_argument("--run", action="append", required=True, help="captioner run folder (repeatable: ARC, MDC...)")
-    sig.add_argument("--data", required=True, help="image-caption data (as for train)")
-    sig.add_argument("--split", default="test", help="data split (default test)")
-    sig.add_argument("--limit", type=int, default=256, help="captions scored (the first N of the split)")
-    sig.add_argument("--batch-size", type=int, default=32, help="the mismatched image comes from the same batch")
+
+    sig = verbs.add_parser("position-signal", help="loss(mismatched image) - loss(true image) per caption position",
+                           parents=[flags(
+        runs="captioner run folder (repeatable: ARC, MDC...)", data="image-caption data (as for train)", split=True,
+        limit={"default": 256, "help": "captions scored (the first N of the split)"},
+        batch_size={"default": 32, "help": "the mismatched image comes from the same batch"}, seed=True,
+        device=True, ema=True,
+        out={"default": "outputs/eval", "required": False, "help": "folder for position_signal.json and .png"},
+        json="print the result JSON")])
     sig.add_argument("--ratios", default="0.25,0.5,0.75,1.0", help="masking ratios of masked-mode runs")
     sig.add_argument("--draws", type=int, default=4, help="mask draws per batch and ratio")
-    sig.add_argument("--seed", type=int, default=0)
-    sig.add_argument("--device", default="cpu")
-    sig.add_argument("--ema", action="store_true", help="use the EMA weights")
-    sig.add_argument("--out", default="outputs/eval", help="folder for position_signal.json and .png")
-    sig.add_argument("--json", action="store_true", help="print the result JSON")
+
     par = verbs.add_parser("parallel-decoding", help="caption quality and speed vs denoising steps (k per step, "
-                           "confidence threshold)")
-    par.add_argument("--run", required=True, help="MDC-family run folder")
-    par.add_argument("--data", required=True, help="embedded data folder (single-object labels give the accuracies)")
+                           "confidence threshold)", parents=[flags(
+        run="MDC-family run folder", data="embedded data folder (single-object labels give the accuracies)",
+        split=True, limit={"default": 256, "help": "caption the first N images of the split"},
+        batch_size={"default": 64, "help": "images per decoding batch"}, device=True,
+        out={"default": "outputs/eval", "required": False, "help": "folder for parallel_decoding.json and .png"},
+        json="print the result JSON instead of the table", quiet=True)])
     par.add_argument("--thresholds", default="0.9,0.7,0.5,0.3", help="confidence thresholds in (0, 1] (with k=1)")
     par.add_argument("--ks", default="1,2,3", help="tokens per step k (k=1 is the greedy reference)")
     par.add_argument("--length", type=int, help="caption length N' (default: the run's sampler.length)")
-    par.add_argument("--split", default="test", help="data split (default test)")
-    par.add_argument("--limit", type=int, default=256, help="caption the first N images of the split")
-    par.add_argument("--batch-size", type=int, default=64, help="images per decoding batch")
     par.add_argument("--timing-repeats", type=int, default=3, help="time each batch this often, keep the fastest")
-    par.add_argument("--device", default="cpu")
-    par.add_argument("--out", default="outputs/eval", help="folder for parallel_decoding.json and .png")
-    par.add_argument("--json", action="store_true", help="print the result JSON instead of the table")
-    par.add_argument("--quiet", action="store_true", help="no progress bar")
+
     obj = verbs.add_parser("objects", help="single-object colour+shape accuracy at every checkpoint of a run "
-                           "(embedded data): when did the run learn to name shapes?")
-    obj.add_argument("--run", action="append", required=True, help="MDC-family run folder (repeatable: one line "
-                     "each in the plot)")
-    obj.add_argument("--data", help="embedded data folder (default: each run's own data.path)")
+                           "(embedded data): when did the run learn to name shapes?", parents=[flags(
+        runs="MDC-family run folder (repeatable: one line each in the plot)",
+        data={"required": False, "help": "embedded data folder (default: each run's own data.path)"}, split=True,
+        limit={"default": 512, "help": "caption the first N images of the split"},
+        batch_size={"default": 64, "help": "images per decoding batch"}, ema=True, device=True,
+        out={"default": "outputs/eval", "required": False, "help": "folder for objects.json and objects.png"},
+        json="print the result JSON instead of the tables", quiet="no progress bars")])
     obj.add_argument("--lengths", type=int, nargs="+", help="caption lengths N' (default: the run's sampler.length)")
-    obj.add_argument("--split", default="test", help="data split (default test)")
-    obj.add_argument("--limit", type=int, default=512, help="caption the first N images of the split")
-    obj.add_argument("--batch-size", type=int, default=64, help="images per decoding batch")
-    obj.add_argument("--ema", action="store_true", help="use the EMA weights")
-    obj.add_argument("--device", default="cpu")
-    obj.add_argument("--out", default="outputs/eval", help="folder for objects.json and objects.png")
-    obj.add_argument("--json", action="store_true", help="print the result JSON instead of the tables")
-    obj.add_argument("--quiet", action="store_true", help="no progress bars")
     # further `mdc eval` verbs: add their parser here and their handler to EVAL_HANDLERS
+
+    _add_probe_parser(sub)
 
 
 def cmd_eval_compositionality(args: argparse.Namespace) -> None:
-    from .eval.compositionality import compositionality
+    from mdc_core.eval.compositionality import compositionality
     result = compositionality(args.run, args.benchmark, args.data, methods=args.methods, samples=args.samples,
                               limit=args.limit, images=args.images, split=args.split, seed=args.seed,
                               device=args.device, progress=not args.quiet)
@@ -116,7 +105,7 @@ def cmd_eval_compositionality(args: argparse.Namespace) -> None:
 
 
 def cmd_eval_captioning(args: argparse.Namespace) -> None:
-    from .eval.captioning import captioning
+    from mdc_core.eval.captioning import captioning
     result = captioning(args.run, args.data, lengths=args.lengths, beam=args.beam, finetune_steps=args.finetune_steps,
                         finetune_data=args.finetune_data, finetune_overrides=args.finetune_set, out=args.out,
                         limit=args.limit, metrics=args.metrics, batch_size=args.batch_size,
@@ -139,7 +128,7 @@ def cmd_eval_captioning(args: argparse.Namespace) -> None:
 
 
 def cmd_eval_position_signal(args: argparse.Namespace) -> None:
-    from .eval.position_signal import plot_position_signal, position_signal_runs
+    from mdc_core.eval.position_signal import plot_position_signal, position_signal_runs
     try:
         ratios = [float(r) for r in args.ratios.split(",") if r.strip()]
     except ValueError as err:
@@ -168,7 +157,7 @@ def _number_list(text: str, kind: type, flag: str) -> list:
 
 
 def cmd_eval_parallel_decoding(args: argparse.Namespace) -> None:
-    from .eval.parallel_decoding import decoding_curve, plot_decoding_curve
+    from mdc_core.eval.parallel_decoding import decoding_curve, plot_decoding_curve
     result = decoding_curve(args.run, args.data, thresholds=_number_list(args.thresholds, float, "--thresholds"),
                             ks=_number_list(args.ks, int, "--ks"), length=args.length, split=args.split,
                             limit=args.limit, batch_size=args.batch_size, device=args.device,
@@ -187,7 +176,7 @@ def cmd_eval_parallel_decoding(args: argparse.Namespace) -> None:
 
 
 def cmd_eval_objects(args: argparse.Namespace) -> None:
-    from .eval.object_curve import curve_table, object_accuracy_curve, plot_object_curves
+    from mdc_core.eval.object_curve import curve_table, object_accuracy_curve, plot_object_curves
     results = [object_accuracy_curve(run, data=args.data, lengths=args.lengths or (), split=args.split,
                                      limit=args.limit, batch_size=args.batch_size, device=args.device, ema=args.ema,
                                      progress=not args.quiet) for run in args.run]
@@ -211,3 +200,44 @@ EVAL_HANDLERS = {"compositionality": cmd_eval_compositionality, "captioning": cm
 
 def cmd_eval(args: argparse.Namespace) -> None:
     EVAL_HANDLERS[args.eval_verb](args)
+
+
+def _add_probe_parser(sub: argparse._SubParsersAction) -> None:
+    from mdc_core.data import LABEL_NAMES
+    probe = sub.add_parser("probe", help="linear probe of a run's frozen encoder (CLIP-benchmark protocol, Table 1)",
+                           parents=[flags(
+        runs="run or checkpoint folder (repeatable)",
+        data="synthetic data folder, class folders root/train|val/CLASS/, or CIFAR python pickles",
+        device="cpu | cuda | cuda:N (features and probe)", limit="only the first N images of each split (quick looks)",
+        batch_size={"default": 64, "help": "images per feature-extraction batch"}, ema=True,
+        out={"required": False, "help": "also write the result JSON to this file"}, json=True,
+        quiet="no progress bars")])
+    probe.add_argument("--task", default="all", choices=("all", *LABEL_NAMES, "class"),
+                       help="synthetic-data label to probe, or all of them (folder/CIFAR data: class)")
+    probe.add_argument("--format", default="auto", choices=("auto", "synth", "folder", "cifar"))
+    probe.add_argument("--weight-decay", type=float, help="fixed probe weight decay (default: CLIP-benchmark search)")
+    probe.add_argument("--cache-dir", help="feature cache folder (default: RUN/probe_features)")
+
+
+def cmd_probe(args: argparse.Namespace) -> None:
+    from mdc_core.eval.probe_data import probe_runs
+    result = probe_runs(args.run, args.data, task=args.task, fmt=args.format, device=args.device,
+                        batch_size=args.batch_size, cache_dir=args.cache_dir, ema=args.ema, limit=args.limit,
+                        weight_decay=args.weight_decay, progress=not args.quiet)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(result))
+        return
+    for run in result["runs"]:
+        print(f"{run['objective']} run {run['run']} (step {run['step']}, {run['pool']} features) "
+              f"on {run['format']} data {run['data']}")
+        print(f"  {'task':12s} {'classes':>7s} {'top-1':>7s} {'top-5':>7s} {'balanced':>8s} {'wd':>9s}")
+        for task, r in run["tasks"].items():
+            print(f"  {task:12s} {r['n_classes']:7d} {r['top1']:7.1%} {r['top5']:7.1%} "
+                  f"{r['balanced_accuracy']:8.1%} {r['weight_decay']:9.2e}")
+    print("\ntop-1 (%):\n" + result["table"])
+
+
+HANDLERS = {"eval": cmd_eval, "probe": cmd_probe}

@@ -6,7 +6,7 @@
 * models: :func:`train_cached` trains a config into ``models_dir/<objective>-<config hash>`` or loads the
   finished run from there, so notebooks of one plan share their models; :func:`live_train` trains while a
   loss curve redraws in the notebook;
-* outputs: :func:`save_figure` and :func:`write_metrics` write the files :mod:`mdc_core.runs` collects.
+* outputs: :func:`save_figure` and :func:`write_metrics` write the files :mod:`mdc_core.workbench.plans` collects.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .config import RunConfig, load_preset
+from mdc_core.config import RunConfig, load_preset
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,7 +44,7 @@ def ensure_dataset(root: str | Path, n: int, *, captions: str = "mixed", image_s
                    n_eval: int | None = None, progress: bool = False) -> dict[str, Any]:
     """The embedded data set at `root` with these parameters: reused if its manifest matches, else written.
     `n_eval` images per val/test/compgen split (default: the generator's ``max(64, n // 20)``)."""
-    from .data import read_manifest, write_synthetic_dataset
+    from mdc_core.data import read_manifest, write_synthetic_dataset
 
     root = project_path(root)
     try:
@@ -81,7 +81,7 @@ def cached_run_dir(models_dir: str | Path, cfg: RunConfig) -> Path:
 
 
 def _finished(run_dir: Path, steps: int) -> bool:
-    from .checkpoint import latest_checkpoint
+    from mdc_core.checkpoint import latest_checkpoint
 
     ckpt = latest_checkpoint(run_dir)
     return ckpt is not None and json.loads((ckpt / "meta.json").read_text())["step"] >= steps
@@ -90,8 +90,8 @@ def _finished(run_dir: Path, steps: int) -> bool:
 def train_cached(cfg: RunConfig, models_dir: str | Path, *, live: bool = False, progress: bool = False):
     """Train `cfg` into its cache folder (resuming a partial run) unless it is finished there; return
     ``(model, cfg, run_dir)`` with the model loaded in eval mode on ``cfg.train.device``."""
-    from .checkpoint import latest_checkpoint, load_model
-    from .train import train
+    from mdc_core.checkpoint import latest_checkpoint, load_model
+    from mdc_core.train import train
 
     run_dir = cached_run_dir(models_dir, cfg)
     if not _finished(run_dir, cfg.train.steps):
@@ -128,7 +128,7 @@ def live_train(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, ref
     import matplotlib.pyplot as plt
     from IPython.display import display
 
-    from .train import train
+    from mdc_core.train import train
 
     run_dir = Path(run_dir)
     box: dict[str, Any] = {}
@@ -183,7 +183,7 @@ def save_figure(fig: Any, output_dir: str | Path, name: str) -> Path:
 
 def write_metrics(output_dir: str | Path, notebook: str, metrics: dict[str, Any],
                   tables: dict[str, dict[str, Any]] | None = None, **extra: Any) -> Path:
-    """Write ``<output_dir>/metrics.json`` in the layout :mod:`mdc_core.runs_summary` reads: flat scalar
+    """Write ``<output_dir>/metrics.json`` in the layout :mod:`mdc_core.workbench.summary` reads: flat scalar
     `metrics` and paper-style `tables` (name -> {"metric": str, "values": {row: number | {column: number}}})."""
     record = {"notebook": notebook, "metrics": metrics, "tables": tables or {}, **extra}
     path = output_folder(output_dir) / "metrics.json"
@@ -226,7 +226,7 @@ def image_grid(images: Any, captions: list[str], cols: int = 4, width: int = 28)
 def caption_lengths(data_cfg: Any, tokenizer: Any, *, split: str = "train", limit: int = 2000) -> dict[str, list[int]]:
     """Token lengths (without ``<sot>``/``<eot>``) of the first `limit` captions of `split`, by caption style
     (``short``/``long`` from the embedded data's metadata; ``caption`` for data without that field)."""
-    from .data import build_loader
+    from mdc_core.data import build_loader
 
     out: dict[str, list[int]] = {}
     seen = 0
@@ -269,8 +269,8 @@ def loss_draws(model: Any, cfg: RunConfig, images: Any, captions: list[str], dra
     spread of these numbers is the variance the noise schedule puts into every training step."""
     import torch
 
-    from .objectives import compute_loss
-    from .tokenizer import CaptionTokenizer
+    from mdc_core.objectives import compute_loss
+    from mdc_core.tokenizer import CaptionTokenizer
 
     tokens, _ = CaptionTokenizer(cfg.model.context_length).tokenize_batch(captions)
     device = next(model.parameters()).device
@@ -305,48 +305,24 @@ def markdown_table(rows: dict[str, dict[str, Any]], first: str = "", digits: int
 
 
 def trajectory_html(record: dict[str, Any], step: int) -> str:
-    """The canvas of one :func:`mdc_core.sampler.trajectory` record after `step` denoising steps, as HTML:
-    revealed tokens on a background whose strength is their confidence when revealed (numbered by reveal
-    order), still-masked positions grey with the model's current top guess and its confidence."""
-    import html
+    """The canvas of one :func:`mdc_core.sampler.trajectory` record after `step` denoising steps, as the app's
+    HTML token chips (:func:`app.render.chips_html`: one drawing for the app and the notebooks)."""
+    from app.render import chips_html
 
-    steps = record["steps"]
-    step = max(0, min(step, len(steps)))
-    cells: dict[int, str] = {}
-    for s in steps[:step]:
-        for r in s["revealed"]:
-            alpha = 0.15 + 0.85 * r["confidence"]
-            cells[r["position"]] = (
-                f"<span style='background:rgba(30,120,220,{alpha:.2f});color:{'white' if alpha > 0.6 else 'black'};"
-                f"padding:3px 6px;margin:2px;border-radius:4px;display:inline-block' title='confidence "
-                f"{r['confidence']:.2f}'><sup>{s['step'] + 1}</sup> {html.escape(r['token'])}</span>")
-    guesses = {m["position"]: m for m in steps[step]["masked"]} if step < len(steps) else {}
-    for pos, m in guesses.items():
-        cells[pos] = (f"<span style='background:#ddd;color:#888;padding:3px 6px;margin:2px;border-radius:4px;"
-                      f"display:inline-block'>[MASK] <i>{html.escape(m['top_token'])} {m['top_confidence']:.2f}"
-                      f"</i></span>")
-    body = "".join(cells[p] for p in sorted(cells))
-    return f"<div style='font-family:monospace;line-height:2.2'>step {step} / {len(steps)}: {body}</div>"
+    return chips_html(record, step)
 
 
-def confidence_heatmap(record: dict[str, Any], title: str = ""):
-    """Steps x positions: each masked position's top-guess confidence per step; the revealed one circled."""
-    import matplotlib.pyplot as plt
-    import numpy as np
+def confidence_heatmap(record: dict[str, Any], title: str = "") -> Any:
+    """Steps x positions: each masked position's top-guess confidence per step, the reveal order traced on it
+    (:func:`app.render.heatmap_figure`); shown in the notebook's output when run inside one, and returned."""
+    from app.render import heatmap_figure
 
-    steps = record["steps"]
-    n = len(record["tokens"])
-    grid = np.full((len(steps), n), np.nan)
-    for s in steps:
-        for m in s["masked"]:
-            grid[s["step"], m["position"]] = m["top_confidence"]
-    fig, ax = plt.subplots(figsize=(max(5, 0.5 * n), max(3, 0.3 * len(steps))))
-    im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
-    ax.plot([s["position"] for s in steps], [s["step"] for s in steps], "o", mfc="none", mec="red", ms=9)
-    ax.set_xticks(range(n), record["tokens"], rotation=45, ha="right", fontsize=8)
-    ax.set_xlabel("caption position (final token)")
-    ax.set_ylabel("denoising step")
-    ax.set_title(title or record["caption"], fontsize=9)
-    fig.colorbar(im, ax=ax, label="top-guess confidence")
-    fig.tight_layout()
+    fig = heatmap_figure(record, title)
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        return fig
+    if get_ipython() is not None:
+        display(fig)
     return fig

@@ -6,12 +6,13 @@
 * :class:`VQImageEncoder`: the captioner's encoder option ``model.encoder = "vqvae"``: the frozen VQ-VAE turns
   images into codes y (B, M) (M = (image_size / 2**downsample)^2), and a trainable code embedding plus a
   position table turn the codes into the token sequence (B, M, D) that the decoder cross-attends to. It also
-  owns the learned ``[MASK]`` image token used by the masked condition strategy (:mod:`mdc_core.guidance`).
+  owns the learned ``[MASK]`` image token used by the masked condition strategy
+  (:mod:`mdc_core.masked_conditional.guidance`).
 
 Architecture hyper-parameters are :class:`VQVAEConfig`, passed as ``model.encoder_kwargs``; the trained weights
 come from ``model.pretrained_path`` (a file :func:`save_vqvae` wrote). A pretrained VQ model in diffusers' format
-(VQ-Diffusion's VQ-VAE/VQGAN) is ``model.encoder = "vqgan"`` (:mod:`mdc_core.vqgan`); a raw taming-transformers
-checkpoint is not loaded (its architecture is not reimplemented here).
+(VQ-Diffusion's VQ-VAE/VQGAN) is ``model.encoder = "vqgan"`` (:mod:`mdc_core.masked_conditional.vqgan`); a raw
+taming-transformers checkpoint is not loaded (its architecture is not reimplemented here).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, safe_open, save_file
 from torch import nn
 
-from .config import DataConfig, ModelConfig
+from mdc_core.config import DataConfig, ModelConfig
 
 
 @dataclass
@@ -149,7 +150,7 @@ def train_vqvae(cfg: VQVAEConfig, data: DataConfig, *, steps: int, batch_size: i
     batch used since the last check are moved onto random encoder outputs (a standard fix for dead codes).
     Returns the model (eval mode) and one metrics dict per `log_every` steps.
     """
-    from .data import build_loader  # the data room imports PIL/webdataset; keep the model import light
+    from mdc_core.data import build_loader  # mdc_core.data imports PIL/webdataset; keep the model import light
 
     torch.manual_seed(seed)
     model = VQVAE(cfg).to(device)
@@ -207,7 +208,8 @@ def read_vqvae_config(path: str | Path) -> VQVAEConfig:
     with safe_open(str(path), framework="pt") as fh:
         meta = fh.metadata() or {}
     if "vqvae_config" not in meta:
-        raise ValueError(f"{path} is not a VQ-VAE file written by mdc_core.vqvae.save_vqvae (no vqvae_config)")
+        raise ValueError(f"{path} is not a VQ-VAE file written by mdc_core.masked_conditional.vqvae.save_vqvae "
+                         "(no vqvae_config)")
     return VQVAEConfig.from_dict(json.loads(meta["vqvae_config"]))
 
 
@@ -229,7 +231,7 @@ class VQImageEncoder(nn.Module):
     """``model.encoder = "vqvae"``: images (B, 3, S, S) -> code embeddings (B, M, token_width).
 
     The VQ-VAE is frozen (the paper uses a pre-trained one); the code embedding, the position table and the
-    ``[MASK]`` image token are trained with the captioner. Same interface as :class:`~mdc_core.model.ImageEncoder`.
+    ``[MASK]`` image token are trained with the captioner. Same interface as :class:`~mdc_core.encoders.ImageEncoder`.
     """
 
     num_prefix_tokens = 0

@@ -4,7 +4,7 @@ diffusers' ``VQModel`` is the class VQ-Diffusion's VQ-VAE/VQGAN checkpoints load
 VQ-Diffusion pipeline). :class:`DiffusersVQEncoder` loads one from a local folder (``local_files_only``: nothing is
 downloaded), freezes it and turns images into code indices exactly as the VQ model does (encoder -> quant_conv ->
 nearest codebook vector); a trained code embedding, a position table and the ``[MASK]`` image token make the tokens
-(B, M, D) the decoder cross-attends to: the contract of :class:`~mdc_core.vqvae.VQImageEncoder`.
+(B, M, D) the decoder cross-attends to: the contract of :class:`~mdc_core.masked_conditional.vqvae.VQImageEncoder`.
 
 Configuration:
 
@@ -29,7 +29,7 @@ import torch
 from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 from torch import nn
 
-from .config import ModelConfig
+from mdc_core.config import ModelConfig
 
 KWARGS = {"token_width": 128, "vq_config": None}  # model.encoder_kwargs keys and defaults (vq_config: see docstring)
 
@@ -104,7 +104,7 @@ class DiffusersVQEncoder(nn.Module):
             stored = architecture(self.vq.config)
             if wanted is None:
                 raise ValueError("model.encoder_kwargs needs the VQ model's config so that the run can be rebuilt "
-                                 "from its folder: set it to mdc_core.vqgan.vqgan_encoder_kwargs"
+                                 "from its folder: set it to mdc_core.masked_conditional.vqgan.vqgan_encoder_kwargs"
                                  f"({cfg.pretrained_path!r}) (`mdc vqvae show --path {cfg.pretrained_path}` prints "
                                  "the flags)")
             if architecture(wanted) != stored:

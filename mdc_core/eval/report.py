@@ -13,11 +13,11 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from .config import DataConfig, SamplerConfig
-from .data import build_loader
-from .model import Captioner
-from .sampler import sample
-from .tokenizer import CaptionTokenizer
+from mdc_core.config import DataConfig, SamplerConfig
+from mdc_core.data import build_loader
+from mdc_core.model import Captioner
+from mdc_core.sampler import sample
+from mdc_core.tokenizer import CaptionTokenizer
 
 
 def names_object(caption: str, colour: str, shape: str) -> bool:

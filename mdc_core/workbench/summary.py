@@ -17,46 +17,24 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .runs import Plan, RunResult
-
-
-@dataclass(frozen=True)
-class PaperTable:
-    title: str  # what the paper's table measures
-    metric: str  # the paper's metric and setting
-    values: dict[str, Any]  # row -> number, or row -> {column -> number}
+from mdc_core.workbench.paper import PAPER
 
 
-PAPER: dict[str, PaperTable] = {
-    "table1": PaperTable("Table 1: linear probing, CLIP vs ARC vs MDC", "ImageNet-1k top-1 %, CC12M, ViT-B/32",
-                         {"CLIP": 57.2, "ARC": 54.2, "MDC": 54.8}),
-    "table2": PaperTable(
-        "Table 2: compositionality (pick the true caption)", "accuracy %, ARO and SugarCrepe",
-        {"CLIP": {"relation": 53.6, "attribute": 59.7, "coco order": 27.2, "flickr30k order": 29.5, "add": 66.5,
-                  "replace": 72.8, "swap": 61.3},
-         "ARC": {"relation": 82.7, "attribute": 76.0, "coco order": 97.7, "flickr30k order": 98.4, "add": 97.6,
-                 "replace": 77.4, "swap": 76.9},
-         "MDC (Monte Carlo)": {"relation": 85.1, "attribute": 84.3, "coco order": 89.0, "flickr30k order": 89.0,
-                               "add": 85.6, "replace": 75.8, "swap": 75.2},
-         "MDC (Heuristic)": {"relation": 84.6, "attribute": 81.2, "coco order": 98.4, "flickr30k order": 98.8,
-                             "add": 97.8, "replace": 77.9, "swap": 78.5}}),
-    "table3": PaperTable(
-        "Table 3: captioning (MSCOCO fine-tuned)", "B@4 / C / RL x100",
-        {"ARC": {"BLEU@4": 16.0, "CIDEr": 48.8, "ROUGE-L": 38.6}, "MDC-10": {"BLEU@4": 20.7, "CIDEr": 64.7,
-         "ROUGE-L": 42.2}, "MDC-15": {"BLEU@4": 17.6, "CIDEr": 51.1, "ROUGE-L": 40.7},
-         "MDC-20": {"BLEU@4": 13.6, "CIDEr": 24.1, "ROUGE-L": 37.0}}),
-    "table4": PaperTable("Table 4: the 1/t weight", "ImageNet-1k top-1 %, CC12M, ViT-B/32 (removing 1/t: -0.8)",
-                         {"MDC (w/o 1/t)": 54.0, "MDC": 54.8}),
-    "table5": PaperTable("Table 5: noise schedule [w_l, w_u]", "ImageNet-1k top-1 %, CC3M, ViT-B/32",
-                         {"[0.0, 1.0]": 29.3, "[0.3, 0.8]": 36.1, "[0.4, 0.9]": 38.6, "[0.5, 1.0]": 39.2}),
-    "fig4": PaperTable("Fig. 4: BERT masking ratio vs MDC", "ImageNet-1k top-1 % (read off a plot; not tabulated)",
-                       {}),
-}
+@dataclass
+class RunResult:
+    """The outcome of one run of a plan (one executed notebook in its run folder)."""
+
+    run_id: str
+    notebook: str
+    status: str  # done | failed | skipped
+    run_dir: Path
+    duration_s: float = 0.0
+    error: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
 
 
 def read_metrics(run_dir: Path) -> dict[str, Any]:
@@ -136,18 +114,19 @@ def _scalars(metrics: dict[str, Any], limit: int = 4) -> str:
     return text + (f", ... (+{len(flat) - limit})" if len(flat) > limit else "")
 
 
-def write_summary(plan: Plan, results: list[RunResult]) -> Path:
-    """Write summary.md, summary.json and summary.png into the plan folder; returns the summary.md path."""
-    out = plan.out_dir
+def write_summary(out: Path, results: list[RunResult], *, name: str, source: Path | str,
+                  description: str = "") -> Path:
+    """Write summary.md, summary.json and summary.png into the plan folder `out` of plan `name` (read from the
+    YAML file `source`); returns the summary.md path."""
     per_run = {r.run_id: read_metrics(r.run_dir) for r in results}
     tables = merge_tables({k: v for k, v in per_run.items() if v})
     n_failed = sum(r.status == "failed" for r in results)
-    lines = [f"# Plan `{plan.name}`", ""]
-    if plan.description:
-        lines += [plan.description.strip(), ""]
+    lines = [f"# Plan `{name}`", ""]
+    if description:
+        lines += [description.strip(), ""]
     lines += [f"{len(results)} run(s): {sum(r.status == 'done' for r in results)} run now, "
               f"{sum(r.status == 'skipped' for r in results)} finished earlier (skipped), {n_failed} failed. "
-              f"Plan file: `{plan.source}`. Figure: `summary.png`.", "", "## Runs", ""]
+              f"Plan file: `{source}`. Figure: `summary.png`.", "", "## Runs", ""]
     rows = [[f"`{r.run_id}`", r.status.upper() if r.status == "failed" else r.status, f"{r.duration_s:.0f}",
              r.error.splitlines()[0][:160] if r.error else _scalars(per_run.get(r.run_id, {}))] for r in results]
     lines += _md_table(["run", "status", "seconds", "metrics (or error)"], rows)
@@ -159,7 +138,7 @@ def write_summary(plan: Plan, results: list[RunResult]) -> Path:
             lines += table_markdown(name, tables[name])
     path = out / "summary.md"
     path.write_text("\n".join(lines) + "\n")
-    record = {"plan": plan.name, "source": str(plan.source), "tables": tables,
+    record = {"plan": name, "source": str(source), "tables": tables,
               "paper": {k: {"title": v.title, "metric": v.metric, "values": v.values} for k, v in PAPER.items()},
               "runs": [{"run_id": r.run_id, "notebook": r.notebook, "status": r.status,
                         "duration_s": round(r.duration_s, 2), "error": r.error, "parameters": r.parameters,

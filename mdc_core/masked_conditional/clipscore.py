@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from ..tokenizer import EOT_ID, SOT_ID, CaptionTokenizer
+from mdc_core.tokenizer import EOT_ID, SOT_ID, CaptionTokenizer
 
 CLIPSCORE_W = 2.5  # Hessel et al.'s rescaling weight
 
@@ -113,7 +113,7 @@ def load_clip_scorer(path: str | Path, open_clip_model: str = "", device: str = 
     """A workbench CLIP run folder (or checkpoint folder), or with `open_clip_model` a local open_clip file."""
     if open_clip_model:
         return OpenCLIPScorer(open_clip_model, path, device)
-    from ..checkpoint import load_model
+    from mdc_core.checkpoint import load_model
 
     model, cfg = load_model(path, device=device)
     if cfg.objective.name != "clip":

@@ -1,7 +1,7 @@
-"""``mdc bench [model]``: the command line of the speed benchmark (:func:`mdc_core.bench.core.run_bench`).
+"""``mdc bench [model]``: the command line of the speed benchmark (:func:`mdc_core.bench.run.run_bench`).
 
 ``mdc bench`` is a group: without a sub-verb (or with ``model``) it runs the model benchmark. Other benchmark
-sub-verbs register themselves on the sub-parsers :func:`add_bench_parser` returns and in :data:`BENCH_HANDLERS`.
+sub-verbs register themselves on the sub-parsers :func:`add_parsers` returns and in :data:`BENCH_HANDLERS`.
 """
 
 from __future__ import annotations
@@ -12,18 +12,21 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from mdc_core.cli.common import flags
+
 BENCH_HANDLERS: dict[str, Callable[[argparse.Namespace], None]] = {}  # sub-verb -> handler (besides "model")
 
 
-def add_bench_parser(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
+def add_parsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
     """Add ``mdc bench`` to the top-level sub-parsers; returns its own sub-parsers for more sub-verbs."""
-    p = sub.add_parser("bench", help="speed of training, captioning and scoring vs OpenCLIP CoCa (one run)")
+    p = sub.add_parser("bench", help="speed of training, captioning and scoring vs OpenCLIP CoCa (one run)",
+                       parents=[flags(set="override a preset key, e.g. --set train.batch_size=32 (repeatable)",
+                                      device={"default": "auto", "help": "auto | cpu | cuda"},
+                                      json="print the report as one JSON document",
+                                      out={"required": False, "help": "also write the JSON report to this file"})])
     p.add_argument("--preset", default="tiny_vit",
                    help="model dimensions, batch and image size (default tiny_vit: tiny without its conv stem)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a preset key, e.g. --set train.batch_size=32 (repeatable)")
     p.add_argument("--quick", action="store_true", help="a smoke run in seconds: few repeats, small batches")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     p.add_argument("--rows", help="training rows, comma-separated (default: all; see mdc_core.bench.training)")
     p.add_argument("--steps", type=int, help="timed training steps per row (default 10; warm-up: a third of it)")
@@ -32,8 +35,6 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> argparse._SubParsersAct
     p.add_argument("--arc-run", default="", help="trained ARC run for that comparison")
     p.add_argument("--profile", type=int, default=0, metavar="ROWS",
                    help="add a torch.profiler table (top ROWS ops) of the MDC training step")
-    p.add_argument("--json", action="store_true", help="print the report as one JSON document")
-    p.add_argument("--out", help="also write the JSON report to this file")
     verbs = p.add_subparsers(dest="bench_verb", required=False)
     verbs.add_parser("model", help="training, captioning and scoring speed (the default)")
     return verbs
@@ -44,8 +45,9 @@ def cmd_bench(args: argparse.Namespace) -> None:
     if verb not in (None, "model"):
         BENCH_HANDLERS[verb](args)
         return
-    from .core import BenchConfig, format_report, run_bench
-    from .training import TRAIN_SPECS
+    from mdc_core.bench.core import BenchConfig
+    from mdc_core.bench.run import format_report, run_bench
+    from mdc_core.bench.training import TRAIN_SPECS
 
     kw = {"preset": args.preset, "overrides": list(args.set), "device": args.device, "threads": args.threads,
           "mdc_run": args.mdc_run, "arc_run": args.arc_run, "profile_rows": args.profile}
@@ -74,3 +76,6 @@ def cmd_bench(args: argparse.Namespace) -> None:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report) if args.json else format_report(report))
+
+
+HANDLERS = {"bench": cmd_bench}

@@ -1,6 +1,6 @@
 """D3PM with VQ-Diffusion's mask-and-replace transition (MC-Diffusion, Sec. "Discrete Diffusion Forward Process").
 
-Pure tensor functions; the captioner glue lives in :mod:`mdc_core.mc_diffusion`.
+Pure tensor functions; the captioner glue lives in :mod:`mdc_core.masked_conditional.diffusion`.
 
 States: K content states ``0..K-1`` (the caption tokens the model may write) and the absorbing ``[MASK]`` state K.
 One forward step ``s -> t`` keeps a content token with probability ``alpha + beta``, turns it into each other

@@ -3,8 +3,8 @@
 For each captioner (an MC-Diffusion run sampled with the D3PM sampler, an MDC run with the confidence sampler),
 each guidance mode (``cfg``, ``mcs``, ...) and each scale w, caption the same images, score the captions with
 reference-based metrics (:func:`mdc_core.eval.caption_metrics.caption_metrics`) and CLIPScore
-(:mod:`mdc_core.eval.clipscore`), and plot CLIPScore against each reference-based metric, one line per mode
-with its points labelled by w, as the paper's figure.
+(:mod:`mdc_core.masked_conditional.clipscore`), and plot CLIPScore against each reference-based metric, one line per
+mode with its points labelled by w, as the paper's figure.
 
 References on the embedded data (:func:`synthetic_references`): the image's own short caption plus further
 short captions of the same scene drawn from the caption generator with fresh seeds (COCO-style multiple
@@ -20,15 +20,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import SamplerConfig
-from ..data.captions import short_caption
-from ..data.scene import example_rng, heldout_combos, sample_scene, split_id
-from ..guidance import GuidanceConfig, GuidedCaptioner
-from ..mc_diffusion import d3pm_sample
-from ..sampler import sample
-from ..tokenizer import CaptionTokenizer
-from .caption_metrics import caption_metrics
-from .clipscore import CLIPScorer, clip_scores
+from mdc_core.config import SamplerConfig
+from mdc_core.data.captions import short_caption
+from mdc_core.data.scene import example_rng, heldout_combos, sample_scene, split_id
+from mdc_core.eval.caption_metrics import caption_metrics
+from mdc_core.masked_conditional.clipscore import CLIPScorer, clip_scores
+from mdc_core.masked_conditional.diffusion import d3pm_sample
+from mdc_core.masked_conditional.guidance import GuidanceConfig, GuidedCaptioner
+from mdc_core.sampler import sample
+from mdc_core.tokenizer import CaptionTokenizer
 
 REFERENCE_SEED_OFFSET = 10_000  # caption-generator seeds of the extra references: [seed, split, index, 10_000 + k]
 

@@ -1,0 +1,60 @@
+"""``mdc runs PLAN`` (execute a plan's notebooks with papermill, then summarise) and ``mdc app`` (the Gradio app).
+
+The app is imported when ``mdc app`` runs, never when the parser is built; the app never imports the CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from mdc_core.cli.common import flags
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    app = sub.add_parser("app", help="the gradio app: watch a caption being unmasked (binds 127.0.0.1)")
+    app.add_argument("--run", help="run folder selected at start (default: the MDC model of `make demo`, "
+                     "else outputs/demo/run of `mdc demo`)")
+    app.add_argument("--root", default=".", help="run folders under it (4 levels deep) are offered in the run menu")
+    app.add_argument("--host", default="127.0.0.1", help="interface to bind (other than loopback: on purpose only)")
+    app.add_argument("--port", type=int, help="port (default: gradio's first free one from 7860)")
+    app.add_argument("--share", action="store_true", help="also open a public gradio.live link (off by default)")
+
+    runs = sub.add_parser("runs", help="execute notebooks with papermill over a plan's parameter grid",
+                          parents=[flags(quiet=True)])
+    runs.add_argument("plan", help="plan YAML file (see plans/)")
+    runs.add_argument("--dry-run", action="store_true", help="check the plan, parameters and notebooks; run nothing")
+
+
+def cmd_runs(args: argparse.Namespace) -> None:
+    from mdc_core.workbench.plans import describe_plan, load_plan, run_plan
+    plan = load_plan(args.plan)
+    if args.dry_run:
+        print(describe_plan(plan))
+        print("\nplan is valid (nothing was run)")
+        return
+    results = run_plan(plan, progress=not args.quiet)
+    failed = [r for r in results if r.status == "failed"]
+    print(f"plan {plan.name}: {len(results) - len(failed)} of {len(results)} runs finished; "
+          f"summary: {plan.out_dir / 'summary.md'}")
+    for r in failed:
+        print(f"  FAILED {r.run_id}: {r.error.splitlines()[0][:200]}  (see {r.run_dir})")
+    for r in results:  # notebooks that name the model they trained (01) point at the app
+        try:
+            model_dir = json.loads((r.run_dir / "metrics.json").read_text())["run_dir"]
+        except (OSError, ValueError, KeyError):
+            continue
+        print(f"watch {r.run_id}'s model caption: mdc app --run {model_dir}")
+    if failed:
+        raise SystemExit(1)
+
+
+def cmd_app(args: argparse.Namespace) -> None:
+    from app.mdc_app import serve
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"mdc app: binding {args.host}: anyone who can reach this machine can use the app", file=sys.stderr)
+    serve(args.run, root=args.root, host=args.host, port=args.port, share=args.share)
+
+
+HANDLERS = {"app": cmd_app, "runs": cmd_runs}

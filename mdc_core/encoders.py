@@ -1,0 +1,136 @@
+"""Image encoders: any timm model as a token-sequence encoder, the optional early-convolution stem, local weights.
+
+:class:`ImageEncoder` is a thin adapter around ``timm.create_model`` (as open_clip's ``TimmModel``): images
+(B, 3, H, W) -> tokens (B, M, D). :data:`ENCODERS` names the non-timm encoders (the VQ encoders of MC-Diffusion)
+as ``"module:attr"`` strings, resolved only when a config asks for one, so importing the core never imports the
+extension.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import timm
+import torch
+from timm.models.vision_transformer_hybrid import HybridEmbed
+from torch import nn
+
+from .config import ModelConfig, resolve_ref
+
+
+class ConvStem(nn.Sequential):
+    """Early convolutions for a ViT (Xiao et al. 2021, "Early Convolutions Help Transformers See Better"):
+    per entry of `channels` one stage of `depth` 3x3 convolutions + norm + ReLU, the first with stride 2,
+    so the stem's stride is ``2 ** len(channels)``. `norm` is "batch" (BatchNorm, as in the paper) or "group"
+    (GroupNorm with one group, independent of the batch). The ViT's patch projection then runs on the stem's
+    feature map."""
+
+    NORMS = ("batch", "group")
+
+    def __init__(self, in_chans: int, channels: Sequence[int], depth: int = 1, norm: str = "batch") -> None:
+        if norm not in self.NORMS:
+            raise ValueError(f"conv stem norm must be one of {', '.join(self.NORMS)}, got {norm!r}")
+        if not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"model.encoder_kwargs.conv_stem_depth must be an integer >= 1, got {depth!r}")
+        layers: list[nn.Module] = []
+        for c in channels:
+            for i in range(depth):
+                layers += [nn.Conv2d(in_chans, c, 3, stride=2 if i == 0 else 1, padding=1, bias=False),
+                           nn.BatchNorm2d(c) if norm == "batch" else nn.GroupNorm(1, c), nn.ReLU()]
+                in_chans = c
+        super().__init__(*layers)
+        self.stride = 2 ** len(channels)
+
+
+def _conv_stem_embed(channels: Sequence[int], options: dict[str, Any], *, img_size: Any, patch_size: int,
+                     in_chans: int = 3, **kwargs: Any) -> HybridEmbed:
+    """timm ``embed_layer`` for ``encoder_kwargs["conv_stem"]``: tokens keep the stride `patch_size`
+    (the stem takes ``2 ** len(channels)`` of it, the patch projection the rest). `options`: ConvStem's
+    ``depth`` and ``norm``."""
+    stem = ConvStem(in_chans, channels, **options)
+    if patch_size % stem.stride:
+        raise ValueError(f"conv_stem {list(channels)} has stride {stem.stride}, which must divide the encoder's "
+                         f"patch_size {patch_size}")
+    return HybridEmbed(stem, img_size=img_size, patch_size=patch_size // stem.stride, in_chans=in_chans, **kwargs)
+
+
+class ImageEncoder(nn.Module):
+    """Any timm model as a token-sequence encoder: images (B, 3, H, W) -> tokens (B, M, D).
+
+    ``encoder_kwargs`` go to ``timm.create_model``, except ``conv_stem`` (a list of channel widths), which gives
+    a ViT the early-convolution stem :class:`ConvStem` (a convolutional inductive bias for small images), with
+    ``conv_stem_depth`` convolutions per stage (default 1) and ``conv_stem_norm`` "batch" (default) or "group"."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        kwargs = dict(cfg.encoder_kwargs)
+        kwargs.setdefault("img_size", cfg.image_size)
+        stem = kwargs.pop("conv_stem", None)
+        options = {k: kwargs.pop(k) for k in ("conv_stem_depth", "conv_stem_norm") if k in kwargs}
+        if options and not stem:
+            raise ValueError(f"model.encoder_kwargs.{next(iter(options))} needs model.encoder_kwargs.conv_stem")
+        if stem:
+            if not isinstance(stem, list | tuple) or not all(isinstance(c, int) and c > 0 for c in stem):
+                raise ValueError(f"model.encoder_kwargs.conv_stem must be a list of channel widths, got {stem!r}")
+            options = {k.removeprefix("conv_stem_"): v for k, v in options.items()}  # ConvStem's depth, norm
+            kwargs["embed_layer"] = partial(_conv_stem_embed, tuple(stem), options)
+        try:
+            self.trunk = timm.create_model(cfg.encoder, pretrained=cfg.pretrained, num_classes=0, **kwargs)
+        except (RuntimeError, TypeError) as err:
+            raise ValueError(f"timm could not build encoder {cfg.encoder!r} with {kwargs}: {err}") from err
+        if cfg.pretrained_path:
+            load_encoder_weights(self.trunk, cfg.pretrained_path)
+        self.num_prefix_tokens = int(getattr(self.trunk, "num_prefix_tokens", 0))
+        self.width = int(self.trunk.num_features)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        feats = self.trunk.forward_features(images)
+        if feats.ndim == 4:  # convolutional trunk: (B, C, H, W) -> (B, H*W, C)
+            feats = feats.flatten(2).transpose(1, 2)
+        return feats  # (B, M, D), final norm applied by timm
+
+    def pool(self, tokens: torch.Tensor, kind: str = "gap") -> torch.Tensor:
+        """Probe feature: global average of the patch tokens ("gap", the paper's choice for captioners) or
+        the first prefix token ("cls", CLIP's pre-logits feature)."""
+        if kind == "cls":
+            if self.num_prefix_tokens == 0:
+                raise ValueError("this encoder has no class token; use pool='gap'")
+            return tokens[:, 0]
+        return tokens[:, self.num_prefix_tokens:].mean(dim=1)
+
+
+# encoder options besides timm (the default for any other model.encoder value): name -> "module:class", the class
+# built from ModelConfig; resolved on use (the VQ encoders belong to the MC-Diffusion extension)
+ENCODERS: dict[str, str] = {
+    "vqvae": "mdc_core.masked_conditional.vqvae:VQImageEncoder",  # discrete image tokens of a frozen VQ-VAE
+    "vqgan": "mdc_core.masked_conditional.vqgan:DiffusersVQEncoder",  # the same from a local diffusers VQModel
+}
+
+
+def build_image_encoder(cfg: ModelConfig) -> nn.Module:
+    """The image encoder of `cfg`: a row of :data:`ENCODERS`, else the timm model named ``cfg.encoder``."""
+    if cfg.encoder in ENCODERS:
+        return resolve_ref(ENCODERS[cfg.encoder])(cfg)
+    return ImageEncoder(cfg)
+
+
+def load_encoder_weights(trunk: nn.Module, path: str | Path) -> None:
+    """Load a local weights file (safetensors or a torch state dict, loaded with weights_only) into `trunk`."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"encoder weights file not found: {path}")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+        state = load_file(str(path))
+    else:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = state.get("state_dict", state.get("model", state)) if isinstance(state, dict) else state
+    missing, unexpected = trunk.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith("head")]
+    if missing:
+        raise ValueError(f"{path} does not fit encoder: missing {len(missing)} keys, e.g. {missing[:3]}")
+    if unexpected and len(unexpected) == len(state):
+        raise ValueError(f"{path} shares no keys with the encoder (e.g. {unexpected[:3]})")

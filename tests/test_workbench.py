@@ -1,0 +1,56 @@
+"""The notebook support draws with the app's code and takes the paper's numbers from the one table."""
+
+import ast
+import json
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from app import render
+from mdc_core.workbench import notebook as wb
+from mdc_core.workbench.paper import PAPER
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _record() -> dict:
+    """A 2-token trajectory by hand: position 1 revealed first, then position 0."""
+    return {"token_ids": [5, 6], "tokens": ["red", "dot"], "caption": "red dot", "steps": [
+        {"step": 0, "revealed": [{"position": 1, "token": "dot", "confidence": 0.8}],
+         "masked": [{"position": 0, "top_token": "big", "top_confidence": 0.4},
+                    {"position": 1, "top_token": "dot", "top_confidence": 0.8}]},
+        {"step": 1, "revealed": [{"position": 0, "token": "red", "confidence": 0.7}],
+         "masked": [{"position": 0, "top_token": "red", "top_confidence": 0.7}]}]}
+
+
+def test_notebook_trajectory_and_heatmap_are_the_apps():
+    record = _record()
+    for step in range(3):
+        assert wb.trajectory_html(record, step) == render.chips_html(record, step)
+    fig = wb.confidence_heatmap(record, title="t")
+    assert isinstance(fig, Figure)
+    image = fig.axes[0].images[0].get_array()
+    assert image.shape == (2, 2) and float(image[0, 0]) == 0.4 and float(image[0, 1]) == 0.8
+    assert bool(image.mask[1, 1])  # revealed at step 0: no confidence shown at step 1
+
+
+def _paper_numbers() -> set[float]:
+    numbers: set[float] = set()
+    for table in PAPER.values():
+        for value in table.values.values():
+            numbers |= set(value.values()) if isinstance(value, dict) else {value}
+    return numbers
+
+
+def test_notebooks_hold_no_copy_of_the_papers_numbers():
+    paper = _paper_numbers()
+    assert 57.2 in paper and 39.2 in paper
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            if cell["cell_type"] != "code":
+                continue
+            source = "".join(cell["source"])
+            code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
+            floats = {n.value for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Constant)
+                      and isinstance(n.value, float)}
+            assert not floats & paper, f"{path.name}: the paper's numbers {floats & paper} (use workbench.paper)"
