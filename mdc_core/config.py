@@ -118,7 +118,7 @@ class DataConfig:
     shuffle_buffer: int = 1000  # samples held for shuffling streamed shards (0 = no shuffle)
     augment: str = "none"  # none | rrc (random resized crop; breaks position words, so off for synthetic data)
     num_workers: int = 0  # DataLoader worker processes
-    in_memory: bool = False  # decode each split once and hold it in memory (small sets; mdc_core.data.memory)
+    in_memory: bool = False  # decode each split once and hold it in memory (small sets; data.loaders.MemoryBatches)
 
     def validate(self) -> None:
         _choice(self, "format", ("auto", "wds", "csv", "tsv", "coco"))

@@ -10,7 +10,7 @@ import torch
 
 from mdc_core.config import ConfigError, DataConfig
 from mdc_core.data import build_loader, write_synthetic_dataset
-from mdc_core.data.memory import MemoryBatches, decode_split
+from mdc_core.data.loaders import MemoryBatches, decode_split
 from mdc_core.data.sources import resolve_source
 from mdc_core.data.transforms import eval_transform, normalise_batch
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from mdc_core.config import load_preset
-from mdc_core.model import Captioner, build_image_encoder, padding_mask
+from mdc_core.encoders import build_image_encoder
+from mdc_core.model import Captioner, padding_mask
 from mdc_core.tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID, CaptionTokenizer, build_output_vocab
 
 
