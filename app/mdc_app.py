@@ -24,13 +24,13 @@ import gradio as gr
 import torch
 from PIL import Image
 
-from app import render
+from app import explore, render
 from app.runs import LoadedRun, get_run, optional_module, register_run, run_choices, user_errors
 from mdc_core.checkpoint import load_model
 from mdc_core.config import SAMPLER_RANGES, RunConfig, SamplerConfig
 from mdc_core.data import make_example
 from mdc_core.data.transforms import eval_transform, open_image
-from mdc_core.sampler import sample, trajectory
+from mdc_core.sampler import trajectory
 
 DEMO_METRICS = "papermill_runs/cpu_demo/01_pretraining/metrics.json"  # names the model `make demo` trains
 DEFAULT_RUN = "outputs/demo/run"  # the run `mdc demo` trains
@@ -55,7 +55,8 @@ SCORE_METHODS = ["heuristic", "mc", "ar"]  # mdc_core.scoring.METHODS: greedy-or
 SAMPLER_FIELDS = (*SAMPLER_RANGES, "seed")  # the sampler inputs, in the order the callbacks take them
 SAMPLER_LABELS = {"length": "caption length N'", "tokens_per_step": "tokens revealed per step k",
                   "temperature": "temperature (0 = greedy)", "top_k": "top-k (0 = all tokens)",
-                  "threshold": "confidence threshold"}
+                  "threshold": "confidence threshold", "remask_threshold": "remask tokens below this confidence",
+                  "remask_steps": "remasking: extra steps at most (0 = greedy)"}
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -126,15 +127,14 @@ def sampler_config(*values: Any) -> SamplerConfig:
     return cfg
 
 
-def _unmask(run: LoadedRun, image_tokens: torch.Tensor, cfg: SamplerConfig) -> dict[str, Any]:
+def _unmask(run: LoadedRun, image_tokens: torch.Tensor, cfg: SamplerConfig, prompt: torch.Tensor | None = None
+            ) -> dict[str, Any]:
     if run.is_arc:
         raise gr.Error(f"{run.label} is an autoregressive (ARC) model: it writes left to right, so there is no "
                        "unmasking to watch. Pick it as the ARC run in the Compare tab.")
-    start = time.perf_counter()
-    with user_errors():
-        out = sample(run.model, image_tokens, cfg)
+    out, latency = explore.timed_sample(run, image_tokens, cfg, prompt)  # with attention, for the overlay
     record = trajectory(out, run.tokenizer)
-    record["latency_s"] = time.perf_counter() - start
+    record["latency_s"] = latency
     return record
 
 
@@ -144,12 +144,13 @@ def run_caption(run_key: str, state: dict | None, *settings: Any) -> tuple[dict,
     cfg = sampler_config(*settings)
     start = time.perf_counter()
     image_tokens = _image_tokens(run, state)
-    record = _unmask(run, image_tokens, cfg)
+    record = _unmask(run, image_tokens, cfg, explore.prompt_ids(run, state))
+    record["prompt"] = state.get("prompt") or None
     total = time.perf_counter() - start
     n_steps = len(record["steps"])
-    summary = (f"**{html.escape(record['caption'])}** &nbsp; &middot; {run.label}: N' = {cfg.length}, {n_steps} steps "
-               f"of k = {cfg.tokens_per_step} &middot; sampling {record['latency_s'] * 1000:.0f} ms, with image "
-               f"encoding {total * 1000:.0f} ms (CPU)")
+    summary = (f"**{html.escape(record['caption'])}** &nbsp; &middot; {run.label}: N' = {len(record['tokens'])}, "
+               f"{n_steps} steps of k = {cfg.tokens_per_step}{explore.unmask_prompt_summary(record)} &middot; "
+               f"sampling {record['latency_s'] * 1000:.0f} ms, with image encoding {total * 1000:.0f} ms (CPU)")
     state = {**state, "record": record, "run": run_key}
     return (state, render.chips_html(record, n_steps), gr.Slider(minimum=0, maximum=n_steps, value=n_steps, step=1),
             render.heatmap_figure(record), summary)
@@ -324,20 +325,21 @@ def _initial_view(run_key: str, scene: int, cfg: SamplerConfig) -> dict[str, Any
         return {}
     state, image, info = show_scene(scene, run_key, None)
     state, chips, _, fig, summary = run_caption(run_key, state, *(getattr(cfg, f) for f in SAMPLER_FIELDS))
+    steps = len(state["record"]["steps"])
+    attention, label = explore.attention_view(steps, explore.LAST, explore.MEAN, state)
     return {"state": state, "image": image, "info": info, "chips": chips, "heatmap": fig, "summary": summary,
-            "steps": len(state["record"]["steps"])}
+            "steps": steps, "attention": attention, "attention_label": label}
 
 
 def build_app(models: Mapping[str, tuple[torch.nn.Module, RunConfig]], *, root: str | Path | None = None,
               default: str | None = None, initial_scene: int = INITIAL_SCENE) -> gr.Blocks:
     """The app's Blocks from loaded models ``{name or run folder: (model, cfg)}``; run folders under `root` are
     offered too (loaded on first use). `default` names the run selected at start (the first model if None)."""
-    for key, (model, cfg) in models.items():
-        label = key
-        if Path(key).is_absolute():  # a run folder: shown relative to the root (or the working directory)
-            rel = os.path.relpath(key, Path(root or os.getcwd()).resolve())
-            label = key if rel.startswith("..") else rel
-        register_run(key, model, cfg, label=label)
+    shown = {}
+    for key, (model, cfg) in models.items():  # a run folder is named relative to the root (or working directory)
+        shown[key] = os.path.relpath(key, Path(root or os.getcwd()).resolve()) if Path(key).is_absolute() else key
+        register_run(shown[key], model, cfg)
+    default = shown.get(default, default) if default else None
     choices = run_choices(root)
     if not choices:
         raise ValueError("the app needs at least one run: pass a loaded model or a root with run folders")
@@ -365,6 +367,8 @@ def build_app(models: Mapping[str, tuple[torch.nn.Module, RunConfig]], *, root: 
                     run = gr.Dropdown(choices, value=default, label="trained run", scale=4)
                     rescan_btn = gr.Button("rescan", scale=1, size="sm")
                 settings = _sampler_inputs(defaults, max_length)
+                prompt = gr.Textbox(label="fix some words (optional): [MASK] or _ marks a word to generate; the "
+                                    "prompt sets N'", placeholder="a [MASK] square on the _", max_lines=1)
                 caption_btn = gr.Button("unmask", variant="primary")
         with gr.Tabs():
             with gr.Tab("Step-by-step unmasking"):
@@ -373,8 +377,23 @@ def build_app(models: Mapping[str, tuple[torch.nn.Module, RunConfig]], *, root: 
                     play_btn = gr.Button("\u25b6 play", scale=1, min_width=90)
                     n_steps = init.get("steps", defaults.length)
                     step = gr.Slider(0, n_steps, value=n_steps, step=1, label="step", scale=8)
-                chips = gr.HTML(init.get("chips", ""))
+                layers, heads = explore.layer_choices(first) if not first.is_arc else ([explore.LAST], [explore.MEAN])
+                with gr.Row():
+                    chips = gr.HTML(init.get("chips", ""))
+                    with gr.Column(scale=0, min_width=270):
+                        att_image = gr.Image(init.get("attention"), label="where the token just revealed looks",
+                                             type="pil", interactive=False, height=256, width=256)
+                        att_label = gr.HTML(init.get("attention_label", ""))
+                        with gr.Row():
+                            layer = gr.Dropdown(layers, value=explore.LAST, label="layer", min_width=80)
+                            head = gr.Dropdown(heads, value=explore.MEAN, label="head", min_width=80)
                 heatmap = gr.Plot(init.get("heatmap"), label="confidence heatmap: steps x positions", show_label=False)
+                with gr.Row():
+                    gif_btn = gr.Button("GIF of this unmasking", size="sm")
+                    json_btn = gr.Button("save trajectory (JSON)", size="sm")
+                    download = gr.File(label="download", interactive=False, height=80)
+                    replay = gr.File(label="replay a saved trajectory (JSON)", file_types=[".json"], type="filepath",
+                                     height=80)
                 timer = gr.Timer(PLAY_INTERVAL_S, active=False)
             with gr.Tab("Compare"):
                 arc = gr.Dropdown([("(none)", "")] + choices, value="", label="ARC run (optional)")
@@ -391,15 +410,29 @@ def build_app(models: Mapping[str, tuple[torch.nn.Module, RunConfig]], *, root: 
 
         cap_in, cap_out = [run, state, *settings], [state, chips, step, heatmap, summary]
         img_out = [state, image, image_info]
-        scene_btn.click(new_scene, [run, state], [scene_index, *img_out], api_name="new_scene").success(
-            run_caption, cap_in, cap_out)
-        scene_index.submit(show_scene, [scene_index, run, state], img_out, api_name="show_scene").success(
-            run_caption, cap_in, cap_out)
-        upload.upload(load_upload, [upload, state], img_out, api_name="upload").success(run_caption, cap_in, cap_out)
-        caption_btn.click(run_caption, cap_in, cap_out, api_name="caption")
-        run.change(on_run_change, [run], [settings[0]], api_name=False).success(run_caption, cap_in, cap_out)
+        att_in, att_out = [step, layer, head, state], [att_image, att_label]
+
+        def captioned(event: Any) -> Any:  # after every caption: the attention of the step shown
+            return event.success(run_caption, cap_in, cap_out).success(explore.attention_view, att_in, att_out)
+
+        captioned(scene_btn.click(new_scene, [run, state], [scene_index, *img_out], api_name="new_scene"))
+        captioned(scene_index.submit(show_scene, [scene_index, run, state], img_out, api_name="show_scene"))
+        captioned(upload.upload(load_upload, [upload, state], img_out, api_name="upload"))
+        caption_btn.click(explore.set_prompt, [prompt, state], [state], api_name=False).success(
+            run_caption, cap_in, cap_out, api_name="caption").success(explore.attention_view, att_in, att_out)
+        captioned(prompt.submit(explore.set_prompt, [prompt, state], [state], api_name=False))
+        captioned(run.change(on_run_change, [run], [settings[0]], api_name=False))
+        run.change(explore.reload_run, [run], [layer, head], api_name=False)
         rescan_btn.click(rescan_runs, [root_state, run], [run], api_name=False)
         step.change(show_step, [step, state], [chips], api_name="step", show_progress="hidden")
+        step.change(explore.attention_view, att_in, att_out, api_name=False, show_progress="hidden")
+        layer.change(explore.attention_view, att_in, att_out, api_name=False)
+        head.change(explore.attention_view, att_in, att_out, api_name=False)
+        gif_btn.click(explore.save_gif, [state, layer, head], [download], api_name="gif")
+        json_btn.click(explore.save_json, [state], [download], api_name="save_json")
+        replay.upload(explore.load_replay, [replay, state], [state, image, image_info, chips, step, heatmap, summary,
+                                                            prompt], api_name="replay").success(
+            explore.attention_view, att_in, att_out)
         play_btn.click(start_play, [state], [step, timer], api_name=False)
         timer.tick(play_tick, [step, state], [step, timer], api_name=False, show_progress="hidden")
         compare_btn.click(compare_lengths, [run, arc, state, *settings], [compare_out], api_name="compare")

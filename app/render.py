@@ -16,6 +16,8 @@ import matplotlib
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 
+from mdc_core.workbench import animation
+
 CMAP = matplotlib.colormaps["viridis"]
 MASK_BG = "#e5e7eb"  # grey of a still-masked chip
 CHIP_FONT = "ui-sans-serif, system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif"
@@ -47,36 +49,23 @@ def reveal_order(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def canvas_at(record: dict[str, Any], step: int) -> list[dict[str, Any]]:
-    """The canvas after `step` denoising steps (0 = all masked, S = the final caption), one dict per position.
-
-    A revealed position has ``state="revealed"``, its ``token``, ``confidence`` when revealed, reveal ``order``
-    (1-based) and ``step``; ``just`` marks the reveals of the last step shown. A masked position has
-    ``state="masked"`` and the model's top guess there at the start of step `step` (``token``, ``confidence``);
-    ``next`` marks the positions step `step` is about to reveal.
-    """
-    n_steps = len(record["steps"])
-    if not 0 <= step <= n_steps:
-        raise ValueError(f"step must be in [0, {n_steps}], got {step}")
-    cells: list[dict[str, Any]] = [{"position": p} for p in range(len(record["token_ids"]))]
-    for r in reveal_order(record):
-        if r["step"] < step:
-            cells[r["position"]].update(state="revealed", token=r["token"], confidence=r["confidence"],
-                                        order=r["order"], step=r["step"], just=r["step"] == step - 1)
-    if step < n_steps:
-        upcoming = {r["position"] for r in record["steps"][step]["revealed"]}
-        for m in record["steps"][step]["masked"]:
-            cells[m["position"]].update(state="masked", token=m["top_token"], confidence=m["top_confidence"],
-                                        next=m["position"] in upcoming)
-    return cells
+    """The canvas after `step` denoising steps: :func:`mdc_core.animation.canvas_at` (also used by the GIF)."""
+    return animation.canvas_at(record, step)
 
 
 def _chip(cell: dict[str, Any]) -> str:
-    token, conf = html.escape(cell["token"]), cell["confidence"]
+    token, conf = html.escape(cell["token"]), cell.get("confidence", 1.0)
     base = ("display:inline-flex;flex-direction:column;align-items:center;justify-content:center;min-width:52px;"
             "padding:5px 9px 6px;border-radius:10px;line-height:1.15;")
+    if cell["state"] == "fixed":
+        return (f'<div class="mdc-chip" data-pos="{cell["position"]}" data-state="fixed" data-token="{token}" '
+                f'title="position {cell["position"]}: fixed by the prompt" style="{base}background:#ffffff;'
+                f'color:#111827;border:2px solid #9ca3af"><span style="font-size:11px;opacity:.75;color:#6b7280">'
+                f'fixed</span><span style="font-size:19px;font-weight:650;color:#111827">{token}</span></div>')
     if cell["state"] == "revealed":
         bg, fg = confidence_colour(conf)
         ring = "box-shadow:0 0 0 3px #f97316;" if cell.get("just") else ""
+        ring += "outline:2px dashed #dc2626;outline-offset:2px;" if cell.get("remask_next") else ""
         return (f'<div class="mdc-chip" data-pos="{cell["position"]}" data-state="revealed" data-token="{token}" '
                 f'data-order="{cell["order"]}" data-confidence="{conf:.4f}" title="position {cell["position"]}, '
                 f'revealed at step {cell["step"]} with p={conf:.3f}" style="{base}background:{bg};color:{fg};{ring}">'
@@ -97,7 +86,8 @@ def legend_html() -> str:
             f'<span>confidence 0</span><div style="width:180px;height:10px;border-radius:5px;'
             f'background:linear-gradient(90deg, {stops})"></div><span>1</span>'
             '<span style="margin-left:14px">#n = reveal order &middot; orange ring = just revealed &middot; '
-            'dashed = revealed next &middot; grey = masked (faint: top guess)</span></div>')
+            'dashed = revealed next &middot; grey = masked (faint: top guess) &middot; white = fixed by the prompt '
+            '&middot; red dashes = masked again next (remasking)</span></div>')
 
 
 def chips_html(record: dict[str, Any], step: int) -> str:

@@ -100,11 +100,11 @@ def run_choices(root: str | Path | None) -> list[tuple[str, str]]:
     with _LOCK:
         choices = [(f"{r.label} ({r.cfg.objective.name})", k) for k, r in _CACHE.items()]
     if root:
-        for key, folder in discover_runs(root).items():
+        for folder in discover_runs(root).values():
+            key = os.path.relpath(folder, root)  # what the page and /config show: never an absolute path
             if all(key != k for _, k in choices):
-                label = os.path.relpath(folder, root)
-                _FOLDERS.setdefault(key, (folder, label))
-                choices.append((f"{label} ({_objective(folder)})", key))
+                _FOLDERS.setdefault(key, (folder, key))
+                choices.append((f"{key} ({_objective(folder)})", key))
     return choices
 
 

@@ -114,6 +114,8 @@ class DataConfig:
     """Where the image-caption pairs come from and how they are read."""
 
     path: str = ""  # shard dir / brace pattern / .csv / .tsv / COCO .json (required for training)
+    images: str = ""  # folder a caption table's/json's image paths are relative to ("": found, see data.sources)
+    path_as_given: str = ""  # data.path as the user typed it (display; training stores `path` resolved)
     format: str = "auto"  # auto | wds | csv | tsv | coco
     shuffle_buffer: int = 1000  # samples held for shuffling streamed shards (0 = no shuffle)
     augment: str = "none"  # none | rrc (random resized crop; breaks position words, so off for synthetic data)
@@ -148,6 +150,7 @@ class TrainConfig:
     seed: int = 0  # seeds model init, masking and data order
     log_every: int = 10  # steps between metrics lines
     ckpt_every: int = 500  # steps between checkpoints (the last step is always saved)
+    ckpt_every_minutes: float = 0.0  # also checkpoint when this much wall time passed since the last (0 = off)
     keep_last: int = 2  # checkpoints kept on disk
     nonfinite: str = "stop"  # NaN/inf loss or grad norm: stop (keep the last good checkpoint) | skip the update
     max_skipped_steps: int = 20  # with nonfinite=skip: stop after this many consecutive skipped updates
@@ -162,6 +165,8 @@ class TrainConfig:
             raise ConfigError(f"train.lr must be > 0, got {self.lr}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ConfigError(f"train.betas must be two numbers in [0, 1), got {self.betas}")
+        if self.ckpt_every_minutes < 0:
+            raise ConfigError(f"train.ckpt_every_minutes must be >= 0 (0 = off), got {self.ckpt_every_minutes}")
         if self.weight_decay < 0 or self.grad_clip < 0 or self.warmup_steps < 0:
             raise ConfigError("train.weight_decay, train.grad_clip and train.warmup_steps must be >= 0")
         if not 0.0 <= self.ema_decay < 1.0:
@@ -184,12 +189,24 @@ class SamplerConfig:
     seed: int = 0  # seed for temperature sampling
     # Fast-dLLM parallel decoding: also reveal every masked token with confidence >= threshold (0 = off)
     threshold: float = field(default=0.0, metadata={"range": (0.0, 1.0)})
+    # revisable tokens (opt-in, see mdc_core.sampler): once a caption is complete, mask again its least confident
+    # token below remask_threshold and predict it anew, for at most remask_steps extra steps (0 and 0 = off)
+    remask_threshold: float = field(default=0.0, metadata={"range": (0.0, 1.0)})
+    remask_steps: int = field(default=0, metadata={"range": (0, 75)})
 
     def validate(self) -> None:
         for name, (lo, hi) in SAMPLER_RANGES.items():
             value = getattr(self, name)
             if not lo <= value <= hi:
                 raise ConfigError(f"sampler.{name} must be in [{lo}, {hi}], got {value}")
+        if (self.remask_threshold > 0) != (self.remask_steps > 0):
+            raise ConfigError("remasking needs both sampler.remask_threshold > 0 and sampler.remask_steps > 0 "
+                              f"(got {self.remask_threshold} and {self.remask_steps}); set both, or both to 0")
+
+    @property
+    def remasking(self) -> bool:
+        """True when revisable-token sampling is on."""
+        return self.remask_steps > 0 and self.remask_threshold > 0
 
 
 SAMPLER_RANGES: dict[str, tuple[float, float]] = {

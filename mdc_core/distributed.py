@@ -6,18 +6,23 @@ CUDA, gloo on CPU) with a timeout, so a collective that waits on a dead or hung 
 Without those variables (plain ``mdc train``) it returns a one-process context and every helper here is a
 no-op, so the trainer has a single code path.
 
-Every collective here, and the trainer's DDP forward/backward, runs under :func:`guard`, which turns a backend
-error or timeout into :class:`RankFailure` with a message that says what happened and what to look at.
+:class:`StopRequest` turns SIGINT/SIGTERM into a flag the trainer reads at a step boundary (it travels to every
+rank in the step's all-reduce). Every collective here, and the trainer's DDP forward/backward, runs under
+:func:`guard`, which turns a backend error or timeout into :class:`RankFailure` with a message that says what
+happened and what to look at.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -125,6 +130,19 @@ def all_reduce(ctx: DistContext, values: torch.Tensor, op: str = "sum", what: st
     return values
 
 
+def all_reduce_named(ctx: DistContext, values: Mapping[str, torch.Tensor | float], what: str = "all-reduce"
+                     ) -> dict[str, float]:
+    """Named scalars summed over ranks by one collective (in float64); returns the sums by name.
+
+    Every rank must pass the same names. Used for the trainer's step metrics, so that each logged value has a
+    name instead of a position in a vector.
+    """
+    keys = list(values)
+    vec = torch.stack([torch.as_tensor(values[k], dtype=torch.float64, device=ctx.device).reshape(())
+                       for k in keys])  # (len(keys),)
+    return dict(zip(keys, all_reduce(ctx, vec, "sum", what).tolist(), strict=True))
+
+
 def all_agree(ctx: DistContext, flag: bool, what: str = "agreement") -> bool:
     """True only if `flag` is true on every rank (one tiny all-reduce)."""
     if not ctx.distributed:
@@ -152,3 +170,31 @@ def broadcast_object(ctx: DistContext, obj: T, what: str = "broadcast") -> T:
     box = [obj]
     _collective(ctx, what, lambda: dist.broadcast_object_list(box, src=0))
     return box[0]
+
+
+class StopRequest:
+    """While entered (in the main thread), SIGINT and SIGTERM only set :attr:`signum`; the trainer reads it at
+    the next step boundary, checkpoints and stops. With `repeat_aborts`, a second Ctrl-C aborts at once (under
+    torchrun it does not: torchrun forwards the terminal's Ctrl-C again, and escalates to SIGKILL itself)."""
+
+    def __init__(self, repeat_aborts: bool = True):
+        self.signum, self.repeat_aborts = 0, repeat_aborts
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.signum and signum == signal.SIGINT and self.repeat_aborts:
+            raise KeyboardInterrupt
+        if not self.signum:
+            again = " (Ctrl-C again: stop at once, without it)" if self.repeat_aborts else ""
+            sys.stderr.write(f"\nmdc: got {signal.Signals(signum).name}; finishing this step and writing a "
+                             f"checkpoint{again}\n")
+        self.signum = signum

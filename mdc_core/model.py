@@ -92,16 +92,26 @@ class Attention(nn.Module):
         return k, v
 
     def forward(self, x: torch.Tensor, context: torch.Tensor | None, mask: torch.Tensor | None = None,
-                kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                kv: tuple[torch.Tensor, torch.Tensor] | None = None, weights: list | None = None) -> torch.Tensor:
         """x (B, L, C), context (B, S, C), mask (B, 1, L|1, S) bool, True = may attend -> (B, L, C).
 
         `kv` are precomputed keys and values (B, h, S, c) used instead of `context`. Keys of a single image
         (batch 1, or expanded from batch 1) serve B query rows by folding the batch into the query axis:
-        exact when there is no mask, and nothing is copied.
+        exact when there is no mask, and nothing is copied. With a list `weights`, the attention probabilities
+        (B, h, L, S) are appended to it, computed explicitly instead of by the fused kernel (same output up to
+        rounding; the fused path, and its cost, is untouched when `weights` is None).
         """
         B, L, C = x.shape
         q = self.q(x).view(B, L, self.heads, C // self.heads).transpose(1, 2)  # (B, h, L, c)
         k, v = self.project_kv(context) if kv is None else kv  # (B|1, h, S, c)
+        if weights is not None:
+            scores = q @ k.transpose(-2, -1) / math.sqrt(C // self.heads)  # (B, h, L, S)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            probs = scores.softmax(dim=-1)
+            weights.append(probs)
+            probs = F.dropout(probs, self.dropout) if self.training else probs
+            return self.proj((probs @ v).transpose(1, 2).reshape(B, L, C))
         shared = mask is None and B > 1 and (k.shape[0] == 1 or k.stride(0) == 0)
         if shared:
             q = q.transpose(0, 1).reshape(1, self.heads, B * L, C // self.heads)  # (1, h, B*L, c)
@@ -128,8 +138,11 @@ class DecoderLayer(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim), nn.Dropout(dropout))
 
     def forward(self, x: torch.Tensor, image: torch.Tensor | None, self_mask: torch.Tensor | None,
-                image_kv: tuple[torch.Tensor, torch.Tensor] | None = None, past: list | None = None) -> torch.Tensor:
+                image_kv: tuple[torch.Tensor, torch.Tensor] | None = None, past: list | None = None,
+                attention: list | None = None) -> torch.Tensor:
         """x (B, L, C), image (B, M, C) projected image tokens -> (B, L, C).
+
+        `attention`: a list to which the cross-attention weights (B, h, L, M) are appended (see :class:`Attention`).
 
         `image_kv`: this layer's cached image keys/values (see :class:`ImageCache`), used instead of `image`.
         `past`: self-attention cache for incremental causal decoding, ``[]`` or ``[k, v]`` (B, h, T, c); the keys
@@ -144,7 +157,8 @@ class DecoderLayer(nn.Module):
             past[:] = [k, v]
             self_kv = (k, v)
         x = x + self.self_attn(h, h, self_mask, kv=self_kv)
-        x = x + self.cross_attn(self.ln_cross(x), None if image_kv is not None else self.ln_image(image), kv=image_kv)
+        x = x + self.cross_attn(self.ln_cross(x), None if image_kv is not None else self.ln_image(image), kv=image_kv,
+                                weights=attention)
         return x + self.mlp(self.ln_mlp(x))
 
 
@@ -171,13 +185,14 @@ class TextDecoder(nn.Module):
 
     def hidden(self, tokens: torch.Tensor, image_tokens: torch.Tensor | None, causal: bool,
                rows: torch.Tensor | None = None, cache: ImageCache | None = None,
-               past: list[list] | None = None) -> torch.Tensor:
+               past: list[list] | None = None, attention: list | None = None) -> torch.Tensor:
         """tokens (B, L), image_tokens (B, M, D_img) -> final hidden states (B, L, C).
 
         `rows` (B, L) are the embedding rows of `tokens` when the input table is restricted to a corpus.
         `cache` replaces `image_tokens` by their precomputed keys/values. `past` (one list per layer, see
         :class:`DecoderLayer`) continues a cached prefix of T tokens: `tokens` sit at positions T..T+L-1 and
-        must hold no padding (incremental ARC decoding).
+        must hold no padding (incremental ARC decoding). `attention`: a list that receives each layer's
+        cross-attention weights (B, h, L, M), first layer first.
         """
         B, L = tokens.shape
         start = past[0][0].shape[2] if past and past[0] else 0  # T cached positions
@@ -193,7 +208,8 @@ class TextDecoder(nn.Module):
             tril = torch.ones(L, start + L, dtype=torch.bool, device=tokens.device).tril(start)  # (L, T+L)
             mask = tril if mask is None else mask & tril
         for i, layer in enumerate(self.layers):
-            x = layer(x, image, mask, None if cache is None else cache.kv[i], None if past is None else past[i])
+            x = layer(x, image, mask, None if cache is None else cache.kv[i], None if past is None else past[i],
+                      attention)
         return self.ln_f(x)
 
 
@@ -262,8 +278,8 @@ class Captioner(nn.Module):
         return ImageCache([layer.cross_attn.project_kv(layer.ln_image(image)) for layer in self.decoder.layers])
 
     def decode(self, tokens: torch.Tensor, image_tokens: torch.Tensor | None, *, select: torch.Tensor | None = None,
-               causal: bool | None = None, cache: ImageCache | None = None, past: list[list] | None = None
-               ) -> torch.Tensor:
+               causal: bool | None = None, cache: ImageCache | None = None, past: list[list] | None = None,
+               attention: list | None = None) -> torch.Tensor:
         """Logits over the output vocabulary.
 
         tokens (B, L) ids (``[MASK]`` allowed), image_tokens (B, M, D_img). Returns (B, L, V_out), or
@@ -271,6 +287,9 @@ class Captioner(nn.Module):
         needs masked positions, which saves most of the output-head cost. With `cache` (from
         :meth:`image_cache`, batch B or 1 = one image for all rows) `image_tokens` may be None and the logits
         are those of the uncached call. `past`: incremental causal decoding, see :meth:`TextDecoder.hidden`.
+        `attention`: a list that receives, per decoder layer (first layer first), the cross-attention weights over
+        the M image tokens: (B, L, h, M), or (n, h, M) at the `select` positions; each sums to 1 over M.
+        Off (None) by default, and then nothing extra is computed.
         """
         if cache is None and image_tokens is None:
             raise ValueError("decode needs image_tokens or an image cache")
@@ -278,7 +297,12 @@ class Captioner(nn.Module):
             raise ValueError(f"image cache holds {cache.batch} images but {tokens.shape[0]} token rows were given; "
                              "use a cache of one image or cache.index(rows)")
         rows = self.embedding_rows(tokens)
-        h = self.decoder.hidden(tokens, image_tokens, self.causal if causal is None else causal, rows, cache, past)
+        weights: list | None = None if attention is None else []
+        h = self.decoder.hidden(tokens, image_tokens, self.causal if causal is None else causal, rows, cache, past,
+                                weights)
+        if weights is not None:
+            per_position = [w.transpose(1, 2) for w in weights]  # (B, L, h, M) each
+            attention.extend(per_position if select is None else [w[select] for w in per_position])
         if select is not None:
             h = h[select]  # (n, C)
         return self.decoder.head(h)

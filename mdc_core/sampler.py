@@ -12,6 +12,27 @@ taking the argmax (its confidence is still its untempered probability), ``seed``
 ``threshold`` > 0 for Fast-dLLM's parallel decoding: each step also reveals every other masked position whose
 confidence is >= threshold, so the number of steps depends on the data (at most ceil(N'/k)).
 
+Infilling (``prompt``): the canvas may start with some positions fixed (a prompt of token ids with ``[MASK]`` at
+the slots to fill, see :mod:`mdc_core.infill`); fixed tokens are never changed, never revealed and never remasked,
+and the trajectory covers only the slots.
+
+Attention (``attention=True``): each revealed token's cross-attention weights over the M image tokens, per
+decoder layer and head, at the step that revealed it (:attr:`SampleOutput.step_attention`). Off by default; the
+fused attention kernel then runs as before, at no extra cost.
+
+Revisable tokens (opt-in, ``remask_threshold`` > 0 and ``remask_steps`` > 0): the variant is ReMDM-conf's
+confidence score used in a ReMDM-loop phase (Wang et al., 2025, "Remasking Discrete Diffusion Models with
+Inference-Time Scaling", arXiv:2503.00307), made deterministic by choosing the tokens to remask as Mask-Predict does
+(Ghazvininejad et al., 2019: the least confident ones). Once a caption has no mask left, each extra step masks
+again its k least confident revealed tokens among those whose confidence (the probability they had when last
+revealed) is below ``remask_threshold``, then predicts them with the usual rule from the whole rest of the caption;
+a token that comes back unchanged is not picked again until another token of its caption changes. A caption stops
+when nothing qualifies or after ``remask_steps`` extra steps, so it takes at most ceil(N'/k) + remask_steps
+steps. With the defaults (0, 0) nothing of this runs and the sampler is exactly Eq. 6.
+
+Every row of a batch follows its own trajectory: sampling a batch gives exactly the trajectories of sampling
+its images one by one (greedy; with temperature the random draws are shared by the batch).
+
 The image cross-attention keys/values are computed once per batch (:meth:`Captioner.image_cache`) and
 reused by every step; the result equals the uncached computation.
 """
@@ -32,16 +53,23 @@ from .tokenizer import EOT_ID, MASK_ID, SOT_ID, CaptionTokenizer
 
 @dataclass
 class SampleOutput:
-    """Batched result of :func:`sample`. S = number of steps the batch took (with a threshold, rows may finish
-    earlier: after its last step a row has no masked position, see :attr:`row_steps`), N = caption length N'."""
+    """Batched result of :func:`sample`. S = number of steps the batch took (rows may finish earlier: after its
+    last step a row has nothing left to do, see :attr:`row_steps`), N = caption length N', Ly = decoder layers,
+    h = heads, M = image tokens."""
 
     tokens: torch.Tensor  # (B, N) final caption ids
-    reveal_step: torch.Tensor  # (B, N) step at which each position was revealed
-    reveal_confidence: torch.Tensor  # (B, N) its confidence when revealed
+    reveal_step: torch.Tensor  # (B, N) step at which each position was (last) revealed, -1 for fixed positions
+    reveal_confidence: torch.Tensor  # (B, N) its confidence when (last) revealed, 0 for fixed positions
     step_top_token: torch.Tensor  # (S, B, N) per step, each still-masked position's top-1 token (0 elsewhere)
     step_top_confidence: torch.Tensor  # (S, B, N) and its confidence (0 elsewhere)
-    step_masked: torch.Tensor  # (S, B, N) bool: position still masked at the start of the step
+    step_masked: torch.Tensor  # (S, B, N) bool: position masked at the start of the step (after any remasking)
     settings: dict[str, Any] = field(default_factory=dict)
+    fixed: torch.Tensor | None = None  # (B, N) bool: positions fixed by the prompt (never sampled)
+    step_revealed: torch.Tensor | None = None  # (S, B, N) bool: revealed at the step
+    step_token: torch.Tensor | None = None  # (S, B, N) the token revealed there (0 elsewhere)
+    step_confidence: torch.Tensor | None = None  # (S, B, N) its confidence (0 elsewhere)
+    step_remasked: torch.Tensor | None = None  # (S, B, N) bool: masked again at the start of the step
+    step_attention: torch.Tensor | None = None  # (S, B, N, Ly, h, M) cross-attention of the tokens revealed there
 
     @property
     def num_steps(self) -> int:
@@ -49,8 +77,11 @@ class SampleOutput:
 
     @property
     def row_steps(self) -> torch.Tensor:
-        """(B,) steps each caption took (its last reveal step + 1)."""
-        return self.reveal_step.max(dim=1).values + 1
+        """(B,) steps each caption took (its last reveal step + 1; 0 when the prompt fixed every position)."""
+        if self.step_revealed is None or self.num_steps == 0:
+            return self.reveal_step.max(dim=1).values + 1
+        s = torch.arange(1, self.num_steps + 1, device=self.step_revealed.device)[:, None]  # (S, 1)
+        return (self.step_revealed.any(dim=2) * s).amax(dim=0)
 
 
 def canvas(batch: int, length: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -66,20 +97,53 @@ def allowed_rows(model: Captioner) -> torch.Tensor:
     return (ids != SOT_ID) & (ids != EOT_ID)
 
 
+def _prompt_canvas(prompt: torch.Tensor, fixed: torch.Tensor | None, batch: int, model: Any,
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The starting canvas (B, N+2) and fixed mask (B, N) of a prompt (N,) or (B, N) of caption ids."""
+    prompt = prompt.to(device).long()
+    prompt = prompt[None].expand(batch, -1) if prompt.ndim == 1 else prompt
+    if prompt.ndim != 2 or prompt.shape[0] != batch or prompt.shape[1] == 0:
+        raise ValueError(f"prompt of shape {tuple(prompt.shape)} does not fit {batch} images: give (N,) or (B, N)")
+    fixed = (prompt != MASK_ID) if fixed is None else fixed.to(device).bool().expand_as(prompt)
+    if bool((fixed & (prompt == MASK_ID)).any()):
+        raise ValueError("a fixed prompt position holds [MASK]; fixed positions need real tokens")
+    if bool((fixed & ((prompt == SOT_ID) | (prompt == EOT_ID))).any()):
+        raise ValueError("a prompt may not fix <sot> or <eot> inside the caption")
+    x = canvas(batch, prompt.shape[1], device)
+    x[:, 1:-1] = torch.where(fixed, prompt, MASK_ID)
+    if bool(fixed.any()) and hasattr(model, "embedding_rows"):
+        model.embedding_rows(x)  # ValueError naming fixed words a corpus-restricted model cannot represent
+    return x, fixed
+
+
 @torch.no_grad()
-def sample(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig, *, cache: Any = None) -> SampleOutput:
+def sample(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig, *, cache: Any = None,
+           prompt: torch.Tensor | None = None, fixed: torch.Tensor | None = None,
+           attention: bool = False) -> SampleOutput:
     """Generate captions of ``cfg.length`` tokens for image_tokens (B, M, D) by confidence unmasking.
 
-    `cache`: the images' :meth:`Captioner.image_cache`, when the caller already has it (e.g. for several N')."""
+    Args:
+        cache: the images' :meth:`Captioner.image_cache`, when the caller already has it (e.g. for several N').
+        prompt: infilling: caption ids (N,) for every image or (B, N) per image, ``[MASK]`` at the slots to
+            fill; N replaces ``cfg.length``. Every other position is fixed (never changed).
+        fixed: (N,) or (B, N) bool, the fixed positions of `prompt` (default: its non-``[MASK]`` positions);
+            positions not fixed are masked whatever `prompt` holds there.
+        attention: also return the cross-attention weights of every revealed token (``step_attention``).
+    """
     cfg.validate()
     if model.causal:
         raise ValueError("this model is autoregressive (ARC); unmasking sampling needs a bidirectional model")
-    B, N, k = image_tokens.shape[0], cfg.length, cfg.tokens_per_step
+    B, k = image_tokens.shape[0], cfg.tokens_per_step
+    device = image_tokens.device
+    if prompt is None:
+        x, fixed = canvas(B, cfg.length, device), torch.zeros(B, cfg.length, dtype=torch.bool, device=device)
+    else:
+        x, fixed = _prompt_canvas(prompt, fixed, B, model, device)
+    N = x.shape[1] - 2
     if N + 2 > model.cfg.context_length:
         raise ValueError(f"caption length {N} exceeds the model's context ({model.cfg.context_length - 2} tokens)")
-    device = image_tokens.device
-    max_steps = math.ceil(N / k)
-    x = canvas(B, N, device)
+    free = int((~fixed).sum(dim=1).max())  # most slots any row fills
+    max_steps = math.ceil(free / k) + (cfg.remask_steps if cfg.remasking else 0)
     allowed = allowed_rows(model)
     if cache is None:
         cache = model.image_cache(image_tokens)  # cross-attention keys/values, once for all steps
@@ -87,18 +151,29 @@ def sample(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig, *, 
 
     reveal_step = torch.full((B, N), -1, dtype=torch.long, device=device)
     reveal_conf = torch.zeros(B, N, device=device)
-    top_tok = torch.zeros(max_steps, B, N, dtype=torch.long, device=device)
-    top_conf = torch.zeros(max_steps, B, N, device=device)
-    was_masked = torch.zeros(max_steps, B, N, dtype=torch.bool, device=device)
+    S = max_steps
+    top_tok, cur_tok = torch.zeros(S, B, N, dtype=torch.long, device=device), torch.zeros(S, B, N, dtype=torch.long,
+                                                                                          device=device)
+    top_conf, cur_conf = torch.zeros(S, B, N, device=device), torch.zeros(S, B, N, device=device)
+    was_masked, revealed_at, remasked_at = (torch.zeros(S, B, N, dtype=torch.bool, device=device) for _ in range(3))
+    att_steps: list[torch.Tensor | None] = [None] * S
+    remask = _Remasking(cfg, fixed) if cfg.remasking else None
     steps = max_steps
     for s in range(max_steps):
         masked = x[:, 1:-1] == MASK_ID  # (B, N)
-        if cfg.threshold > 0 and not bool(masked.any()):  # every row finished early
+        if remask is not None:
+            again = remask.pick(masked, reveal_conf, k)  # (B, N) rows with nothing masked revise their tokens
+            before = x[:, 1:-1].clone()
+            x[:, 1:-1] = x[:, 1:-1].masked_fill(again, MASK_ID)
+            masked, remasked_at[s] = masked | again, again
+        if not bool(masked.any()):  # every row finished early
             steps = s
             break
         select = F.pad(masked, (1, 1))  # (B, N+2): the output head runs at masked positions only
-        logits = model.decode(x, None, cache=cache, select=select).float()  # (n, V_out)
-        logits = logits.masked_fill(~allowed, float("-inf"))
+        att: list | None = [] if attention else None
+        logits = model.decode(x, None, cache=cache, select=select, attention=att) if attention else \
+            model.decode(x, None, cache=cache, select=select)
+        logits = logits.float().masked_fill(~allowed, float("-inf"))  # (n, V_out)
         probs = logits.softmax(dim=-1)
         conf_n, best_n = probs.max(dim=-1)  # (n,)
         cand_n = best_n if gen is None else _sample_rows(logits, cfg.temperature, cfg.top_k, gen)
@@ -108,14 +183,55 @@ def sample(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig, *, 
         top_tok[s], top_conf[s], was_masked[s] = torch.where(masked, model.output_ids[best], 0), conf, masked
 
         reveal = _reveal_mask(cand_conf, masked, k, cfg.threshold)  # (B, N)
-        x[:, 1:-1] = torch.where(reveal, model.output_ids[cand], x[:, 1:-1])
+        new = model.output_ids[cand]  # (B, N)
+        if remask is not None:
+            remask.update(reveal, again, new, before)
+        x[:, 1:-1] = torch.where(reveal, new, x[:, 1:-1])
         reveal_step[reveal] = s
         reveal_conf[reveal] = cand_conf[reveal]
+        revealed_at[s], cur_tok[s], cur_conf[s] = reveal, torch.where(reveal, new, 0), torch.where(reveal, cand_conf, 0)
+        if att is not None:
+            grid = torch.stack(att, dim=1)  # (n, Ly, h, M) for the masked positions, in row-major order
+            full = grid.new_zeros(B, N, *grid.shape[1:]).masked_scatter_(masked[..., None, None, None], grid)
+            att_steps[s] = full * reveal[..., None, None, None]  # (B, N, Ly, h, M), revealed positions only
 
     settings = {"length": N, "tokens_per_step": k, "temperature": cfg.temperature, "top_k": cfg.top_k,
-                "seed": cfg.seed, "threshold": cfg.threshold, "steps": steps}
+                "seed": cfg.seed, "threshold": cfg.threshold, "remask_threshold": cfg.remask_threshold,
+                "remask_steps": cfg.remask_steps, "steps": steps}
+    if attention:
+        settings["attention_prefix_tokens"] = int(getattr(getattr(model, "encoder", None), "num_prefix_tokens", 0))
+    step_attention = torch.stack(att_steps[:steps]) if attention and steps else None
     return SampleOutput(x[:, 1:-1].clone(), reveal_step, reveal_conf, top_tok[:steps], top_conf[:steps],
-                        was_masked[:steps], settings)
+                        was_masked[:steps], settings, fixed, revealed_at[:steps], cur_tok[:steps], cur_conf[:steps],
+                        remasked_at[:steps], step_attention)
+
+
+class _Remasking:
+    """Per-row bookkeeping of the revisable-token loop (see the module docstring)."""
+
+    def __init__(self, cfg: SamplerConfig, fixed: torch.Tensor) -> None:
+        self.threshold, self.budget = cfg.remask_threshold, cfg.remask_steps
+        self.fixed = fixed  # (B, N)
+        self.used = torch.zeros(fixed.shape[0], dtype=torch.long, device=fixed.device)  # (B,) extra steps taken
+        self.checked = torch.zeros_like(fixed)  # (B, N) re-predicted from the present context, came back unchanged
+        self.previous: torch.Tensor | None = None
+
+    def pick(self, masked: torch.Tensor, conf: torch.Tensor, k: int) -> torch.Tensor:
+        """(B, N) bool: the tokens to mask again this step, in rows that have no mask left and budget to spend."""
+        rows = ~masked.any(dim=1) & (self.used < self.budget)  # (B,)
+        cand = rows[:, None] & ~self.fixed & ~masked & (conf < self.threshold) & ~self.checked  # (B, N)
+        score = conf.masked_fill(~cand, float("inf"))
+        low = (-score).topk(min(k, score.shape[1]), dim=-1).indices  # (B, k) least confident first
+        again = torch.zeros_like(cand).scatter_(1, low, True) & cand
+        self.used += again.any(dim=1).long()
+        return again
+
+    def update(self, reveal: torch.Tensor, again: torch.Tensor, new: torch.Tensor, before: torch.Tensor) -> None:
+        """After a step (all (B, N); `before`: the tokens before remasking): re-predicted tokens are checked; in a
+        row where one of them changed, the context of the others changed, so they may be revised again."""
+        redone = again & reveal
+        changed = (redone & (new != before)).any(dim=1, keepdim=True)  # (B, 1)
+        self.checked = (self.checked & ~changed) | redone
 
 
 def _reveal_mask(conf: torch.Tensor, masked: torch.Tensor, k: int, threshold: float) -> torch.Tensor:
@@ -139,24 +255,35 @@ def _sample_rows(logits: torch.Tensor, temperature: float, top_k: int, gen: torc
     return torch.multinomial(flat, 1, generator=gen).view(logits.shape[:-1])
 
 
-def trajectory(out: SampleOutput, tokenizer: CaptionTokenizer, index: int = 0) -> dict[str, Any]:
+def trajectory(out: SampleOutput, tokenizer: CaptionTokenizer, index: int = 0, *, digits: int = 4) -> dict[str, Any]:
     """JSON-ready record of caption `index`: text, tokens, and one entry per step.
 
-    Each step lists every token it revealed (``revealed``, most confident first) and every position that
-    was still masked when it began with the model's top guess there (``masked``); ``position``, ``token``
-    and ``confidence`` repeat the step's most confident reveal (the only one when k = 1). Positions count
-    caption tokens from 0 (``<sot>`` excluded). Only the steps this caption took are listed (with a
-    threshold, other captions of the batch may have needed more).
+    Each step lists every token it revealed (``revealed``, most confident first), every position that was
+    masked when it began with the model's top guess there (``masked``), and the tokens it masked again first
+    (``remasked``, with the token each held; empty unless remasking is on); ``position``, ``token`` and
+    ``confidence`` repeat the step's most confident reveal (the only one when k = 1). Positions count caption
+    tokens from 0 (``<sot>`` excluded). ``fixed`` lists the positions a prompt fixed (never in a step). Only the
+    steps this caption took are listed (other captions of the batch may have needed more). When the sampler ran
+    with ``attention=True`` each reveal carries ``attention``: per decoder layer, per head, the weights over the
+    M image tokens (the first ``settings["attention_prefix_tokens"]`` are class tokens), rounded to `digits`.
     """
     ids = out.tokens[index].tolist()
+    fixed = [] if out.fixed is None else out.fixed[index].nonzero()[:, 0].tolist()
+    current: dict[int, int] = {p: ids[p] for p in fixed}  # position -> token on the canvas, replayed step by step
     steps = []
     for s in range(int(out.row_steps[index])):
-        revealed_pos = (out.reveal_step[index] == s).nonzero()[:, 0].tolist()
-        revealed = sorted(
-            ({"position": p, "token": tokenizer.token_string(ids[p]), "token_id": ids[p],
-              "confidence": float(out.reveal_confidence[index, p])} for p in revealed_pos),
-            key=lambda r: -r["confidence"],
-        )
+        remasked = [{"position": p, "token": tokenizer.token_string(current[p]), "token_id": current.pop(p)}
+                    for p in out.step_remasked[s, index].nonzero()[:, 0].tolist()]
+        revealed = []
+        for p in out.step_revealed[s, index].nonzero()[:, 0].tolist():
+            tok = int(out.step_token[s, index, p])
+            current[p] = tok
+            rec = {"position": p, "token": tokenizer.token_string(tok), "token_id": tok,
+                   "confidence": float(out.step_confidence[s, index, p])}
+            if out.step_attention is not None:
+                rec["attention"] = out.step_attention[s, index, p].round(decimals=digits).tolist()
+            revealed.append(rec)
+        revealed.sort(key=lambda r: -r["confidence"])
         masked = [
             {"position": p, "top_token": tokenizer.token_string(int(out.step_top_token[s, index, p])),
              "top_token_id": int(out.step_top_token[s, index, p]),
@@ -165,11 +292,13 @@ def trajectory(out: SampleOutput, tokenizer: CaptionTokenizer, index: int = 0) -
         ]
         first = revealed[0]
         steps.append({"step": s, "position": first["position"], "token": first["token"],
-                      "confidence": first["confidence"], "revealed": revealed, "masked": masked})
+                      "confidence": first["confidence"], "revealed": revealed, "masked": masked,
+                      "remasked": remasked})
     return {
         "caption": tokenizer.decode(ids),
         "tokens": [tokenizer.token_string(i) for i in ids],
         "token_ids": ids,
+        "fixed": fixed,
         "steps": steps,
         "settings": dict(out.settings),
     }

@@ -17,6 +17,11 @@ log-likelihood score, higher = more likely, and is chosen from :data:`METHODS`:
   complete sentence. MDC models: a fixed left-to-right order (reveal position 1, 2, ..., n; ``<eot>`` is part of
   the canvas and not scored, as MDC never predicts it).
 
+Conditional scores (``fixed``, infilling): positions marked fixed are never masked and never scored, so each
+method scores only the free slots given the fixed tokens, e.g. ``log p(colour word | "a _ square", image)``: ``mc``
+estimates the ELBO of the slots (Eq. 8 with n = number of slots, masks drawn among the slots only), ``heuristic``
+reveals only the slots, ``ar`` (MDC) reveals the slots left to right. ARC models cannot condition on later words.
+
 Log-probabilities are always under the model's full output softmax (the distribution its loss trains). The
 image cross-attention keys/values are computed once (:meth:`Captioner.image_cache`) and shared by all samples,
 steps and captions; ``use_cache=False`` recomputes them (same result, for tests and benchmarks).
@@ -68,12 +73,13 @@ def _gt_logprobs(model: Any, logits: torch.Tensor, token_ids: torch.Tensor) -> t
 
 
 # ----------------------------------------------------------------------------------------------------------
-# the three methods: (model, images, tokens (B, L), n (B,) caption tokens, options) -> ScoreOutput
+# the three methods: (model, images, tokens (B, L), free (B, L) positions scored, options) -> ScoreOutput
 
 
-def _score_mc(model: Any, images: _Images, tokens: torch.Tensor, n: torch.Tensor, *, samples: int, seed: int,
+def _score_mc(model: Any, images: _Images, tokens: torch.Tensor, free: torch.Tensor, *, samples: int, seed: int,
               batch_size: int, **_: Any) -> ScoreOutput:
     B, L = tokens.shape
+    n = free.sum(dim=1)  # (B,) scored tokens
     S, device = samples, tokens.device
     gen = torch.Generator().manual_seed(seed)
     u = float(torch.rand((), generator=gen))  # offset of the stratified mask counts
@@ -83,7 +89,7 @@ def _score_mc(model: Any, images: _Images, tokens: torch.Tensor, n: torch.Tensor
         count = ((torch.arange(S) + u) * nb / S).floor().long().clamp(max=nb - 1) + 1  # (S,) masked tokens, 1..n
         rank = noise[:, :nb].argsort(dim=1).argsort(dim=1)  # (S, n) a uniform random order of the n tokens
         m = torch.zeros(S, L, dtype=torch.bool)
-        m[:, 1:nb + 1] = rank < count[:, None]  # (S, L) the l_j lowest-ranked caption tokens
+        m[:, free[b].nonzero()[:, 0].cpu()] = rank < count[:, None]  # (S, L) the l_j lowest-ranked free tokens
         uniq, inv = torch.unique(m, dim=0, return_inverse=True)  # identical masks are evaluated once
         inverse.append(inv + sum(len(x) for x in masks))
         masks.append(uniq)
@@ -121,11 +127,11 @@ def _stratified_stderr(values: torch.Tensor, strata: torch.Tensor) -> torch.Tens
     return (sizes * var).sum().sqrt() / S
 
 
-def _score_heuristic(model: Any, images: _Images, tokens: torch.Tensor, n: torch.Tensor, *, batch_size: int,
+def _score_heuristic(model: Any, images: _Images, tokens: torch.Tensor, free: torch.Tensor, *, batch_size: int,
                      **_: Any) -> ScoreOutput:
     B, L = tokens.shape
     device = tokens.device
-    caption = maskable_positions(tokens)  # (B, L)
+    n, caption = free.sum(dim=1), free  # (B,), (B, L) the tokens revealed and scored
     allowed = allowed_rows(model)  # (V_out,) rows the canvas may take: the sampler's confidence
     token_lp = torch.zeros(B, L, device=device)
     order = torch.full((B, L), -1, dtype=torch.long, device=device)
@@ -150,13 +156,13 @@ def _score_heuristic(model: Any, images: _Images, tokens: torch.Tensor, n: torch
     return ScoreOutput(token_lp.sum(dim=1), None, token_lp, order)
 
 
-def _score_ar(model: Any, images: _Images, tokens: torch.Tensor, n: torch.Tensor, *, batch_size: int,
+def _score_ar(model: Any, images: _Images, tokens: torch.Tensor, free: torch.Tensor, *, batch_size: int,
               **_: Any) -> ScoreOutput:
     B, L = tokens.shape
     device = tokens.device
     token_lp = torch.zeros(B, L, device=device)
-    caption = maskable_positions(tokens)  # (B, L)
-    order = torch.where(caption, torch.arange(L, device=device) - 1, -1)  # left to right
+    caption = free  # (B, L) scored positions
+    order = torch.where(caption, caption.long().cumsum(dim=1) - 1, -1)  # left to right
     if model.causal:  # teacher forcing: predict token i from tokens < i, <eot> included
         valid = ~padding_mask(tokens)
         valid[:, 0] = False  # (B, L) positions predicted: caption tokens and <eot>
@@ -167,9 +173,8 @@ def _score_ar(model: Any, images: _Images, tokens: torch.Tensor, n: torch.Tensor
             lp = _gt_logprobs(model, logits, tokens[idx, 1:][v])
             token_lp[idx, 1:] = torch.zeros(v.shape, device=device).masked_scatter(v, lp)
         return ScoreOutput(token_lp.sum(dim=1), None, token_lp, order)
-    # MDC: one row per (caption, position i): tokens before i revealed, i and after masked; score position i
-    cap = torch.repeat_interleave(torch.arange(B, device=device), n)  # (R,)
-    pos = torch.cat([torch.arange(1, nb + 1, device=device) for nb in n.tolist()])  # (R,)
+    # MDC: one row per (caption, free position i): free tokens before i revealed, i and after masked; score i
+    cap, pos = caption.nonzero(as_tuple=True)  # (R,), (R,) in caption order
     cols = torch.arange(L, device=device)
     for start in range(0, len(cap), batch_size):
         c, p = cap[start:start + batch_size], pos[start:start + batch_size]
@@ -244,19 +249,32 @@ def _check(model: Any, image_tokens: torch.Tensor, tokens: torch.Tensor, method:
 
 @torch.no_grad()
 def score_tokens(model: Any, image_tokens: torch.Tensor, tokens: torch.Tensor, method: str, *, samples: int = 1024,
-                 seed: int = 0, batch_size: int = 256, use_cache: bool = True) -> ScoreOutput:
+                 seed: int = 0, batch_size: int = 256, use_cache: bool = True, fixed: torch.Tensor | None = None
+                 ) -> ScoreOutput:
     """Score captions `tokens` (B, L) against image_tokens (B, M, D) paired row-wise, or (1, M, D) for all.
 
     `samples`, `seed`: Monte Carlo samples per caption and their seed (``mc``); `batch_size`: decoder rows per
-    forward pass (memory only: results do not depend on it). Returned tensors have the width L of `tokens`.
+    forward pass (memory only: results do not depend on it). `fixed` (B, L) bool: caption positions given as
+    context, neither masked nor scored (conditional likelihood of the others; MDC only). Returned tensors have
+    the width L of `tokens`.
     """
     spec = _check(model, image_tokens, tokens, method)
     if samples < 1 or batch_size < 1:
         raise ValueError(f"samples and batch_size must be >= 1, got {samples} and {batch_size}")
     full_width = tokens.shape[1]
+    free = maskable_positions(tokens)
+    if fixed is not None:
+        if fixed.shape != tokens.shape:
+            raise ValueError(f"fixed of shape {tuple(fixed.shape)} must match tokens {tuple(tokens.shape)}")
+        if model.causal:
+            raise ValueError("an ARC model reads left to right and cannot score words given later fixed words; "
+                             "conditional (infilling) scores need an MDC model")
+        free = free & ~fixed.to(free.device).bool()
+        if not bool(free.any(dim=1).all()):
+            raise ValueError("a caption has no free position left to score (every token is fixed)")
     tokens = trim_padding(tokens).to(image_tokens.device)
-    n = maskable_positions(tokens).sum(dim=1)  # (B,) caption tokens
-    out = spec.fn(model, _Images(model, image_tokens, use_cache), tokens, n, samples=samples, seed=seed,
+    free = free[:, :tokens.shape[1]].to(tokens.device)
+    out = spec.fn(model, _Images(model, image_tokens, use_cache), tokens, free, samples=samples, seed=seed,
                   batch_size=batch_size)
     pad = full_width - tokens.shape[1]
     if pad:

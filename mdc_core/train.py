@@ -10,26 +10,30 @@ summed over micro-batches and ranks), and every random draw of micro-batch ``a``
 with accumulation A compute the same updates as one process with ``world x`` the workers and accumulation
 ``world * A`` (up to floating-point summation order), and makes accumulation equal to one bigger batch.
 
-A resumed run restores model, optimizer, scheduler, EMA, RNG states, counters and the data position (epoch,
-batches read), and truncates ``metrics.jsonl``/``epochs.jsonl`` to the checkpoint's step, so it continues as if
-never stopped. A non-finite loss or gradient norm either stops the run with :class:`TrainingDiverged` before
-anything is written, so the last checkpoint on disk is the last good one (``train.nonfinite=stop``), or
-skips that update (``skip``; at most ``train.max_skipped_steps`` in a row). Records skipped as corrupt are
-counted per epoch in ``epochs.jsonl``.
+A resumed run restores model, optimizer, scheduler, EMA, RNG states, counters and the data position (epoch, batches
+read), and truncates ``metrics.jsonl``/``epochs.jsonl`` to the checkpoint's step, so it continues as if never
+stopped. SIGINT (Ctrl-C) and SIGTERM (a pre-empted job) stop the run at the next step boundary with a checkpoint
+(under torchrun the ranks agree through the step's all-reduce); ``train.ckpt_every_minutes`` adds time-based
+checkpoints, which bounds the work a crash can lose. A non-finite loss or gradient norm either stops the run with
+:class:`TrainingDiverged` before anything is written, so the last checkpoint on disk is the last good one
+(``train.nonfinite=stop``), or skips that update (``skip``; at most ``train.max_skipped_steps`` in a row). Records
+skipped as corrupt are counted per epoch in ``epochs.jsonl``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
+import os
 import random
+import shutil
+import signal
 import time
 import warnings
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +46,8 @@ from tqdm.auto import tqdm
 from . import checkpoint as ckpt_io
 from . import distributed as dist
 from .config import ObjectiveConfig, RunConfig
-from .data import SKIP_REASONS, build_loader, iter_captions, resolve_source
+from .data import SKIP_REASONS, iter_captions, resolve_source
+from .data.loaders import BatchStream
 from .factory import create_model
 from .model import padding_mask
 from .objectives import compute_loss, maskable_positions, objective_spec
@@ -51,6 +56,15 @@ from .tokenizer import CaptionTokenizer, build_output_vocab
 
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGINT/SIGTERM stopped the run at a step boundary, after writing `checkpoint` (step `step`). A subclass of
+    KeyboardInterrupt, so that callers that do not look for it (a notebook cell, ``mdc demo``) stop as on Ctrl-C."""
+
+    def __init__(self, signum: int, step: int, checkpoint: Path | None):
+        super().__init__(f"interrupted by {signal.Signals(signum).name} at step {step}; checkpoint {checkpoint}")
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
 
 
 @dataclass
@@ -143,79 +157,6 @@ class _Objective(torch.nn.Module):
         return out.loss, out.metrics
 
 
-class _BatchStream:
-    """This rank's micro-batches, epoch after epoch, from the data position (epoch, batch_in_epoch).
-
-    :meth:`take` returns n micro-batches of the current epoch or, when any rank cannot fill its n (the end of the
-    epoch; ranks agree by one all-reduce), drops what it got, calls ``on_epoch_end`` and starts the next epoch.
-    Skipped-record counts met on this rank accumulate in `pending` until the trainer sums them over ranks.
-    """
-
-    def __init__(self, cfg: RunConfig, ctx: dist.DistContext, epoch: int, batch_in_epoch: int,
-                 on_epoch_end: Any):
-        self.cfg, self.ctx, self.on_epoch_end = cfg, ctx, on_epoch_end
-        self.epoch, self.batch_in_epoch = epoch, batch_in_epoch
-        self.pending: Counter[str] = Counter()
-        self._it: Iterator[dict[str, Any]] | None = None
-
-    def _open(self) -> Iterator[dict[str, Any]]:
-        t = self.cfg.train
-        return iter(build_loader(self.cfg.data, split="train", image_size=self.cfg.model.image_size,
-                                 batch_size=t.batch_size, seed=t.seed, epoch=self.epoch,
-                                 skip_batches=self.batch_in_epoch, rank=self.ctx.rank, world=self.ctx.world))
-
-    def take(self, n: int) -> list[dict[str, Any]]:
-        while True:
-            if self._it is None:
-                self._it = self._open()
-            got = list(islice(self._it, n))
-            for batch in got:
-                self.pending.update(batch.get("skipped", {}))
-            if dist.all_agree(self.ctx, len(got) == n, "end-of-epoch agreement"):
-                self.batch_in_epoch += n
-                return got
-            if self.batch_in_epoch == 0:
-                t = self.cfg.train
-                raise ValueError(f"data at {self.cfg.data.path} gave a rank fewer than {n} batches of {t.batch_size} "
-                                 f"in a whole epoch (too few valid samples or shards for {self.ctx.world} ranks x "
-                                 "grad_accum, or all corrupt); lower train.batch_size or check the data")
-            self._it = None  # a DataLoader's workers stop with their iterator
-            self.on_epoch_end(self.epoch)
-            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
-
-
-def _rng_state() -> dict[str, Any]:
-    np_state = np.random.get_state()
-    return {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
-            "python_version": random.getstate()[0],
-            "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]],
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate((state["python_version"], tuple(state["python"]), None))
-    np_state = state["numpy"]
-    np.random.set_state((np_state[0], np_state[1].numpy(), *np_state[2:]))
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _truncate_jsonl(path: Path, step: int) -> None:
-    """Keep the lines of `path` logged at or before `step` (a killed run may have logged past its checkpoint)."""
-    if not path.is_file():
-        return
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    keep = []
-    for line in lines:
-        try:
-            if json.loads(line).get("step", 0) <= step:
-                keep.append(line)
-        except json.JSONDecodeError:  # a line cut off by the kill
-            continue
-    ckpt_io._atomic_write_text(path, "".join(x + "\n" for x in keep))
-
-
 def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bool = True) -> TrainResult:
     """Train `cfg` into run folder `out`. With `resume`, continue from its latest complete checkpoint.
 
@@ -224,204 +165,315 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
     """
     cfg.validate()
     ctx = dist.setup(cfg.train.device, cfg.train.dist_timeout_s)
+    out = Path(out)
+    created = not out.exists()
     try:
-        return _train(cfg, Path(out), resume, progress, ctx)
+        cfg, start_ckpt = _prepare_run(resolve_data_paths(cfg), out, resume, ctx.is_main)
+        dist.barrier(ctx, "start-up")  # every rank has checked the run folder before rank 0 writes to it
+        return _Trainer(cfg, out, ctx, start_ckpt, progress).run()
+    except BaseException:
+        if ctx.is_main and created and _never_started(out):  # a run that could not start leaves no folder behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     finally:
         dist.teardown(ctx)
 
 
-def _train(cfg: RunConfig, out: Path, resume: bool, progress: bool, ctx: dist.DistContext) -> TrainResult:
+def _never_started(out: Path) -> bool:
+    """`out` holds no checkpoint and no logged step."""
+    metrics = out / "metrics.jsonl"
+    return not ckpt_io.list_checkpoints(out) and not (metrics.is_file() and metrics.read_text().strip())
+
+
+def resolve_data_paths(cfg: RunConfig) -> RunConfig:
+    """`cfg` with ``data.path`` and ``data.images`` absolute (``data.path_as_given`` keeps what was typed), so
+    that a run started with ``--data i2d`` resumes with the absolute path or from another working directory."""
+    def absolute(path: str) -> str:
+        return os.path.abspath(os.path.expanduser(path)) if path and "://" not in path else path
+    d = cfg.data
+    data = dataclasses.replace(d, path=absolute(d.path), images=absolute(d.images),
+                               path_as_given=d.path_as_given or d.path)
+    return dataclasses.replace(cfg, data=data)
+
+
+def _prepare_run(cfg: RunConfig, out: Path, resume: bool, main: bool) -> tuple[RunConfig, Path | None]:
+    """Check the data and the run folder; the config to train (the saved one when resuming) and the checkpoint to
+    start from (None: a fresh run): the newest intact one, damaged newer ones set aside (by rank 0) with a
+    warning."""
     if not cfg.data.path:
         raise ValueError("data.path is empty: pass --data DIR (e.g. a folder written by `mdc data synth`)")
-    resolve_source(cfg.data.path, cfg.data.format, "train")  # a missing or unusable path fails here, before any work
-    start_ckpt = None
-    if resume:
-        start_ckpt = ckpt_io.latest_checkpoint(out)
-        if start_ckpt is None:
+    resolve_source(cfg.data.path, cfg.data.format, "train", cfg.data.images or None)  # fails here, before any work
+    if not resume:
+        if ckpt_io.list_checkpoints(out) or (out / "metrics.jsonl").exists():
+            raise FileExistsError(f"run folder {out} already holds a run; pass --resume to continue it or choose "
+                                  "another --out (nothing was overwritten)")
+        return cfg, None
+    start_ckpt = ckpt_io.latest_intact_checkpoint(out, set_aside=main)
+    if start_ckpt is None:
+        if not ((out / "config.json").is_file() or (out / "metrics.jsonl").is_file()):
             raise FileNotFoundError(f"--resume: {out} holds no complete checkpoint to resume from")
-        saved = RunConfig.load(start_ckpt / "config.json")
-        _check_resume_config(saved, cfg)
-        cfg = saved if saved.train.steps == cfg.train.steps else _with_steps(saved, cfg.train.steps)
-    elif ckpt_io.list_checkpoints(out) or (out / "metrics.jsonl").exists():
-        raise FileExistsError(f"run folder {out} already holds a run; pass --resume to continue it or choose "
-                              "another --out (nothing was overwritten)")
-    dist.barrier(ctx, "start-up")  # every rank has checked the run folder before rank 0 writes to it
+        warnings.warn(f"--resume: {out} holds a run that stopped before its first checkpoint; starting it over "
+                      "from step 0", stacklevel=3)
+        return cfg, None
+    saved = resolve_data_paths(RunConfig.load(start_ckpt / "config.json"))  # older runs saved paths as typed
+    _check_resume_config(saved, cfg)
+    return (saved if saved.train.steps == cfg.train.steps else _with_steps(saved, cfg.train.steps)), start_ckpt
 
-    t = cfg.train
-    torch.manual_seed(t.seed)  # the same initial weights on every rank
-    random.seed(t.seed)
-    np.random.seed(t.seed)
-    device, main = ctx.device, ctx.is_main
-    bf16 = use_bf16(t.precision, device)
-    model = build_model(cfg, progress=progress and main) if start_ckpt is None else ckpt_io.load_model(start_ckpt)[0]
-    model.to(device).train()
-    for part in (model.encoder, *model.decoder.layers) if t.compile and hasattr(model, "decoder") else ():
-        part.compile()  # in place: state-dict keys, checkpoints and the EMA copy are unchanged
-    if main:
-        out.mkdir(parents=True, exist_ok=True)
-        cfg.save(out / "config.json")
-    objective = _Objective(model, cfg.objective)
-    if ctx.distributed:
-        objective = DistributedDataParallel(objective, device_ids=[device.index] if device.type == "cuda" else None)
 
-    opt = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=t.betas)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, t.warmup_steps, t.steps, t.min_lr_ratio))
-    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(t.ema_decay), use_buffers=True) \
-        if t.ema_decay > 0 else None
-    gen = torch.Generator(device=device)
-    tokenizer = CaptionTokenizer(cfg.model.context_length)
-    global_batch = t.batch_size * ctx.world * t.grad_accum
+@dataclass
+class _Counters:
+    """The run's bookkeeping, all-rank totals (the same on every rank); saved in ``state.pt``."""
 
-    step, epoch, batch_in_epoch, truncated, nonfinite_skipped = 0, 0, 0, 0, 0
-    skipped: Counter[str] = Counter()  # over the run, all ranks
-    skipped_epoch: Counter[str] = Counter()  # this epoch, all ranks
-    if start_ckpt is not None:
-        state = ckpt_io.load_train_state(start_ckpt)
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        if ema is not None and (start_ckpt / "ema.safetensors").is_file():
-            ema.module.load_state_dict(ckpt_io.load_file(str(start_ckpt / "ema.safetensors")))
-            ema.n_averaged.fill_(state.get("ema_n_averaged", 1))
-        _set_rng_state(state["rng"])
-        step, epoch, batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+    step: int = 0  # optimizer steps taken
+    truncated: int = 0  # captions cut to the context length
+    nonfinite_skipped: int = 0  # updates skipped for a non-finite loss (train.nonfinite=skip)
+    skipped: Counter[str] = field(default_factory=Counter)  # corrupt records skipped over the run, by reason
+    skipped_epoch: Counter[str] = field(default_factory=Counter)  # ... in the current epoch
+
+
+@dataclass
+class StepStats:
+    """One optimizer step as logged: each value reduced over ranks (:func:`mdc_core.distributed.all_reduce_named`)."""
+
+    loss: float  # the step's loss, normalised by the global count of loss terms
+    metrics: dict[str, float]  # compute_loss's other metrics, mean over micro-batches and ranks
+    samples: float  # captions read by all ranks this step
+    truncated: int  # captions cut to the context length, all ranks
+    grad_norm: float  # global gradient norm before clipping
+    stop: bool = False  # some rank got SIGINT/SIGTERM: checkpoint after this step and stop
+    checkpoint_due: bool = False  # some rank's clock says train.ckpt_every_minutes have passed
+
+    @property
+    def finite(self) -> bool:
+        return math.isfinite(self.loss) and math.isfinite(self.grad_norm)
+
+
+class _Trainer:
+    """The state of one training run (model, optimizer, schedule, EMA, data position, counters) and its loop."""
+
+    def __init__(self, cfg: RunConfig, out: Path, ctx: dist.DistContext, start_ckpt: Path | None, progress: bool):
+        t = cfg.train
+        self.cfg, self.out, self.ctx, self.progress = cfg, out, ctx, progress
+        self.device, self.main = ctx.device, ctx.is_main
+        torch.manual_seed(t.seed)  # the same initial weights on every rank
+        random.seed(t.seed)
+        np.random.seed(t.seed)
+        self.bf16 = use_bf16(t.precision, self.device)
+        model = build_model(cfg, progress=progress and self.main) if start_ckpt is None else \
+            ckpt_io.load_model(start_ckpt)[0]
+        self.model = model.to(self.device).train()
+        for part in (model.encoder, *model.decoder.layers) if t.compile and hasattr(model, "decoder") else ():
+            part.compile()  # in place: state-dict keys, checkpoints and the EMA copy are unchanged
+        if self.main:
+            out.mkdir(parents=True, exist_ok=True)
+            cfg.save(out / "config.json")
+            if start_ckpt is None:  # a run started over (--resume before any checkpoint) logs from step 0
+                ckpt_io.truncate_jsonl(out / "metrics.jsonl", 0)
+                ckpt_io.truncate_jsonl(out / "epochs.jsonl", 0)
+        objective = _Objective(model, cfg.objective)
+        if ctx.distributed:
+            objective = DistributedDataParallel(objective, device_ids=[self.device.index]
+                                                if self.device.type == "cuda" else None)
+        self.objective = objective
+        self.opt = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=t.betas)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: lr_lambda(s, t.warmup_steps, t.steps, t.min_lr_ratio))
+        self.ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(t.ema_decay), use_buffers=True) \
+            if t.ema_decay > 0 else None
+        self.gen = torch.Generator(device=self.device)
+        self.tokenizer = CaptionTokenizer(cfg.model.context_length)
+        self.global_batch = t.batch_size * ctx.world * t.grad_accum
+        self.n = _Counters()
+        self.last_ckpt = start_ckpt
+        self.consecutive_skips = 0
+        self.saved_at = time.monotonic()
+        self.stop = dist.StopRequest(repeat_aborts=not ctx.distributed)
+        epoch, batch_in_epoch = self._restore(start_ckpt) if start_ckpt is not None else (0, 0)
+        self.stream = BatchStream(cfg, ctx, epoch, batch_in_epoch, self._end_epoch)
+
+    def _restore(self, ckpt: Path) -> tuple[int, int]:
+        """Load optimizer, schedule, EMA, RNG and counters from `ckpt`; return the data position (epoch, batch)."""
+        state = ckpt_io.load_train_state(ckpt)
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        if self.ema is not None and (ckpt / "ema.safetensors").is_file():
+            self.ema.module.load_state_dict(ckpt_io.load_weights(ckpt / "ema.safetensors"))
+            self.ema.n_averaged.fill_(state.get("ema_n_averaged", 1))
+        ckpt_io.set_rng_state(state["rng"])
+        epoch, batch_in_epoch = state["epoch"], state["batch_in_epoch"]
         saved_world = state.get("world", 1)
-        if saved_world != ctx.world:  # the same number of samples of this epoch, but not the same samples
-            batch_in_epoch = batch_in_epoch * saved_world // ctx.world
-            warnings.warn(f"resuming a {saved_world}-rank run on {ctx.world} ranks: the global batch and the data "
-                          "order of the current epoch change; metrics will not match an uninterrupted run",
-                          stacklevel=2)
-        skipped.update(state.get("skipped", {}))
-        skipped_epoch.update(state.get("skipped_epoch", {}))
-        truncated, nonfinite_skipped = state.get("truncated", 0), state.get("nonfinite_skipped", 0)
-        if main:
-            _truncate_jsonl(out / "metrics.jsonl", step)
-            _truncate_jsonl(out / "epochs.jsonl", step)
+        if saved_world != self.ctx.world:  # the same number of samples of this epoch, but not the same samples
+            batch_in_epoch = batch_in_epoch * saved_world // self.ctx.world
+            warnings.warn(f"resuming a {saved_world}-rank run on {self.ctx.world} ranks: the global batch and the "
+                          "data order of the current epoch change; metrics will not match an uninterrupted run",
+                          stacklevel=3)
+        self.n = _Counters(state["step"], state.get("truncated", 0), state.get("nonfinite_skipped", 0),
+                           Counter(state.get("skipped", {})), Counter(state.get("skipped_epoch", {})))
+        if self.main:
+            ckpt_io.truncate_jsonl(self.out / "metrics.jsonl", self.n.step)
+            ckpt_io.truncate_jsonl(self.out / "epochs.jsonl", self.n.step)
+        return epoch, batch_in_epoch
 
-    def reduce_pending() -> None:  # add every rank's newly met skipped records to the run/epoch counts
-        counts = torch.tensor([float(stream.pending[r]) for r in SKIP_REASONS], dtype=torch.float64, device=device)
-        dist.all_reduce(ctx, counts, "sum", "skipped-record counts")
-        new = Counter({r: int(c) for r, c in zip(SKIP_REASONS, counts.tolist(), strict=True) if c})
-        skipped.update(new)
-        skipped_epoch.update(new)
-        stream.pending.clear()
+    def run(self) -> TrainResult:
+        t, main = self.cfg.train, self.main
+        if main and self.progress:
+            tqdm.write(f"global batch {self.global_batch} = {t.batch_size} per device x {self.ctx.world} devices "
+                       f"({self.device.type}) x {t.grad_accum} accumulation")
+        self.bar = tqdm(total=t.steps, initial=self.n.step, desc=f"train {self.cfg.objective.name}", unit="step",
+                        disable=not (self.progress and main))
+        self.metrics_file = open(self.out / "metrics.jsonl", "a") if main else None
+        self.window_start, self.window_samples = time.perf_counter(), 0.0
+        self.loss, stopped_by = float("nan"), 0
+        try:
+            with self.stop:
+                stopped_by = self._loop()
+            dist.barrier(self.ctx, "end of training")
+        finally:
+            self.bar.close()
+            if self.metrics_file is not None:
+                self.metrics_file.close()
+        if stopped_by:
+            raise TrainingInterrupted(stopped_by, self.n.step, self.last_ckpt)
+        last = self.last_ckpt or ckpt_io.latest_checkpoint(self.out)  # None: resumed a run that was complete
+        return TrainResult(self.out, self.n.step, self.loss, last, dict(self.n.skipped), self.n.truncated)
 
-    def end_epoch(finished: int) -> None:
-        reduce_pending()
-        if main:
-            with open(out / "epochs.jsonl", "a") as fh:
-                fh.write(json.dumps({"epoch": finished, "step": step, "skipped": dict(skipped_epoch),
-                                     "n_skipped": sum(skipped_epoch.values())}) + "\n")
-            if skipped_epoch and progress:
-                tqdm.write(f"epoch {finished}: skipped {dict(skipped_epoch)}")
-        skipped_epoch.clear()
-
-    def save() -> Path:
-        train_state = {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": _rng_state(),
-                       "step": step, "epoch": stream.epoch, "batch_in_epoch": stream.batch_in_epoch,
-                       "world": ctx.world, "global_batch": global_batch, "skipped": dict(skipped),
-                       "skipped_epoch": dict(skipped_epoch), "truncated": truncated,
-                       "nonfinite_skipped": nonfinite_skipped,
-                       "ema_n_averaged": int(ema.n_averaged) if ema is not None else 0}
-        ema_state = ema.module.state_dict() if ema is not None else None
-        return ckpt_io.save_checkpoint(out, step, cfg, model, ema_state=ema_state, train_state=train_state,
-                                       keep_last=t.keep_last)
-
-    stream = _BatchStream(cfg, ctx, epoch, batch_in_epoch, end_epoch)
-    metrics_file = open(out / "metrics.jsonl", "a") if main else None
-    if main and progress:
-        tqdm.write(f"global batch {global_batch} = {t.batch_size} per device x {ctx.world} devices "
-                   f"({device.type}) x {t.grad_accum} accumulation")
-    bar = tqdm(total=t.steps, initial=step, desc=f"train {cfg.objective.name}", unit="step",
-               disable=not (progress and main))
-    last_ckpt = start_ckpt
-    loss_value = float("nan")
-    window_start, window_samples = time.perf_counter(), 0.0
-    consecutive_skips = 0
-    try:
-        while step < t.steps:
-            micro = stream.take(t.grad_accum)
-            tokens, n_cut = [], 0
-            for batch in micro:
-                tok, cut = tokenizer.tokenize_batch(batch["caption"])
-                tokens.append(tok)
-                n_cut += cut
-            counts = [loss_denominator(tok, cfg.objective) for tok in tokens]
-            denom = dist.all_reduce(ctx, torch.tensor([float(sum(counts))], dtype=torch.float64, device=device),
-                                    "sum", "loss normalisation")
-            denom_value = max(float(denom.item()), 1.0)
-            sums: dict[str, torch.Tensor] = {}
-            loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-            torch.manual_seed(step_seed(t.seed, step, ctx.rank, stream=1))  # dropout: per step and rank
-            for a, (batch, tok, n) in enumerate(zip(micro, tokens, counts, strict=True)):
-                gen.manual_seed(step_seed(t.seed, step, a * ctx.world + ctx.rank))  # = one process's micro-batch
-                last = a == len(micro) - 1
-                sync = objective.no_sync() if ctx.distributed and not last else contextlib.nullcontext()
-                with dist.guard(ctx, "DDP forward/backward (gradient all-reduce)"), sync:
-                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                        loss, metrics = objective(batch["image"].to(device, non_blocking=True), tok.to(device), gen)
-                    # DDP averages gradients over ranks: x world makes that a sum, / denom the global normalisation
-                    (loss * (n * ctx.world / denom_value)).backward()
-                loss_sum += loss.detach().double() * n
-                for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0) + v.detach().double() / len(micro)
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip if t.grad_clip > 0 else
-                                                       float("inf"))
-            keys = sorted(k for k in sums if k != "loss")
-            local_samples = float(sum(len(b["caption"]) for b in micro))
-            vec = torch.cat([torch.stack([loss_sum, *(sums[k] / ctx.world for k in keys)]),
-                               torch.tensor([local_samples, float(n_cut)], dtype=torch.float64, device=device)])
-            vec = dist.all_reduce(ctx, vec, "sum", "metrics").tolist()  # one collective for all step metrics
-            loss_value = vec[0] / denom_value
-            step_metrics = {"loss": loss_value, **dict(zip(keys, vec[1:1 + len(keys)], strict=True))}
-            window_samples += vec[-2]
-            truncated += int(vec[-1])  # every count kept here is the all-rank total, the same on every rank
-            reduce_pending()
-            if not math.isfinite(loss_value) or not math.isfinite(float(grad_norm)):
-                opt.zero_grad(set_to_none=True)
-                what = f"loss became {loss_value} (grad norm {float(grad_norm)}) at step {step}"
-                where = f"last good checkpoint: {last_ckpt}" if last_ckpt else "no checkpoint was written yet"
-                consecutive_skips += 1
-                if t.nonfinite == "stop" or consecutive_skips > t.max_skipped_steps:
-                    why = ("train.nonfinite=stop" if t.nonfinite == "stop" else
-                           f"train.nonfinite=skip, but {consecutive_skips} updates in a row were non-finite "
-                           f"(train.max_skipped_steps={t.max_skipped_steps})")
-                    raise TrainingDiverged(f"{what}; stopping without saving ({why}). {where}. Try a lower "
-                                           "train.lr or train.grad_clip=1.0")
-                nonfinite_skipped += 1
-                if main:
-                    tqdm.write(f"{what}; skipped this update (train.nonfinite=skip; {nonfinite_skipped} so far)")
+    def _loop(self) -> int:
+        """Optimizer steps until train.steps or a stop request; returns the stopping signal (0: none)."""
+        t = self.cfg.train
+        while self.n.step < t.steps:
+            stats = self._accumulate(self.stream.take(t.grad_accum))
+            self._reduce_pending()
+            if not stats.finite:
+                self._skip_nonfinite(stats)
                 continue
-            consecutive_skips = 0
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            sched.step()
-            if ema is not None:
-                ema.update_parameters(model)
-            step += 1
-            bar.update(1)
-            if main and (step % t.log_every == 0 or step == t.steps):
-                elapsed = time.perf_counter() - window_start
-                record = {"step": step, "epoch": stream.epoch, "lr": sched.get_last_lr()[0],
-                          "grad_norm": float(grad_norm), **step_metrics, "global_batch": global_batch,
-                          "samples_per_s": window_samples / max(elapsed, 1e-9), "skipped": sum(skipped.values()),
-                          "truncated": truncated, "nonfinite_skipped": nonfinite_skipped}
-                metrics_file.write(json.dumps(record) + "\n")
-                metrics_file.flush()
-                bar.set_postfix(loss=f"{loss_value:.3f}", acc=f"{record.get('acc_masked', float('nan')):.2f}")
-                window_start, window_samples = time.perf_counter(), 0.0
-            if step % t.ckpt_every == 0 or step == t.steps:
-                if main:
-                    last_ckpt = save()
-                else:
-                    last_ckpt = out / ckpt_io.CKPT_DIR / f"step_{step:08d}"
-        dist.barrier(ctx, "end of training")
-    finally:
-        bar.close()
-        if metrics_file is not None:
-            metrics_file.close()
-    if last_ckpt is None:  # resumed a run that was already complete
-        last_ckpt = ckpt_io.latest_checkpoint(out)
-    return TrainResult(out, step, loss_value, last_ckpt, dict(skipped), truncated)
+            self.consecutive_skips = 0
+            self._update()
+            self.loss = stats.loss
+            self._log(stats)
+            if self.n.step % t.ckpt_every == 0 or self.n.step == t.steps or stats.checkpoint_due or stats.stop:
+                self._checkpoint()
+            if stats.stop:
+                return int(self.stop.signum or signal.SIGTERM)  # a rank that got no signal reports SIGTERM
+        return 0
+
+    def _accumulate(self, micro: list[dict[str, Any]]) -> StepStats:
+        """The step body: forward and backward over this rank's micro-batches (gradients add up to the global
+        batch's), gradient clipping, and the step's metrics reduced over ranks in one collective."""
+        t, ctx, device = self.cfg.train, self.ctx, self.device
+        tokens, cut = zip(*(self.tokenizer.tokenize_batch(b["caption"]) for b in micro), strict=True)
+        counts = [loss_denominator(tok, self.cfg.objective) for tok in tokens]
+        denom = max(dist.all_reduce_named(ctx, {"terms": float(sum(counts))}, "loss normalisation")["terms"], 1.0)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        means: dict[str, torch.Tensor] = {}
+        torch.manual_seed(step_seed(t.seed, self.n.step, ctx.rank, stream=1))  # dropout: per step and rank
+        for a, (batch, tok, n) in enumerate(zip(micro, tokens, counts, strict=True)):
+            self.gen.manual_seed(step_seed(t.seed, self.n.step, a * ctx.world + ctx.rank))  # = one process's draw
+            last = a == len(micro) - 1
+            sync = self.objective.no_sync() if ctx.distributed and not last else contextlib.nullcontext()
+            with dist.guard(ctx, "DDP forward/backward (gradient all-reduce)"), sync:
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.bf16):
+                    loss, metrics = self.objective(batch["image"].to(device, non_blocking=True), tok.to(device),
+                                                   self.gen)
+                # DDP averages gradients over ranks: x world makes that a sum, / denom the global normalisation
+                (loss * (n * ctx.world / denom)).backward()
+            loss_sum += loss.detach().double() * n
+            for k, v in metrics.items():
+                if k != "loss":
+                    means[k] = means.get(k, 0) + v.detach().double() / len(micro)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip if t.grad_clip > 0 else
+                                                   float("inf"))
+        due = t.ckpt_every_minutes > 0 and time.monotonic() - self.saved_at >= 60 * t.ckpt_every_minutes
+        local = {"loss": loss_sum, "samples": float(sum(len(b["caption"]) for b in micro)),
+                 "truncated": float(sum(cut)), "stop": float(self.stop.signum > 0), "due": float(due),
+                 **{f"metric/{k}": v / ctx.world for k, v in sorted(means.items())}}
+        total = dist.all_reduce_named(ctx, local, "step metrics")  # one collective for all of them and the flags
+        return StepStats(loss=total["loss"] / denom, samples=total["samples"], truncated=int(total["truncated"]),
+                         metrics={k.removeprefix("metric/"): v for k, v in total.items() if k.startswith("metric/")},
+                         grad_norm=float(grad_norm), stop=total["stop"] > 0, checkpoint_due=total["due"] > 0)
+
+    def _update(self) -> None:
+        """Apply the accumulated gradients: optimizer, schedule and EMA step; one more step taken."""
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.sched.step()
+        if self.ema is not None:
+            self.ema.update_parameters(self.model)
+        self.n.step += 1
+        self.bar.update(1)
+
+    def _skip_nonfinite(self, stats: StepStats) -> None:
+        """Drop a non-finite update (train.nonfinite=skip), or stop the run without saving."""
+        t = self.cfg.train
+        self.n.truncated += stats.truncated
+        self.window_samples += stats.samples
+        self.opt.zero_grad(set_to_none=True)
+        what = f"loss became {stats.loss} (grad norm {stats.grad_norm}) at step {self.n.step}"
+        where = f"last good checkpoint: {self.last_ckpt}" if self.last_ckpt else "no checkpoint was written yet"
+        self.consecutive_skips += 1
+        if t.nonfinite == "stop" or self.consecutive_skips > t.max_skipped_steps:
+            why = ("train.nonfinite=stop" if t.nonfinite == "stop" else
+                   f"train.nonfinite=skip, but {self.consecutive_skips} updates in a row were non-finite "
+                   f"(train.max_skipped_steps={t.max_skipped_steps})")
+            raise TrainingDiverged(f"{what}; stopping without saving ({why}). {where}. Try a lower train.lr or "
+                                   "train.grad_clip=1.0")
+        self.n.nonfinite_skipped += 1
+        if self.main:
+            tqdm.write(f"{what}; skipped this update (train.nonfinite=skip; {self.n.nonfinite_skipped} so far)")
+
+    def _log(self, stats: StepStats) -> None:
+        """Count the step's samples and truncations; rank 0 writes a metrics line every train.log_every steps."""
+        t, step = self.cfg.train, self.n.step
+        self.n.truncated += stats.truncated
+        self.window_samples += stats.samples
+        if not self.main or not (step % t.log_every == 0 or step == t.steps):
+            return
+        elapsed = time.perf_counter() - self.window_start
+        record = {"step": step, "epoch": self.stream.epoch, "lr": self.sched.get_last_lr()[0],
+                  "grad_norm": stats.grad_norm, "loss": stats.loss, **stats.metrics,
+                  "global_batch": self.global_batch, "samples_per_s": self.window_samples / max(elapsed, 1e-9),
+                  "skipped": sum(self.n.skipped.values()), "truncated": self.n.truncated,
+                  "nonfinite_skipped": self.n.nonfinite_skipped}
+        self.metrics_file.write(json.dumps(record) + "\n")
+        self.metrics_file.flush()
+        self.bar.set_postfix(loss=f"{stats.loss:.3f}", acc=f"{record.get('acc_masked', float('nan')):.2f}")
+        self.window_start, self.window_samples = time.perf_counter(), 0.0
+
+    def _reduce_pending(self) -> None:
+        """Add every rank's newly met skipped records to the run and epoch counts."""
+        new = dist.all_reduce_named(self.ctx, {r: float(self.stream.pending[r]) for r in SKIP_REASONS},
+                                    "skipped-record counts")
+        new = Counter({r: int(c) for r, c in new.items() if c})
+        self.n.skipped.update(new)
+        self.n.skipped_epoch.update(new)
+        self.stream.pending.clear()
+
+    def _end_epoch(self, finished: int) -> None:
+        self._reduce_pending()
+        if self.main:
+            with open(self.out / "epochs.jsonl", "a") as fh:
+                fh.write(json.dumps({"epoch": finished, "step": self.n.step, "skipped": dict(self.n.skipped_epoch),
+                                     "n_skipped": sum(self.n.skipped_epoch.values())}) + "\n")
+            if self.n.skipped_epoch and self.progress:
+                tqdm.write(f"epoch {finished}: skipped {dict(self.n.skipped_epoch)}")
+        self.n.skipped_epoch.clear()
+
+    def _checkpoint(self) -> None:
+        """Rank 0 writes checkpoint `step` (atomically); every rank remembers where it is."""
+        self.saved_at = time.monotonic()
+        if not self.main:
+            self.last_ckpt = self.out / ckpt_io.CKPT_DIR / f"step_{self.n.step:08d}"
+            return
+        n, ema = self.n, self.ema
+        train_state = {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+                       "rng": ckpt_io.rng_state(),
+                       "step": n.step, "epoch": self.stream.epoch, "batch_in_epoch": self.stream.batch_in_epoch,
+                       "world": self.ctx.world, "global_batch": self.global_batch, "skipped": dict(n.skipped),
+                       "skipped_epoch": dict(n.skipped_epoch), "truncated": n.truncated,
+                       "nonfinite_skipped": n.nonfinite_skipped,
+                       "ema_n_averaged": int(ema.n_averaged) if ema is not None else 0}
+        self.last_ckpt = ckpt_io.save_checkpoint(self.out, n.step, self.cfg, self.model,
+                                                 ema_state=ema.module.state_dict() if ema is not None else None,
+                                                 train_state=train_state, keep_last=self.cfg.train.keep_last)
 
 
 def _with_steps(cfg: RunConfig, steps: int) -> RunConfig:
@@ -436,6 +488,7 @@ def _check_resume_config(saved: RunConfig, given: RunConfig) -> None:
     a["train"]["steps"] = b["train"]["steps"]
     a["model"]["output_vocab_size"] = b["model"]["output_vocab_size"] = 0
     a["preset"] = b["preset"] = ""
+    a["data"]["path_as_given"] = b["data"]["path_as_given"] = ""  # the resolved paths are compared
     diffs = [f"{s}.{k}: saved {a[s][k]!r}, given {b[s][k]!r}" for s in a if isinstance(a[s], dict)
              for k in a[s] if a[s][k] != b[s].get(k)]
     if diffs:

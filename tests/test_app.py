@@ -64,7 +64,7 @@ def app(tmp_path_factory):
 
 def _expected_record(model: Captioner, state: dict, cfg: SamplerConfig):
     image_tokens = model.encode_image(eval_transform(model.cfg.image_size)(state["image"])[None])
-    out = sample(model, image_tokens, cfg)
+    out = sample(model, image_tokens, cfg, attention=True)  # the app records attention for its overlay
     return out, trajectory(out, CaptionTokenizer(model.cfg.context_length))
 
 

@@ -81,4 +81,5 @@ def test_load_errors(tmp_path):
 
 def test_sampler_ranges_come_from_the_config():
     assert SAMPLER_RANGES["length"] == (1, 75)
-    assert set(SAMPLER_RANGES) == {"length", "tokens_per_step", "temperature", "top_k", "threshold"}
+    assert set(SAMPLER_RANGES) == {"length", "tokens_per_step", "temperature", "top_k", "threshold",
+                                   "remask_threshold", "remask_steps"}

@@ -64,9 +64,11 @@ def _measure(cfg: DataConfig, image_size: int, batch_size: int, batches: int, wa
 
 
 def bench_data(path: str, *, image_sizes: tuple[int, ...] = (64, 224), workers: int = 0, batch_size: int = 64,
-               batches: int = 20, augment: str = "rrc", fmt: str = "auto") -> list[dict[str, Any]]:
-    """:func:`measure` at each image size (the synthetic shards are 64 px: 224 px measures the upscaling)."""
-    base = DataConfig(path=path, format=fmt, num_workers=workers, augment=augment)
+               batches: int = 20, augment: str = "rrc", fmt: str = "auto", images: str | None = None
+               ) -> list[dict[str, Any]]:
+    """:func:`measure` at each image size (the synthetic shards are 64 px: 224 px measures the upscaling);
+    `images`: the image folder of a caption json or table (default: found)."""
+    base = DataConfig(path=path, images=images or "", format=fmt, num_workers=workers, augment=augment)
     base.validate()
     return [measure(dataclasses.replace(base), image_size=s, batch_size=batch_size, batches=batches)
             for s in image_sizes]

@@ -21,11 +21,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                              parents=[flags(out="output folder for 00000.tar, 00001.tar, ...", quiet=True)])
     shards.add_argument("--from", dest="source", required=True,
                         help="caption table (.csv/.tsv/.json) or a folder of images with same-name .txt captions")
+    shards.add_argument("--images", help="image folder of a caption json/CSV (default: beside it, or the COCO "
+                        "layout annotations/ + val2017/)")
     shards.add_argument("--shard-size", type=int, default=10_000, help="samples per tar shard")
     shards.add_argument("--no-check", action="store_true", help="do not decode images (faster; broken ones stay)")
     dbench = data.add_parser("bench", help="data throughput: images/s decoded + augmented, per worker",
                              parents=[flags(data="data path (shard folder, brace pattern, CSV/TSV, COCO)",
                                             batch_size={"default": 64}, json="print the results as JSON")])
+    dbench.add_argument("--images", help="image folder of a caption json/CSV (default: beside it, or the COCO layout)")
     dbench.add_argument("--image-size", type=int, nargs="+", default=[64, 224], help="output pixels (square)")
     dbench.add_argument("--workers", type=int, default=0, help="DataLoader workers (0 = this process)")
     dbench.add_argument("--batches", type=int, default=20, help="batches timed (after 2 warm-up batches)")
@@ -39,7 +42,7 @@ def cmd_data(args: argparse.Namespace) -> None:
 def cmd_data_shards(args: argparse.Namespace) -> None:
     from mdc_core.data.shards import write_shards
     stats = write_shards(args.source, args.out, shard_size=args.shard_size, check_images=not args.no_check,
-                         progress=not args.quiet)
+                         progress=not args.quiet, images=args.images)
     print(f"wrote {stats['written']} pairs in {stats['shards']} shards; skipped {stats['skipped'] or 'none'}")
     print(f"train with: --data '{stats['pattern']}'")
 
@@ -47,7 +50,7 @@ def cmd_data_shards(args: argparse.Namespace) -> None:
 def cmd_data_bench(args: argparse.Namespace) -> None:
     from mdc_core.bench.data import bench_data
     rows = bench_data(args.data, image_sizes=tuple(args.image_size), workers=args.workers,
-                      batch_size=args.batch_size, batches=args.batches, augment=args.augment)
+                      batch_size=args.batch_size, batches=args.batches, augment=args.augment, images=args.images)
     if args.json:
         print(json.dumps(rows))
         return

@@ -30,6 +30,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                       "default: mc heuristic / ar / cosine")
     comp.add_argument("--samples", type=int, default=1024, help="Monte Carlo samples per caption (mc)")
     comp.add_argument("--images", help="image folder, when not where the benchmark keeps it")
+    comp.add_argument("--no-blind", dest="blind", action="store_false",
+                      help="skip the blind rows (each run scored again with the mean image instead of the image)")
+    comp.add_argument("--length-norm", action="store_true",
+                      help="add per-token rows: likelihood scores divided by the caption's token count")
 
     cap = verbs.add_parser("captioning", help="fine-tune (optional) and caption a test split (paper Table 3)",
                            parents=[flags(
@@ -38,6 +42,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         batch_size={"default": 32, "help": "images per decoding batch"}, device=True,
         out={"default": "outputs/eval", "required": False, "help": "folder for captioning.json/.md and finetune/ runs"},
         json="print the result JSON instead of the table", quiet="no progress bars")])
+    cap.add_argument("--images", help="image folder of a caption json/CSV (default: beside it, or the COCO layout "
+                     "annotations/ + val2017/)")
     cap.add_argument("--lengths", type=int, nargs="+", default=[10, 15, 20], help="MDC caption lengths N'")
     cap.add_argument("--beam", type=int, default=6, help="ARC beam size (ARC is also decoded greedily)")
     cap.add_argument("--finetune-steps", type=int, default=0, help="fine-tune each run this many steps first")
@@ -56,6 +62,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         device=True, ema=True,
         out={"default": "outputs/eval", "required": False, "help": "folder for position_signal.json and .png"},
         json="print the result JSON")])
+    sig.add_argument("--images", help="image folder of a caption json/CSV (default: beside it, or the COCO layout)")
     sig.add_argument("--ratios", default="0.25,0.5,0.75,1.0", help="masking ratios of masked-mode runs")
     sig.add_argument("--draws", type=int, default=4, help="mask draws per batch and ratio")
 
@@ -89,7 +96,8 @@ def cmd_eval_compositionality(args: argparse.Namespace) -> None:
     from mdc_core.eval.compositionality import compositionality
     result = compositionality(args.run, args.benchmark, args.data, methods=args.methods, samples=args.samples,
                               limit=args.limit, images=args.images, split=args.split, seed=args.seed,
-                              device=args.device, progress=not args.quiet)
+                              device=args.device, progress=not args.quiet, blind=args.blind,
+                              length_norm=args.length_norm)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"compositionality_{args.benchmark}.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -98,7 +106,7 @@ def cmd_eval_compositionality(args: argparse.Namespace) -> None:
         print(json.dumps(result))
         return
     print(result["table"])
-    for r in result["results"]:
+    for r in result["results"] + result["blind"]:
         skipped = f", skipped {r['skipped']}" if r["skipped"] else ""
         print(f"  {r['label']} [{r['run']}]: {r['n_examples']} examples in {r['seconds']:.1f} s{skipped}")
     print(f"results: {out / f'compositionality_{args.benchmark}.json'}")
@@ -109,7 +117,8 @@ def cmd_eval_captioning(args: argparse.Namespace) -> None:
     result = captioning(args.run, args.data, lengths=args.lengths, beam=args.beam, finetune_steps=args.finetune_steps,
                         finetune_data=args.finetune_data, finetune_overrides=args.finetune_set, out=args.out,
                         limit=args.limit, metrics=args.metrics, batch_size=args.batch_size,
-                        max_length=args.max_length, device=args.device, progress=not args.quiet)
+                        max_length=args.max_length, device=args.device, progress=not args.quiet,
+                        images=args.images)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "captioning.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -134,7 +143,8 @@ def cmd_eval_position_signal(args: argparse.Namespace) -> None:
     except ValueError as err:
         raise ValueError(f"--ratios must be comma-separated numbers, got {args.ratios!r}") from err
     result = position_signal_runs(args.run, args.data, split=args.split, limit=args.limit, batch_size=args.batch_size,
-                                  ratios=ratios, draws=args.draws, seed=args.seed, device=args.device, ema=args.ema)
+                                  ratios=ratios, draws=args.draws, seed=args.seed, device=args.device, ema=args.ema,
+                                  images=args.images)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "position_signal.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -238,6 +248,9 @@ def cmd_probe(args: argparse.Namespace) -> None:
             print(f"  {task:12s} {r['n_classes']:7d} {r['top1']:7.1%} {r['top5']:7.1%} "
                   f"{r['balanced_accuracy']:8.1%} {r['weight_decay']:9.2e}")
     print("\ntop-1 (%):\n" + result["table"])
+    for run in result["runs"]:
+        if any(run.get("skipped", {}).values()):
+            print(f"skipped unreadable images of {run['run']}: {run['skipped']}")
 
 
 HANDLERS = {"eval": cmd_eval, "probe": cmd_probe}

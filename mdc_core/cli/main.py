@@ -21,6 +21,7 @@ import argparse
 import sys
 
 from mdc_core.cli import bench, data, evaluate, masked_conditional, sample, train, workbench
+from mdc_core.cli.checks import check_numeric_args
 from mdc_core.cli.common import USER_ERRORS
 
 GROUPS = (data, train, sample, evaluate, workbench, bench, masked_conditional)
@@ -39,11 +40,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handler = {verb: fn for group in GROUPS for verb, fn in group.HANDLERS.items()}[args.verb]
     try:
+        check_numeric_args(args)  # e.g. --steps 0: an error, never the preset's default
         handler(args)
     except USER_ERRORS as err:
         print(f"mdc: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
+        from mdc_core.train import TrainingInterrupted
+        if isinstance(err, TrainingInterrupted):  # a checkpoint was written: say where, and how to go on
+            print(f"mdc: {err}; continue with the same command and --resume", file=sys.stderr)
+            return 128 + err.signum  # the shell's convention for a process stopped by a signal
         print("mdc: interrupted", file=sys.stderr)
         return 130
     except RuntimeError as err:  # a training run stopped for a reason its message explains

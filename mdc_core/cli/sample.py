@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any
 
+from mdc_core.cli import trajectory
 from mdc_core.cli.common import flags
 from mdc_core.config import GUIDANCE_MODES, SAMPLER_RANGES, SCORE_METHODS, apply_overrides
 
@@ -29,6 +30,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     _add_sampler_args(samp)
     samp.add_argument("--auto-range", default="3-20", help="N' tried by --length auto: LO-HI or a list 5,10,15")
     add_guidance_args(samp)
+    trajectory.add_trajectory_args(samp)  # --prompt, --remask-*, --attention, --gif (mdc_core/cli/trajectory.py)
 
     score = sub.add_parser("score", help="likelihood score of captions for one image (mc, heuristic or ar)",
                            parents=[flags(run="run or checkpoint folder (MDC-family or ARC)", image=True,
@@ -41,6 +43,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     score.add_argument("--method", required=True, choices=SCORE_METHODS,
                        help="heuristic / mc: MDC; ar: ARC chain rule, or left-to-right order for MDC")
     score.add_argument("--samples", type=int, default=1024, help="Monte Carlo samples per caption (mc)")
+    score.add_argument("--prompt", help="conditional scores: a caption with [MASK] or _ slots; each --caption is "
+                       "then a filling of the slots (e.g. --prompt \"a _ square\" --caption red --caption blue) and "
+                       "only the slots are scored, given the fixed words")
 
 
 def _add_sampler_args(p: argparse.ArgumentParser) -> None:
@@ -88,33 +93,23 @@ def add_guidance_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_sample(args: argparse.Namespace) -> None:
-    import torch
-
     from mdc_core.checkpoint import load_model
     from mdc_core.data import load_image
-    from mdc_core.masked_conditional.guidance import GuidedCaptioner
-    from mdc_core.sampler import sample, trajectory
-    from mdc_core.tokenizer import CaptionTokenizer
     model, cfg = load_model(args.run, device=args.device, ema=args.ema)
     guidance = guidance_config(args, cfg)
     image = load_image(args.image, cfg.model.image_size)[None].to(args.device)
+    trajectory.check_args(args, cfg.objective.name)
     if cfg.objective.name == "d3pm":  # MC-Diffusion: T-step ancestral sampling
         return cmd_sample_d3pm(args, model, cfg, image, guidance)
     check_mdc_sampler_args(args, cfg)
-    cfg = apply_overrides(cfg, _sampler_overrides(args))
+    cfg = apply_overrides(cfg, _sampler_overrides(args) + trajectory.sampler_overrides(args))
     if args.length == "auto":
         if guidance.mode != "none":
             raise ValueError("--length auto ranks lengths by the unguided heuristic score; drop --guidance or "
                              "give --length N")
         return cmd_sample_auto(args, model, cfg, image)
-    start = time.perf_counter()
-    with torch.no_grad():
-        out = sample(GuidedCaptioner(model, guidance), model.encode_image(image), cfg.sampler)
-    latency = time.perf_counter() - start
-    record = trajectory(out, CaptionTokenizer(cfg.model.context_length))
-    record["sampler"] = "mdc"
-    record["settings"]["guidance"] = dataclasses.asdict(guidance)
-    record["latency_s"] = latency
+    record = trajectory.sample_one(args, model, cfg, image, args.image, guidance)
+    latency = record["latency_s"]
     if args.json:
         print(json.dumps(record))
         return
@@ -123,6 +118,7 @@ def cmd_sample(args: argparse.Namespace) -> None:
     print(f"reveal order: {order}")
     shown = "" if guidance.mode == "none" else f", guidance {guidance.mode} w={guidance.scale:g}"
     print(f"{record['settings']['steps']} steps in {latency * 1000:.0f} ms{shown}")
+    trajectory.report(args, record)
 
 
 def cmd_sample_auto(args: argparse.Namespace, model, cfg, image) -> None:
@@ -254,8 +250,14 @@ def cmd_score(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     with torch.no_grad():
         image_tokens = model.encode_image(image)  # encoded once for all captions
-    rows = score_captions(model, image_tokens, args.caption, args.method, samples=args.samples, seed=args.seed,
-                          batch_size=args.batch_size)
+    if args.prompt is not None:  # conditional: only the slots are scored (mdc_core/infill.py)
+        from mdc_core.infill import score_fills
+        rows = score_fills(model, image_tokens, args.prompt, args.caption, args.method, samples=args.samples,
+                           seed=args.seed, batch_size=args.batch_size)
+        rows = [{**r, "tokens": r["slot_tokens"]} for r in rows]
+    else:
+        rows = score_captions(model, image_tokens, args.caption, args.method, samples=args.samples, seed=args.seed,
+                              batch_size=args.batch_size)
     seconds = time.perf_counter() - start
     if args.json:
         print(json.dumps(rows))

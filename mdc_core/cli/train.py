@@ -19,6 +19,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--preset", default="tiny", help=f"one of: {', '.join(list_presets())}")
     train.add_argument("--objective", choices=OBJECTIVE_NAMES)
     train.add_argument("--steps", type=int, help="optimizer steps")
+    train.add_argument("--images", help="image folder of a caption json/CSV (default: beside it, or the COCO "
+                       "layout annotations/ + train2017/)")
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
 
     demo = sub.add_parser("demo", help="the main job: synthesize data, train the tiny MDC model, caption test images",
@@ -36,9 +38,11 @@ def _train_config(args: argparse.Namespace):
     overrides = list(args.set)
     if args.data:
         overrides.append(f"data.path={json.dumps(args.data)}")
+    if args.images:
+        overrides.append(f"data.images={json.dumps(args.images)}")
     if args.objective:
         overrides.append(f"objective.name={args.objective}")
-    if args.steps:
+    if args.steps is not None:
         overrides.append(f"train.steps={args.steps}")
     return load_preset(args.preset, overrides)
 
@@ -67,7 +71,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     except (FileNotFoundError, ValueError):
         write_synthetic_dataset(data_dir, args.n, seed=0, progress=not args.quiet)
     overrides = [f"data.path={json.dumps(str(data_dir))}", *args.set]
-    if args.steps:
+    if args.steps is not None:
         overrides.append(f"train.steps={args.steps}")
     cfg = load_preset("tiny", overrides)
     run_dir = out / "run"

@@ -8,7 +8,8 @@ One pipeline serves the synthetic data and real data (see :mod:`mdc_core.data.so
 Records that cannot be used never stop a run: they are dropped and counted by reason (:data:`SKIP_REASONS`) in
 the ``"skipped"`` dict of the batch being built when they were met (those met after a worker's last batch
 are added to that batch), so the counts cross DataLoader worker processes inside the batches. A worker that
-yields no batch at all cannot report its counts.
+yields no batch at all cannot report its counts. :class:`BatchStream` feeds the trainer: one rank's micro-batches,
+epoch after epoch, from a saved data position.
 
 Order is a function of (seed, epoch, readers). The shards (or rows) are dealt to ``readers = world x W``
 parts, W = max(1, num_workers): worker w of rank r reads part ``w * world + r``, i.e. every readers-th shard
@@ -29,9 +30,11 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import warnings
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +43,8 @@ import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torchvision.transforms import functional as TF
 
-from mdc_core.config import DataConfig
+from mdc_core import distributed as dist
+from mdc_core.config import DataConfig, RunConfig
 from mdc_core.data.sources import Source, iter_shard_records, resolve_source
 from mdc_core.data.transforms import (
     ImageError,
@@ -224,7 +228,7 @@ def build_loader(cfg: DataConfig, *, split: str | None = "train", image_size: in
                          f"{batch_size}, {skip_batches}")
     if not 0 <= rank < world:
         raise ValueError(f"need 0 <= rank < world, got rank {rank} of {world}")
-    source = resolve_source(cfg.path, cfg.format, split)
+    source = resolve_source(cfg.path, cfg.format, split, cfg.images or None)
     random_crop = cfg.augment == "rrc" and split not in EVAL_SPLITS
     if random_crop and _is_synthetic(source):
         warnings.warn("data.augment='rrc' on the synthetic data set: random crops change object positions and "
@@ -247,7 +251,15 @@ def build_loader(cfg: DataConfig, *, split: str | None = "train", image_size: in
                       "workers): some workers will be idle", stacklevel=2)
     if cfg.num_workers == 0:
         return stream
-    return DataLoader(stream, batch_size=None, num_workers=cfg.num_workers, collate_fn=_identity)
+    return DataLoader(stream, batch_size=None, num_workers=cfg.num_workers, collate_fn=_identity,
+                      worker_init_fn=_ignore_interrupts)
+
+
+def _ignore_interrupts(worker_id: int) -> None:
+    """Workers ignore Ctrl-C/SIGTERM: the trainer finishes its step and checkpoints, which needs them alive
+    (a worker whose parent dies exits by itself)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -343,7 +355,7 @@ def iter_captions(cfg: DataConfig, split: str | None = "train") -> Iterator[str]
     """Every usable caption (stripped, non-empty, valid UTF-8) of the split in storage order, without reading
     images: for building a corpus vocabulary. Bad shards (reported on the log) and bad captions are passed over."""
     cfg.validate()
-    source = resolve_source(cfg.path, cfg.format, split)
+    source = resolve_source(cfg.path, cfg.format, split, cfg.images or None)
     if source.kind != "wds":
         yield from (c for c in (str(r["caption"]).strip() for r in source.rows) if c)
         return
@@ -354,3 +366,45 @@ def iter_captions(cfg: DataConfig, split: str | None = "train") -> Iterator[str]
             continue
         if caption:
             yield caption
+
+
+class BatchStream:
+    """This rank's micro-batches, epoch after epoch, from the data position (epoch, batch_in_epoch).
+
+    :meth:`take` returns n micro-batches of the current epoch or, when any rank cannot fill its n (the end of the
+    epoch; ranks agree by one all-reduce), drops what it got, calls ``on_epoch_end`` and starts the next epoch.
+    Skipped-record counts met on this rank accumulate in `pending` until the trainer sums them over ranks.
+    """
+
+    def __init__(self, cfg: RunConfig, ctx: dist.DistContext, epoch: int, batch_in_epoch: int,
+                 on_epoch_end: Any):
+        self.cfg, self.ctx, self.on_epoch_end = cfg, ctx, on_epoch_end
+        self.epoch, self.batch_in_epoch = epoch, batch_in_epoch
+        self.pending: Counter[str] = Counter()
+        self._it: Iterator[dict[str, Any]] | None = None
+
+    def _open(self) -> Iterator[dict[str, Any]]:
+        t = self.cfg.train
+        return iter(build_loader(self.cfg.data, split="train", image_size=self.cfg.model.image_size,
+                                 batch_size=t.batch_size, seed=t.seed, epoch=self.epoch,
+                                 skip_batches=self.batch_in_epoch, rank=self.ctx.rank, world=self.ctx.world))
+
+    def take(self, n: int) -> list[dict[str, Any]]:
+        while True:
+            if self._it is None:
+                self._it = self._open()
+            got = list(islice(self._it, n))
+            for batch in got:
+                self.pending.update(batch.get("skipped", {}))
+            if dist.all_agree(self.ctx, len(got) == n, "end-of-epoch agreement"):
+                self.batch_in_epoch += n
+                return got
+            if self.batch_in_epoch == 0:
+                t = self.cfg.train
+                shown = self.cfg.data.path_as_given or self.cfg.data.path
+                raise ValueError(f"data at {shown} gave a rank fewer than {n} batches of {t.batch_size} "
+                                 f"in a whole epoch (too few valid samples or shards for {self.ctx.world} ranks x "
+                                 "grad_accum, or all corrupt); lower train.batch_size or check the data")
+            self._it = None  # a DataLoader's workers stop with their iterator
+            self.on_epoch_end(self.epoch)
+            self.epoch, self.batch_in_epoch = self.epoch + 1, 0

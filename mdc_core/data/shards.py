@@ -49,12 +49,12 @@ def _folder_pairs(root: Path) -> Iterator[dict[str, Any]]:
         yield {"image": str(image), "caption": caption, "meta": {"source": str(image.relative_to(root))}}
 
 
-def _table_pairs(path: str) -> Iterator[dict[str, Any]]:
-    source = resolve_source(path, "auto", None)
+def _table_pairs(path: str, images: str | None = None) -> Iterator[dict[str, Any]]:
+    source = resolve_source(path, "auto", None, images)  # now: a bad source fails before --out is created
     if source.kind == "wds":
         raise ValueError(f"{path} already holds WebDataset shards; pass it as --data directly")
-    for row in source.rows:
-        yield {"image": row["image"], "caption": row["caption"], "meta": {"source": row["image"], **row["meta"]}}
+    return ({"image": row["image"], "caption": row["caption"], "meta": {"source": row["image"], **row["meta"]}}
+            for row in source.rows)
 
 
 def _has_images(path: Path) -> bool:
@@ -62,8 +62,9 @@ def _has_images(path: Path) -> bool:
 
 
 def write_shards(source: str | Path, out: str | Path, *, shard_size: int = 10_000, check_images: bool = True,
-                 progress: bool = True) -> dict[str, Any]:
-    """Write the pairs of `source` (table file or image folder, see the module docstring) as shards in `out`.
+                 progress: bool = True, images: str | Path | None = None) -> dict[str, Any]:
+    """Write the pairs of `source` (table file or image folder, see the module docstring) as shards in `out`;
+    `images` is a caption table's image folder (default: found, see :mod:`mdc_core.data.sources`).
 
     `check_images` decodes every image once (the cost of one epoch's decoding) so that broken files are dropped
     here rather than on every epoch. Returns the stats also written to ``out/shards_stats.json``:
@@ -75,7 +76,7 @@ def write_shards(source: str | Path, out: str | Path, *, shard_size: int = 10_00
     if not src.exists():
         raise FileNotFoundError(f"--from {src} does not exist; expected a .csv/.tsv/.json caption file or a folder "
                                 "of images with same-name .txt captions")
-    pairs = _folder_pairs(src) if _has_images(src) else _table_pairs(str(src))
+    pairs = _folder_pairs(src) if _has_images(src) else _table_pairs(str(src), str(images) if images else None)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if any(out.glob("*.tar")):

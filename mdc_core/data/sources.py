@@ -11,11 +11,14 @@ Accepted ``DataConfig.path`` forms (``format="auto"`` picks by extension / direc
   with a warning; none existing is an error);
 * a ``.csv`` or ``.tsv`` file with a header row naming an image column (one of :data:`IMAGE_COLUMNS`) and a
   caption column (one of :data:`CAPTION_COLUMNS`), case-insensitive; image paths relative to the file's folder
-  (absolute paths are used as they are); other columns go to the sample's ``meta``;
+  or to the `images` folder when one is given (absolute paths are used as they are); other columns go to the
+  sample's ``meta``;
 * a COCO caption ``.json`` (``{"images": [{"id", "file_name"}], "annotations": [{"image_id", "caption", "id"}]}``,
-  one sample per annotation, images looked up beside the json, then in an ``images/`` folder beside it) or a
-  Karpathy split json (``{"images": [{"filename", "filepath"?, "split", "sentences": [{"raw"}]}]}``, one sample per
-  sentence, filtered by split: ``train`` includes ``restval``);
+  one sample per annotation, images looked up in the `images` folder when one is given, else beside the json, in
+  an ``images/`` folder beside it, and in the official layout ``annotations/captions_val2017.json`` beside
+  ``val2017/`` (the folder named by the part of the file name after the last ``_``)) or a Karpathy split json
+  (``{"images": [{"filename", "filepath"?, "split", "sentences": [{"raw"}]}]}``, one sample per sentence,
+  filtered by split: ``train`` includes ``restval``); a caption json none of whose images is found is an error;
 * a directory holding no shards but exactly one ``.csv``/``.tsv``/``.json`` caption file (``manifest.json`` and
   ``*_stats.json`` are ignored): that file.
 """
@@ -66,12 +69,15 @@ def _is_shard(p: Path) -> bool:
     return p.is_file() and p.name.endswith(SHARD_SUFFIXES)
 
 
-def resolve_source(path: str, fmt: str = "auto", split: str | None = None) -> Source:
+def resolve_source(path: str, fmt: str = "auto", split: str | None = None, images: str | None = None) -> Source:
     """Resolve ``DataConfig.path``/``format`` (and `split`) to a :class:`Source`; see the module docstring.
+    `images` is the folder a caption table's image paths are relative to (``DataConfig.images``; default: found).
 
-    Raises ``FileNotFoundError`` (nothing there) or ``ValueError`` (wrong kind / unusable content) naming the
-    path and what was expected.
+    Raises ``FileNotFoundError`` (nothing there, or none of a caption json's images found) or ``ValueError``
+    (wrong kind / unusable content) naming the path and what was expected.
     """
+    if images and not Path(images).expanduser().is_dir():
+        raise FileNotFoundError(f"image folder {images} (--images / data.images) does not exist")
     if not path:
         raise ValueError(f"data.path is empty; expected {_EXPECTED}")
     if any(c in path for c in "{*?["):
@@ -80,7 +86,7 @@ def resolve_source(path: str, fmt: str = "auto", split: str | None = None) -> So
     if not p.exists():
         raise FileNotFoundError(f"data path {p} does not exist; expected {_EXPECTED}")
     if p.is_dir():
-        return _dir_source(p, fmt, split)
+        return _dir_source(p, fmt, split, images)
     suffix = p.suffix.lower()
     kind = {".csv": "csv", ".tsv": "tsv", ".json": "coco"}.get(suffix, "wds" if p.name.endswith(SHARD_SUFFIXES)
                                                                  else None)
@@ -88,7 +94,7 @@ def resolve_source(path: str, fmt: str = "auto", split: str | None = None) -> So
         raise ValueError(f"cannot tell the format of {p} from its extension; expected {_EXPECTED}")
     if fmt not in ("auto", kind):
         raise ValueError(f"data.format={fmt!r} but {p} looks like {kind} data")
-    return _file_source(p, kind, split)
+    return _file_source(p, kind, split, images)
 
 
 def _pattern_source(pattern: str, fmt: str) -> Source:
@@ -106,7 +112,7 @@ def _pattern_source(pattern: str, fmt: str) -> Source:
     return Source("wds", pattern, shards=shards, root=Path(shards[0]).parent)
 
 
-def _dir_source(p: Path, fmt: str, split: str | None) -> Source:
+def _dir_source(p: Path, fmt: str, split: str | None, images: str | None) -> Source:
     root = p
     if split and (p / split).is_dir():
         p = p / split
@@ -129,13 +135,15 @@ def _dir_source(p: Path, fmt: str, split: str | None) -> Source:
         raise ValueError(f"directory {p} holds several caption files ({', '.join(t.name for t in tables)}); "
                          f"set data.path to one of them")
     kind = {".csv": "csv", ".tsv": "tsv", ".json": "coco"}[tables[0].suffix.lower()]
-    return _file_source(tables[0], kind, split)
+    return _file_source(tables[0], kind, split, images)
 
 
-def _file_source(p: Path, kind: str, split: str | None) -> Source:
+def _file_source(p: Path, kind: str, split: str | None, images: str | None = None) -> Source:
     if kind == "wds":
         return Source("wds", str(p), shards=[str(p)], root=p.parent)
-    rows = _read_table(p, "\t" if kind == "tsv" else ",") if kind in ("csv", "tsv") else _read_coco(p, split)
+    base = Path(images).expanduser() if images else None
+    rows = _read_table(p, "\t" if kind == "tsv" else ",", base) if kind in ("csv", "tsv") else \
+        _read_coco(p, split, base)
     if not rows:
         raise ValueError(f"{p} has no samples" + (f" for split {split!r}" if kind == "coco" and split else ""))
     return Source(kind, str(p), rows=rows, root=p.parent)
@@ -146,7 +154,7 @@ def _pick(header: list[str], names: tuple[str, ...]) -> int | None:
     return next((lowered.index(n) for n in names if n in lowered), None)
 
 
-def _read_table(p: Path, delimiter: str) -> list[dict[str, Any]]:
+def _read_table(p: Path, delimiter: str, images: Path | None = None) -> list[dict[str, Any]]:
     with open(p, newline="", encoding="utf-8", errors="replace") as f:
         reader = csv.reader(f, delimiter=delimiter)
         header = next(reader, None)
@@ -162,12 +170,33 @@ def _read_table(p: Path, delimiter: str) -> list[dict[str, Any]]:
                 continue
             meta = {h: v for j, (h, v) in enumerate(zip(header, row, strict=False)) if j not in (img_col, cap_col)}
             meta["image"] = row[img_col]
-            rows.append({"key": f"{i:09d}", "image": str(p.parent / row[img_col]), "caption": row[cap_col],
+            rows.append({"key": f"{i:09d}", "image": str((images or p.parent) / row[img_col]), "caption": row[cap_col],
                          "meta": meta})
     return rows
 
 
-def _read_coco(p: Path, split: str | None) -> list[dict[str, Any]]:
+def image_folders(p: Path, images: Path | None = None) -> tuple[Path, ...]:
+    """Where the images of caption json `p` are looked for, in order: `images` alone when given; else beside the
+    json, its ``images/`` folder, and for the COCO layout (``ROOT/annotations/captions_val2017.json``)
+    ``ROOT/val2017`` and ``ROOT/images/val2017``."""
+    if images is not None:
+        return (images,)
+    folders = [p.parent, p.parent / "images"]
+    if p.parent.name == "annotations" and "_" in p.stem:
+        subset = p.stem.rsplit("_", 1)[1]  # captions_val2017 -> val2017
+        folders += [p.parent.parent / subset, p.parent.parent / "images" / subset]
+    return tuple(folders)
+
+
+def _none_found(p: Path, rows: list[dict[str, Any]], folders: tuple[Path, ...], example: str) -> None:
+    """A caption json none of whose images exists is a one-line error, not an epoch of skipped records."""
+    if rows and not any(Path(r["image"]).is_file() for r in rows):
+        raise FileNotFoundError(f"{p}: none of its {len(rows)} images was found (e.g. {example!r} in "
+                                f"{', '.join(str(f) for f in folders)}); pass --images DIR (data.images), the "
+                                "folder holding them")
+
+
+def _read_coco(p: Path, split: str | None, images: Path | None = None) -> list[dict[str, Any]]:
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -175,14 +204,14 @@ def _read_coco(p: Path, split: str | None) -> list[dict[str, Any]]:
     if not isinstance(data, dict) or not isinstance(data.get("images"), list):
         raise ValueError(f"{p}: expected a COCO caption json with 'images' and 'annotations' lists "
                          f"(or a Karpathy json with 'images' holding 'sentences')")
-    images = data["images"]
-    if images and isinstance(images[0], dict) and "sentences" in images[0]:
-        return _read_karpathy(p, images, split)
+    listed = data["images"]
+    if listed and isinstance(listed[0], dict) and "sentences" in listed[0]:
+        return _read_karpathy(p, listed, split, images)
     if not isinstance(data.get("annotations"), list):
         raise ValueError(f"{p}: COCO caption json has no 'annotations' list")
-    folders = (p.parent, p.parent / "images")
+    folders = image_folders(p, images)
     files: dict[Any, str] = {}
-    for im in images:
+    for im in listed:
         name = im["file_name"]
         found = next((d / name for d in folders if (d / name).is_file()), folders[0] / name)
         files[im["id"]] = str(found)
@@ -194,23 +223,27 @@ def _read_coco(p: Path, split: str | None) -> list[dict[str, Any]]:
         rows.append({"key": str(ann.get("id", len(rows))), "image": image, "caption": str(ann.get("caption", "")),
                      "meta": {"image_id": ann["image_id"], "annotation_id": ann.get("id"),
                               "file_name": Path(image).name}})
+    _none_found(p, rows, folders, listed[0]["file_name"] if listed else "")
     return rows
 
 
-def _read_karpathy(p: Path, images: list[dict[str, Any]], split: str | None) -> list[dict[str, Any]]:
+def _read_karpathy(p: Path, listed: list[dict[str, Any]], split: str | None, images: Path | None = None
+                   ) -> list[dict[str, Any]]:
     wanted = None if split is None else {"train", "restval"} if split == "train" else {split}
     rows = []
-    for im in images:
+    folders = (images,) if images is not None else (p.parent, p.parent / "images")
+    for im in listed:
         if wanted is not None and im.get("split") not in wanted:
             continue
         rel = Path(im.get("filepath", "")) / im["filename"]
-        cands = (p.parent / rel, p.parent / im["filename"], p.parent / "images" / rel)
+        cands = tuple(c for d in folders for c in (d / rel, d / im["filename"]))
         image = next((c for c in cands if c.is_file()), cands[0])
         for sent in im["sentences"]:
             rows.append({"key": str(sent.get("sentid", len(rows))), "image": str(image),
                          "caption": sent.get("raw", " ".join(sent.get("tokens", []))),
                          "meta": {"image_id": im.get("cocoid", im.get("imgid")), "file_name": im["filename"],
                                   "split": im.get("split")}})
+    _none_found(p, rows, folders, str(Path(listed[0].get("filepath", "")) / listed[0]["filename"]) if listed else "")
     return rows
 
 

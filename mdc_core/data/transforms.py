@@ -1,9 +1,12 @@
 """Image decoding and preprocessing shared by the data loaders, the CLI and the app.
 
-Every image becomes a float tensor (3, S, S) normalised with open_clip's OpenAI CLIP mean/std: RGB convert,
-resize the shorter side to S (bicubic), centre crop; or, for training on real data with ``augment="rrc"``,
-a random resized crop (scale 0.9-1, open_clip's default) whose parameters come from a seeded ``random.Random``
-so that the crop sequence is reproducible in every worker.
+Every image becomes a float tensor (3, S, S) normalised with open_clip's OpenAI CLIP mean/std. Decoding
+(:func:`open_image`) applies the EXIF orientation, scales 16-bit and 32-bit pixels to 8 bits (it does not clip
+them), and composites transparent pixels onto the CLIP mean colour, which normalises to zero (a neutral background;
+the hidden colour of a transparent pixel is never shown to the model); then it resizes the shorter side to S
+(bicubic), centre crop; or, for training on real data with ``augment="rrc"``, a random resized crop (scale 0.9-1,
+open_clip's default) whose parameters come from a seeded ``random.Random`` so that the crop sequence is
+reproducible in every worker.
 """
 
 from __future__ import annotations
@@ -11,13 +14,15 @@ from __future__ import annotations
 import io
 import math
 import random
+import re
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
-from PIL import Image
+from PIL import Image, ImageOps
 from torchvision import transforms as T
 from torchvision.transforms import functional as TF
 
@@ -25,6 +30,8 @@ MAX_SIDE = 10_000  # pixels: larger images are refused
 MAX_PIXELS = 50_000_000  # 50 MP: larger images are refused (PIL's own bomb guard triggers only above ~179 MP)
 RRC_SCALE = (0.9, 1.0)  # area fraction kept by the random resized crop
 RRC_RATIO = (3 / 4, 4 / 3)  # aspect ratios of the random resized crop
+BACKGROUND = tuple(round(255 * m) for m in OPENAI_DATASET_MEAN)  # what transparent pixels become: mean colour
+_ADDRESS = re.compile(r"<[^<>]* at 0x[0-9a-fA-F]+>")  # "<_io.BytesIO object at 0x7f...>" in PIL's messages
 
 
 class ImageError(ValueError):
@@ -54,10 +61,40 @@ def open_image(data: bytes, name: str = "image") -> Image.Image:
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
         raise ImageError(f"{name}: image is too large ({err})", "too_large") from err
     except Exception as err:  # PIL raises UnidentifiedImageError, OSError, SyntaxError, ValueError ...
-        raise ImageError(f"{name}: not a readable image ({type(err).__name__}: {err})") from err
-    if img.mode != "RGB":
-        img = img.convert("RGBA").convert("RGB") if img.mode in ("P", "LA", "PA") else img.convert("RGB")
-    return img
+        detail = _ADDRESS.sub("the data", str(err))
+        raise ImageError(f"{name}: not a readable image ({type(err).__name__}: {detail})") from err
+    try:
+        return to_rgb(img)
+    except Exception as err:  # a mode PIL cannot convert
+        raise ImageError(f"{name}: cannot convert image mode {img.mode!r} to RGB ({type(err).__name__})") from err
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """An 8-bit RGB image as a viewer shows `img`: EXIF orientation applied; 16-bit (``I;16*``), 32-bit integer
+    (``I``) and float (``F``) grayscale scaled to 0-255 (``I`` as 16-bit when its values exceed 255, ``F`` as
+    0-1 when they do not exceed 1); alpha, palette transparency and a transparent colour key composited onto
+    :data:`BACKGROUND`; CMYK and YCbCr converted by PIL."""
+    img = ImageOps.exif_transpose(img)
+    if img.mode.startswith("I") or img.mode == "F":
+        img = Image.fromarray(_to_uint8(np.asarray(img), img.mode), "L")
+    if img.mode in ("P", "L", "RGB") and "transparency" in img.info or img.mode in ("PA", "La", "RGBa"):
+        img = img.convert("RGBA")
+    if img.mode in ("LA", "RGBA"):
+        background = Image.new("RGBA", img.size, (*BACKGROUND, 255))
+        return Image.alpha_composite(background, img.convert("RGBA")).convert("RGB")
+    return img if img.mode == "RGB" else img.convert("RGB")
+
+
+def _to_uint8(pixels: np.ndarray, mode: str) -> np.ndarray:
+    """Grayscale pixels of a 16/32-bit integer or float mode -> uint8, scaled (65535 -> 255), not clipped."""
+    values = pixels.astype(np.float64)
+    if mode == "F":
+        scale = 255.0 if values.size and values.max() <= 1.0 else 1.0
+    elif mode.startswith("I;16") or (values.size and values.max() > 255):
+        scale = 255.0 / 65535.0
+    else:
+        scale = 1.0
+    return np.clip(np.rint(values * scale), 0, 255).astype(np.uint8)
 
 
 def _normalise() -> Callable[[Image.Image], torch.Tensor]:

@@ -14,6 +14,8 @@ Run-level evaluations (they load runs and data themselves; import the module to 
 * :mod:`mdc_core.eval.position_signal`: ``mdc eval position-signal``; :mod:`mdc_core.eval.parallel_decoding`:
   ``mdc eval parallel-decoding``; :mod:`mdc_core.eval.probe_data`: ``mdc probe``.
 * :mod:`mdc_core.eval.report`: the held-out caption report of ``mdc demo`` and notebook 01.
+* :mod:`mdc_core.eval.repetition`: the repetition rate (a metric of ``mdc eval captioning``);
+  :mod:`mdc_core.eval.remasking`: greedy vs remasking (``python -m mdc_core.eval.remasking``, notebook 05).
 Note: ``mdc_core.eval.caption_metrics`` names the function here; the module is
 ``sys.modules["mdc_core.eval.caption_metrics"]`` (or ``importlib.import_module``).
 """

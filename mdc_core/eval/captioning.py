@@ -9,7 +9,8 @@
   length N' (10 / 15 / 20 in the paper); ARC by greedy and beam search (beam 6 in the paper,
   :mod:`mdc_core.ar_decode`). CLIP cannot caption.
 * Metrics: :func:`mdc_core.eval.caption_metrics.caption_metrics` (pycocoevalcap with its PTB tokenizer; a
-  metric that cannot run, such as SPICE without its jars, is reported unavailable).
+  metric that cannot run, such as SPICE without its jars, is reported unavailable), and the repetition rate
+  (:func:`mdc_core.eval.repetition.repetition_rate`: the fraction of captions that repeat a word).
 
 Data (``data`` / ``finetune_data``): a Karpathy split json (``dataset_coco.json``: ``images[].split``,
 ``filename``, ``sentences[].raw``; fine-tuning reads ``train`` + ``restval``, evaluation ``test``), a COCO caption
@@ -36,11 +37,13 @@ from mdc_core.config import RunConfig, SamplerConfig, apply_overrides
 from mdc_core.data.sources import iter_shard_records, resolve_source
 from mdc_core.eval.benchmarks import image_pixels
 from mdc_core.eval.caption_metrics import ALL_METRICS, caption_metrics
+from mdc_core.eval.repetition import repetition_rate
 from mdc_core.tokenizer import CaptionTokenizer
 
 PAPER_LENGTHS = (10, 15, 20)
 PAPER_BEAM = 6
 TABLE3_METRICS = (("B@4", "BLEU@4"), ("M", "METEOR"), ("C", "CIDEr"), ("S", "SPICE"), ("RL", "ROUGE-L"))
+REPETITION = ("Rep", "repetition_rate")  # % of captions repeating a word (mdc_core.eval.repetition); not in the paper
 
 
 @dataclass(frozen=True)
@@ -52,9 +55,11 @@ class CaptionItem:
     references: tuple[str, ...]
 
 
-def load_caption_set(path: str | Path, split: str = "test", limit: int | None = None) -> list[CaptionItem]:
-    """The images of `split` (one item per image, all its captions as references), in storage order."""
-    source = resolve_source(str(path), "auto", split)
+def load_caption_set(path: str | Path, split: str = "test", limit: int | None = None,
+                     images: str | Path | None = None) -> list[CaptionItem]:
+    """The images of `split` (one item per image, all its captions as references), in storage order; `images`:
+    the image folder of a caption json or table (default: found, see :mod:`mdc_core.data.sources`)."""
+    source = resolve_source(str(path), "auto", split, str(images) if images else None)
     items: list[CaptionItem] = []
     if source.kind == "wds":
         for rec in iter_shard_records(source.shards):
@@ -85,11 +90,11 @@ def load_caption_set(path: str | Path, split: str = "test", limit: int | None = 
 # fine-tuning
 
 
-def _has_splits(path: str) -> bool:
+def _has_splits(path: str, images: str | None = None) -> bool:
     """Whether `path` gives different train and test samples (Karpathy json, split folders); a plain COCO json
     or CSV gives the same rows for every split."""
     try:
-        train, test = resolve_source(path, "auto", "train"), resolve_source(path, "auto", "test")
+        train, test = resolve_source(path, "auto", "train", images), resolve_source(path, "auto", "test", images)
     except FileNotFoundError:
         return False
     return (train.shards, [r["key"] for r in train.rows]) != (test.shards, [r["key"] for r in test.rows])
@@ -119,20 +124,20 @@ def _seed_run(out: Path, cfg: RunConfig, model: torch.nn.Module) -> None:
     """Write step 0 of run `out`: the pretrained weights with a fresh optimizer, schedule and RNG state, so that
     ``train(cfg, out, resume=True)`` fine-tunes them. (train() has no "initialise from weights" option.)"""
     from mdc_core import checkpoint as ckpt_io
-    from mdc_core.train import _rng_state, lr_lambda, param_groups
+    from mdc_core.train import lr_lambda, param_groups
     t = cfg.train
     opt = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=t.betas)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, t.warmup_steps, t.steps, t.min_lr_ratio))
     torch.manual_seed(t.seed)  # the RNG state a fresh run starts from
     random.seed(t.seed)
     np.random.seed(t.seed)
-    state = {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": _rng_state(), "step": 0,
+    state = {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": ckpt_io.rng_state(), "step": 0,
              "epoch": 0, "batch_in_epoch": 0}
     ckpt_io.save_checkpoint(out, 0, cfg, model, train_state=state, keep_last=t.keep_last)
 
 
 def finetune(run: str | Path, data: str | Path, out: str | Path, steps: int, *, overrides: Sequence[str] = (),
-             progress: bool = True) -> Path:
+             images: str | Path | None = None, progress: bool = True) -> Path:
     """Fine-tune run `run` on `data` (its train split) for `steps` steps into run folder `out`; returns `out`.
 
     `overrides` are ``section.key=value`` strings applied after the fine-tuning settings (e.g.
@@ -147,13 +152,14 @@ def finetune(run: str | Path, data: str | Path, out: str | Path, steps: int, *, 
     model, cfg = load_model(run)
     warmup = min(cfg.train.warmup_steps, steps // 10)
     ft = apply_overrides(cfg, [f"data.path={json.dumps(str(data))}", 'data.format="auto"', f"train.steps={steps}",
+                               f"data.images={json.dumps(str(images or ''))}", 'data.path_as_given=""',
                                f"train.warmup_steps={warmup}", *overrides])
     ft.validate()
     done = ckpt_io.latest_checkpoint(out)
     if done is not None and json.loads((done / "meta.json").read_text())["step"] >= steps:
         return out
     if done is None:
-        resolve_source(str(data), "auto", "train")  # a missing or unusable data set fails before anything is written
+        resolve_source(str(data), "auto", "train", ft.data.images or None)  # fails before anything is written
         _check_vocabulary(model, ft)
         _seed_run(out, ft, model)
     train(ft, out, resume=True, progress=progress)
@@ -231,11 +237,12 @@ def decoder_label(objective: str, decoder: str) -> tuple[str, str]:
 
 def captioning_table(results: Sequence[dict[str, Any]]) -> str:
     """A markdown table like the paper's Table 3 (metrics x 100; "n/a" for an unavailable metric)."""
-    head = "| method | run | sequence length | " + " | ".join(short for short, _ in TABLE3_METRICS) + " |"
-    lines = [head, "|---|---|---:|" + "---:|" * len(TABLE3_METRICS)]
+    columns = TABLE3_METRICS + ((REPETITION,) if any(REPETITION[1] in r["metrics"] for r in results) else ())
+    head = "| method | run | sequence length | " + " | ".join(short for short, _ in columns) + " |"
+    lines = [head, "|---|---|---:|" + "---:|" * len(columns)]
     for r in results:
         cells = [f"{100 * r['metrics'][key]:.1f}" if r["metrics"].get(key) is not None else "n/a"
-                 for _, key in TABLE3_METRICS]
+                 for _, key in columns]
         lines.append(f"| {r['label']} | {r['run']} | {r['length']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -244,8 +251,9 @@ def captioning(runs: Sequence[str | Path], data: str | Path, *, lengths: Sequenc
                beam: int = PAPER_BEAM, finetune_steps: int = 0, finetune_data: str | Path | None = None,
                finetune_overrides: Sequence[str] = (), out: str | Path = "outputs/eval", limit: int | None = None,
                metrics: Sequence[str] = ALL_METRICS, batch_size: int = 32, max_length: int | None = None,
-               device: str = "cpu", progress: bool = True) -> dict[str, Any]:
-    """Fine-tune (when `finetune_steps` > 0) and caption the test split of `data` with every run.
+               device: str = "cpu", progress: bool = True, images: str | Path | None = None) -> dict[str, Any]:
+    """Fine-tune (when `finetune_steps` > 0) and caption the test split of `data` with every run. `images`: the
+    image folder of `data` (a caption json or table; default: found), also used to fine-tune on `data`.
 
     Returns ``{"data", "n_images", "results": [one per run and decoder: run, finetuned_run, objective, decoder,
     label, length, metrics, unavailable, seconds, captions], "table": markdown}``.
@@ -265,10 +273,12 @@ def captioning(runs: Sequence[str | Path], data: str | Path, *, lengths: Sequenc
                              f"({cfg.model.context_length - 2} tokens)")
         plans.append((run, decoders))
     train_data = str(finetune_data or data)
-    if finetune_steps > 0 and not finetune_data and not _has_splits(train_data):
+    images = str(images) if images else None
+    train_images = None if finetune_data else images
+    if finetune_steps > 0 and not finetune_data and not _has_splits(train_data, images):
         raise ValueError(f"{data} has no separate train and test splits (a plain COCO json or CSV); pass "
                          "--finetune-data TRAIN for fine-tuning, or fine-tune with a Karpathy json / split folders")
-    items = load_caption_set(data, "test", limit)
+    items = load_caption_set(data, "test", limit, images)
     if not items:
         raise ValueError(f"{data} has no test images with captions")
     references = {it.key: list(it.references) for it in items}
@@ -277,7 +287,8 @@ def captioning(runs: Sequence[str | Path], data: str | Path, *, lengths: Sequenc
         eval_run = Path(run)
         if finetune_steps > 0:
             eval_run = finetune(run, train_data, Path(out) / "finetune" / f"{i}_{Path(run).name}_{finetune_steps}",
-                                finetune_steps, overrides=finetune_overrides, progress=progress)
+                                finetune_steps, overrides=finetune_overrides, images=train_images,
+                                progress=progress)
         model, cfg = load_model(eval_run, device=device)
         decoded = caption_items(model, cfg, items, decoders, batch_size=batch_size, max_length=max_length,
                                 device=device, progress=progress)
@@ -287,7 +298,8 @@ def captioning(runs: Sequence[str | Path], data: str | Path, *, lengths: Sequenc
             results.append({
                 "run": str(run), "finetuned_run": str(eval_run) if finetune_steps > 0 else None,
                 "objective": cfg.objective.name, "decoder": d, "label": label, "length": length,
-                "metrics": {k: v for k, v in scores.items() if k not in ("unavailable", "tokenizer", "n_images")},
+                "metrics": {**{k: v for k, v in scores.items() if k not in ("unavailable", "tokenizer", "n_images")},
+                            "repetition_rate": repetition_rate(decoded[d]["captions"].values())},
                 "unavailable": scores["unavailable"], "tokenizer": scores["tokenizer"],
                 "seconds": round(decoded[d]["seconds"], 3),
                 "captions": [{"key": k, "caption": c, "references": references[k]}

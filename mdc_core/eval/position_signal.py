@@ -185,9 +185,10 @@ def position_signal(model: torch.nn.Module, batches: Iterable[tuple[Tensor, Tens
 
 
 def _batches(data: str | Path, split: str, image_size: int, context_length: int, batch_size: int,
-             limit: int) -> Iterator[tuple[Tensor, Tensor]]:
+             limit: int, images: str | Path | None = None) -> Iterator[tuple[Tensor, Tensor]]:
     tokenizer = CaptionTokenizer(context_length)
-    loader = build_loader(DataConfig(path=str(data), shuffle_buffer=0), split=split, image_size=image_size,
+    cfg = DataConfig(path=str(data), images=str(images or ""), shuffle_buffer=0)
+    loader = build_loader(cfg, split=split, image_size=image_size,
                           batch_size=batch_size, shuffle=False, drop_last=False)
     seen = 0
     for batch in loader:
@@ -202,8 +203,10 @@ def _batches(data: str | Path, split: str, image_size: int, context_length: int,
 
 def position_signal_runs(runs: Sequence[str | Path], data: str | Path, *, split: str = "test", limit: int = 256,
                          batch_size: int = 32, ratios: Sequence[float] = DEFAULT_RATIOS, draws: int = 4,
-                         seed: int = 0, device: str = "cpu", ema: bool = False) -> dict[str, Any]:
-    """:func:`position_signal` of each run on the first `limit` captions of `split` of `data`; a JSON-ready dict
+                         seed: int = 0, device: str = "cpu", ema: bool = False,
+                         images: str | Path | None = None) -> dict[str, Any]:
+    """:func:`position_signal` of each run on the first `limit` captions of `split` of `data` (`images`: the image
+    folder of a caption json or table, default found); a JSON-ready dict
     ``{"data", "split", "signal_definition", "runs": [{"run", "objective", **PositionSignal.to_dict()}]}``."""
     if not runs:
         raise ValueError("give at least one run")
@@ -215,7 +218,7 @@ def position_signal_runs(runs: Sequence[str | Path], data: str | Path, *, split:
         if objective_spec(cfg.objective.name).model != "captioner":
             raise ValueError(f"{run} is a {cfg.objective.name} run: position signal needs a captioner (a CLIP run "
                              "has no per-token loss)")
-        batches = _batches(data, split, cfg.model.image_size, cfg.model.context_length, batch_size, limit)
+        batches = _batches(data, split, cfg.model.image_size, cfg.model.context_length, batch_size, limit, images)
         result = position_signal(model, batches, ratios=ratios, draws=draws, seed=seed)
         out.append({"run": str(run), "objective": cfg.objective.name, **result.to_dict()})
     return {"data": str(data), "split": split, "limit": limit, "seed": seed, "draws": draws,

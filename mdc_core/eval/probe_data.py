@@ -25,8 +25,9 @@ from __future__ import annotations
 import hashlib
 import json
 import pickle
+import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,7 @@ class ProbeDataset:
     classes: dict[str, list[str]]  # task -> class names; label j of the task means classes[task][j]
     files: list[Path]  # files the split is read from (their sizes and mtimes go into the cache fingerprint)
     read: Callable[[int, int], Batches]
+    skipped: list[str] = field(default_factory=list)  # unreadable images passed over by the last read (folder)
 
     def stamp(self) -> str:
         """Digest of the split's files (name, size, mtime): changes when the data does."""
@@ -148,12 +150,21 @@ def _open_folder(root: Path, split: str, limit: int | None) -> ProbeDataset:
     samples = samples[:limit] if limit is not None else samples
 
     def read(image_size: int, batch_size: int) -> Batches:
+        dataset.skipped.clear()
         for start in range(0, len(samples), batch_size):
-            chunk = samples[start:start + batch_size]
-            images = torch.stack([load_image(path, image_size) for path, _ in chunk])
-            yield images, {"class": torch.tensor([label for _, label in chunk])}
+            images, labels = [], []
+            for path, label in samples[start:start + batch_size]:
+                try:  # an unreadable image is skipped and counted, as training does
+                    images.append(load_image(path, image_size))
+                    labels.append(label)
+                except ValueError as err:
+                    warnings.warn(f"skipped {err}", stacklevel=2)
+                    dataset.skipped.append(path)
+            if images:
+                yield torch.stack(images), {"class": torch.tensor(labels)}
 
-    return ProbeDataset("folder", split, root, {"class": list(names)}, [Path(p) for p, _ in samples], read)
+    dataset = ProbeDataset("folder", split, root, {"class": list(names)}, [Path(p) for p, _ in samples], read)
+    return dataset
 
 
 class _ArrayUnpickler(pickle.Unpickler):
@@ -338,7 +349,8 @@ def probe_run(run: str | Path, data: str | Path, *, task: str = "all", fmt: str 
         results[t] = {**res.to_dict(), "classes": train_set.classes[t]}
     meta = json.loads((ckpt / "meta.json").read_text())
     return {"run": str(run), "checkpoint": str(ckpt), "step": meta.get("step"), "objective": cfg.objective.name,
-            "pool": pool, "data": str(data), "format": train_set.format, "ema": ema, "tasks": results}
+            "pool": pool, "data": str(data), "format": train_set.format, "ema": ema, "tasks": results,
+            "skipped": {"train": len(train_set.skipped), "test": len(test_set.skipped)}}  # unreadable images
 
 
 def probe_runs(runs: list[str | Path], data: str | Path, **kwargs: Any) -> dict[str, Any]:

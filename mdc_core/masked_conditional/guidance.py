@@ -180,6 +180,7 @@ class GuidedCaptioner:
                 if cache is not None else self.model.decode(tokens, image_tokens, select=select, causal=causal)
         if isinstance(cache, GuidedCache):
             cond = self.model.decode(tokens, None, select=select, causal=causal, cache=cache.cond, **kwargs)
+            kwargs.pop("attention", None)  # the attention reported is the conditional model's
             ref = self.model.decode(tokens, None, select=select, causal=causal, cache=cache.ref, **kwargs)
         else:
             if image_tokens is None:
