@@ -120,10 +120,13 @@ class DataConfig:
     shuffle_buffer: int = 1000  # samples held for shuffling streamed shards (0 = no shuffle)
     augment: str = "none"  # none | rrc (random resized crop; breaks position words, so off for synthetic data)
     num_workers: int = 0  # DataLoader worker processes
+    in_memory: bool = False  # decode each split once and hold it in memory (small sets; data.loaders.MemoryBatches)
 
     def validate(self) -> None:
         _choice(self, "format", ("auto", "wds", "csv", "tsv", "coco"))
         _choice(self, "augment", ("none", "rrc"))
+        if self.in_memory and self.augment != "none":
+            raise ConfigError("data.in_memory holds the images after the evaluation crop; it needs data.augment='none'")
         if self.shuffle_buffer < 0 or self.num_workers < 0:
             raise ConfigError("data.shuffle_buffer and data.num_workers must be >= 0")
 

@@ -4,11 +4,12 @@ import pytest
 import torch
 
 from mdc_core.config import load_preset
+from mdc_core.encoders import build_image_encoder
 from mdc_core.model import Captioner, padding_mask
 from mdc_core.tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID, CaptionTokenizer, build_output_vocab
 
 
-@pytest.mark.parametrize("preset", ["tiny", "vit_b32", "vit_b16", "vit_l14"])
+@pytest.mark.parametrize("preset", ["tiny", "tiny_fast", "tiny_vit", "vit_b32", "vit_b16", "vit_l14"])
 def test_forward_every_preset_no_nan(preset):
     cfg = load_preset(preset)
     if cfg.model.output_vocab == "corpus":
@@ -142,3 +143,14 @@ def test_conv_stem_depth_and_norm():
         stem(', "conv_stem_norm": "layer"')
     with pytest.raises(ValueError, match="conv_stem_depth needs model.encoder_kwargs.conv_stem"):
         build_image_encoder(load_preset("tiny", ['model.encoder_kwargs={"conv_stem_depth": 2}']).model)
+
+
+def test_tiny_fast_encodes_64_px_into_a_4x4_token_grid():
+    cfg = load_preset("tiny_fast")
+    assert cfg.model.image_size == 64 and cfg.data.in_memory
+    encoder = build_image_encoder(cfg.model).eval()
+    with torch.no_grad():
+        tokens = encoder(torch.randn(2, 3, 64, 64))
+    assert tokens.shape == (2, 1 + 16, 128)  # class token + (64 / 16) ** 2 patches
+    convs = [m for m in encoder.trunk.patch_embed.backbone if isinstance(m, torch.nn.Conv2d)]
+    assert [c.out_channels for c in convs] == [32, 64, 128] and all(c.stride == (2, 2) for c in convs)

@@ -21,6 +21,9 @@ those the un-skipped epoch yields after its first n (as long as no worker ran dr
 Hence ``world`` ranks with W workers and ``grad_accum`` A see, at every optimizer step, exactly the samples
 one process with ``world * W`` workers and accumulation ``world * A`` sees (rank r's a-th micro-batch is that
 process's micro-batch ``a * world + r``), which is what makes a DDP run reproducible on one process.
+
+With ``data.in_memory`` a small set is decoded once per process and served from memory instead
+(:class:`MemoryBatches`, at the end of this module): the same samples, bitwise, in a full permutation per epoch.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import json
 import random
 import signal
 import warnings
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from pathlib import Path
@@ -38,11 +41,19 @@ from typing import Any
 import torch
 import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torchvision.transforms import functional as TF
 
 from mdc_core import distributed as dist
 from mdc_core.config import DataConfig, RunConfig
 from mdc_core.data.sources import Source, iter_shard_records, resolve_source
-from mdc_core.data.transforms import ImageError, SeededRandomResizedCrop, eval_transform, open_image
+from mdc_core.data.transforms import (
+    ImageError,
+    SeededRandomResizedCrop,
+    eval_geometry,
+    eval_transform,
+    normalise_batch,
+    open_image,
+)
 
 SKIP_REASONS = ("bad_shard", "missing_image", "bad_image", "too_large", "missing_caption",
                 "bad_caption_encoding", "empty_caption")
@@ -208,7 +219,8 @@ def build_loader(cfg: DataConfig, *, split: str | None = "train", image_size: in
     happens when `shuffle` and ``cfg.shuffle_buffer > 0``, seeded by (seed, epoch). ``cfg.augment == "rrc"``
     gives random resized crops, except for the val/test/compgen splits. Iterating the result again repeats the
     same epoch. `rank` of `world` (torchrun) reads only its share of the shards/rows (module docstring);
-    `skip_batches` counts this rank's batches.
+    `skip_batches` counts this rank's batches. ``cfg.in_memory`` serves the same samples from memory, decoded once
+    per process (:class:`MemoryBatches`; a full permutation per epoch instead of the shuffle buffer).
     """
     cfg.validate()
     if image_size < 1 or batch_size < 1 or skip_batches < 0:
@@ -221,6 +233,10 @@ def build_loader(cfg: DataConfig, *, split: str | None = "train", image_size: in
     if random_crop and _is_synthetic(source):
         warnings.warn("data.augment='rrc' on the synthetic data set: random crops change object positions and "
                       "sizes that captions and labels describe; use augment='none'", stacklevel=2)
+    if cfg.in_memory:  # decoded once per process; ranks deal batches, workers are not needed
+        return MemoryBatches(source, image_size=image_size, batch_size=batch_size, seed=seed, epoch=epoch,
+                             skip_batches=skip_batches, shuffle=shuffle and cfg.shuffle_buffer > 0,
+                             drop_last=drop_last, rank=rank, world=world)
     stream = CaptionBatches(source, image_size=image_size, batch_size=batch_size, seed=seed, epoch=epoch,
                             skip_batches=skip_batches, shuffle=shuffle and cfg.shuffle_buffer > 0,
                             drop_last=drop_last, shuffle_buffer=cfg.shuffle_buffer, random_crop=random_crop,
@@ -244,6 +260,95 @@ def _ignore_interrupts(worker_id: int) -> None:
     (a worker whose parent dies exits by itself)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# in memory (data.in_memory)
+#
+# A CPU training step of the ``tiny`` models costs a few hundred milliseconds, and decoding, resizing and
+# normalising a batch of 64 JPEGs costs tens of them, every epoch again. :class:`MemoryBatches` reads the split
+# once through the same records and decoders as the shard loader above, keeps each image
+# as uint8 ``(3, S, S)`` after the evaluation geometry (resize + centre crop), and normalises whole batches as
+# they are drawn; the images it yields are bitwise those of the shard loader. Meant for sets that fit in memory
+# (the embedded data set: 20,000 images of 64 px are 250 MB); the shard loader stays the path for real data.
+#
+# Order. Without shuffling, storage order (the shard loader's order without shuffling). With shuffling, a full
+# permutation drawn from (seed, epoch), cut into batches of `batch_size` (the last partial one dropped when
+# `drop_last`); rank r of `world` takes batches r, r + world, ..., so that world ranks x accumulation A see at each
+# step the micro-batches one process sees with accumulation world x A, as the shard loader guarantees.
+# Records that cannot be used are counted by reason once per epoch, in the first batch of rank 0 (not when the
+# epoch is resumed after its first batch, as the shard loader).
+
+_CACHE: OrderedDict[tuple[str, str, int], dict[str, Any]] = OrderedDict()  # (location, kind, size) -> decoded split
+_CACHE_SIZE = 4  # splits kept decoded per process (train + the evaluation splits of one data set)
+MAX_BYTES = 2 * 1024**3  # decoded images of one split held at most (20,000 images of 64 px: 246 MB)
+
+
+def decode_split(source: Source, image_size: int, max_bytes: int = MAX_BYTES) -> dict[str, Any]:
+    """Every usable sample of `source`, decoded once per process and cached: ``{"images": uint8 (N, 3, S, S),
+    "captions", "keys", "metas": lists of N, "skipped": Counter}``. ValueError once the images pass
+    `max_bytes`."""
+    cache_key = (source.location, source.kind, image_size)
+    if cache_key in _CACHE:
+        _CACHE.move_to_end(cache_key)
+        return _CACHE[cache_key]
+    if source.kind == "wds":
+        records, decode = iter_shard_records(list(source.shards)), _decode_record
+    else:
+        records, decode = iter(source.rows), _decode_row
+    geometry = eval_geometry(image_size)
+    images, captions, keys, metas, skipped = [], [], [], [], Counter()
+    for rec in records:
+        sample = decode(rec)
+        if "__skip__" in sample:
+            skipped[sample["__skip__"]] += 1
+            continue
+        images.append(TF.pil_to_tensor(geometry(sample["pil"])))  # uint8 (3, S, S)
+        if len(images) * images[0].numel() > max_bytes:
+            raise ValueError(f"{source.location}: the decoded images pass {max_bytes / 1024**3:.1f} GiB at "
+                             f"{len(images)} images of {image_size} px; data.in_memory is for small sets, "
+                             "set data.in_memory=false")
+        captions.append(sample["caption"])
+        keys.append(sample["key"])
+        metas.append(sample["meta"])
+    stacked = torch.stack(images) if images else torch.empty(0, 3, image_size, image_size, dtype=torch.uint8)
+    entry = {"images": stacked, "captions": captions, "keys": keys, "metas": metas, "skipped": skipped}
+    _CACHE[cache_key] = entry
+    while len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    return entry
+
+
+class MemoryBatches:
+    """One epoch of batches of a decoded split, in the format of :func:`mdc_core.data.build_loader`."""
+
+    def __init__(self, source: Source, *, image_size: int, batch_size: int, seed: int, epoch: int,
+                 skip_batches: int, shuffle: bool, drop_last: bool, rank: int = 0, world: int = 1):
+        self.source, self.image_size, self.batch_size = source, image_size, batch_size
+        self.seed, self.epoch, self.skip_batches = seed, epoch, skip_batches
+        self.shuffle, self.drop_last, self.rank, self.world = shuffle, drop_last, rank, world
+
+    def _batches(self, n: int) -> list[list[int]]:
+        order = list(range(n))
+        if self.shuffle:
+            random.Random(f"memory-{self.seed}-{self.epoch}").shuffle(order)
+        batches = [order[i:i + self.batch_size] for i in range(0, n, self.batch_size)]
+        if batches and self.drop_last and len(batches[-1]) < self.batch_size:
+            batches.pop()
+        return batches[self.rank::self.world]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        data = decode_split(self.source, self.image_size)
+        skipped = dict(data["skipped"]) if self.rank == 0 else {}
+        for i, idx in enumerate(self._batches(len(data["keys"]))):
+            if i < self.skip_batches:
+                continue
+            index = torch.tensor(idx)
+            report = skipped if i == 0 else {}  # as the shard loader: not when resuming mid-epoch
+            yield {"image": normalise_batch(data["images"][index]),  # (B, 3, S, S) float
+                   "caption": [data["captions"][j] for j in idx], "key": [data["keys"][j] for j in idx],
+                   "meta": [data["metas"][j] for j in idx], "n_skipped": sum(report.values()),
+                   "skipped": dict(report)}
 
 
 def iter_captions(cfg: DataConfig, split: str | None = "train") -> Iterator[str]:

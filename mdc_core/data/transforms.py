@@ -101,10 +101,22 @@ def _normalise() -> Callable[[Image.Image], torch.Tensor]:
     return T.Compose([T.ToTensor(), T.Normalize(OPENAI_DATASET_MEAN, OPENAI_DATASET_STD)])
 
 
+def eval_geometry(image_size: int) -> Callable[[Image.Image], Image.Image]:
+    """PIL RGB image -> PIL image of image_size x image_size: shorter side resize (bicubic) + centre crop."""
+    return T.Compose([T.Resize(image_size, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(image_size)])
+
+
 def eval_transform(image_size: int) -> Callable[[Image.Image], torch.Tensor]:
     """PIL RGB image -> (3, image_size, image_size) normalised tensor: shorter side resize + centre crop."""
-    return T.Compose([T.Resize(image_size, interpolation=T.InterpolationMode.BICUBIC),
-                      T.CenterCrop(image_size), _normalise()])
+    return T.Compose([eval_geometry(image_size), _normalise()])
+
+
+def normalise_batch(images: torch.Tensor) -> torch.Tensor:
+    """uint8 images (B, 3, S, S) -> float (B, 3, S, S) normalised with the CLIP mean/std; bitwise what
+    ``ToTensor`` + ``Normalize`` give image by image."""
+    mean = torch.as_tensor(OPENAI_DATASET_MEAN, dtype=torch.float32).view(1, -1, 1, 1)
+    std = torch.as_tensor(OPENAI_DATASET_STD, dtype=torch.float32).view(1, -1, 1, 1)
+    return images.to(torch.float32).div(255).sub_(mean).div_(std)
 
 
 class SeededRandomResizedCrop:
