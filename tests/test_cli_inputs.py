@@ -37,6 +37,12 @@ def test_every_numeric_flag_refuses_a_negative_value():
     check_numeric_args(argparse.Namespace(seed=0, workers=0, threshold=0.5, guidance_scale=-2.0, steps=None))
 
 
+def test_remasking_flags_take_a_unit_threshold_and_zero_extra_steps():
+    check_numeric_args(argparse.Namespace(remask_threshold=0.99, remask_steps=0))
+    with pytest.raises(ValueError, match="--remask-threshold must be in \\[0, 1\\], got 1.5"):
+        check_numeric_args(argparse.Namespace(remask_threshold=1.5))
+
+
 def test_steps_zero_is_an_error_not_the_preset_default(tmp_path, capsys):
     assert main(["train", "--data", str(tmp_path), "--out", str(tmp_path / "run"), "--steps", "0"]) == 2
     assert capsys.readouterr().err.strip() == "mdc: error: --steps must be >= 1, got 0"

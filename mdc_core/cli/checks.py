@@ -13,8 +13,9 @@ import math
 
 NON_NEGATIVE = frozenset({  # 0 is meaningful: a seed, "off", "this process", "greedy", "all"
     "seed", "workers", "finetune_steps", "threads", "profile", "temperature", "top_k", "weight_decay", "beta",
+    "remask_steps",
 })
-UNIT_INTERVAL = frozenset({"threshold", "guidance_p_mask"})  # in [0, 1]
+UNIT_INTERVAL = frozenset({"threshold", "guidance_p_mask", "remask_threshold"})  # in [0, 1]
 POSITIVE_REAL = frozenset({"lr"})  # > 0, need not be >= 1
 ANY_REAL = frozenset({"guidance_scale"})  # any finite number (negative guidance is a valid experiment)
 PORTS = frozenset({"port"})  # 1-65535
