@@ -329,6 +329,7 @@ class _Trainer:
                 stopped_by = self._loop()
             dist.barrier(self.ctx, "end of training")
         finally:
+            self.stream.close()
             self.bar.close()
             if self.metrics_file is not None:
                 self.metrics_file.close()

@@ -115,3 +115,13 @@ def test_torchrun_cli(data, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(read_metrics(tmp_path / "run")) == 3
     assert ck.load_train_state(ck.latest_checkpoint(tmp_path / "run"))["world"] == 2
+
+
+def test_training_stops_its_data_loader_workers(data, tmp_path):
+    # the workers ignore SIGTERM (an interrupt must not kill the step in flight), so one left running would make
+    # multiprocessing's exit hook wait for it forever: train() must shut them down itself, however it ends
+    import multiprocessing
+
+    before = set(multiprocessing.active_children())
+    train(micro_run(data, "data.num_workers=2", steps=3, batch_size=4, ckpt_every=3), tmp_path / "w", progress=False)
+    assert set(multiprocessing.active_children()) - before == set()

@@ -408,3 +408,12 @@ class BatchStream:
             self._it = None  # a DataLoader's workers stop with their iterator
             self.on_epoch_end(self.epoch)
             self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+
+    def close(self) -> None:
+        """Stop this rank's DataLoader workers now. Dropping the iterator is not enough when the trainer sits in a
+        reference cycle (it does: `on_epoch_end` is its bound method), and the workers ignore SIGTERM, so a
+        process that exits with them still alive would wait for them forever in multiprocessing's exit hook."""
+        it, self._it = self._it, None
+        shutdown = getattr(it, "_shutdown_workers", None)  # torch's multi-process DataLoader iterator
+        if shutdown is not None:
+            shutdown()
