@@ -23,6 +23,7 @@ from mdc_core.data import (
     write_synthetic_dataset,
 )
 from mdc_core.data.captions import RELATIONS
+from mdc_core.data.scene import DIFFICULTIES
 
 SMALL = dict(n=24, n_val=6, n_test=6, n_compgen=8, image_size=32, shard_size=10, progress=False)
 
@@ -214,3 +215,39 @@ def test_write_argument_errors(tmp_path):
         write_synthetic_dataset(tmp_path, 4, n_val=-1)
     with pytest.raises(ValueError, match="shard_size"):
         write_synthetic_dataset(tmp_path, 4, shard_size=0)
+    with pytest.raises(ValueError, match="unknown data difficulty 'hard'"):
+        write_synthetic_dataset(tmp_path, 4, difficulty="hard")
+    assert not (tmp_path / "manifest.json").exists()
+
+
+def test_paper_difficulty_is_the_default_and_unchanged():
+    """Naming `paper` gives the same bytes as not naming a difficulty (the data sets written before the option)."""
+    for split, i in (("train", 0), ("train", 7), ("compgen", 3)):
+        assert make_example(0, split, i, 32) == make_example(0, split, i, 32, difficulty="paper")
+
+
+def test_easy_difficulty_scenes(tmp_path):
+    easy = DIFFICULTIES["easy"]
+    metas = [json.loads(make_example(0, "train", i, 16, difficulty="easy")["json"]) for i in range(300)]
+    shapes = {o["shape"] for m in metas for o in m["objects"]}
+    assert shapes == set(easy.shapes) == {"circle", "square", "triangle", "star", "cross"}
+    assert {m["labels"]["count"] for m in metas} == {1, 2, 3}
+    radii = {(o["size"], o["radius"]) for m in metas for o in m["objects"]}
+    assert radii == {("small", 0.11), ("large", 0.15)}
+    for m in metas:  # a salient primary: with 2+ objects exactly one is large, and it comes first
+        sizes = [o["size"] for o in m["objects"]]
+        if len(sizes) > 1:
+            assert sizes == ["large"] + ["small"] * (len(sizes) - 1), sizes
+    assert {m["objects"][0]["size"] for m in metas if len(m["objects"]) == 1} == {"small", "large"}
+    for m in metas:  # negatives name only shapes the data shows
+        for text in m["negatives"].values():
+            assert not {"hexagon", "diamond"} & set(text.split()), text
+    held = heldout_combos(0, "easy")
+    assert len(held) == 5 and {s for _, s in held} == set(easy.shapes)  # one pair per shape, distinct colours
+    assert len({c for c, _ in held}) == 5
+    comp = [json.loads(make_example(0, "compgen", i, 16, difficulty="easy")["json"]) for i in range(20)]
+    assert all((m["labels"]["colour"], m["labels"]["shape"]) in held for m in comp)
+    manifest = write_synthetic_dataset(tmp_path, seed=0, difficulty="easy", **SMALL)
+    assert manifest["params"]["difficulty"] == "easy"
+    assert manifest["vocab"]["shape"] == list(easy.shapes) and manifest["vocab"]["count"] == [1, 2, 3]
+    assert [tuple(p) for p in manifest["heldout_combos"]] == held

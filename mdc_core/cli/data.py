@@ -17,6 +17,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     synth.add_argument("--image-size", type=int, default=64, help="pixels (square)")
     synth.add_argument("--captions", choices=("short", "long", "mixed"), default="mixed", help="caption style")
     synth.add_argument("--shard-size", type=int, default=1000, help="samples per tar shard")
+    synth.add_argument("--difficulty", choices=("paper", "easy"), default="paper",
+                       help="scene settings: paper = 7 shapes, 1-4 objects (the default); easy = 5 distinct "
+                       "shapes, 1-3 objects, larger small objects (the fast CPU recipe; docs/fast_recipe.md)")
     shards = data.add_parser("shards", help="write your image-caption folder or CSV/TSV/COCO json as tar shards",
                              parents=[flags(out="output folder for 00000.tar, 00001.tar, ...", quiet=True)])
     shards.add_argument("--from", dest="source", required=True,
@@ -63,7 +66,8 @@ def cmd_data_bench(args: argparse.Namespace) -> None:
 def cmd_data_synth(args: argparse.Namespace) -> None:
     from mdc_core.data import write_synthetic_dataset
     manifest = write_synthetic_dataset(args.out, args.n, seed=args.seed, image_size=args.image_size,
-                                       captions=args.captions, shard_size=args.shard_size)
+                                       captions=args.captions, shard_size=args.shard_size,
+                                       difficulty=args.difficulty)
     counts = manifest.get("counts", {})
     print(f"wrote {args.out}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
 

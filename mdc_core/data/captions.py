@@ -193,11 +193,13 @@ def _heldout_pattern(forbidden: set[tuple[str, str]] | None) -> re.Pattern[str] 
 
 
 def negatives(spec: ShortSpec, scene: Scene, rng: np.random.Generator,
-              forbidden: set[tuple[str, str]] | None = None) -> dict[str, str]:
+              forbidden: set[tuple[str, str]] | None = None, shapes: tuple[str, ...] = SHAPES) -> dict[str, str]:
     """Hard negatives of the short caption `spec`, category -> text (categories in :data:`NEGATIVE_TYPES`).
 
     Each negative differs from the caption and is false for `scene`; a negative that would name a `forbidden`
     (held-out) colour-shape pair is left out, so held-out pairs appear in no text outside the compgen split.
+    Replaced and added shapes come from `shapes` (the data set's shapes, so no negative names a shape the data
+    never shows).
     """
     caption = render_short(spec)
     pattern = _heldout_pattern(forbidden)
@@ -236,7 +238,7 @@ def negatives(spec: ShortSpec, scene: Scene, rng: np.random.Generator,
     scene_colours = {o.colour for o in scene.objects}
     scene_shapes = {o.shape for o in scene.objects}
     free_colours = [c for c in COLOURS if c not in scene_colours]
-    free_shapes = [s for s in SHAPES if s not in scene_shapes]
+    free_shapes = [s for s in shapes if s not in scene_shapes]
     for _ in range(5):  # a replacement or addition may be rejected (held-out pair); try a few
         slot = int(rng.integers(len(ms)))
         if rng.random() < 0.5 and ms[slot].colour:

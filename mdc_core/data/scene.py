@@ -10,6 +10,12 @@ reading order (top row first, then left to right), so it is a function of the pi
 
 A fixed, seed-determined set of (colour, shape) pairs, :func:`heldout_combos`, never appears in the
 train/val/test splits; every ``compgen`` image has one as its (large, primary) object, all other objects small.
+
+A :class:`Difficulty` names the scene settings. ``paper`` (the default, the data set the paper's tables are
+reproduced on) draws 7 shapes, 1-4 objects, radii 0.10/0.15; ``easy`` drops the two shapes that are confusable
+with others at 64 px (hexagon ~ circle, diamond ~ square), draws 1-3 objects and makes small objects larger
+(radius 0.12), so a CPU model learns shape words in a fraction of the steps (docs/fast_recipe.md). Every other
+choice (colours, backgrounds, positions, captions, negatives, held-out pairs, compgen) works the same way.
 """
 
 from __future__ import annotations
@@ -52,8 +58,38 @@ SPLITS: tuple[str, ...] = ("train", "val", "test", "compgen")
 LABEL_NAMES: tuple[str, ...] = ("shape", "colour", "size", "position", "count", "background")
 N_HELDOUT = 6  # ~10% of the 63 (colour, shape) pairs
 
-_RADIUS = {"small": 0.1, "large": 0.15}  # object extent (half-width) as a fraction of the image side
 _JPEG_QUALITY = 95  # img2dataset's default encode_quality
+
+
+@dataclass(frozen=True)
+class Difficulty:
+    """Scene settings: the shapes drawn, the most objects per scene and the object radii (fractions of the side;
+    at most 1/6 - 0.012 so an object stays inside its cell)."""
+
+    name: str
+    shapes: tuple[str, ...]
+    max_objects: int
+    radius: tuple[tuple[str, float], ...]  # (size word, radius), for each of SIZES
+    salient_primary: bool = False  # scenes of 2+ objects: exactly one large object (the primary), the rest small
+
+    def radius_of(self, size: str) -> float:
+        return dict(self.radius)[size]
+
+
+DIFFICULTIES: dict[str, Difficulty] = {
+    "paper": Difficulty("paper", SHAPES, 4, (("small", 0.1), ("large", 0.15))),
+    "easy": Difficulty("easy", ("circle", "square", "triangle", "star", "cross"), 3,
+                       (("small", 0.11), ("large", 0.15)), salient_primary=True),
+}
+
+
+def get_difficulty(difficulty: str | Difficulty) -> Difficulty:
+    """The :class:`Difficulty` named `difficulty` (one of :data:`DIFFICULTIES`), or `difficulty` itself."""
+    if isinstance(difficulty, Difficulty):
+        return difficulty
+    if difficulty not in DIFFICULTIES:
+        raise ValueError(f"unknown data difficulty {difficulty!r}; expected one of {', '.join(DIFFICULTIES)}")
+    return DIFFICULTIES[difficulty]
 
 
 @dataclass(frozen=True)
@@ -111,18 +147,24 @@ def example_rng(seed: int, split: str, index: int) -> np.random.Generator:
     return np.random.default_rng([seed, split_id(split), index])
 
 
-def heldout_combos(seed: int) -> list[tuple[str, str]]:
+def heldout_combos(seed: int, difficulty: str | Difficulty = "paper") -> list[tuple[str, str]]:
     """The (colour, shape) pairs held out of train/val/test for `seed`: distinct colours and distinct shapes,
-    so every colour and every shape is still seen in training with other partners."""
+    so every colour and every shape is still seen in training with other partners (N_HELDOUT pairs, fewer when
+    the difficulty has fewer shapes: one per shape at most)."""
+    shapes_all = get_difficulty(difficulty).shapes
+    k = min(N_HELDOUT, len(shapes_all))
     rng = np.random.default_rng([seed, 7919])
-    colours = [list(COLOURS)[i] for i in rng.permutation(len(COLOURS))[:N_HELDOUT]]
-    shapes = [SHAPES[i] for i in rng.permutation(len(SHAPES))[:N_HELDOUT]]
+    colours = [list(COLOURS)[i] for i in rng.permutation(len(COLOURS))[:k]]
+    shapes = [shapes_all[i] for i in rng.permutation(len(shapes_all))[:k]]
     return sorted(zip(colours, shapes, strict=False))
 
 
-def sample_scene(rng: np.random.Generator, heldout: set[tuple[str, str]], compgen: bool = False) -> Scene:
+def sample_scene(rng: np.random.Generator, heldout: set[tuple[str, str]], compgen: bool = False,
+                 difficulty: str | Difficulty = "paper") -> Scene:
     """Draw a scene. Outside compgen no object is a held-out pair; in compgen the primary object is one."""
-    n = int(rng.integers(1, 5))  # uniform over 1..4 objects
+    diff = get_difficulty(difficulty)
+    shapes = diff.shapes
+    n = int(rng.integers(1, diff.max_objects + 1))  # uniform over 1..max_objects
     cells = rng.choice(9, size=n, replace=False)
     colours, heldout_list = list(COLOURS), sorted(heldout)
     raw = []
@@ -132,12 +174,14 @@ def sample_scene(rng: np.random.Generator, heldout: set[tuple[str, str]], compge
             size = "large"
         else:
             while True:
-                colour, shape = colours[int(rng.integers(len(colours)))], SHAPES[int(rng.integers(len(SHAPES)))]
+                colour, shape = colours[int(rng.integers(len(colours)))], shapes[int(rng.integers(len(shapes)))]
                 if compgen or (colour, shape) not in heldout:
                     break
             size = "small" if compgen else SIZES[int(rng.integers(2))]
+            if diff.salient_primary and n > 1:
+                size = "large" if i == 0 else "small"
         row, col = divmod(int(cell), 3)
-        radius = _RADIUS[size]
+        radius = diff.radius_of(size)
         slack = 1 / 6 - radius - 0.012  # keep the whole object inside its cell: objects never overlap
         jx, jy = rng.uniform(-slack, slack, size=2)
         raw.append(SceneObject(shape, colour, size, row, col, (col + 0.5) / 3 + jx, (row + 0.5) / 3 + jy, radius))
@@ -208,7 +252,8 @@ def encode_jpeg(img: Image.Image, quality: int = _JPEG_QUALITY) -> bytes:
     return buf.getvalue()
 
 
-def vocabularies() -> dict[str, list[Any]]:
+def vocabularies(difficulty: str | Difficulty = "paper") -> dict[str, list[Any]]:
     """Label name -> ordered list of values (the class index of a value is its position)."""
-    return {"shape": list(SHAPES), "colour": list(COLOURS), "size": list(SIZES), "position": list(POSITIONS),
-            "count": list(COUNTS), "background": list(BACKGROUNDS)}
+    diff = get_difficulty(difficulty)
+    return {"shape": list(diff.shapes), "colour": list(COLOURS), "size": list(SIZES), "position": list(POSITIONS),
+            "count": list(COUNTS[:diff.max_objects]), "background": list(BACKGROUNDS)}

@@ -36,6 +36,7 @@ from mdc_core.data.scene import (
     SYNTH_VERSION,
     encode_jpeg,
     example_rng,
+    get_difficulty,
     heldout_combos,
     render_scene,
     sample_scene,
@@ -48,24 +49,26 @@ _SHARD_RE = re.compile(r"\d{6}\.tar(\.part)?")
 
 
 def make_example(seed: int, split: str, index: int, image_size: int = 64, captions: str = "mixed",
-                 heldout: list[tuple[str, str]] | None = None) -> dict[str, Any]:
+                 heldout: list[tuple[str, str]] | None = None, difficulty: str = "paper") -> dict[str, Any]:
     """Example `index` of `split` as a WebDataset sample ``{"__key__", "jpg": bytes, "txt": str, "json": bytes}``.
 
     `captions` is ``short``, ``long`` or ``mixed`` (a seeded coin per image). Both caption styles, the labels,
     the object list and the negatives are always in the JSON; the scene depends on neither `captions` nor
-    `image_size`. `heldout` defaults to :func:`heldout_combos` of `seed`.
+    `image_size`. `heldout` defaults to :func:`heldout_combos` of `seed`; `difficulty` names the scene settings
+    (:data:`~mdc_core.data.scene.DIFFICULTIES`).
     """
     if captions not in CAPTION_STYLES:
         raise ValueError(f"captions must be one of {', '.join(CAPTION_STYLES)}, got {captions!r}")
-    held_set = set(heldout if heldout is not None else heldout_combos(seed))
+    diff = get_difficulty(difficulty)
+    held_set = set(heldout if heldout is not None else heldout_combos(seed, diff))
     rng = example_rng(seed, split, index)
-    scene = sample_scene(rng, held_set, compgen=split == "compgen")
+    scene = sample_scene(rng, held_set, compgen=split == "compgen", difficulty=diff)
     img = render_scene(scene, image_size, rng)
     short_spec, short = short_caption(scene, rng)
     long = long_caption(scene, rng)
     style = ("short", "long")[int(rng.integers(2))]  # always drawn, so `captions` never shifts later choices
     style = style if captions == "mixed" else captions
-    negs = negatives(short_spec, scene, rng, forbidden=None if split == "compgen" else held_set)
+    negs = negatives(short_spec, scene, rng, forbidden=None if split == "compgen" else held_set, shapes=diff.shapes)
     key = f"{split_id(split)}{index:08d}"
     meta = {
         "key": key, "split": split, "index": index, "seed": seed,
@@ -125,8 +128,11 @@ def _write_split(folder: Path, split: str, count: int, shard_size: int, workers:
 def write_synthetic_dataset(out: str | Path, n: int, seed: int = 0, image_size: int = 64, captions: str = "mixed",
                             n_val: int | None = None, n_test: int | None = None, n_compgen: int | None = None,
                             shard_size: int = 1000, progress: bool = True,
-                            workers: int | None = None) -> dict[str, Any]:
+                            workers: int | None = None, difficulty: str = "paper") -> dict[str, Any]:
     """Write the synthetic data set (`n` training images; val/test/compgen default to ``max(64, n // 20)``).
+
+    `difficulty` names the scene settings (``paper``, the default, or ``easy``:
+    :data:`~mdc_core.data.scene.DIFFICULTIES`); it is recorded in the manifest.
 
     `workers` processes draw the images (default: the CPU count, at most 8; 1 = in this process); the bytes
     written do not depend on it. Returns the
@@ -141,6 +147,7 @@ def write_synthetic_dataset(out: str | Path, n: int, seed: int = 0, image_size: 
         raise ValueError(f"image_size must be >= 16 pixels, got {image_size}")
     if shard_size < 1:
         raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+    get_difficulty(difficulty)  # fail before anything is written
     workers = min(8, os.cpu_count() or 1) if workers is None else workers
     default = max(64, n // 20)
     counts = {"train": n, "val": default if n_val is None else n_val, "test": default if n_test is None else n_test,
@@ -151,19 +158,20 @@ def write_synthetic_dataset(out: str | Path, n: int, seed: int = 0, image_size: 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "manifest.json").unlink(missing_ok=True)  # incomplete until the new manifest lands
-    held = heldout_combos(seed)
+    held = heldout_combos(seed, difficulty)
     params = {"n": n, "seed": seed, "image_size": image_size, "captions": captions, "n_val": counts["val"],
-              "n_test": counts["test"], "n_compgen": counts["compgen"], "shard_size": shard_size}
+              "n_test": counts["test"], "n_compgen": counts["compgen"], "shard_size": shard_size,
+              "difficulty": difficulty}
     splits: dict[str, Any] = {}
     with tqdm(total=sum(counts.values()), disable=not progress, desc=f"writing {out}", unit="img") as bar:
         for split in SPLITS:
             shards = _write_split(out / split, split, counts[split], shard_size, workers, bar, seed=seed,
-                                  image_size=image_size, captions=captions, heldout=held)
+                                  image_size=image_size, captions=captions, heldout=held, difficulty=difficulty)
             splits[split] = {"count": counts[split], "shards": shards}
     manifest = {
         "generator": "mdc_core.data.synth", "version": SYNTH_VERSION, "params": params,
         "counts": {split: counts[split] for split in SPLITS}, "splits": splits,
-        "vocab": vocabularies(), "label_names": list(LABEL_NAMES), "negative_types": list(NEGATIVE_TYPES),
+        "vocab": vocabularies(difficulty), "label_names": list(LABEL_NAMES), "negative_types": list(NEGATIVE_TYPES),
         "heldout_combos": [list(p) for p in held], "caption_styles": ["short", "long"],
         "members": {"jpg": "RGB JPEG (quality 95)", "txt": "caption, UTF-8", "json": "metadata, UTF-8 JSON"},
     }

@@ -42,9 +42,10 @@ def output_folder(output_dir: str | Path) -> Path:
 
 
 def ensure_dataset(root: str | Path, n: int, *, captions: str = "mixed", image_size: int = 64, seed: int = 0,
-                   n_eval: int | None = None, progress: bool = False) -> dict[str, Any]:
+                   n_eval: int | None = None, progress: bool = False, difficulty: str = "paper") -> dict[str, Any]:
     """The embedded data set at `root` with these parameters: reused if its manifest matches, else written.
-    `n_eval` images per val/test/compgen split (default: the generator's ``max(64, n // 20)``)."""
+    `n_eval` images per val/test/compgen split (default: the generator's ``max(64, n // 20)``); `difficulty`
+    ``paper`` or ``easy`` (:data:`mdc_core.data.scene.DIFFICULTIES`)."""
     from mdc_core.data import read_manifest, write_synthetic_dataset
 
     root = project_path(root)
@@ -52,12 +53,14 @@ def ensure_dataset(root: str | Path, n: int, *, captions: str = "mixed", image_s
         manifest = read_manifest(root)
         p = manifest["params"]
         wanted = {"n": n, "captions": captions, "image_size": image_size, "seed": seed}
-        if all(p.get(k) == v for k, v in wanted.items()) and (n_eval is None or p.get("n_test") == n_eval):
+        wanted_difficulty = p.get("difficulty", "paper") == difficulty  # manifests before the option: paper
+        if (all(p.get(k) == v for k, v in wanted.items()) and wanted_difficulty
+                and (n_eval is None or p.get("n_test") == n_eval)):
             return manifest
     except (FileNotFoundError, ValueError, KeyError):
         pass
     return write_synthetic_dataset(root, n, seed=seed, image_size=image_size, captions=captions, n_val=n_eval,
-                                   n_test=n_eval, n_compgen=n_eval, progress=progress)
+                                   n_test=n_eval, n_compgen=n_eval, progress=progress, difficulty=difficulty)
 
 
 def make_config(preset: str, data_dir: str | Path, objective: str, steps: int,
