@@ -127,9 +127,15 @@ def test_in_process_an_interrupt_raises_after_the_checkpoint(data, tmp_path, mon
 
     monkeypatch.setattr(train_mod, "compute_loss", interrupting)
     cfg = micro_run(data, steps=50, batch_size=4, ckpt_every=100)
-    with pytest.raises(KeyboardInterrupt) as info:
-        train(cfg, tmp_path / "run", progress=False)
+    # Python's own Ctrl-C handler, as in an interactive session (a background job starts with SIGINT ignored)
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as info:
+            train(cfg, tmp_path / "run", progress=False)
+        restored = signal.getsignal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, outer)
     err = info.value
     assert isinstance(err, TrainingInterrupted) and err.signum == signal.SIGINT and err.step in (3, 4)
     assert err.checkpoint == ck.latest_checkpoint(tmp_path / "run") and err.checkpoint.name == f"step_{err.step:08d}"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is restored
+    assert restored is signal.default_int_handler  # the handler is restored
