@@ -10,7 +10,7 @@ import pytest
 
 from mdc_core.cli import main
 from mdc_core.workbench.paper import PAPER
-from mdc_core.workbench.plans import load_plan, run_plan, run_status
+from mdc_core.workbench.plans import RunSpec, load_plan, result_from_markers, run_plan, run_status, thread_env
 from mdc_core.workbench.summary import _fmt, merge_tables, table_markdown
 
 TINY_BODY = """\
@@ -86,6 +86,57 @@ def test_failed_run_is_marked_and_others_continue(toy: Path) -> None:
     assert run_status(bad, {"fail": True}) == "failed"
 
 
+CONCURRENT_BODY = """\
+import json, os, pathlib, time
+out = pathlib.Path(output_dir)
+start = time.time()
+if fail:
+    raise RuntimeError(f"asked to fail with value={value}")
+time.sleep(4)
+(out / "metrics.json").write_text(json.dumps({"metrics": {"value": value}, "start": start, "end": time.time(),
+                                              "threads": os.environ.get("OMP_NUM_THREADS")}))
+"""
+
+
+def test_jobs_run_notebooks_at_once_with_a_share_of_the_threads(tmp_path: Path) -> None:
+    write_notebook(tmp_path / "slow.ipynb", body=CONCURRENT_BODY)
+    plan_file = write_plan(tmp_path / "two.yaml", f"output_root: {tmp_path / 'out'}\njobs: 2\nnotebooks:\n"
+                                                  "  - path: slow.ipynb\n    grid: {value: [1, 2]}\n"
+                                                  "  - path: slow.ipynb\n    id: bad\n    parameters: {fail: true}\n")
+    plan = load_plan(plan_file, root=tmp_path)
+    assert plan.jobs == 2
+    results = run_plan(plan, progress=False, cwd=tmp_path)
+    assert [(r.run_id, r.status) for r in results] == [("slow__value=1", "done"), ("slow__value=2", "done"),
+                                                        ("bad", "failed")]
+    assert "RuntimeError: asked to fail with value=1" in results[2].error
+    assert (tmp_path / "out" / "two" / "bad" / "FAILED").is_file()
+    first, second = (json.loads((r.run_dir / "metrics.json").read_text()) for r in results[:2])
+    assert max(first["start"], second["start"]) < min(first["end"], second["end"])  # they overlapped
+    assert first["threads"] == second["threads"] == thread_env(2)["OMP_NUM_THREADS"]
+    assert "slow__value=2" in (tmp_path / "out" / "two" / "summary.md").read_text()
+    again = run_plan(load_plan(plan_file, root=tmp_path), progress=False, cwd=tmp_path, jobs=2)
+    assert [r.status for r in again] == ["skipped", "skipped", "failed"]  # finished runs skip, failed ones retry
+
+
+def test_thread_share_and_results_read_back_from_markers(tmp_path: Path) -> None:
+    assert thread_env(2, cpus=2) == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    assert thread_env(2, cpus=16)["OMP_NUM_THREADS"] == "8"
+    assert thread_env(4, cpus=2)["OMP_NUM_THREADS"] == "1"  # never zero threads
+    spec = RunSpec("r", tmp_path / "nb.ipynb", {"value": 1})
+    done = tmp_path / "done"
+    done.mkdir()
+    (done / "DONE").write_text(json.dumps({"duration_s": 12.5}))
+    assert (result_from_markers(spec, done).status, result_from_markers(spec, done).duration_s) == ("done", 12.5)
+    failed = tmp_path / "failed"
+    failed.mkdir()
+    (failed / "FAILED").write_text("ValueError: bad (cell [3])\nduration_s: 2.0\n")
+    result = result_from_markers(spec, failed)
+    assert (result.status, result.error, result.duration_s) == ("failed", "ValueError: bad (cell [3])", 2.0)
+    killed = result_from_markers(spec, tmp_path / "killed", exitcode=-9)  # neither marker: the process died
+    assert killed.status == "failed" and "exit code -9" in killed.error
+    assert (tmp_path / "killed" / "FAILED").is_file()
+
+
 def test_changed_parameters_make_a_finished_run_pending(tmp_path: Path) -> None:
     (tmp_path / "parameters.json").write_text(json.dumps({"value": 2}))
     (tmp_path / "DONE").write_text("{}")
@@ -105,6 +156,8 @@ def test_changed_parameters_make_a_finished_run_pending(tmp_path: Path) -> None:
     ("notebooks:\n  - path: toy.ipynb\n    parameters: {output_dir: x}\n", "set by the runner"),
     ("notebook: [toy.ipynb]\n", "unknown key(s) ['notebook']"),
     ("notebooks: []\n", "non-empty list"),
+    ("jobs: 0\nnotebooks: [toy.ipynb]\n", "jobs must be a positive integer"),
+    ("jobs: two\nnotebooks: [toy.ipynb]\n", "jobs must be a positive integer"),
 ])
 def test_bad_plans_are_rejected_before_running(toy: Path, text: str, message: str) -> None:
     with pytest.raises((ValueError, FileNotFoundError)) as err:

@@ -54,3 +54,57 @@ def test_notebooks_hold_no_copy_of_the_papers_numbers():
             floats = {n.value for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Constant)
                       and isinstance(n.value, float)}
             assert not floats & paper, f"{path.name}: the paper's numbers {floats & paper} (use workbench.paper)"
+
+
+def test_project_path_is_relative_to_the_checkout(tmp_path):
+    assert wb.PROJECT_ROOT == ROOT
+    assert wb.project_path("papermill_runs/x") == ROOT / "papermill_runs" / "x"
+    assert wb.project_path(tmp_path) == tmp_path
+
+
+def test_cache_lock_makes_a_second_writer_wait_and_says_so(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    from mdc_core.workbench import progress
+
+    monkeypatch.setattr(wb, "LOCK_WAIT_REPORT_S", 0.05)
+    monkeypatch.setenv(progress.ENV, str(tmp_path / "progress.json"))
+    order, held = [], threading.Event()
+
+    def first():
+        with wb.cache_lock(tmp_path / "model", "the model m"):
+            held.set()
+            time.sleep(0.5)
+            order.append("first done")
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    held.wait()
+    with wb.cache_lock(tmp_path / "model", "the model m"):
+        order.append("second in")
+    thread.join()
+    assert order == ["first done", "second in"]
+    assert "waiting for the model m" in progress.describe(tmp_path / "progress.json")
+
+
+def test_notebooks_at_once_write_the_data_set_once(tmp_path, monkeypatch):
+    import threading
+
+    import mdc_core.data as data
+
+    calls, real = [], data.write_synthetic_dataset
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(data, "write_synthetic_dataset", counted)
+    manifests = []
+    threads = [threading.Thread(target=lambda: manifests.append(
+        wb.ensure_dataset(tmp_path / "d", 32, captions="short", n_eval=8, difficulty="easy"))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(manifests) == 2 and manifests[0]["params"] == manifests[1]["params"]

@@ -25,6 +25,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                           parents=[flags(quiet=True)])
     runs.add_argument("plan", help="plan YAML file (see plans/)")
     runs.add_argument("--dry-run", action="store_true", help="check the plan, parameters and notebooks; run nothing")
+    runs.add_argument("--jobs", type=int, help="notebooks executed at once, each with cpu_count // jobs threads "
+                      "(default: the plan's 'jobs', else 1)")
 
 
 def cmd_runs(args: argparse.Namespace) -> None:
@@ -34,7 +36,9 @@ def cmd_runs(args: argparse.Namespace) -> None:
         print(describe_plan(plan))
         print("\nplan is valid (nothing was run)")
         return
-    results = run_plan(plan, progress=not args.quiet)
+    if args.jobs is not None and args.jobs < 1:
+        raise SystemExit(f"mdc runs: --jobs must be a positive integer, got {args.jobs}")
+    results = run_plan(plan, progress=not args.quiet, jobs=args.jobs)
     failed = [r for r in results if r.status == "failed"]
     print(f"plan {plan.name}: {len(results) - len(failed)} of {len(results)} runs finished; "
           f"summary: {plan.out_dir / 'summary.md'}")

@@ -3,6 +3,9 @@
 * paths: :func:`project_path` reads a relative path against the repository root, so a notebook behaves the
   same under papermill (cwd = repository root) and in JupyterLab (cwd = ``notebooks/``);
 * data: :func:`ensure_dataset` writes the embedded data set once and reuses it;
+* concurrency: both hold a file lock (:func:`cache_lock`) on the folder they write, so notebooks run at once
+  (``mdc runs`` with ``jobs``) never write the same data set or train the same model twice: one trains, the
+  others wait and then load;
 * models: :func:`train_cached` trains a config into ``models_dir/<objective>-<config hash>`` or loads the
   finished run from there, so notebooks of one plan share their models; :func:`live_train` trains while a
   loss curve redraws in the notebook;
@@ -11,17 +14,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from mdc_core.config import RunConfig, load_preset
-from mdc_core.workbench.progress import watch_training
+from mdc_core.workbench.progress import report, watch_training
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # mdc_core/workbench/notebook.py -> the checkout
+LOCK_WAIT_REPORT_S = 2.0  # a notebook waiting this long for another's lock says so in the runner's bar
 
 
 def project_path(path: str | Path) -> Path:
@@ -41,14 +47,42 @@ def output_folder(output_dir: str | Path) -> Path:
     return out
 
 
+@contextlib.contextmanager
+def cache_lock(folder: str | Path, what: str = "") -> Iterator[None]:
+    """Hold an exclusive inter-process lock on `folder` (the file ``<folder>.lock`` beside it) for the block.
+    While another process holds it, wait, telling the runner (``waiting for <what>``) after
+    :data:`LOCK_WAIT_REPORT_S` seconds."""
+    from filelock import FileLock, Timeout
+
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(folder) + ".lock")
+    try:
+        lock.acquire(timeout=LOCK_WAIT_REPORT_S)
+    except Timeout:
+        report(detail=f"waiting for {what or folder.name} (another notebook is writing it)")
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def ensure_dataset(root: str | Path, n: int, *, captions: str = "mixed", image_size: int = 64, seed: int = 0,
                    n_eval: int | None = None, progress: bool = False, difficulty: str = "paper") -> dict[str, Any]:
     """The embedded data set at `root` with these parameters: reused if its manifest matches, else written.
     `n_eval` images per val/test/compgen split (default: the generator's ``max(64, n // 20)``); `difficulty`
     ``paper`` or ``easy`` (:data:`mdc_core.data.scene.DIFFICULTIES`)."""
+    root = project_path(root)
+    with cache_lock(root, f"the data set {root.name}"):
+        return _ensure_dataset(root, n, captions=captions, image_size=image_size, seed=seed, n_eval=n_eval,
+                               progress=progress, difficulty=difficulty)
+
+
+def _ensure_dataset(root: Path, n: int, *, captions: str, image_size: int, seed: int, n_eval: int | None,
+                    progress: bool, difficulty: str) -> dict[str, Any]:
     from mdc_core.data import read_manifest, write_synthetic_dataset
 
-    root = project_path(root)
     try:
         manifest = read_manifest(root)
         p = manifest["params"]
@@ -98,16 +132,17 @@ def train_cached(cfg: RunConfig, models_dir: str | Path, *, live: bool = False, 
     from mdc_core.train import train
 
     run_dir = cached_run_dir(models_dir, cfg)
-    if not _finished(run_dir, cfg.train.steps):
-        resume = latest_checkpoint(run_dir) is not None
-        if not resume and run_dir.exists():  # a run killed before its first checkpoint: start it over
-            import shutil
-            shutil.rmtree(run_dir)
-        with watch_training(run_dir, cfg.train.steps):  # the batch runner shows the step (mdc_core.workbench.progress)
-            if live:
-                live_train(cfg, run_dir, resume=resume)
-            else:
-                train(cfg, run_dir, resume=resume, progress=progress)
+    with cache_lock(run_dir, f"the model {run_dir.name}"):  # another notebook may be training this very run
+        if not _finished(run_dir, cfg.train.steps):
+            resume = latest_checkpoint(run_dir) is not None
+            if not resume and run_dir.exists():  # a run killed before its first checkpoint: start it over
+                import shutil
+                shutil.rmtree(run_dir)
+            with watch_training(run_dir, cfg.train.steps):  # the runner shows the step (mdc_core.workbench.progress)
+                if live:
+                    live_train(cfg, run_dir, resume=resume)
+                else:
+                    train(cfg, run_dir, resume=resume, progress=progress)
     device = "cpu" if cfg.train.device == "auto" else cfg.train.device
     model, saved = load_model(run_dir, device=device)
     return model, saved, run_dir

@@ -7,6 +7,7 @@ A plan is a YAML file (the shipped ones are in ``plans/``)::
     kernel: mdc                        # optional; the project's kernel, registered on first use
     output_root: papermill_runs        # optional; relative to the working directory
     timeout_s: 1800                    # optional; per-cell execution timeout (default: none)
+    jobs: 2                            # optional; notebooks executed at once (default 1; see below)
     parameters:                        # base parameters: given to every notebook that declares them
       device: cpu
     grid:                              # optional; crossed with every notebook's own grid
@@ -31,6 +32,14 @@ Every run gets ``output_dir`` (its own run folder, absolute) on top of its param
 ``FAILED`` (the error). A failed run is kept and the plan goes on; re-running a plan skips runs whose ``DONE``
 marker and ``parameters.json`` match (a changed parameter re-runs that run), and retries failed ones. When the
 plan ends :mod:`mdc_core.workbench.summary` writes ``summary.md``, ``summary.json`` and ``summary.png``.
+
+``jobs`` runs that many notebooks at once, each in its own process and kernel with ``cpu_count // jobs``
+torch threads (``OMP_NUM_THREADS``); ``mdc runs --jobs N`` overrides it. Runs start in plan order as slots
+free up. Notebooks that need the same cached model or data folder do not race: the notebook helpers hold a file
+lock on each cache folder while they write it (:func:`mdc_core.workbench.notebook.train_cached`,
+:func:`~mdc_core.workbench.notebook.ensure_dataset`), so a notebook that needs a model another one is training
+waits for it and then loads it. On a small CPU this pays because a small model's training uses a second thread
+poorly and much of a notebook uses one core anyway (measurements in ``docs/notebooks.md``).
 
 Parameters are checked against each notebook's ``parameters`` cell (``papermill.inspect_notebook``) before
 anything runs: an undeclared name, a value of the wrong type, or a missing notebook is an error naming it.
@@ -62,8 +71,9 @@ from mdc_core.workbench.summary import RunResult, write_summary
 
 KERNEL_NAME = "mdc"  # the project's Jupyter kernel (this virtual environment's python)
 KERNEL_DISPLAY_NAME = "MDC workbench"
-PLAN_KEYS = ("name", "description", "kernel", "output_root", "timeout_s", "parameters", "grid", "seeds",
+PLAN_KEYS = ("name", "description", "kernel", "output_root", "timeout_s", "jobs", "parameters", "grid", "seeds",
              "notebooks")
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # what a run's kernel reads for its torch thread count
 ENTRY_KEYS = ("path", "id", "parameters", "grid", "seeds")
 
 RESERVED = ("output_dir",)  # set by the runner for every run
@@ -98,6 +108,7 @@ class Plan:
     kernel: str = KERNEL_NAME
     output_root: Path = Path("papermill_runs")
     timeout_s: int | None = None
+    jobs: int = 1  # notebooks executed at once
     description: str = ""
     declared: dict[str, dict[str, Any]] = field(default_factory=dict)  # notebook -> papermill's parameter table
 
@@ -136,6 +147,9 @@ def load_plan(path: str | Path, *, root: str | Path | None = None) -> Plan:
     timeout = data.get("timeout_s")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int) or timeout <= 0):
         raise ValueError(f"plan {path}: timeout_s must be a positive integer (seconds), got {timeout!r}")
+    jobs = data.get("jobs", 1)
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"plan {path}: jobs must be a positive integer (notebooks at once), got {jobs!r}")
 
     declared: dict[str, dict[str, Any]] = {}
     runs: list[RunSpec] = []
@@ -172,7 +186,7 @@ def load_plan(path: str | Path, *, root: str | Path | None = None) -> Plan:
     if dupes:
         raise ValueError(f"plan {path}: run ids {dupes} occur twice; give the entries distinct 'id's")
     return Plan(name=name, source=path, runs=runs, kernel=str(data.get("kernel") or KERNEL_NAME),
-                output_root=Path(data.get("output_root") or "papermill_runs"), timeout_s=timeout,
+                output_root=Path(data.get("output_root") or "papermill_runs"), timeout_s=timeout, jobs=jobs,
                 description=str(data.get("description") or ""), declared=declared)
 
 
@@ -409,36 +423,144 @@ def _mark_failed(run_dir: Path, error: str, duration: float) -> None:
     (run_dir / FAILED).write_text(f"{error}\nduration_s: {duration:.1f}\n")
 
 
-def run_plan(plan: Plan, *, progress: bool = True, cwd: Path | None = None) -> list[RunResult]:
-    """Execute every pending run of `plan`, skipping finished ones, then write the summary."""
+def run_plan(plan: Plan, *, progress: bool = True, cwd: Path | None = None, jobs: int | None = None
+             ) -> list[RunResult]:
+    """Execute every pending run of `plan`, skipping finished ones, then write the summary. `jobs` (default: the
+    plan's ``jobs``) notebooks run at once; with more than one, each runs in its own process (module docstring)."""
 
     kernel = ensure_kernel(plan.kernel)
     out = plan.out_dir
     out.mkdir(parents=True, exist_ok=True)
-    results: list[RunResult] = []
-    bar = tqdm(plan.runs, desc=f"plan {plan.name}", unit="run", disable=not progress)
-    for spec in bar:
+    jobs = plan.jobs if jobs is None else jobs
+    if jobs < 1:
+        raise ValueError(f"jobs must be a positive integer (notebooks at once), got {jobs}")
+    results: dict[int, RunResult] = {}
+    todo: list[tuple[int, RunSpec]] = []
+    for i, spec in enumerate(plan.runs):
         run_dir = out / spec.run_id
-        bar.set_postfix_str(spec.run_id)
         if run_status(run_dir, spec.parameters) == "done":
             done = json.loads((run_dir / DONE).read_text())
-            results.append(RunResult(spec.run_id, spec.notebook.name, "skipped", run_dir,
-                                     float(done.get("duration_s", 0.0)), parameters=spec.parameters))
-            continue
-        report = (lambda text, rid=spec.run_id: bar.set_postfix_str(f"{rid}: {text}", refresh=True)) \
-            if progress else None
-        result = execute_run(spec, run_dir, kernel=kernel, timeout_s=plan.timeout_s, cwd=cwd, on_progress=report)
+            results[i] = RunResult(spec.run_id, spec.notebook.name, "skipped", run_dir,
+                                   float(done.get("duration_s", 0.0)), parameters=spec.parameters)
+        else:
+            todo.append((i, spec))
+    bar = tqdm(total=len(plan.runs), initial=len(results), desc=f"plan {plan.name}", unit="run",
+               disable=not progress)
+
+    def finished(i: int, result: RunResult) -> None:
+        results[i] = result
         if result.status == "failed":
-            tqdm.write(f"run {spec.run_id} FAILED: {result.error.splitlines()[0][:300]}")
-        results.append(result)
+            tqdm.write(f"run {result.run_id} FAILED: {result.error.splitlines()[0][:300]}")
+        bar.update(1)
+
+    if jobs == 1 or len(todo) <= 1:
+        for i, spec in todo:
+            bar.set_postfix_str(spec.run_id)
+            report = (lambda text, rid=spec.run_id: bar.set_postfix_str(f"{rid}: {text}", refresh=True)) \
+                if progress else None
+            finished(i, execute_run(spec, out / spec.run_id, kernel=kernel, timeout_s=plan.timeout_s, cwd=cwd,
+                                    on_progress=report))
+    else:
+        _run_concurrently(plan, todo, kernel=kernel, cwd=cwd, jobs=jobs, bar=bar if progress else None,
+                          on_finished=finished)
     bar.close()
-    write_summary(plan.out_dir, results, name=plan.name, source=plan.source, description=plan.description)
-    return results
+    ordered = [results[i] for i in range(len(plan.runs))]
+    write_summary(plan.out_dir, ordered, name=plan.name, source=plan.source, description=plan.description)
+    return ordered
+
+
+def thread_env(jobs: int, cpus: int | None = None) -> dict[str, str]:
+    """The environment that gives each of `jobs` concurrent runs its share of the CPU: ``cpus // jobs`` threads
+    (at least 1; `cpus` default ``os.cpu_count()``)."""
+    threads = max(1, (cpus or os.cpu_count() or 1) // jobs)
+    return {name: str(threads) for name in THREAD_ENV}
+
+
+def _execute_in_child(spec: RunSpec, run_dir: Path, kernel: str, timeout_s: int | None, cwd: Path | None,
+                      env: dict[str, str]) -> None:
+    """Process target of a concurrent run: the run's outcome is its marker file (``DONE`` / ``FAILED``)."""
+    os.environ.update(env)  # inherited by the kernel papermill starts
+    try:
+        execute_run(spec, run_dir, kernel=kernel, timeout_s=timeout_s, cwd=cwd)
+    except KeyboardInterrupt:  # execute_run has marked the run
+        sys.exit(130)
+
+
+def result_from_markers(spec: RunSpec, run_dir: Path, exitcode: int | None = None) -> RunResult:
+    """The :class:`RunResult` of a run executed in another process, read from its marker; a run with neither
+    marker (its process was killed) is marked failed here."""
+    done, failed = run_dir / DONE, run_dir / FAILED
+    if done.is_file():
+        try:
+            duration = float(json.loads(done.read_text()).get("duration_s", 0.0))
+        except (OSError, ValueError, AttributeError):
+            duration = 0.0
+        return RunResult(spec.run_id, spec.notebook.name, "done", run_dir, duration, "", spec.parameters)
+    if failed.is_file():
+        lines = failed.read_text().splitlines()
+        error = "\n".join(line for line in lines if not line.startswith("duration_s:")) or "failed"
+        duration = next((float(line.split(":", 1)[1]) for line in lines if line.startswith("duration_s:")), 0.0)
+        return RunResult(spec.run_id, spec.notebook.name, "failed", run_dir, duration, error, spec.parameters)
+    error = f"the run's process ended (exit code {exitcode}) before the notebook finished or failed"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _mark_failed(run_dir, error, 0.0)
+    return RunResult(spec.run_id, spec.notebook.name, "failed", run_dir, 0.0, error, spec.parameters)
+
+
+def _run_concurrently(plan: Plan, todo: list[tuple[int, RunSpec]], *, kernel: str, cwd: Path | None, jobs: int,
+                      bar: Any, on_finished: Callable[[int, RunResult], None], poll_s: float = 1.0) -> None:
+    """Run `todo` in plan order, `jobs` processes at a time; `bar` (a tqdm bar or None) shows what each running
+    notebook reports. Ctrl-C stops every running notebook (each marks itself FAILED) and re-raises."""
+    import multiprocessing
+    import signal
+    from collections import deque
+    from multiprocessing.connection import wait
+
+    from mdc_core.workbench.progress import describe
+
+    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no threads or torch state inherited
+    env = thread_env(jobs)
+    queue = deque(todo)
+    active: dict[int, tuple[Any, RunSpec, Path]] = {}
+    try:
+        while queue or active:
+            while queue and len(active) < jobs:
+                i, spec = queue.popleft()
+                run_dir = plan.out_dir / spec.run_id
+                proc = ctx.Process(target=_execute_in_child, name=f"mdc-runs-{spec.run_id}",
+                                   args=(spec, run_dir, kernel, plan.timeout_s, cwd, env))
+                proc.start()
+                active[i] = (proc, spec, run_dir)
+            wait([proc.sentinel for proc, _, _ in active.values()], timeout=poll_s)
+            for i, (proc, spec, run_dir) in list(active.items()):
+                if not proc.is_alive():
+                    proc.join()
+                    del active[i]
+                    on_finished(i, result_from_markers(spec, run_dir, proc.exitcode))
+            if bar is not None:
+                bar.set_postfix_str(" | ".join(f"{spec.run_id}: {describe(run_dir / 'progress.json') or 'starting'}"
+                                               for _, spec, run_dir in active.values()), refresh=True)
+    except KeyboardInterrupt:
+        procs = [proc for proc, _, _ in active.values()]
+        wait([p.sentinel for p in procs], timeout=5)  # Ctrl-C in a terminal reached them too
+        for proc in procs:
+            if proc.is_alive():
+                os.kill(proc.pid, signal.SIGINT)
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.terminate()
+        for _, _spec, run_dir in active.values():
+            if not (run_dir / DONE).is_file() and not (run_dir / FAILED).is_file():
+                run_dir.mkdir(parents=True, exist_ok=True)
+                _mark_failed(run_dir, "interrupted (KeyboardInterrupt)", 0.0)
+        raise
 
 
 def describe_plan(plan: Plan) -> str:
     """Human-readable listing of the runs a plan would execute (for ``--dry-run``)."""
-    lines = [f"plan {plan.name} ({plan.source}): {len(plan.runs)} run(s) -> {plan.out_dir}/", ""]
+    at_once = f", {plan.jobs} at a time" if plan.jobs > 1 else ""
+    lines = [f"plan {plan.name} ({plan.source}): {len(plan.runs)} run(s){at_once} -> {plan.out_dir}/", ""]
     for spec in plan.runs:
         status = run_status(plan.out_dir / spec.run_id, spec.parameters)
         params = ", ".join(f"{k}={json.dumps(v)}" for k, v in spec.parameters.items())
