@@ -6,7 +6,9 @@ mask, final LayerNorm, bias-free projection) configured with the decoder's width
 context length, and the loss is ``open_clip.loss.ClipLoss``. The image tower is the same
 :class:`~mdc_core.encoders.ImageEncoder` the captioners use; its CLS (pre-logits) token is both the probe feature
 and, through a linear projection, the image embedding. The joint space has ``text_width`` dimensions
-(512 for the paper's ViT-B presets, as OpenAI's CLIP ViT-B).
+(512 for the paper's ViT-B presets, as OpenAI's CLIP ViT-B). open_clip is imported when a CLIP model is built
+or its loss computed, not with this module: importing the ``open_clip`` package pulls in its model zoo
+(``transformers``, scikit-learn), which the captioners never need.
 
 Vocabulary: with ``model.output_vocab="full"`` the text encoder embeds all 49408 CLIP BPE ids. With ``"corpus"``
 (the ``tiny`` preset) it embeds only the corpus ids, with the row mapping of :class:`~mdc_core.model.Captioner`
@@ -20,8 +22,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from open_clip.loss import ClipLoss
-from open_clip.transformer import TextTransformer, text_global_pool
 from torch import nn
 
 from .config import ModelConfig
@@ -60,6 +60,8 @@ class CLIPModel(nn.Module):
         self._refresh_input_index()
         self.encoder = ImageEncoder(cfg)
         n_rows = len(vocab_ids) + 3 if self.restricted else EMBED_SIZE
+        from open_clip.transformer import TextTransformer
+
         self.text = TextTransformer(
             context_length=cfg.context_length, vocab_size=n_rows, width=cfg.text_width, heads=cfg.text_heads,
             layers=cfg.text_layers, mlp_ratio=cfg.mlp_ratio, output_dim=cfg.text_width, pool_type="eos",
@@ -113,6 +115,8 @@ class CLIPModel(nn.Module):
         x = text.token_embedding(self.embedding_rows(tokens)) + text.positional_embedding[:L]  # (B, L, C)
         x = text.transformer(x, attn_mask=text.attn_mask[:L, :L])  # causal, additive -inf mask (L, L)
         x = text.ln_final(x)
+        from open_clip.transformer import text_global_pool
+
         pooled = text_global_pool(x, tokens, pool_type="eos", eos_token_id=EOT_ID)  # (B, C) at first <eot>
         z = pooled @ text.text_projection  # (B, E)
         return F.normalize(z, dim=-1) if normalize else z
@@ -164,6 +168,8 @@ def contrastive_loss(model: CLIPModel, images: torch.Tensor, tokens: torch.Tenso
     image_z, text_z = image_z.float(), text_z.float()  # the softmax over the batch in fp32 under autocast
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if distributed else (0, 1)
+    from open_clip.loss import ClipLoss
+
     loss_fn = ClipLoss(local_loss=world > 1, gather_with_grad=world > 1, rank=rank, world_size=world)
     loss = loss_fn(image_z, text_z, scale)
     with torch.no_grad():

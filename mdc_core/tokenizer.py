@@ -14,7 +14,8 @@ from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
 import torch
-from open_clip.tokenizer import SimpleTokenizer
+
+from ._open_clip import load
 
 VOCAB_SIZE = 49408  # CLIP BPE vocabulary, specials included
 SOT_ID = 49406
@@ -26,8 +27,8 @@ SPECIAL_IDS = (SOT_ID, EOT_ID)
 
 
 @lru_cache(maxsize=1)
-def _bpe() -> SimpleTokenizer:
-    return SimpleTokenizer()  # reads the BPE merges shipped inside the open_clip wheel; no network
+def _bpe():  # open_clip.tokenizer.SimpleTokenizer
+    return load("tokenizer").SimpleTokenizer()  # reads the BPE merges shipped inside the open_clip wheel; no network
 
 
 class CaptionTokenizer:

@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("mdc_core", "app")
 EXTENSIONS = ("mdc_core.eval", "mdc_core.bench", "mdc_core.masked_conditional", "mdc_core.workbench", "mdc_core.cli",
               "app")
-HEAVY_OPTIONAL = ("papermill", "gradio", "nbformat", "jupyter_client", "ipykernel", "matplotlib.pyplot")
+HEAVY_OPTIONAL = ("papermill", "gradio", "nbformat", "jupyter_client", "ipykernel", "matplotlib.pyplot",
+                  "sklearn", "transformers", "open_clip")  # open_clip's package init pulls in the other two
 
 
 def module_files() -> dict[str, Path]:
@@ -132,6 +133,8 @@ def test_importing_the_core_loads_no_extension_nor_the_notebook_and_app_stacks()
     code = ("import json, sys\n"
             f"for name in {core_modules()!r}:\n"
             "    __import__(name)\n"
+            "from mdc_core.tokenizer import CaptionTokenizer\n"  # tokenizing reads open_clip's BPE file only
+            "assert CaptionTokenizer(8)(['a red circle']).shape == (1, 8)\n"
             "print(json.dumps(sorted(sys.modules)))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     loaded = json.loads(out.stdout.strip().splitlines()[-1])
