@@ -11,7 +11,7 @@ from mdc_core.checkpoint import save_checkpoint
 from mdc_core.cli import main
 from mdc_core.config import DataConfig, ObjectiveConfig, RunConfig
 from mdc_core.data import iter_captions, write_synthetic_dataset
-from mdc_core.eval.position_signal import position_signal
+from mdc_core.eval.position_signal import caption_fades, position_signal
 from mdc_core.factory import create_model
 from mdc_core.tokenizer import EMBED_SIZE, EOT_ID, PAD_ID, SOT_ID, CaptionTokenizer, build_output_vocab
 
@@ -64,6 +64,20 @@ def test_hand_computed_tiny_case(causal):
     assert curve.loss_mismatched[1] == pytest.approx(ce(0, 2))
     assert curve.signal[1] == pytest.approx(math.log(4) - math.log(math.exp(2) + 3))
     assert curve.mean_signal == pytest.approx(curve.signal[1] / 3)
+    # per caption: caption 0 scores positions 0 and 1 (late minus early); caption 1 only position 0 -> 0.0
+    sig0 = ce(0, 1) - ce(2, 1)
+    sig1 = ce(0, 2) - ce(2, 2)
+    assert result.caption_fades == pytest.approx([sig1 - sig0, 0.0])
+
+
+def test_caption_fades_by_hand():
+    # caption 0: positions 0, 1, 2 with signals 3, 1, (0 and 2 over two draws -> 1): late [1, 1] - early [3] = -2
+    # caption 1: one position -> None; caption 2: nothing scored -> None
+    caption = torch.tensor([0, 0, 0, 0, 1])
+    pos = torch.tensor([0, 1, 2, 2, 4])
+    signal = torch.tensor([3.0, 1.0, 0.0, 2.0, 5.0])
+    assert caption_fades(caption, pos, signal, 3) == [pytest.approx(-2.0), None, None]
+    assert caption_fades(caption[:0], pos[:0], signal[:0], 2) == [None, None]
 
 
 def captions_batch(n=6, seed=0):

@@ -19,6 +19,7 @@ from mdc_core.eval.claims import (
     evaluate_claims,
     gather_tables,
     position_fade,
+    position_fade_items,
 )
 from mdc_core.eval.stats import (
     HOLDS,
@@ -193,6 +194,10 @@ def test_position_fade_is_late_minus_early() -> None:
                                   {"signal": [1.0, 1.0, 1.0, None], "count": [5, 5, 5, 0]}]}
     # curve 1: late (1 + 0) / 2 - early 2 = -1.5; curve 2: positions 0..2, late [1, 2] = 1 - early 1 = 0
     assert position_fade(run) == pytest.approx(-0.75)
+    assert position_fade_items(run) is None  # a result written before the per-caption fades
+    run["caption_fades"] = [-1.0, 0.5, 0.0, -0.3]
+    assert position_fade(run) == pytest.approx(-0.2)  # the per-caption mean, when present
+    assert position_fade_items(run) == [-1.0, 0.5, 0.0, -0.3]
 
 
 def test_the_statistics_modules_import_no_torch() -> None:

@@ -258,9 +258,13 @@ def table_estimates(cells: Table) -> dict[str, dict[str, Estimate]]:
 
 def position_fade(run: dict[str, Any]) -> float:
     """How much a captioner's visual signal changes along the caption, from one run of
-    :func:`mdc_core.eval.position_signal.position_signal_runs`: the token-weighted mean signal over the later
-    half of the caption positions minus that over the earlier half (nats; < 0: the signal fades), averaged over
-    the run's curves (one for ARC, one per masking ratio for MDC)."""
+    :func:`mdc_core.eval.position_signal.position_signal_runs` (nats; < 0: the signal fades): the mean over
+    captions of each caption's later-half minus earlier-half signal (``caption_fades``). Results written before
+    the per-caption fades existed: the token-weighted mean signal over the later half of the caption positions
+    minus that over the earlier half, averaged over the run's curves (one for ARC, one per masking ratio for MDC)."""
+    items = position_fade_items(run)
+    if items:
+        return sum(items) / len(items)
     fades = []
     for curve in run["curves"]:
         pos = [i for i, c in enumerate(curve["count"]) if c and curve["signal"][i] is not None]
@@ -276,6 +280,12 @@ def position_fade(run: dict[str, Any]) -> float:
     if not fades:
         raise ValueError(f"run {run.get('run')} has fewer than two scored caption positions")
     return sum(fades) / len(fades)
+
+
+def position_fade_items(run: dict[str, Any]) -> list[float] | None:
+    """The run's per-caption fades (test items, data order), or None when the result has none."""
+    items = run.get("caption_fades")
+    return [float(x) for x in items] if items else None
 
 
 def report_markdown(tables: dict[str, dict[str, Any]], seed: int | None = None, digits: int = 1) -> str:

@@ -17,6 +17,12 @@ masks are unchanged, and CE is the loss the objective trains on:
 ``<eot>`` is not a caption position (ARC also predicts it; left out so both modes score the same tokens). The
 expectation is over the captions that have a token at position i (and, for masked mode, where it was masked);
 ``count`` says how many terms each mean has.
+
+Per caption, the result also has its *fade* (``caption_fades``, one number per caption in data order): for each
+setting, the caption's signal at each of its scored positions (averaged over mask draws), then the mean over the
+later half of those positions minus the mean over the earlier half (the middle one of an odd count goes to the
+later half), averaged over the settings that scored at least two of its positions (0.0 when none did). These are
+the test items behind a paired bootstrap of "MDC's fade minus ARC's" (:mod:`mdc_core.eval.claims`).
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ class PositionSignal:
     mode: str
     curves: list[SignalCurve] = field(default_factory=list)
     n_captions: int = 0
+    caption_fades: list[float] = field(default_factory=list)  # per caption, data order (module docstring)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -106,14 +113,40 @@ def scored_positions(tokens: Tensor, mask: Tensor | None) -> Tensor:
     return scored.nonzero()[:, 1] - 1
 
 
+def caption_fades(caption: Tensor, pos: Tensor, signal: Tensor, n_captions: int) -> list[float | None]:
+    """Per caption (0..n_captions-1): its later-half minus earlier-half mean signal over its own scored positions
+    (tokens scored at one position several times, e.g. over mask draws, are averaged first); None with fewer
+    than two scored positions. `caption`, `pos`, `signal`: (n,) per scored token."""
+    out: list[float | None] = [None] * n_captions
+    if len(caption) == 0:
+        return out
+    width = int(pos.max()) + 1
+    key = caption.long() * width + pos.long()
+    sums = torch.zeros(n_captions * width, dtype=torch.float64).index_add_(0, key, signal.double())
+    counts = torch.zeros(n_captions * width, dtype=torch.float64).index_add_(0, key, torch.ones_like(signal,
+                                                                                                    dtype=torch.float64))
+    sums, counts = sums.view(n_captions, width), counts.view(n_captions, width)
+    for b in range(n_captions):
+        scored = counts[b].nonzero().flatten()
+        if len(scored) < 2:
+            continue
+        means = sums[b, scored] / counts[b, scored]
+        half = len(scored) // 2
+        out[b] = float(means[half:].mean() - means[:half].mean())
+    return out
+
+
 class _Accumulator:
     """Running sums of the true / mismatched losses per caption position."""
 
     def __init__(self) -> None:
         self.true, self.mis, self.count = (torch.zeros(0, dtype=torch.float64) for _ in range(3))
+        self.tokens: list[tuple[Tensor, Tensor, Tensor]] = []  # (caption index, position, signal) per batch
 
-    def add(self, pos: Tensor, ce_true: Tensor, ce_mis: Tensor) -> None:
+    def add(self, pos: Tensor, ce_true: Tensor, ce_mis: Tensor, caption: Tensor | None = None) -> None:
         pos = pos.cpu()
+        if caption is not None:
+            self.tokens.append((caption.cpu(), pos, (ce_mis - ce_true).double().cpu()))
         size = int(pos.max()) + 1 if len(pos) else 0
         if size > len(self.true):
             grow = size - len(self.true)
@@ -130,6 +163,12 @@ class _Accumulator:
         mis = (self.mis / n).masked_fill(empty, math.nan)
         return SignalCurve(label, ratio, true.tolist(), mis.tolist(), (mis - true).tolist(),
                            [int(c) for c in self.count])
+
+    def caption_fades(self, n_captions: int) -> list[float | None]:
+        if not self.tokens:
+            return [None] * n_captions
+        caption, pos, signal = (torch.cat(parts) for parts in zip(*self.tokens, strict=True))
+        return caption_fades(caption, pos, signal, n_captions)
 
 
 @torch.no_grad()
@@ -163,7 +202,6 @@ def position_signal(model: torch.nn.Module, batches: Iterable[tuple[Tensor, Tens
         tokens = trim_padding(tokens.cpu())
         image_tokens = model.encode_image(images.to(device))  # (B, M, D)
         rolled = image_tokens.roll(1, dims=0)  # caption b meets image b-1
-        n_captions += len(tokens)
         for (ratio, n_draws), acc in zip(settings, accs, strict=True):
             for _ in range(n_draws):
                 mask = None if ratio is None else apply_mask(tokens, torch.full((len(tokens),), ratio),
@@ -172,12 +210,19 @@ def position_signal(model: torch.nn.Module, batches: Iterable[tuple[Tensor, Tens
                 dev_mask = None if mask is None else mask.to(device)
                 ce_true = token_losses(model, image_tokens, dev_tokens, dev_mask)
                 ce_mis = token_losses(model, rolled, dev_tokens, dev_mask)
-                acc.add(scored_positions(tokens, mask), ce_true, ce_mis)
+                rows = (maskable_positions(tokens) if mask is None else mask).nonzero()[:, 0] + n_captions
+                acc.add(scored_positions(tokens, mask), ce_true, ce_mis, rows)
+        n_captions += len(tokens)
     if n_captions == 0:
         raise ValueError("no caption to score: the data gave no batch")
     curves = [acc.curve("teacher forcing" if r is None else f"r={r:.2f}", r) for (r, _), acc in zip(settings, accs,
                                                                                                    strict=True)]
-    return PositionSignal(mode, curves, n_captions)
+    per_setting = [acc.caption_fades(n_captions) for acc in accs]
+    fades = []
+    for b in range(n_captions):
+        known = [f[b] for f in per_setting if f[b] is not None]
+        fades.append(sum(known) / len(known) if known else 0.0)
+    return PositionSignal(mode, curves, n_captions, fades)
 
 
 # ----------------------------------------------------------------------------------------------------------
