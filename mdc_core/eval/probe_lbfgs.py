@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
+from threadpoolctl import threadpool_limits
 
 C_GRID: tuple[float, ...] = tuple(np.logspace(-3, 6, num=97).tolist())  # inverse L2 strengths searched
 MAX_ITER = 1000  # L-BFGS iterations of the final fit (CLIP's appendix A.3 uses 1000)
@@ -52,7 +53,10 @@ def fit_logistic(x: np.ndarray, t: np.ndarray, c: float, *, max_iter: int = MAX_
     Passing a fitted `model` built with ``warm_start=True`` starts from its solution."""
     model = model or LogisticRegression(solver="lbfgs", max_iter=max_iter, tol=tol)
     model.set_params(C=c)
-    with warnings.catch_warnings(record=True) as caught:
+    # One BLAS / OpenMP thread: a probe's matrices are small, and in a process whose torch thread pool is
+    # already spun up, scikit-learn's OpenMP loss and OpenBLAS threads contend with it (the probes of a
+    # notebook ran several times slower with two threads than with one on the 2-core machine).
+    with warnings.catch_warnings(record=True) as caught, threadpool_limits(limits=1):
         warnings.simplefilter("always", ConvergenceWarning)
         model.fit(x, t)
     converged = not any(issubclass(w.category, ConvergenceWarning) for w in caught)
