@@ -164,3 +164,26 @@ def test_cli_captioning_with_finetune(tmp_path, karpathy, capsys):
     assert main(["eval", "captioning", "--run", str(run), "--data", str(plain), "--finetune-steps", "2",
                  "--out", str(out)]) == 2
     assert "--finetune-data" in capsys.readouterr().err
+
+
+def test_per_image_cider_averages_to_the_corpus_cider_and_gives_table3_a_verdict(tmp_path, karpathy):
+    """Each decoder's per-image CIDEr (the test items behind Table 3's interval) lists the images in caption
+    order, averages to the corpus CIDEr, and lets a single-seed Table 3 claim get a paired-bootstrap verdict."""
+    from mdc_core.eval.claims import evaluate_claims, gather_tables
+    out = cap.captioning([make_run(tmp_path), make_run(tmp_path, "arc")], karpathy, lengths=[4], beam=2,
+                         metrics=["BLEU", "CIDEr"], out=tmp_path, max_length=6, progress=False)
+    for r in out["results"]:
+        per = r["per_image"]["CIDEr"]
+        assert len(per) == len(r["captions"]) == 2
+        assert sum(per) / len(per) == pytest.approx(r["metrics"]["CIDEr"], abs=1e-9)
+    no_cider = cap.captioning([make_run(tmp_path, name="m3")], karpathy, lengths=[4], metrics=["BLEU"],
+                              out=tmp_path, progress=False)
+    assert no_cider["results"][0]["per_image"] == {}
+    # the notebook's Table 3 layout: 12 images, MDC-10 right on 9 (CIDEr 3.0), ARC on 3: MDC-10 > ARC holds
+    items = {"MDC-10": {"CIDEr": [300.0] * 9 + [0.0] * 3}, "ARC": {"CIDEr": [300.0] * 3 + [0.0] * 9}}
+    table3 = {"metric": "x", "values": {k: {"CIDEr": sum(v["CIDEr"]) / 12} for k, v in items.items()},
+              "items": items}
+    (claim,) = [v for v in evaluate_claims(gather_tables([("nb", 0, {"tables": {"table3": table3}})]))
+                if v["key"] == "table3"]
+    assert claim["verdict"] == "holds"
+    assert claim["parts"][0]["difference"]["mean"] == pytest.approx(150.0)

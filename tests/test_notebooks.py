@@ -36,7 +36,7 @@ EXPECTED = {  # what each notebook's metrics.json must hold: metric keys and pap
                                    {"table4", "table5", "fig4"}),
     "03_linear_probing": ({"probe/CLIP", "probe/ARC", "probe/MDC", "probe/random init (CLS)",
                            "probe/random init (GAP)", "signal_fade/ARC", "signal_fade/MDC"},
-                          {"table1", "position_signal"}),
+                          {"table1", "position_signal", "position_repeat"}),
     "04_compositionality": ({"MDC (Heuristic)/relation", "MDC (Monte Carlo)/attribute", "ARC/order", "CLIP/add"},
                             {"table2"}),
     "05_captioning": ({"MDC-4/BLEU@4", "MDC-6/CIDEr", "ARC/ROUGE-L"}, {"table3"}),
@@ -100,3 +100,32 @@ def test_notebook_executes_with_tiny_parameters(name: str, shared: Path) -> None
         assert any(row.startswith("random init") for row in table["values"]), list(table["values"])
         assert set(table["items"]) == set(table["values"])
     assert list((out / "figures").glob("*.png")), "every notebook saves figures"
+    if name == "05_captioning":  # Table 3's CIDEr carries per-image scores: a one-seed interval and a verdict
+        items = record["tables"]["table3"]["items"]
+        assert set(items) == set(record["tables"]["table3"]["values"]) and all(
+            len(v["CIDEr"]) == record["n_images"] for v in items.values())
+    if name == "03_linear_probing":  # the same-word measure: one item per caption with a repeat, in both runs
+        repeat = record["tables"]["position_repeat"]
+        assert set(repeat["items"]) == {"ARC", "MDC"} and len({len(v) for v in repeat["items"].values()}) == 1
+
+
+def test_linear_probing_notebook_measures_only_the_position_signal_of_its_own_pair(shared: Path) -> None:
+    """`objectives: []` with `position_captions: long`: no probe, an ARC + MDC pair trained on long captions, and
+    the two position-signal tables (what the demo plan's 03_position_signal entry runs)."""
+    import papermill
+
+    name = "03_linear_probing"
+    out = shared / "runs" / "03_position_only"
+    out.mkdir(parents=True)
+    params = {**COMMON, "output_dir": str(out), "models_dir": str(shared / "models"), "objectives": [],
+              "data_dir": str(shared / "data_mixed"), "position_captions": "long", "position_limit": 8,
+              "position_data_dir": str(shared / "data_long")}
+    papermill.execute_notebook(str(NOTEBOOK_DIR / f"{name}.ipynb"), str(out / f"{name}.ipynb"), parameters=params,
+                               kernel_name="mdc", progress_bar=False, cwd=str(shared))
+    record = json.loads((out / "metrics.json").read_text())
+    assert set(record["tables"]) == {"position_signal", "position_repeat"}
+    assert record["runs"] == {} and record["position_captions"] == "long"
+    assert [r["objective"] for r in record["position_signal"]["runs"]] == ["arc", "mdc"]
+    for run in record["position_signal"]["runs"]:  # the pair trained on the long-caption data set
+        assert json.loads((Path(run["run"]) / "config.json").read_text())["data"]["path"].endswith("data_long")
+    assert json.loads((shared / "data_long" / "manifest.json").read_text())["params"]["captions"] == "long"

@@ -11,7 +11,7 @@ from mdc_core.checkpoint import save_checkpoint
 from mdc_core.cli import main
 from mdc_core.config import DataConfig, ObjectiveConfig, RunConfig
 from mdc_core.data import iter_captions, write_synthetic_dataset
-from mdc_core.eval.position_signal import caption_fades, position_signal
+from mdc_core.eval.position_signal import caption_fades, position_signal, repeat_fades
 from mdc_core.factory import create_model
 from mdc_core.tokenizer import EMBED_SIZE, EOT_ID, PAD_ID, SOT_ID, CaptionTokenizer, build_output_vocab
 
@@ -68,6 +68,7 @@ def test_hand_computed_tiny_case(causal):
     sig0 = ce(0, 1) - ce(2, 1)
     sig1 = ce(0, 2) - ce(2, 2)
     assert result.caption_fades == pytest.approx([sig1 - sig0, 0.0])
+    assert result.repeat_fades == [None, None]  # no caption names a token twice
 
 
 def test_caption_fades_by_hand():
@@ -78,6 +79,51 @@ def test_caption_fades_by_hand():
     signal = torch.tensor([3.0, 1.0, 0.0, 2.0, 5.0])
     assert caption_fades(caption, pos, signal, 3) == [pytest.approx(-2.0), None, None]
     assert caption_fades(caption[:0], pos[:0], signal[:0], 2) == [None, None]
+
+
+def test_repeat_fades_by_hand():
+    # caption 0: word 5 at positions 0, 2, 3 (signals 2, 0.5, 1.5) -> later mean 1.0 - first 2.0 = -1; word 7 once
+    # caption 1: word 9 at position 1 (signal 1) and at position 4 twice (draws 3 and 5 -> 4): 4 - 1 = +3
+    # caption 2: two different words -> None
+    caption = torch.tensor([0, 0, 0, 0, 1, 1, 1, 2, 2])
+    pos = torch.tensor([0, 1, 2, 3, 1, 4, 4, 0, 1])
+    token = torch.tensor([5, 7, 5, 5, 9, 9, 9, 5, 7])
+    signal = torch.tensor([2.0, 1.0, 0.5, 1.5, 1.0, 3.0, 5.0, 9.0, 9.0])
+    assert repeat_fades(caption, pos, token, signal, 3) == [pytest.approx(-1.0), pytest.approx(3.0), None]
+    # only word 5 followed: caption 1 has no repeat of it
+    assert repeat_fades(caption, pos, token, signal, 3, torch.tensor([5])) == [pytest.approx(-1.0), None, None]
+    # two repeated words in one caption: the mean of their differences
+    two = repeat_fades(torch.zeros(4, dtype=torch.long), torch.tensor([0, 1, 2, 3]), torch.tensor([5, 7, 5, 7]),
+                       torch.tensor([2.0, 1.0, 0.0, 3.0]), 1)
+    assert two == [pytest.approx(((0.0 - 2.0) + (3.0 - 1.0)) / 2)]
+
+
+def test_repeat_fade_separates_a_copying_causal_model_from_a_masked_one():
+    """A model that needs the image for a word's first mention but copies later mentions from the text it sees
+    (what ARC can do) has a negative repeat fade; with a bidirectional view (MDC) either mention can be copied
+    from the other, so first and later mentions look alike. The image says which word (+3: word 1, -3: word 2)."""
+
+    class Copier(ImageScoresTokenOne):
+        def decode(self, tokens, image_tokens, select=None, causal=None):
+            causal = self.causal if causal is None else causal
+            a = image_tokens[:, 0, 0][:, None].expand(tokens.shape)  # (B, L)
+            logits = torch.zeros(*tokens.shape, 4)
+            logits[..., 1], logits[..., 2] = a, -a
+            for j in range(tokens.shape[1]):  # a visible copy of a word elsewhere makes that word certain
+                for word in (1, 2):
+                    if causal:
+                        seen = (tokens[:, : j + 1] == word).any(dim=1)  # input column j predicts target j + 1
+                    else:
+                        seen = ((tokens == word) & (torch.arange(tokens.shape[1]) != j)).any(dim=1)
+                    logits[seen, j, word] += 20.0
+            return logits if select is None else logits[select]
+
+    images = torch.stack([torch.full((3, 4, 4), 3.0), torch.full((3, 4, 4), -3.0)])
+    tokens = torch.tensor([[SOT_ID, 1, 3, 1, EOT_ID], [SOT_ID, 2, 3, 2, EOT_ID]])
+    causal = position_signal(Copier(True), [(images, tokens)], ratios=[1.0])
+    masked = position_signal(Copier(False), [(images, tokens)], ratios=[0.5], draws=200)
+    assert all(f is not None and f < -5.0 for f in causal.repeat_fades)  # first mention ~6 nats, repeat ~0
+    assert all(f is not None and abs(f) < 1.0 for f in masked.repeat_fades)
 
 
 def captions_batch(n=6, seed=0):
@@ -157,6 +203,7 @@ def test_cli_writes_json_and_plot_for_arc_and_mdc(tmp_path, capsys):
     assert [r["mode"] for r in result["runs"]] == ["teacher_forcing", "masked"]
     assert [c["label"] for c in result["runs"][1]["curves"]] == ["r=0.50", "r=1.00"]
     assert all(r["n_captions"] == 8 for r in result["runs"])
+    assert all(len(r["repeat_fades"]) == 8 for r in result["runs"]) and result["content_words"] is None
     assert (out / "position_signal.png").read_bytes()[:4] == b"\x89PNG"
     assert "mean" in capsys.readouterr().out
     assert main(["eval", "position-signal", "--run", runs[2], "--data", str(data), "--out", str(out)]) == 2

@@ -65,6 +65,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sig.add_argument("--images", help="image folder of a caption json/CSV (default: beside it, or the COCO layout)")
     sig.add_argument("--ratios", default="0.25,0.5,0.75,1.0", help="masking ratios of masked-mode runs")
     sig.add_argument("--draws", type=int, default=4, help="mask draws per batch and ratio")
+    sig.add_argument("--words", help="comma-separated words the repeat fade follows, each one token (e.g. "
+                     "red,blue,circle,square; default: every caption token)")
 
     par = verbs.add_parser("parallel-decoding", help="caption quality and speed vs denoising steps (k per step, "
                            "confidence threshold)", parents=[flags(
@@ -144,7 +146,9 @@ def cmd_eval_position_signal(args: argparse.Namespace) -> None:
         raise ValueError(f"--ratios must be comma-separated numbers, got {args.ratios!r}") from err
     result = position_signal_runs(args.run, args.data, split=args.split, limit=args.limit, batch_size=args.batch_size,
                                   ratios=ratios, draws=args.draws, seed=args.seed, device=args.device, ema=args.ema,
-                                  images=args.images)
+                                  images=args.images,
+                                  content_words=[w.strip() for w in args.words.split(",") if w.strip()]
+                                  if args.words else None)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "position_signal.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -156,6 +160,10 @@ def cmd_eval_position_signal(args: argparse.Namespace) -> None:
         for c in run["curves"]:
             head = " ".join("  -  " if v is None else f"{v:+.2f}" for v in c["signal"][:12])
             print(f"{run['objective']:9s} {c['label']:16s} mean {c['mean_signal']:+.3f}  by position: {head}")
+        repeats = [f for f in run["repeat_fades"] if f is not None]
+        if repeats:
+            print(f"{run['objective']:9s} repeat minus first mention {sum(repeats) / len(repeats):+.3f} nats "
+                  f"({len(repeats)} captions name a word again)")
     print(f"results: {out / 'position_signal.json'}  plot: {plot}")
 
 

@@ -256,7 +256,10 @@ def captioning(runs: Sequence[str | Path], data: str | Path, *, lengths: Sequenc
     image folder of `data` (a caption json or table; default: found), also used to fine-tune on `data`.
 
     Returns ``{"data", "n_images", "results": [one per run and decoder: run, finetuned_run, objective, decoder,
-    label, length, metrics, unavailable, seconds, captions], "table": markdown}``.
+    label, length, metrics, per_image, unavailable, seconds, captions], "table": markdown}``. ``per_image`` holds
+    each image's CIDEr in the order of ``captions`` (``{"CIDEr": [...]}``, when CIDEr is computed): their mean is
+    the corpus CIDEr, and every decoder's list covers the same images in the same order, so two decoders can be
+    compared by a paired bootstrap over images.
     """
     from mdc_core.checkpoint import load_model
     if not runs:
@@ -293,13 +296,18 @@ def captioning(runs: Sequence[str | Path], data: str | Path, *, lengths: Sequenc
         decoded = caption_items(model, cfg, items, decoders, batch_size=batch_size, max_length=max_length,
                                 device=device, progress=progress)
         for d in decoders:
-            scores = caption_metrics(decoded[d]["captions"], references, metrics=metrics)
+            scores = caption_metrics(decoded[d]["captions"], references, metrics=metrics,
+                                     per_image_cider="CIDEr" in metrics)
+            per_image = {name: [per[k] for k in decoded[d]["captions"]]
+                         for name, per in scores.get("per_image", {}).items()}
             label, length = decoder_label(cfg.objective.name, d)
             results.append({
                 "run": str(run), "finetuned_run": str(eval_run) if finetune_steps > 0 else None,
                 "objective": cfg.objective.name, "decoder": d, "label": label, "length": length,
-                "metrics": {**{k: v for k, v in scores.items() if k not in ("unavailable", "tokenizer", "n_images")},
+                "metrics": {**{k: v for k, v in scores.items()
+                               if k not in ("unavailable", "tokenizer", "n_images", "per_image")},
                             "repetition_rate": repetition_rate(decoded[d]["captions"].values())},
+                "per_image": per_image,
                 "unavailable": scores["unavailable"], "tokenizer": scores["tokenizer"],
                 "seconds": round(decoded[d]["seconds"], 3),
                 "captions": [{"key": k, "caption": c, "references": references[k]}

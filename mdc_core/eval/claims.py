@@ -67,6 +67,9 @@ PAPER_CLAIMS: tuple[Claim, ...] = (
           ("CIDEr",)),
     Claim("position", "Sec. 3 (central claim)", "ARC's visual signal falls along the caption while MDC's does not "
           "(checked as: MDC's late-minus-early signal > ARC's)", "position_signal", (("MDC", ">", "ARC"),)),
+    Claim("position_repeat", "Sec. 3 (central claim, same word)", "a word the caption names again: ARC needs the "
+          "image less at the repeat than at the first mention, MDC does not (checked as: MDC's repeat-minus-first "
+          "signal > ARC's)", "position_repeat", (("MDC", ">", "ARC"),)),
 )
 
 
@@ -286,6 +289,16 @@ def position_fade_items(run: dict[str, Any]) -> list[float] | None:
     """The run's per-caption fades (test items, data order), or None when the result has none."""
     items = run.get("caption_fades")
     return [float(x) for x in items] if items else None
+
+
+def repeat_fade_items(runs: Sequence[dict[str, Any]]) -> list[list[float]] | None:
+    """Per run, the repeat fades (``repeat_fades``) of the captions where every run has one, in data order: the
+    aligned test items of the same-word claim. None when a run has none or no caption has a repeat in all."""
+    fades = [run.get("repeat_fades") for run in runs]
+    if not fades or any(not f for f in fades) or len({len(f) for f in fades}) != 1:
+        return None
+    keep = [i for i in range(len(fades[0])) if all(f[i] is not None for f in fades)]
+    return [[float(f[i]) for i in keep] for f in fades] if keep else None
 
 
 def report_markdown(tables: dict[str, dict[str, Any]], seed: int | None = None, digits: int = 1) -> str:

@@ -23,6 +23,14 @@ setting, the caption's signal at each of its scored positions (averaged over mas
 later half of those positions minus the mean over the earlier half (the middle one of an odd count goes to the
 later half), averaged over the settings that scored at least two of its positions (0.0 when none did). These are
 the test items behind a paired bootstrap of "MDC's fade minus ARC's" (:mod:`mdc_core.eval.claims`).
+
+The fade compares different words (a caption's later half holds other words than its earlier half), so word
+type and position are confounded. The *repeat fade* (``repeat_fades``) holds the word fixed: for every word that
+a caption names twice or more (optionally only the `content_words`, e.g. colours and shapes), the signal at its
+later mentions minus that at its first mention, averaged over the caption's repeated words and the settings (None
+for a caption without a scored repeat). The paper's mechanism predicts it: a causal decoder can copy a repeated
+word from the prefix and stops needing the image there, so ARC's repeat fade is negative; a masked decoder sees
+either mention from the other side as often, so MDC's stays near 0.
 """
 
 from __future__ import annotations
@@ -75,6 +83,7 @@ class PositionSignal:
     curves: list[SignalCurve] = field(default_factory=list)
     n_captions: int = 0
     caption_fades: list[float] = field(default_factory=list)  # per caption, data order (module docstring)
+    repeat_fades: list[float | None] = field(default_factory=list)  # per caption, data order; None: no repeat
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -136,17 +145,46 @@ def caption_fades(caption: Tensor, pos: Tensor, signal: Tensor, n_captions: int)
     return out
 
 
+def repeat_fades(caption: Tensor, pos: Tensor, token: Tensor, signal: Tensor, n_captions: int,
+                 words: Tensor | None = None) -> list[float | None]:
+    """Per caption (0..n_captions-1): over the token ids it has at two or more scored positions (only ids in
+    `words`, when given), the mean signal at the later positions minus that at the earliest one, averaged over
+    those ids; None without such an id. Tokens scored at one position several times (mask draws) are averaged
+    first. `caption`, `pos`, `token`, `signal`: (n,) per scored token."""
+    out: list[float | None] = [None] * n_captions
+    per: dict[tuple[int, int, int], list[float]] = {}  # (caption, token id, position) -> signals
+    keep = None if words is None else set(words.tolist())
+    for b, p, t, v in zip(caption.tolist(), pos.tolist(), token.tolist(), signal.tolist(), strict=True):
+        if keep is None or t in keep:
+            per.setdefault((b, t, p), []).append(v)
+    mentions: dict[tuple[int, int], list[tuple[int, float]]] = {}  # (caption, token id) -> [(position, signal)]
+    for (b, t, p), values in per.items():
+        mentions.setdefault((b, t), []).append((p, sum(values) / len(values)))
+    diffs: dict[int, list[float]] = {}
+    for (b, _), found in mentions.items():
+        if len(found) < 2:
+            continue
+        found.sort()
+        later = [v for _, v in found[1:]]
+        diffs.setdefault(b, []).append(sum(later) / len(later) - found[0][1])
+    for b, d in diffs.items():
+        out[b] = sum(d) / len(d)
+    return out
+
+
 class _Accumulator:
     """Running sums of the true / mismatched losses per caption position."""
 
     def __init__(self) -> None:
         self.true, self.mis, self.count = (torch.zeros(0, dtype=torch.float64) for _ in range(3))
-        self.tokens: list[tuple[Tensor, Tensor, Tensor]] = []  # (caption index, position, signal) per batch
+        self.tokens: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []  # (caption, position, signal, token id)
 
-    def add(self, pos: Tensor, ce_true: Tensor, ce_mis: Tensor, caption: Tensor | None = None) -> None:
+    def add(self, pos: Tensor, ce_true: Tensor, ce_mis: Tensor, caption: Tensor | None = None,
+            token: Tensor | None = None) -> None:
         pos = pos.cpu()
         if caption is not None:
-            self.tokens.append((caption.cpu(), pos, (ce_mis - ce_true).double().cpu()))
+            ids = token.cpu() if token is not None else torch.full_like(pos, -1)
+            self.tokens.append((caption.cpu(), pos, (ce_mis - ce_true).double().cpu(), ids))
         size = int(pos.max()) + 1 if len(pos) else 0
         if size > len(self.true):
             grow = size - len(self.true)
@@ -167,13 +205,20 @@ class _Accumulator:
     def caption_fades(self, n_captions: int) -> list[float | None]:
         if not self.tokens:
             return [None] * n_captions
-        caption, pos, signal = (torch.cat(parts) for parts in zip(*self.tokens, strict=True))
+        caption, pos, signal, _ = (torch.cat(parts) for parts in zip(*self.tokens, strict=True))
         return caption_fades(caption, pos, signal, n_captions)
+
+    def repeat_fades(self, n_captions: int, words: Tensor | None) -> list[float | None]:
+        if not self.tokens:
+            return [None] * n_captions
+        caption, pos, signal, token = (torch.cat(parts) for parts in zip(*self.tokens, strict=True))
+        return repeat_fades(caption, pos, token, signal, n_captions, words)
 
 
 @torch.no_grad()
 def position_signal(model: torch.nn.Module, batches: Iterable[tuple[Tensor, Tensor]], *, mode: str | None = None,
-                    ratios: Sequence[float] = DEFAULT_RATIOS, draws: int = 4, seed: int = 0) -> PositionSignal:
+                    ratios: Sequence[float] = DEFAULT_RATIOS, draws: int = 4, seed: int = 0,
+                    content_words: Tensor | None = None) -> PositionSignal:
     """Visual signal per caption position of a captioner (see the module docstring).
 
     Args:
@@ -181,6 +226,7 @@ def position_signal(model: torch.nn.Module, batches: Iterable[tuple[Tensor, Tens
         batches: (images (B, 3, S, S), tokens (B, L)) pairs; B >= 2 (a batch of one has no other image).
         mode: ``teacher_forcing`` or ``masked``; default from the model (causal decoder -> teacher forcing).
         ratios: masking ratios r of the masked mode. draws: mask draws per batch and ratio (seeded by `seed`).
+        content_words: token ids the repeat fade is restricted to (None: every caption token).
     """
     mode = mode or ("teacher_forcing" if getattr(model, "causal", False) else "masked")
     if mode not in MODES:
@@ -210,8 +256,9 @@ def position_signal(model: torch.nn.Module, batches: Iterable[tuple[Tensor, Tens
                 dev_mask = None if mask is None else mask.to(device)
                 ce_true = token_losses(model, image_tokens, dev_tokens, dev_mask)
                 ce_mis = token_losses(model, rolled, dev_tokens, dev_mask)
-                rows = (maskable_positions(tokens) if mask is None else mask).nonzero()[:, 0] + n_captions
-                acc.add(scored_positions(tokens, mask), ce_true, ce_mis, rows)
+                scored = maskable_positions(tokens) if mask is None else mask
+                acc.add(scored_positions(tokens, mask), ce_true, ce_mis, scored.nonzero()[:, 0] + n_captions,
+                        tokens[scored])
         n_captions += len(tokens)
     if n_captions == 0:
         raise ValueError("no caption to score: the data gave no batch")
@@ -222,7 +269,12 @@ def position_signal(model: torch.nn.Module, batches: Iterable[tuple[Tensor, Tens
     for b in range(n_captions):
         known = [f[b] for f in per_setting if f[b] is not None]
         fades.append(sum(known) / len(known) if known else 0.0)
-    return PositionSignal(mode, curves, n_captions, fades)
+    per_setting = [acc.repeat_fades(n_captions, content_words) for acc in accs]
+    repeats: list[float | None] = []
+    for b in range(n_captions):
+        known = [f[b] for f in per_setting if f[b] is not None]
+        repeats.append(sum(known) / len(known) if known else None)
+    return PositionSignal(mode, curves, n_captions, fades, repeats)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -249,14 +301,26 @@ def _batches(data: str | Path, split: str, image_size: int, context_length: int,
 def position_signal_runs(runs: Sequence[str | Path], data: str | Path, *, split: str = "test", limit: int = 256,
                          batch_size: int = 32, ratios: Sequence[float] = DEFAULT_RATIOS, draws: int = 4,
                          seed: int = 0, device: str = "cpu", ema: bool = False,
-                         images: str | Path | None = None) -> dict[str, Any]:
+                         images: str | Path | None = None, content_words: Sequence[str] | None = None
+                         ) -> dict[str, Any]:
     """:func:`position_signal` of each run on the first `limit` captions of `split` of `data` (`images`: the image
     folder of a caption json or table, default found); a JSON-ready dict
-    ``{"data", "split", "signal_definition", "runs": [{"run", "objective", **PositionSignal.to_dict()}]}``."""
+    ``{"data", "split", "signal_definition", "content_words", "runs": [{"run", "objective",
+    **PositionSignal.to_dict()}]}``. `content_words`: the words the repeat fade follows, e.g. the embedded data's
+    colours and shapes; only those that are one token of the caption tokenizer (``content_words`` of the result
+    lists them; "cyan" is two); None: every caption token."""
     if not runs:
         raise ValueError("give at least one run")
     if limit < 2 or batch_size < 2:
         raise ValueError(f"limit and batch_size must be >= 2 (got {limit}, {batch_size})")
+    word_ids, followed = None, None
+    if content_words is not None:
+        encoded = {w: CaptionTokenizer().encode_text(w) for w in content_words}
+        followed = [w for w, ids in encoded.items() if len(ids) == 1]
+        if not followed:
+            raise ValueError(f"none of the content words {list(content_words)} is one token of the caption "
+                             "tokenizer: the repeat fade follows single-token words")
+        word_ids = torch.tensor(sorted({encoded[w][0] for w in followed}))
     out = []
     for run in runs:
         model, cfg = load_model(run, device=device, ema=ema)
@@ -264,10 +328,11 @@ def position_signal_runs(runs: Sequence[str | Path], data: str | Path, *, split:
             raise ValueError(f"{run} is a {cfg.objective.name} run: position signal needs a captioner (a CLIP run "
                              "has no per-token loss)")
         batches = _batches(data, split, cfg.model.image_size, cfg.model.context_length, batch_size, limit, images)
-        result = position_signal(model, batches, ratios=ratios, draws=draws, seed=seed)
+        result = position_signal(model, batches, ratios=ratios, draws=draws, seed=seed, content_words=word_ids)
         out.append({"run": str(run), "objective": cfg.objective.name, **result.to_dict()})
     return {"data": str(data), "split": split, "limit": limit, "seed": seed, "draws": draws,
-            "signal_definition": SIGNAL_DEFINITION, "runs": out}
+            "signal_definition": SIGNAL_DEFINITION,
+            "content_words": followed, "runs": out}
 
 
 def plot_position_signal(result: dict[str, Any], path: str | Path) -> Path:

@@ -1,6 +1,7 @@
 """The paper's numbers (MDC, Feng et al. 2025): the one table that notebooks and plan summaries compare with.
 
-Keys are the paper's table names (``table1`` ... ``table5``, ``fig4``); a notebook reports its embedded-data
+Keys are the paper's table names (``table1`` ... ``table5``, ``fig4``, and the two measurements of its central
+claim, ``position_signal`` and ``position_repeat``); a notebook reports its embedded-data
 version of a table under the same key in ``metrics.json`` (:mod:`mdc_core.workbench.summary`).
 """
 
@@ -41,4 +42,8 @@ PAPER: dict[str, PaperTable] = {
                          {"[0.0, 1.0]": 29.3, "[0.3, 0.8]": 36.1, "[0.4, 0.9]": 38.6, "[0.5, 1.0]": 39.2}),
     "fig4": PaperTable("Fig. 4: BERT masking ratio vs MDC", "ImageNet-1k top-1 % (read off a plot; not tabulated)",
                        {}),
+    "position_signal": PaperTable("Sec. 3: visual signal along the caption (central claim)",
+                                  "argued, not measured: ARC's signal fades along the caption, MDC's does not", {}),
+    "position_repeat": PaperTable("Sec. 3: the same word named again (central claim, word held fixed)",
+                                  "argued, not measured: ARC can copy a repeated word from its prefix", {}),
 }
