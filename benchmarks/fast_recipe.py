@@ -16,7 +16,8 @@ the process CPU time (``time.process_time``: every thread of this process) since
 ``mdc eval objects``), merged with the timings into ``RUN/recipe_curve.json``; ``eval`` can also follow a run
 that is still training (only new checkpoints are captioned). ``plot`` draws accuracy against the *idle-machine
 estimate* ``cpu_s / threads`` (on a shared machine the wall time is inflated by the other processes; CPU time
-much less so) and writes the table beside the PNG as JSON and markdown. ``probe`` fits converged linear probes
+much less so), or with ``--clock RUN`` against the wall time that RUN, timed alone on the idle machine, took to
+reach the same step; it writes the table beside the PNG as JSON and markdown. ``probe`` fits converged linear probes
 (scikit-learn L-BFGS logistic regression) on the mean-pooled encoder features of every checkpoint and of the
 same architecture at random initialisation.
 """
@@ -248,6 +249,17 @@ def cmd_plot(args: argparse.Namespace) -> None:
 
     labels = dict(x.split("=", 1) for x in args.label)
     results = [json.loads((Path(r) / "recipe_curve.json").read_text()) for r in args.run]
+    if args.clock:  # every run's time axis = the wall time of an idle run of the same model at the same step
+        import numpy as np
+        timed = sorted((p["step"], p["wall_s"]) for p in json.loads(
+            (Path(args.clock) / "recipe_curve.json").read_text())["points"])
+        steps, walls = np.array([s for s, _ in timed], float), np.array([w for _, w in timed], float)
+        rate = (walls[-1] - walls[0]) / (steps[-1] - steps[0])  # s per step past the clock's last checkpoint
+        for res in results:
+            for p in res["points"]:
+                wall = np.interp(p["step"], steps, walls) if p["step"] <= steps[-1] else \
+                    walls[-1] + rate * (p["step"] - steps[-1])
+                p["idle_min_est"] = round(float(wall) / 60, 2)
     fig, ax = plt.subplots(figsize=(8, 4.5))
     rows = []
     for run, res in zip(args.run, results, strict=True):
@@ -273,7 +285,8 @@ def cmd_plot(args: argparse.Namespace) -> None:
     ax.axhline(90, color="grey", lw=0.8, ls="--")
     ax.axvline(11, color="grey", lw=0.8, ls=":")
     ax.set_ylim(0, 100)
-    ax.set_xlabel("training time, idle estimate: process CPU s / threads / 60 (min)")
+    ax.set_xlabel(f"wall minutes of {Path(args.clock).name} on the idle machine at the same step" if args.clock
+                  else "training time, idle estimate: process CPU s / threads / 60 (min)")
     ax.set_ylabel("single-object scenes named right (%)")
     ax.set_title(args.title)
     ax.legend(fontsize=7)
@@ -333,6 +346,9 @@ def main(argv: list[str] | None = None) -> None:
     pl.add_argument("--reference-s-per-step", type=float, default=1.0, help="CPU seconds per step of the reference")
     pl.add_argument("--reference-label", default="reference")
     pl.add_argument("--title", default="single-object colour+shape accuracy against CPU training time")
+    pl.add_argument("--clock", help="a run timed on the idle machine: its wall time at each step (extrapolated at its "
+                    "mean rate past its last checkpoint) becomes every run's time axis (runs of the same model cost "
+                    "the same per step; accuracy differs by seed and schedule)")
     args = p.parse_args(argv)
     {"run": cmd_run, "eval": cmd_eval, "profile": cmd_profile, "probe": cmd_probe, "plot": cmd_plot}[args.verb](args)
 
