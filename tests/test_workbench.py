@@ -108,3 +108,18 @@ def test_notebooks_at_once_write_the_data_set_once(tmp_path, monkeypatch):
     for t in threads:
         t.join()
     assert len(calls) == 1 and len(manifests) == 2 and manifests[0]["params"] == manifests[1]["params"]
+
+
+def test_a_cached_model_belongs_to_the_data_set_it_was_trained_on(tmp_path):
+    """The model cache key follows the embedded data's generator parameters: a data folder rewritten with other
+    parameters (n_train, difficulty, caption style) gives its models a new key, so no stale model is reused."""
+    data = tmp_path / "data"
+    data.mkdir()
+    cfg = wb.make_config("tiny_fast", data, "mdc", 10)
+    bare = wb.config_key(cfg)  # no manifest (real data): the configuration alone
+    (data / "manifest.json").write_text(json.dumps({"params": {"n": 200, "captions": "long"}}))
+    first = wb.config_key(cfg)
+    assert first != bare and wb.config_key(cfg) == first  # stable while the data stay
+    (data / "manifest.json").write_text(json.dumps({"params": {"n": 100, "captions": "long"}}))
+    assert wb.config_key(cfg) not in (first, bare)
+    assert wb.cached_run_dir(tmp_path / "models", cfg).name == f"mdc-{wb.config_key(cfg)}"

@@ -107,10 +107,15 @@ def make_config(preset: str, data_dir: str | Path, objective: str, steps: int,
 
 
 def config_key(cfg: RunConfig) -> str:
-    """Stable short hash of everything that defines a training run (the corpus vocabulary size excluded)."""
+    """Stable short hash of everything that defines a training run (the corpus vocabulary size excluded). For an
+    embedded data set the generator's parameters (its manifest's ``params``) count too: the notebooks rewrite a
+    data folder whose parameters changed, and a model trained on the old contents must not be reused."""
     data = cfg.to_dict()
     data["model"]["output_vocab_size"] = 0
     data["preset"] = ""
+    manifest = Path(cfg.data.path) / "manifest.json"
+    if manifest.is_file():
+        data["data_params"] = json.loads(manifest.read_text()).get("params")
     return hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:10]
 
 
