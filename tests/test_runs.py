@@ -9,8 +9,17 @@ import nbformat
 import pytest
 
 from mdc_core.cli import main
+from mdc_core.workbench import progress
 from mdc_core.workbench.paper import PAPER
-from mdc_core.workbench.plans import RunSpec, load_plan, result_from_markers, run_plan, run_status, thread_env
+from mdc_core.workbench.plans import (
+    RunSpec,
+    load_plan,
+    result_from_markers,
+    run_plan,
+    run_status,
+    thread_env,
+    thread_share,
+)
 from mdc_core.workbench.summary import _fmt, merge_tables, table_markdown
 
 TINY_BODY = """\
@@ -118,7 +127,83 @@ def test_jobs_run_notebooks_at_once_with_a_share_of_the_threads(tmp_path: Path) 
     assert [r.status for r in again] == ["skipped", "skipped", "failed"]  # finished runs skip, failed ones retry
 
 
+HANDOVER_BODY = """\
+import json, os, pathlib, time
+import torch
+import mdc_core.workbench.notebook  # noqa: F401  (under the runner: follow its thread share)
+out = pathlib.Path(output_dir)
+seen = []
+deadline = time.time() + (value if value > 1 else 0)
+layer = torch.nn.Linear(4, 4)
+while True:
+    layer(torch.zeros(1, 4))  # a forward pass is where the kernel applies its share
+    seen.append(torch.get_num_threads())
+    if seen[-1] > seen[0] or time.time() > deadline:
+        break
+    time.sleep(0.1)
+(out / "metrics.json").write_text(json.dumps({"metrics": {"value": value}, "threads": seen}))
+"""
+
+
+def test_a_slot_that_empties_hands_its_cores_to_the_run_still_going(tmp_path: Path) -> None:
+    """jobs: 2 on a machine with C cores: both runs start with C // 2 threads; once the short one ends and
+    nothing is queued, the long one's kernel applies C threads at its next forward pass."""
+    import os
+
+    cpus = os.cpu_count() or 1
+    if cpus < 2:
+        pytest.skip("needs two cores to hand one over")
+    write_notebook(tmp_path / "hand.ipynb", body=HANDOVER_BODY)
+    plan_file = write_plan(tmp_path / "hand.yaml", f"output_root: {tmp_path / 'out'}\njobs: 2\nnotebooks:\n"
+                                                   "  - path: hand.ipynb\n    grid: {value: [60, 1]}\n")
+    results = run_plan(load_plan(plan_file, root=tmp_path), progress=False, cwd=tmp_path)
+    assert [r.status for r in results] == ["done", "done"], [r.error for r in results]
+    long_run, short_run = (json.loads((r.run_dir / "metrics.json").read_text())["threads"] for r in results)
+    assert short_run == [cpus // 2]
+    assert long_run[0] == cpus // 2 and long_run[-1] == cpus  # handed over well before its 60 s deadline
+    assert not list((tmp_path / "out" / "hand" / ".threads").iterdir())  # share files go with their runs
+
+
+def test_kernel_side_applies_the_share_in_the_thread_that_runs_a_model(tmp_path: Path, monkeypatch) -> None:
+    import threading
+
+    import torch
+
+    share = tmp_path / "share"
+    monkeypatch.setenv(progress.THREADS_ENV, str(share))
+    before = torch.get_num_threads()
+    assert progress._follow_handle is None
+    try:
+        assert progress.follow_thread_share(every_s=0.0)
+        progress.write_thread_share(share, 1)
+        assert progress.read_thread_share(share) == 1
+        seen: list[int] = []
+
+        def work() -> None:  # like live_train's training thread
+            torch.set_num_threads(2)
+            torch.nn.Linear(2, 2)(torch.zeros(1, 2))
+            seen.append(torch.get_num_threads())
+
+        worker = threading.Thread(target=work)
+        worker.start()
+        worker.join()
+        assert seen == [1]
+        for bad in ("0", "two", ""):  # an unusable share changes nothing
+            share.write_text(bad)
+            assert progress.read_thread_share(share) is None
+    finally:
+        if progress._follow_handle is not None:
+            progress._follow_handle.remove()
+            progress._follow_handle = None
+        torch.set_num_threads(before)
+
+
 def test_thread_share_and_results_read_back_from_markers(tmp_path: Path) -> None:
+    assert thread_share(2, 2, queued=True, cpus=2) == thread_share(2, 2, queued=False, cpus=2) == 1
+    assert thread_share(2, 1, queued=True, cpus=2) == 1  # a slot about to be filled keeps its share
+    assert thread_share(2, 1, queued=False, cpus=2) == 2  # the last run takes the idle core
+    assert thread_share(4, 3, queued=False, cpus=16) == 5
+    assert thread_share(3, 1, queued=False, cpus=2) == 2 and thread_share(3, 3, queued=False, cpus=2) == 1
     assert thread_env(2, cpus=2) == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     assert thread_env(2, cpus=16)["OMP_NUM_THREADS"] == "8"
     assert thread_env(4, cpus=2)["OMP_NUM_THREADS"] == "1"  # never zero threads

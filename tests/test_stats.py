@@ -177,6 +177,12 @@ def test_claims_on_constructed_tables_hold_reverse_or_stay_open() -> None:
     res = evaluate_claim(fig4, table({"MDC": [5, 5.1, 5.2], "BERT 0.15": [5, 5.3, 5.0], "Parallel (r = 1)": [1, 1, 2]}))
     assert res["verdict"] == UNRESOLVED and "consistent" in res["parts"][0]["verdict_text"]
 
+    trained = next(c for c in PAPER_CLAIMS if c.key == "fig4_training")  # every ablation model vs random init
+    res = evaluate_claim(trained, table({"MDC": [60, 61, 62], "BERT 0.15": [40, 41, 40.5],
+                                         "random init (GAP)": [50, 50.5, 51]}))
+    assert res["verdict"] == REVERSED  # one model below its untrained encoder reverses the check
+    assert {(p["better"], p["verdict"]) for p in res["parts"]} == {("MDC", HOLDS), ("BERT 0.15", REVERSED)}
+
 
 def test_two_dimensional_claim_checks_each_column_and_markdown_says_it() -> None:
     cells = {"MDC (Heuristic)": {c: Cell({0: 80.0, 1: 82.0, 2: 81.0}) for c in ("relation", "attribute", "swap")},

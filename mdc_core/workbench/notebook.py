@@ -18,16 +18,18 @@ import contextlib
 import hashlib
 import json
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from mdc_core.config import RunConfig, load_preset
-from mdc_core.workbench.progress import report, watch_training
+from mdc_core.workbench.progress import follow_thread_share, report, target_set, watch_training
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # mdc_core/workbench/notebook.py -> the checkout
 LOCK_WAIT_REPORT_S = 2.0  # a notebook waiting this long for another's lock says so in the runner's bar
+RUNNER_REFRESH_S = 30.0  # live_train's redraw interval in a kernel `mdc runs` started (nobody watches it live)
+
+follow_thread_share()  # in a kernel of `mdc runs`: take over idle cores when the runner hands them out
 
 
 def project_path(path: str | Path) -> Path:
@@ -176,6 +178,8 @@ def live_train(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, ref
     from mdc_core.train import train
 
     run_dir = Path(run_dir)
+    if target_set():  # under the runner the curve is only read afterwards: redraw rarely, leave the CPU to training
+        refresh_s = max(refresh_s, RUNNER_REFRESH_S)
     box: dict[str, Any] = {}
 
     def work() -> None:
@@ -196,7 +200,7 @@ def live_train(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, ref
             plt.close(fig)
         if not alive:
             break
-        time.sleep(refresh_s)
+        thread.join(timeout=refresh_s)  # wakes as soon as training ends
     if "error" in box:
         raise box["error"]
     return box["result"]

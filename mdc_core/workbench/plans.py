@@ -35,8 +35,11 @@ plan ends :mod:`mdc_core.workbench.summary` writes ``summary.md``, ``summary.jso
 
 ``jobs`` runs that many notebooks at once, each in its own process and kernel with ``cpu_count // jobs``
 torch threads (``OMP_NUM_THREADS``); ``mdc runs --jobs N`` overrides it. Runs start in plan order as slots
-free up. Notebooks that need the same cached model or data folder do not race: the notebook helpers hold a file
-lock on each cache folder while they write it (:func:`mdc_core.workbench.notebook.train_cached`,
+free up. Once nothing is left to start, a slot that empties hands its cores to the runs still going: each gets
+``cpu_count // running`` threads (:func:`thread_share`, applied inside the kernel by
+:func:`mdc_core.workbench.progress.follow_thread_share`), so the plan's last long run does not finish on one
+core of an idle machine. Notebooks that need the same cached model or data folder do not race: the notebook
+helpers hold a file lock on each cache folder while they write it (:func:`mdc_core.workbench.notebook.train_cached`,
 :func:`~mdc_core.workbench.notebook.ensure_dataset`), so a notebook that needs a model another one is training
 waits for it and then loads it. On a small CPU this pays because a small model's training uses a second thread
 poorly and much of a notebook uses one core anyway (measurements in ``docs/notebooks.md``).
@@ -78,6 +81,7 @@ ENTRY_KEYS = ("path", "id", "parameters", "grid", "seeds")
 
 RESERVED = ("output_dir",)  # set by the runner for every run
 DONE, FAILED = "DONE", "FAILED"
+SHARES_DIR = ".threads"  # under the plan folder: each running run's torch-thread share (thread_share)
 
 # papermill's inferred type name of a parameter's default -> Python types a plan value may have
 _TYPE_CHECKS: dict[str, tuple[type, ...]] = {
@@ -476,6 +480,13 @@ def thread_env(jobs: int, cpus: int | None = None) -> dict[str, str]:
     return {name: str(threads) for name in THREAD_ENV}
 
 
+def thread_share(jobs: int, running: int, queued: bool, cpus: int | None = None) -> int:
+    """Torch threads for each of `running` concurrent runs: ``cpus // jobs`` while runs are `queued` (every slot
+    will be busy), else the idle slots' cores shared out, ``cpus // running`` (at least 1 either way)."""
+    cpus = cpus or os.cpu_count() or 1
+    return max(1, cpus // (jobs if queued or running < 1 else min(running, jobs)))
+
+
 def _execute_in_child(spec: RunSpec, run_dir: Path, kernel: str, timeout_s: int | None, cwd: Path | None,
                       env: dict[str, str]) -> None:
     """Process target of a concurrent run: the run's outcome is its marker file (``DONE`` / ``FAILED``)."""
@@ -516,10 +527,11 @@ def _run_concurrently(plan: Plan, todo: list[tuple[int, RunSpec]], *, kernel: st
     from collections import deque
     from multiprocessing.connection import wait
 
-    from mdc_core.workbench.progress import describe
+    from mdc_core.workbench.progress import THREADS_ENV, describe, write_thread_share
 
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no threads or torch state inherited
     env = thread_env(jobs)
+    shares_dir = plan.out_dir / SHARES_DIR
     queue = deque(todo)
     active: dict[int, tuple[Any, RunSpec, Path]] = {}
     try:
@@ -527,8 +539,11 @@ def _run_concurrently(plan: Plan, todo: list[tuple[int, RunSpec]], *, kernel: st
             while queue and len(active) < jobs:
                 i, spec = queue.popleft()
                 run_dir = plan.out_dir / spec.run_id
+                share_file = shares_dir / spec.run_id
+                share_file.unlink(missing_ok=True)
                 proc = ctx.Process(target=_execute_in_child, name=f"mdc-runs-{spec.run_id}",
-                                   args=(spec, run_dir, kernel, plan.timeout_s, cwd, env))
+                                   args=(spec, run_dir, kernel, plan.timeout_s, cwd,
+                                         {**env, THREADS_ENV: str(share_file.resolve())}))
                 proc.start()
                 active[i] = (proc, spec, run_dir)
             wait([proc.sentinel for proc, _, _ in active.values()], timeout=poll_s)
@@ -536,7 +551,11 @@ def _run_concurrently(plan: Plan, todo: list[tuple[int, RunSpec]], *, kernel: st
                 if not proc.is_alive():
                     proc.join()
                     del active[i]
+                    (shares_dir / spec.run_id).unlink(missing_ok=True)
                     on_finished(i, result_from_markers(spec, run_dir, proc.exitcode))
+            share = thread_share(jobs, len(active), bool(queue))
+            for _, spec, _ in active.values():
+                write_thread_share(shares_dir / spec.run_id, share)
             if bar is not None:
                 bar.set_postfix_str(" | ".join(f"{spec.run_id}: {describe(run_dir / 'progress.json') or 'starting'}"
                                                for _, spec, run_dir in active.values()), refresh=True)

@@ -12,8 +12,16 @@ its run counter::
 * :func:`track` wraps a loop over models or evaluations and reports ``desc i/n: item``.
 * :func:`watch_training` reports a training run's step from its ``metrics.jsonl`` while it trains.
 
+The other direction: when ``mdc runs`` executes several notebooks at once and a slot empties with nothing left
+to start, it hands the idle cores to the notebooks still running by writing each one's new torch thread count
+into a file it names in the kernel's environment (:data:`THREADS_ENV`, :func:`write_thread_share`).
+:func:`follow_thread_share` (called by :mod:`mdc_core.workbench.notebook` when it is imported in a kernel the
+runner started) makes the kernel apply it: torch's thread count is a per-thread setting, so a module forward
+pre-hook applies the share in whichever thread runs a model (the training thread of a live-plotted run
+included), reading the file at most every :data:`SHARE_POLL_S` seconds per thread.
+
 Without the environment variable (a notebook opened in JupyterLab, a test) every call is a cheap no-op.
-Torch-free; writes are atomic (temporary file + rename), so the runner never reads half a record.
+Torch-free at import; writes are atomic (temporary file + rename), so neither side reads half a record.
 """
 
 from __future__ import annotations
@@ -28,13 +36,21 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 ENV = "MDC_PROGRESS_FILE"  # set by the runner for the kernel it starts
+THREADS_ENV = "MDC_THREADS_FILE"  # set by the runner: a file holding the torch threads it gives this run now
+SHARE_POLL_S = 2.0  # how often (per thread) a kernel re-reads its thread share
 T = TypeVar("T")
 _lock = threading.Lock()
+_follow_handle: Any = None  # the registered forward pre-hook (one per process)
 
 
 def _target() -> Path | None:
     path = os.environ.get(ENV)
     return Path(path) if path else None
+
+
+def target_set() -> bool:
+    """Whether this process reports to a runner (``mdc runs`` set :data:`ENV`)."""
+    return _target() is not None
 
 
 def report(stage: str | None = None, detail: str | None = None) -> None:
@@ -48,12 +64,7 @@ def report(stage: str | None = None, detail: str | None = None) -> None:
             record["stage"] = stage
         record["detail"] = detail or ""
         record["time"] = time.time()
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(json.dumps(record))
-            os.replace(tmp, path)
-        except OSError:  # progress is best effort: a full disk must not fail the notebook
-            tmp.unlink(missing_ok=True)
+        _write_atomic(path, json.dumps(record))  # best effort: a full disk must not fail the notebook
 
 
 def read_record(path: str | Path) -> dict[str, Any]:
@@ -122,3 +133,57 @@ def watch_training(run_dir: str | Path, total_steps: int, every_s: float = 2.0) 
     finally:
         stop.set()
         thread.join(timeout=every_s + 1)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:  # best effort, as progress
+        tmp.unlink(missing_ok=True)
+
+
+def write_thread_share(path: str | Path, threads: int) -> None:
+    """Runner side: give the run whose share file is `path` `threads` torch threads from now on (the file is
+    rewritten only on change)."""
+    path = Path(path)
+    if read_thread_share(path) != threads:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(path, f"{int(threads)}\n")
+
+
+def read_thread_share(path: str | Path) -> int | None:
+    """The thread count in the share file `path` (None when absent, unreadable or not a positive integer)."""
+    try:
+        n = int(Path(path).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return n if n >= 1 else None
+
+
+def follow_thread_share(every_s: float = SHARE_POLL_S) -> bool:
+    """Kernel side: apply the runner's thread share (module docstring) from now on. Registers one global module
+    forward pre-hook per process; a no-op without the runner's environment variable. Returns whether it is on."""
+    global _follow_handle
+    share_path = os.environ.get(THREADS_ENV)
+    if not share_path:
+        return False
+    if _follow_handle is not None:
+        return True
+    import torch
+
+    share_file = Path(share_path)
+    due = threading.local()  # torch's thread count is per thread, and so is the next read
+
+    def apply(_module: Any, _args: Any) -> None:
+        now = time.monotonic()
+        if now < getattr(due, "at", 0.0):
+            return
+        due.at = now + every_s
+        n = read_thread_share(share_file)
+        if n is not None and n != torch.get_num_threads():
+            torch.set_num_threads(n)
+
+    _follow_handle = torch.nn.modules.module.register_module_forward_pre_hook(apply)
+    return True

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -216,4 +217,8 @@ def _table_panel(ax: Any, name: str, table: dict[str, Any]) -> None:
             ax.bar(x + 0.2, [float(paper_vals.get(r, np.nan)) for r in rows], 0.4, label="paper", color="tab:gray")
         ax.set_xticks(x, rows, rotation=30, ha="right", fontsize=7)
         ax.legend(fontsize=7)
-    ax.set_ylabel(table.get("metric", "")[:40], fontsize=7)
+    low, high = ax.get_ylim()
+    if high > 0:
+        ax.set_ylim(low, high + 0.25 * (high - low))  # headroom, so the legend does not sit on the bars
+    metric = table.get("metric", "").split(";")[0]
+    ax.set_ylabel(textwrap.fill(metric[:80], 40), fontsize=7)
