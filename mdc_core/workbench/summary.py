@@ -203,7 +203,8 @@ def _table_panel(ax: Any, name: str, table: dict[str, Any]) -> None:
             yerr = np.array([[y - s[0], s[1] - y] if s else [0.0, 0.0] for y, s in zip(ys, spans, strict=True)]).T
             ax.bar(np.arange(len(columns)) + i * width, ys, width, yerr=yerr, capsize=2, label=row)
         ax.set_xticks(np.arange(len(columns)) + 0.4 - width / 2, columns, rotation=30, ha="right", fontsize=7)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6, ncol=2 if len(rows) > 4 else 1, loc="upper left")
+        headroom = 0.25 + 0.06 * max(0, math.ceil(len(rows) / 2) - 2)  # room above the bars for a tall legend
     else:
         paper_vals = paper.values if paper else {}
         rows = list(dict.fromkeys([*paper_vals, *values]))
@@ -217,8 +218,9 @@ def _table_panel(ax: Any, name: str, table: dict[str, Any]) -> None:
             ax.bar(x + 0.2, [float(paper_vals.get(r, np.nan)) for r in rows], 0.4, label="paper", color="tab:gray")
         ax.set_xticks(x, rows, rotation=30, ha="right", fontsize=7)
         ax.legend(fontsize=7)
+        headroom = 0.25
     low, high = ax.get_ylim()
     if high > 0:
-        ax.set_ylim(low, high + 0.25 * (high - low))  # headroom, so the legend does not sit on the bars
+        ax.set_ylim(low, high + headroom * (high - low))  # so the legend does not sit on the bars
     metric = table.get("metric", "").split(";")[0]
     ax.set_ylabel(textwrap.fill(metric[:80], 40), fontsize=7)
