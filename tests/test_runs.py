@@ -11,15 +11,8 @@ import pytest
 from mdc_core.cli import main
 from mdc_core.workbench import progress
 from mdc_core.workbench.paper import PAPER
-from mdc_core.workbench.plans import (
-    RunSpec,
-    load_plan,
-    result_from_markers,
-    run_plan,
-    run_status,
-    thread_env,
-    thread_share,
-)
+from mdc_core.workbench.plans import RunSpec, load_plan
+from mdc_core.workbench.runner import result_from_markers, run_plan, run_status, thread_env, thread_share
 from mdc_core.workbench.summary import _fmt, merge_tables, table_markdown
 
 TINY_BODY = """\

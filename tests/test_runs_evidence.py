@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from mdc_core.workbench import progress
-from mdc_core.workbench.plans import SEED_PARAM, execute_run, load_plan, run_plan
+from mdc_core.workbench.plans import SEED_PARAM, load_plan
+from mdc_core.workbench.runner import execute_run, run_plan
 
 from .test_runs import write_notebook, write_plan
 

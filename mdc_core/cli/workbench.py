@@ -30,7 +30,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_runs(args: argparse.Namespace) -> None:
-    from mdc_core.workbench.plans import describe_plan, load_plan, run_plan
+    from mdc_core.workbench.plans import load_plan
+    from mdc_core.workbench.runner import describe_plan, run_plan
+
     plan = load_plan(args.plan)
     if args.dry_run:
         print(describe_plan(plan))

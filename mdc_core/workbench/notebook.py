@@ -9,7 +9,7 @@
 * models: :func:`train_cached` trains a config into ``models_dir/<objective>-<config hash>`` or loads the
   finished run from there, so notebooks of one plan share their models; :func:`live_train` trains while a
   loss curve redraws in the notebook;
-* outputs: :func:`save_figure` and :func:`write_metrics` write the files :mod:`mdc_core.workbench.plans` collects.
+* outputs: :func:`save_figure` and :func:`write_metrics` write the files :mod:`mdc_core.workbench.runner` collects.
 """
 
 from __future__ import annotations

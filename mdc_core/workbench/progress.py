@@ -145,12 +145,10 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def write_thread_share(path: str | Path, threads: int) -> None:
-    """Runner side: give the run whose share file is `path` `threads` torch threads from now on (the file is
-    rewritten only on change)."""
+    """Runner side: give the run whose share file is `path` `threads` torch threads from now on."""
     path = Path(path)
-    if read_thread_share(path) != threads:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomic(path, f"{int(threads)}\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(path, f"{int(threads)}\n")
 
 
 def read_thread_share(path: str | Path) -> int | None:
