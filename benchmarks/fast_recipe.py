@@ -246,20 +246,23 @@ def cmd_plot(args: argparse.Namespace) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
     labels = dict(x.split("=", 1) for x in args.label)
     results = [json.loads((Path(r) / "recipe_curve.json").read_text()) for r in args.run]
-    if args.clock:  # every run's time axis = the wall time of an idle run of the same model at the same step
-        import numpy as np
+    clocks = dict(c.split("=", 1) if "=" in c else ("", c) for c in args.clock)  # run -> clock run, "" = default
+    for run, res in zip(args.run, results, strict=True):  # time axis = an idle run of the same model, same step
+        clock = clocks.get(run, clocks.get(""))
+        if clock is None:
+            continue
         timed = sorted((p["step"], p["wall_s"]) for p in json.loads(
-            (Path(args.clock) / "recipe_curve.json").read_text())["points"])
+            (Path(clock) / "recipe_curve.json").read_text())["points"])
         steps, walls = np.array([s for s, _ in timed], float), np.array([w for _, w in timed], float)
         rate = (walls[-1] - walls[0]) / (steps[-1] - steps[0])  # s per step past the clock's last checkpoint
-        for res in results:
-            for p in res["points"]:
-                wall = np.interp(p["step"], steps, walls) if p["step"] <= steps[-1] else \
-                    walls[-1] + rate * (p["step"] - steps[-1])
-                p["idle_min_est"] = round(float(wall) / 60, 2)
+        for p in res["points"]:
+            wall = np.interp(p["step"], steps, walls) if p["step"] <= steps[-1] else \
+                walls[-1] + rate * (p["step"] - steps[-1])
+            p["idle_min_est"] = round(float(wall) / 60, 2)
     fig, ax = plt.subplots(figsize=(8, 4.5))
     rows = []
     for run, res in zip(args.run, results, strict=True):
@@ -285,7 +288,7 @@ def cmd_plot(args: argparse.Namespace) -> None:
     ax.axhline(90, color="grey", lw=0.8, ls="--")
     ax.axvline(11, color="grey", lw=0.8, ls=":")
     ax.set_ylim(0, 100)
-    ax.set_xlabel(f"wall minutes of {Path(args.clock).name} on the idle machine at the same step" if args.clock
+    ax.set_xlabel("wall minutes of an idle timed run of the same model at the same step" if clocks
                   else "training time, idle estimate: process CPU s / threads / 60 (min)")
     ax.set_ylabel("single-object scenes named right (%)")
     ax.set_title(args.title)
@@ -346,9 +349,10 @@ def main(argv: list[str] | None = None) -> None:
     pl.add_argument("--reference-s-per-step", type=float, default=1.0, help="CPU seconds per step of the reference")
     pl.add_argument("--reference-label", default="reference")
     pl.add_argument("--title", default="single-object colour+shape accuracy against CPU training time")
-    pl.add_argument("--clock", help="a run timed on the idle machine: its wall time at each step (extrapolated at its "
-                    "mean rate past its last checkpoint) becomes every run's time axis (runs of the same model cost "
-                    "the same per step; accuracy differs by seed and schedule)")
+    pl.add_argument("--clock", action="append", default=[], metavar="[RUN=]CLOCK_RUN",
+                    help="a run timed on the idle machine: its wall time at each step (extrapolated at its mean rate "
+                    "past its last checkpoint) becomes the time axis of RUN, or of every run without its own clock "
+                    "(runs of the same model cost the same per step; accuracy differs by seed and schedule)")
     args = p.parse_args(argv)
     {"run": cmd_run, "eval": cmd_eval, "profile": cmd_profile, "probe": cmd_probe, "plot": cmd_plot}[args.verb](args)
 

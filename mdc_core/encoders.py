@@ -24,20 +24,25 @@ from .config import ModelConfig, resolve_ref
 class ConvStem(nn.Sequential):
     """Early convolutions for a ViT (Xiao et al. 2021, "Early Convolutions Help Transformers See Better"):
     per entry of `channels` one stage of `depth` 3x3 convolutions + norm + ReLU, the first with stride 2,
-    so the stem's stride is ``2 ** len(channels)``. `norm` is "batch" (BatchNorm, as in the paper) or "group"
-    (GroupNorm with one group, independent of the batch). The ViT's patch projection then runs on the stem's
-    feature map."""
+    so the stem's stride is ``2 ** len(channels)``. `depth` is one count for every stage or a list, one per stage
+    (e.g. ``[1, 2, 2]``: a single convolution at the highest resolution, where a convolution costs most). `norm`
+    is "batch" (BatchNorm, as in the paper) or "group" (GroupNorm with one group, independent of the batch). The
+    ViT's patch projection then runs on the stem's feature map."""
 
     NORMS = ("batch", "group")
 
-    def __init__(self, in_chans: int, channels: Sequence[int], depth: int = 1, norm: str = "batch") -> None:
+    def __init__(self, in_chans: int, channels: Sequence[int], depth: int | Sequence[int] = 1,
+                 norm: str = "batch") -> None:
         if norm not in self.NORMS:
             raise ValueError(f"conv stem norm must be one of {', '.join(self.NORMS)}, got {norm!r}")
-        if not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"model.encoder_kwargs.conv_stem_depth must be an integer >= 1, got {depth!r}")
+        depths = list(depth) if isinstance(depth, list | tuple) else [depth] * len(channels)
+        if len(depths) != len(channels) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1
+                                                   for d in depths):
+            raise ValueError(f"model.encoder_kwargs.conv_stem_depth must be an integer >= 1 or a list of "
+                             f"{len(channels)} (one per stage), got {depth!r}")
         layers: list[nn.Module] = []
-        for c in channels:
-            for i in range(depth):
+        for c, stage_depth in zip(channels, depths, strict=True):
+            for i in range(stage_depth):
                 layers += [nn.Conv2d(in_chans, c, 3, stride=2 if i == 0 else 1, padding=1, bias=False),
                            nn.BatchNorm2d(c) if norm == "batch" else nn.GroupNorm(1, c), nn.ReLU()]
                 in_chans = c
@@ -62,7 +67,8 @@ class ImageEncoder(nn.Module):
 
     ``encoder_kwargs`` go to ``timm.create_model``, except ``conv_stem`` (a list of channel widths), which gives
     a ViT the early-convolution stem :class:`ConvStem` (a convolutional inductive bias for small images), with
-    ``conv_stem_depth`` convolutions per stage (default 1) and ``conv_stem_norm`` "batch" (default) or "group"."""
+    ``conv_stem_depth`` convolutions per stage (default 1; a list gives one count per stage) and
+    ``conv_stem_norm`` "batch" (default) or "group"."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

@@ -9,7 +9,7 @@ from mdc_core.model import Captioner, padding_mask
 from mdc_core.tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID, CaptionTokenizer, build_output_vocab
 
 
-@pytest.mark.parametrize("preset", ["tiny", "tiny_fast", "tiny_vit", "vit_b32", "vit_b16", "vit_l14"])
+@pytest.mark.parametrize("preset", ["tiny", "tiny_lean", "tiny_fast", "tiny_vit", "vit_b32", "vit_b16", "vit_l14"])
 def test_forward_every_preset_no_nan(preset):
     cfg = load_preset(preset)
     if cfg.model.output_vocab == "corpus":
@@ -133,12 +133,16 @@ def test_conv_stem_depth_and_norm():
     convs = [m for m in stem(', "conv_stem_depth": 3') if isinstance(m, torch.nn.Conv2d)]
     assert [c.stride for c in convs] == [(2, 2), (1, 1), (1, 1)] * 2  # per stage: one stride-2 conv, then stride 1
     assert [c.out_channels for c in convs] == [8, 8, 8, 16, 16, 16]
+    per_stage = [m for m in stem(', "conv_stem_depth": [1, 2]') if isinstance(m, torch.nn.Conv2d)]
+    assert [(c.out_channels, c.stride) for c in per_stage] == [(8, (2, 2)), (16, (2, 2)), (16, (1, 1))]
     assert any(isinstance(m, torch.nn.BatchNorm2d) for m in stem(""))  # BatchNorm by default, as Xiao et al.
     group = stem(', "conv_stem_norm": "group"')
     assert any(isinstance(m, torch.nn.GroupNorm) for m in group) and not any(
         isinstance(m, torch.nn.BatchNorm2d) for m in group)
-    with pytest.raises(ValueError, match="conv_stem_depth must be an integer >= 1, got 0"):
+    with pytest.raises(ValueError, match="conv_stem_depth must be an integer >= 1 or a list of 2 .*, got 0"):
         stem(', "conv_stem_depth": 0')
+    with pytest.raises(ValueError, match=r"a list of 2 \(one per stage\), got \[1, 2, 2\]"):
+        stem(', "conv_stem_depth": [1, 2, 2]')
     with pytest.raises(ValueError, match="conv stem norm must be one of batch, group, got 'layer'"):
         stem(', "conv_stem_norm": "layer"')
     with pytest.raises(ValueError, match="conv_stem_depth needs model.encoder_kwargs.conv_stem"):
@@ -154,3 +158,17 @@ def test_tiny_fast_encodes_64_px_into_a_4x4_token_grid():
     assert tokens.shape == (2, 1 + 16, 128)  # class token + (64 / 16) ** 2 patches
     convs = [m for m in encoder.trunk.patch_embed.backbone if isinstance(m, torch.nn.Conv2d)]
     assert [c.out_channels for c in convs] == [32, 64, 128] and all(c.stride == (2, 2) for c in convs)
+
+
+def test_tiny_lean_is_tiny_with_one_full_resolution_convolution_and_half_the_mlp():
+    lean, tiny = load_preset("tiny_lean"), load_preset("tiny")
+    assert (lean.train.steps, lean.train.min_lr_ratio, lean.data.in_memory) == (1500, 0.3, True)  # the CPU recipe
+    encoders = {name: build_image_encoder(cfg.model).eval() for name, cfg in (("lean", lean), ("tiny", tiny))}
+    with torch.no_grad():
+        shapes = {name: enc(torch.randn(2, 3, 64, 64)).shape for name, enc in encoders.items()}
+    assert shapes["lean"] == shapes["tiny"] == (2, 1 + 64, 128)  # the same 8 x 8 token grid as tiny
+    convs = [(m.out_channels, m.stride) for m in encoders["lean"].trunk.patch_embed.backbone
+             if isinstance(m, torch.nn.Conv2d)]
+    assert convs == [(32, (2, 2)), (64, (2, 2)), (64, (1, 1)), (128, (2, 2)), (128, (1, 1))]
+    assert [b.mlp.fc1.out_features for b in encoders["lean"].trunk.blocks] == [256] * 4
+    assert [b.mlp.fc1.out_features for b in encoders["tiny"].trunk.blocks] == [512] * 4

@@ -243,6 +243,23 @@ def test_bad_plans_are_rejected_before_running(toy: Path, text: str, message: st
     assert message in str(err.value)
 
 
+DATA_PARAMS = ('output_dir: str = "."  # run folder\ndata_dir: str = "data"  # data set\n'
+               'n_train: int = 100  # images\nsynthesize: bool = True  # write the data set')
+
+
+def test_runs_at_once_may_not_rewrite_one_data_set_with_different_parameters(tmp_path: Path) -> None:
+    write_notebook(tmp_path / "data.ipynb", DATA_PARAMS, body="pass")
+    entries = ("notebooks:\n  - data.ipynb\n  - path: data.ipynb\n    id: small\n"
+               "    parameters: {n_train: 50%s}\n")
+    with pytest.raises(ValueError, match=r"runs data and small write the data set data with different parameters "
+                                         r"\(n_train 100 vs 50\); with jobs: 2 one would rewrite it"):
+        load_plan(write_plan(tmp_path / "p.yaml", "jobs: 2\n" + entries % ""), root=tmp_path)
+    for ok in ("jobs: 1\n" + entries % "",  # one at a time: each run rewrites the set it needs
+               "jobs: 2\n" + entries % ", data_dir: other",  # a data set of its own
+               "jobs: 2\n" + entries % ", synthesize: false"):  # reads, never writes
+        assert len(load_plan(write_plan(tmp_path / "p.yaml", ok), root=tmp_path).runs) == 2
+
+
 def test_notebook_without_single_parameters_cell_is_rejected(tmp_path: Path) -> None:
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("output_dir = '.'")]

@@ -30,11 +30,14 @@ How a plan runs (run folders, markers, resuming, ``jobs`` and the thread shares)
 :mod:`mdc_core.workbench.runner`.
 
 Parameters are checked against each notebook's ``parameters`` cell (``papermill.inspect_notebook``) before
-anything runs: an undeclared name, a value of the wrong type, or a missing notebook is an error naming it.
+anything runs: an undeclared name, a value of the wrong type, or a missing notebook is an error naming it. With
+``jobs`` > 1, two runs that would write one ``data_dir`` with different data parameters (:data:`DATA_PARAMS`) are
+an error too: one would rewrite the data set while the other reads it.
 """
 
 from __future__ import annotations
 
+import ast
 import itertools
 import re
 import subprocess
@@ -54,6 +57,8 @@ PLAN_KEYS = ("name", "description", "kernel", "output_root", "timeout_s", "jobs"
 ENTRY_KEYS = ("path", "id", "parameters", "grid", "seeds")
 
 RESERVED = ("output_dir",)  # set by the runner for every run
+# the parameters that define the embedded data set a notebook writes into its `data_dir` (when `synthesize`)
+DATA_PARAMS = ("n_train", "n_eval", "captions", "image_size", "difficulty", "seed")
 
 # papermill's inferred type name of a parameter's default -> Python types a plan value may have
 _TYPE_CHECKS: dict[str, tuple[type, ...]] = {
@@ -161,6 +166,8 @@ def load_plan(path: str | Path, *, root: str | Path | None = None) -> Plan:
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
         raise ValueError(f"plan {path}: run ids {dupes} occur twice; give the entries distinct 'id's")
+    if jobs > 1:
+        _check_shared_data(runs, declared, jobs, path)
     return Plan(name=name, source=path, runs=runs, kernel=str(data.get("kernel") or KERNEL_NAME),
                 output_root=Path(data.get("output_root") or "papermill_runs"), timeout_s=timeout, jobs=jobs,
                 description=str(data.get("description") or ""), declared=declared)
@@ -264,6 +271,30 @@ def _check_values(values: dict[str, Any], declared: dict[str, Any], notebook: Pa
         bad_bool = isinstance(value, bool) and type_name in ("int", "float")
         if allowed is not None and (bad_bool or not isinstance(value, allowed)):
             raise ValueError(f"{where}: parameter {key!r} of {notebook.name} is {type_name}, got {value!r}")
+
+
+def _check_shared_data(runs: list[RunSpec], declared: dict[str, dict[str, Any]], jobs: int, path: Path) -> None:
+    """Runs that execute at once must not write one ``data_dir`` with different data parameters: the notebook's
+    ``ensure_dataset`` would rewrite the data set while another notebook reads it."""
+    def value(run: RunSpec, key: str) -> Any:
+        if key in run.parameters:
+            return run.parameters[key]
+        try:
+            return ast.literal_eval(str(declared[str(run.notebook)][key]["default"]))
+        except (KeyError, ValueError, SyntaxError):
+            return None
+
+    first: dict[str, tuple[RunSpec, dict[str, Any]]] = {}
+    for run in runs:
+        if "data_dir" not in declared[str(run.notebook)] or value(run, "synthesize") is False:
+            continue
+        params = {key: value(run, key) for key in DATA_PARAMS if key in declared[str(run.notebook)]}
+        seen = first.setdefault(str(value(run, "data_dir")), (run, params))
+        diff = [f"{k} {seen[1][k]!r} vs {params[k]!r}" for k in params if k in seen[1] and seen[1][k] != params[k]]
+        if diff:
+            raise ValueError(f"plan {path}: runs {seen[0].run_id} and {run.run_id} write the data set "
+                             f"{value(run, 'data_dir')} with different parameters ({', '.join(diff)}); with jobs: "
+                             f"{jobs} one would rewrite it while the other reads it: give one its own data_dir")
 
 
 def _slug(value: Any) -> str:
