@@ -286,15 +286,17 @@ def _check_shared_data(runs: list[RunSpec], declared: dict[str, dict[str, Any]],
 
     first: dict[str, tuple[RunSpec, dict[str, Any]]] = {}
     for run in runs:
-        if "data_dir" not in declared[str(run.notebook)] or value(run, "synthesize") is False:
+        params_of = declared[str(run.notebook)]
+        if "data_dir" not in params_of or value(run, "synthesize") is False:
             continue
-        params = {key: value(run, key) for key in DATA_PARAMS if key in declared[str(run.notebook)]}
-        seen = first.setdefault(str(value(run, "data_dir")), (run, params))
-        diff = [f"{k} {seen[1][k]!r} vs {params[k]!r}" for k in params if k in seen[1] and seen[1][k] != params[k]]
+        data_dir = str(value(run, "data_dir"))
+        params = {key: value(run, key) for key in DATA_PARAMS if key in params_of}
+        seen, seen_params = first.setdefault(data_dir, (run, params))
+        diff = [f"{k} {seen_params[k]!r} vs {v!r}" for k, v in params.items() if seen_params.get(k, v) != v]
         if diff:
-            raise ValueError(f"plan {path}: runs {seen[0].run_id} and {run.run_id} write the data set "
-                             f"{value(run, 'data_dir')} with different parameters ({', '.join(diff)}); with jobs: "
-                             f"{jobs} one would rewrite it while the other reads it: give one its own data_dir")
+            raise ValueError(f"plan {path}: runs {seen.run_id} and {run.run_id} write the data set {data_dir} with "
+                             f"different parameters ({', '.join(diff)}); with jobs: {jobs} one would rewrite it "
+                             "while the other reads it: give one its own data_dir")
 
 
 def _slug(value: Any) -> str:
