@@ -12,15 +12,23 @@ Layout of a run folder::
 
 A checkpoint is assembled in a hidden temporary folder and renamed into place (atomic on POSIX), and
 ``meta.json`` is written last, so a crash mid-write leaves either the previous checkpoint or a complete new
-one; :func:`latest_checkpoint` skips any folder without a valid ``meta.json``. ``meta.json`` also records the
-size and SHA-256 of every file; loading verifies the files it reads (:func:`verify_checkpoint`), so a file damaged
-later (a full disk, a killed copy) raises :class:`CheckpointError` naming it instead of a decoder traceback, and
-:func:`latest_intact_checkpoint` (used by ``--resume``) falls back to the newest checkpoint that verifies.
+one, and a ``step_*`` folder without a valid ``meta.json`` is damaged, never half-written. ``meta.json`` also
+records the size and SHA-256 of every file; loading verifies the files it reads (:func:`diagnose`), so a file
+damaged later (a full disk, a killed copy, a deleted file) raises :class:`CheckpointError` naming it instead of a
+decoder traceback or a silent fallback, and :func:`resume_point` (used by ``--resume``) sets each damaged
+checkpoint aside as ``corrupt_step_*`` with a warning and continues from the newest intact one (weights only, with
+a warning, when only train state is missing everywhere).
+
+Resources: :func:`save_checkpoint` checks the free space against the checkpoint's size before writing (pruning
+first what the save would prune anyway), turns a full disk anywhere in the write into :class:`DiskFullError` after
+removing its temporary folder, and writes the weights with the permissions of the other files (the umask's), not
+the safetensors writer's private 0600. :func:`remove_stale_temporaries` clears what a killed writer left.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -40,10 +48,22 @@ from .factory import create_model
 CKPT_DIR = "checkpoints"
 FILES = ("model.safetensors", "config.json", "state.pt")
 CORRUPT_PREFIX = "corrupt_"  # a checkpoint --resume found damaged is renamed corrupt_step_... (kept, never loaded)
+TMP_PREFIX = ".tmp_step_"  # a checkpoint being written: .tmp_step_<step>_<pid>, renamed step_<step> when complete
+WEIGHTS_ONLY = ("state.pt",)  # what a checkpoint can lack and still give its weights (a weights-only resume)
 
 
 class CheckpointError(ValueError):
     """A checkpoint file is damaged (its size or SHA-256 differs from meta.json, or it cannot be decoded)."""
+
+
+class DiskFullError(OSError):
+    """Too little free space for a checkpoint (found before writing it, or ENOSPC while writing it)."""
+
+    def __init__(self, message: str):
+        super().__init__(errno.ENOSPC, message)
+
+    def __str__(self) -> str:
+        return self.strerror
 
 
 def _sha256(path: Path) -> str:
@@ -69,26 +89,45 @@ def _state_for_safetensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Te
 def save_checkpoint(run_dir: str | Path, step: int, cfg: RunConfig, model: torch.nn.Module, *,
                     ema_state: dict[str, torch.Tensor] | None = None, train_state: dict[str, Any] | None = None,
                     keep_last: int = 2) -> Path:
-    """Write checkpoint `step` of `run_dir` atomically, point ``latest`` at it and prune old ones."""
+    """Write checkpoint `step` of `run_dir` atomically, point ``latest`` at it and prune old ones.
+
+    Raises :class:`DiskFullError` when the free space is short of the checkpoint's size (after pruning what this
+    save would prune anyway) or the disk fills while writing; the temporary folder is removed either way and the
+    previous checkpoints stay as they were."""
     root = Path(run_dir) / CKPT_DIR
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:08d}"
-    tmp = root / f".tmp_step_{step:08d}_{os.getpid()}"
+    tmp = root / f"{TMP_PREFIX}{step:08d}_{os.getpid()}"
+    weights = {"model.safetensors": _state_for_safetensors(model.state_dict())}
+    if ema_state is not None:
+        weights["ema.safetensors"] = _state_for_safetensors(ema_state)
+    need = int(1.01 * (_nbytes(weights) + _nbytes(train_state))) + (64 << 10)  # + config.json, meta.json
+    _ensure_space(run_dir, root, step, need, keep_last)
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir()
-    save_file(_state_for_safetensors(model.state_dict()), str(tmp / "model.safetensors"))
-    if ema_state is not None:
-        save_file(_state_for_safetensors(ema_state), str(tmp / "ema.safetensors"))
-    cfg.save(tmp / "config.json")
-    torch.save(train_state or {}, tmp / "state.pt")
-    files = sorted(p.name for p in tmp.iterdir())
-    (tmp / "meta.json").write_text(json.dumps({"step": step, "complete": True, "files": files,
-                                               "bytes": {f: (tmp / f).stat().st_size for f in files},
-                                               "sha256": {f: _sha256(tmp / f) for f in files}}))
-    for p in tmp.iterdir():
-        with open(p, "rb") as fh:
-            os.fsync(fh.fileno())
+    try:
+        tmp.mkdir()
+        cfg.save(tmp / "config.json")
+        mode = (tmp / "config.json").stat().st_mode & 0o777  # what the umask gives every other file
+        for name, tensors in weights.items():
+            save_file(tensors, str(tmp / name))
+            os.chmod(tmp / name, mode)  # the safetensors writer creates its files 0600
+        torch.save(train_state or {}, tmp / "state.pt")
+        files = sorted(p.name for p in tmp.iterdir())
+        (tmp / "meta.json").write_text(json.dumps({"step": step, "complete": True, "files": files,
+                                                   "bytes": {f: (tmp / f).stat().st_size for f in files},
+                                                   "sha256": {f: _sha256(tmp / f) for f in files}}))
+        for p in tmp.iterdir():
+            with open(p, "rb") as fh:
+                os.fsync(fh.fileno())
+    except BaseException as err:
+        full = _disk_full(err, root, need)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise DiskFullError(f"the disk holding {root} filled up while writing checkpoint {final.name} "
+                                f"(about {_mb(need)} needed): removed the partial checkpoint; "
+                                f"{_last_good(run_dir)}. Free some space, then continue with --resume") from err
+        raise
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -98,71 +137,209 @@ def save_checkpoint(run_dir: str | Path, step: int, cfg: RunConfig, model: torch
     return final
 
 
+def _nbytes(obj: Any) -> int:
+    """Bytes torch.save or safetensors write for the tensors and arrays in a (nested) dict/list/tuple: their data
+    and about 256 bytes of framing each (a zip record or a header entry, aligned)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size() + 256
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    if isinstance(obj, dict):
+        return sum(_nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(v) for v in obj)
+    return 0
+
+
+def _mb(n: float) -> str:
+    return f"{n / 2**20:.1f} MB" if n < 2**30 else f"{n / 2**30:.2f} GB"
+
+
+def _last_good(run_dir: str | Path) -> str:
+    last = latest_checkpoint(run_dir)
+    return f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
+
+
+def _ensure_space(run_dir: str | Path, root: Path, step: int, need: int, keep_last: int) -> None:
+    """Raise :class:`DiskFullError` unless `need` bytes are free under `root`; before giving up, prune the old
+    checkpoints this save would prune anyway (never the newest, so a failed save still leaves one)."""
+    free = shutil.disk_usage(root).free
+    if free >= need:
+        return
+    old = list_checkpoints(run_dir)
+    for ckpt in old[:max(0, len(old) - max(keep_last - 1, 1))]:
+        shutil.rmtree(ckpt, ignore_errors=True)
+    free = shutil.disk_usage(root).free
+    if free < need:
+        raise DiskFullError(f"not enough free space for checkpoint step_{step:08d} in {root}: it needs about "
+                            f"{_mb(need)}, {_mb(free)} are free; {_last_good(run_dir)}. Free some space (or lower "
+                            "train.keep_last), then continue with --resume")
+
+
+def _disk_full(err: BaseException, root: Path, need: int) -> bool:
+    """Whether `err` (raised while writing a checkpoint) means the disk or the quota is full. safetensors and
+    torch.save report ENOSPC in their own words: "os error 28", "unexpected pos" (a short write)."""
+    for e in (err, err.__cause__, err.__context__):
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+    text = str(err)
+    if "No space left" in text or "os error 28" in text or "Disk quota" in text:
+        return True
+    try:
+        return "unexpected pos" in text and shutil.disk_usage(root).free < need
+    except OSError:
+        return False
+
+
+def remove_stale_temporaries(run_dir: str | Path) -> list[str]:
+    """Remove the half-written checkpoints (``.tmp_step_<step>_<pid>``) and temporary files that writers which are
+    no longer running left in `run_dir`; return their names. Call it holding the run folder's lock."""
+    root = Path(run_dir) / CKPT_DIR
+    removed = []
+    for path in [*root.glob(TMP_PREFIX + "*"), *root.glob(".*.tmp*"), *Path(run_dir).glob(".*.tmp*")]:
+        pid = path.name.rsplit("_" if path.name.startswith(TMP_PREFIX) else "tmp", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
+            continue  # a running writer's (one that takes no lock: an older mdc)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path.name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
 def _is_complete(path: Path) -> bool:
     try:
         meta = json.loads((path / "meta.json").read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):
         return False
-    return bool(meta.get("complete")) and all((path / f).is_file() for f in meta.get("files", FILES))
+    return isinstance(meta, dict) and bool(meta.get("complete")) and \
+        all((path / f).is_file() for f in meta.get("files", FILES))
 
 
-def verify_checkpoint(ckpt: str | Path, files: tuple[str, ...] | None = None) -> None:
-    """Check `files` of checkpoint folder `ckpt` (default: the binary ones, every file ``meta.json`` lists but
-    ``config.json``, which stays editable and whose errors the config loader reports) against the sizes and
-    SHA-256 digests in ``meta.json``; raise :class:`CheckpointError` naming the first damaged file. Checkpoints
-    written before digests were recorded pass unchecked."""
+def diagnose(ckpt: str | Path, files: tuple[str, ...] | None = None, *, digests: bool = True) -> str:
+    """What is wrong with checkpoint folder `ckpt`, in one line naming the file ('' when nothing is).
+
+    Checks ``meta.json`` and then `files` (default: every file it lists): each must exist and, with `digests`,
+    match the size and SHA-256 that ``meta.json`` records (``config.json`` stays hand-editable: only its presence
+    is checked; checkpoints written before digests were recorded are checked for presence only)."""
     ckpt = Path(ckpt)
+    meta_file = ckpt / "meta.json"
+    if not meta_file.is_file():
+        return (f"checkpoint {ckpt} has no meta.json (a checkpoint is renamed into place only after meta.json is "
+                "written, so the file was deleted or the folder copied incompletely)")
     try:
-        meta = json.loads((ckpt / "meta.json").read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"checkpoint {ckpt}: meta.json is missing or damaged ({err})") from err
-    digests, sizes = meta.get("sha256", {}), meta.get("bytes", {})
-    for name in files or tuple(f for f in digests if f != "config.json"):
+        meta = json.loads(meta_file.read_text())
+    except (OSError, ValueError) as err:
+        return f"checkpoint file {meta_file} is damaged ({type(err).__name__}: {str(err)[:120]})"
+    if not isinstance(meta, dict) or not meta.get("complete") or not isinstance(meta.get("files", []), list):
+        return f"checkpoint file {meta_file} is damaged (it does not record a complete checkpoint)"
+    sha, sizes = meta.get("sha256", {}), meta.get("bytes", {})
+    for name in files if files is not None else tuple(meta.get("files", FILES)):
         path = ckpt / name
-        if name not in digests:
-            continue
         if not path.is_file():
-            raise CheckpointError(f"checkpoint file {path} is missing")
+            return f"checkpoint file {path} is missing"
+        if not digests or name == "config.json" or name not in sha:
+            continue
         size = path.stat().st_size
-        if size != sizes.get(name, size) or _sha256(path) != digests[name]:
-            raise CheckpointError(f"checkpoint file {path} is corrupt ({size} bytes; its SHA-256 or size differs "
-                                  "from meta.json: truncated or overwritten)")
-
-
-def _damaged(ckpt: Path, files: tuple[str, ...] | None = None) -> str:
-    """'' when `ckpt` verifies, else the CheckpointError message."""
-    try:
-        verify_checkpoint(ckpt, files)
-    except CheckpointError as err:
-        return str(err)
+        if size != sizes.get(name, size) or _sha256(path) != sha[name]:
+            return (f"checkpoint file {path} is corrupt ({size} bytes; its SHA-256 or size differs from meta.json: "
+                    "truncated or overwritten)")
     return ""
 
 
-def latest_intact_checkpoint(run_dir: str | Path, *, set_aside: bool = False) -> Path | None:
-    """The newest checkpoint of `run_dir` whose files all verify (None: no complete checkpoint at all).
-
-    Each newer damaged one is reported with a warning and, with `set_aside`, renamed ``corrupt_step_...`` so that
-    it is never loaded or pruned in place of a good one. Raises :class:`CheckpointError` when every complete
-    checkpoint is damaged.
+def verify_checkpoint(ckpt: str | Path, files: tuple[str, ...] | None = None) -> None:
+    """Raise :class:`CheckpointError` naming what :func:`diagnose` finds wrong with `ckpt` (default: every file).
     """
-    found = list_checkpoints(run_dir)
-    latest = latest_checkpoint(run_dir)
-    if latest is not None and latest in found:  # `latest` first, then the rest newest first
-        found.remove(latest)
-        found.append(latest)
-    problems = []
-    for ckpt in reversed(found):
-        problem = _damaged(ckpt)
+    problem = diagnose(ckpt, files)
+    if problem:
+        raise CheckpointError(problem)
+
+
+def _listed_but(ckpt: Path, skip: tuple[str, ...]) -> tuple[str, ...] | None:
+    try:
+        listed = json.loads((ckpt / "meta.json").read_text()).get("files", FILES)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return tuple(f for f in listed if f not in skip)
+
+
+def set_aside(ckpt: Path) -> Path:
+    """Rename damaged checkpoint `ckpt` to ``corrupt_<name>`` (``.1``, ``.2``... if taken): kept for inspection,
+    never loaded, pruned or overwritten."""
+    target = ckpt.with_name(CORRUPT_PREFIX + ckpt.name)
+    n = 0
+    while target.exists():
+        n += 1
+        target = ckpt.with_name(f"{CORRUPT_PREFIX}{ckpt.name}.{n}")
+    os.replace(ckpt, target)
+    return target
+
+
+def resume_point(run_dir: str | Path, *, set_aside_damaged: bool = False) -> tuple[Path | None, str]:
+    """The checkpoint ``--resume`` continues from, and what is wrong with its train state ('' for a full resume).
+
+    Newest first, the first checkpoint whose files all verify is taken. Every newer damaged one is named in a
+    warning and, with `set_aside_damaged`, renamed ``corrupt_step_...`` (:func:`set_aside`). When no checkpoint is
+    intact but one has intact weights and lacks only its train state (``state.pt`` missing or damaged), the newest
+    such one is taken, weights only: the second value says what is wrong (the caller warns what that loses).
+    Returns (None, '') when the run has no checkpoint folder; raises :class:`CheckpointError` when every
+    checkpoint's weights or meta.json are damaged.
+    """
+    damaged: list[tuple[Path, str]] = []
+    weights_only: tuple[Path, str] | None = None
+    start = None
+    for ckpt in reversed(checkpoint_folders(run_dir)):
+        problem = diagnose(ckpt)
         if not problem:
-            if problems:
-                warnings.warn(f"{'; '.join(problems)}; using the newest intact checkpoint, {ckpt.name}", stacklevel=2)
-            return ckpt
-        problems.append(problem)
-        if set_aside:
-            os.replace(ckpt, ckpt.with_name(CORRUPT_PREFIX + ckpt.name))
-    if problems:
-        raise CheckpointError(f"{problems[0]}; no intact checkpoint left in {run_dir}")
-    return None
+            start = ckpt
+            break
+        rest = _listed_but(ckpt, WEIGHTS_ONLY)
+        if weights_only is None and rest is not None and not diagnose(ckpt, rest):
+            weights_only = (ckpt, problem)
+        else:
+            damaged.append((ckpt, problem))
+    state_problem = ""
+    if start is None and weights_only is not None:
+        start, state_problem = weights_only
+    elif weights_only is not None:
+        damaged.insert(0, weights_only)
+    damaged.sort(key=lambda d: d[0].name, reverse=True)
+    if set_aside_damaged:
+        damaged = [(set_aside(ckpt), problem) for ckpt, problem in damaged]
+    if start is None and damaged:
+        raise CheckpointError(f"{damaged[0][1]}; no intact checkpoint left in {run_dir}")
+    if damaged:
+        moved = f" (set aside as {', '.join(c.name for c, _ in damaged)})" if set_aside_damaged else ""
+        warnings.warn(f"{'; '.join(p for _, p in damaged)}{moved}; resuming from the newest intact checkpoint, "
+                      f"{start.name}", stacklevel=2)
+    return start, state_problem
+
+
+def latest_intact_checkpoint(run_dir: str | Path, *, set_aside: bool = False) -> Path | None:
+    """The newest checkpoint of `run_dir` whose files all verify (None: no checkpoint at all); damaged newer ones
+    are named in a warning and, with `set_aside`, renamed ``corrupt_step_...``. Raises :class:`CheckpointError`
+    when none is intact (see :func:`resume_point`, which also offers a weights-only start)."""
+    ckpt, state_problem = resume_point(run_dir, set_aside_damaged=set_aside)
+    if state_problem:
+        raise CheckpointError(f"{state_problem}; no checkpoint of {run_dir} has intact train state")
+    return ckpt
+
+
+def checkpoint_folders(run_dir: str | Path) -> list[Path]:
+    """Every checkpoint folder ``step_*`` of a run, intact or damaged, oldest first."""
+    root = Path(run_dir) / CKPT_DIR
+    return sorted(p for p in root.glob("step_*") if p.is_dir()) if root.is_dir() else []
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
@@ -174,36 +351,41 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint: the one ``latest`` names if it is intact, else the newest intact one."""
-    root = Path(run_dir) / CKPT_DIR
-    pointer = root / "latest"
-    if pointer.is_file():
-        named = root / pointer.read_text().strip()
-        if named.is_dir() and _is_complete(named):
-            return named
+    """The newest complete checkpoint (None: none). A newer checkpoint folder that is not complete (damaged: a
+    checkpoint is renamed into place only once complete) is named in a warning."""
     found = list_checkpoints(run_dir)
-    return found[-1] if found else None
+    chosen = found[-1] if found else None
+    newer = [c for c in checkpoint_folders(run_dir) if chosen is None or c.name > chosen.name]
+    if newer and chosen is not None:
+        warnings.warn(f"{diagnose(newer[-1], digests=False)}; using the newest complete checkpoint, {chosen.name}",
+                      stacklevel=2)
+    return chosen
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """Accept a run folder or a checkpoint folder; return the checkpoint folder, or raise a clear error."""
+    """Accept a run folder or a checkpoint folder; return the checkpoint folder to read weights from, or raise a
+    one-line error: :class:`CheckpointError` when that checkpoint (a run's newest) is damaged, naming what is
+    wrong and the newest intact one. A missing ``state.pt`` does not matter here (readers need the weights)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"run or checkpoint folder not found: {path}")
-    if (path / "model.safetensors").is_file():
-        if not _is_complete(path):
-            raise ValueError(f"checkpoint {path} is incomplete (no valid meta.json): it was cut off mid-write")
-        return path
-    ckpt = latest_checkpoint(path)
-    if ckpt is None:
+    folders = checkpoint_folders(path)
+    if not folders and not (path / CKPT_DIR).is_dir() and (
+            (path / "meta.json").exists() or (path / "model.safetensors").exists()):
+        folders = [path]  # a checkpoint folder itself
+    if not folders:
         raise FileNotFoundError(f"{path} holds no complete checkpoint (expected {CKPT_DIR}/step_*/model.safetensors)")
+    ckpt = folders[-1]
+    problem = diagnose(ckpt, _listed_but(ckpt, WEIGHTS_ONLY), digests=False)
+    if problem:
+        raise CheckpointError(problem + _previous_hint(ckpt))
     return ckpt
 
 
 def _previous_hint(ckpt: Path) -> str:
     """'; the newest intact checkpoint is X' for a damaged checkpoint of a run folder ('' if none)."""
     older = [c for c in list_checkpoints(ckpt.parent.parent) if c.name < ckpt.name]
-    intact = next((c for c in reversed(older) if not _damaged(c, ("model.safetensors",))), None)
+    intact = next((c for c in reversed(older) if not diagnose(c, ("model.safetensors", "config.json"))), None)
     return f"; the newest intact checkpoint is {intact} (pass it as --run)" if intact else ""
 
 
@@ -215,7 +397,7 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", ema: boo
     weights = ckpt / ("ema.safetensors" if ema else "model.safetensors")
     if not weights.is_file():
         raise FileNotFoundError(f"{weights} not found" + (" (the run was trained without EMA)" if ema else ""))
-    problem = _damaged(ckpt, (weights.name,))
+    problem = diagnose(ckpt, (weights.name,))
     if problem:
         raise CheckpointError(problem + _previous_hint(ckpt))
     cfg = RunConfig.load(ckpt / "config.json")

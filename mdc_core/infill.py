@@ -21,6 +21,16 @@ from .tokenizer import EOT_ID, MASK_ID, SOT_ID, CaptionTokenizer
 SLOT = re.compile(r"\[mask\]|(?<!\S)_(?!\S)", re.IGNORECASE)  # "[MASK]" anywhere, "_" as a word of its own
 
 
+def shown(text: str, limit: int = 60) -> str:
+    """`text` quoted for an error message, cut to `limit` characters (a pasted paragraph stays one short line)."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+def _words(words: list[str], limit: int = 8) -> str:
+    unique = list(dict.fromkeys(words))
+    return ", ".join(unique[:limit]) + (f" and {len(unique) - limit} more" if len(unique) > limit else "")
+
+
 def parse_prompt(text: str, tokenizer: CaptionTokenizer, model: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids (N,) with ``[MASK]`` at the slots, and the fixed mask (N,) bool, of a prompt string.
 
@@ -35,7 +45,7 @@ def parse_prompt(text: str, tokenizer: CaptionTokenizer, model: Any = None) -> t
         if i < len(pieces) - 1:
             ids.append(MASK_ID)
     if MASK_ID not in ids:
-        raise ValueError(f"the prompt {text!r} has no slot to fill: mark the words to generate with [MASK] or _")
+        raise ValueError(f"the prompt {shown(text)} has no slot to fill: mark the words to generate with [MASK] or _")
     if len(ids) > tokenizer.context_length - 2:
         raise ValueError(f"the prompt has {len(ids)} tokens; the model's context holds {tokenizer.context_length - 2}")
     prompt = torch.tensor(ids, dtype=torch.long)
@@ -43,7 +53,7 @@ def parse_prompt(text: str, tokenizer: CaptionTokenizer, model: Any = None) -> t
     if model is not None and getattr(model, "restricted", False):
         unknown = [tokenizer.token_string(int(t)) for t in prompt[fixed] if int(model.output_index[t]) < 0]
         if unknown:
-            raise ValueError(f"the prompt uses words this model never saw in training: {', '.join(unknown)}")
+            raise ValueError(f"the prompt uses words this model never saw in training: {_words(unknown)}")
     return prompt, fixed
 
 
@@ -58,7 +68,7 @@ def fill_prompt(prompt: torch.Tensor, fill: str, tokenizer: CaptionTokenizer) ->
     slots = prompt == MASK_ID
     ids = tokenizer.encode_text(fill)
     if len(ids) != int(slots.sum()):
-        raise ValueError(f"the filling {fill!r} has {len(ids)} token(s) but the prompt has {int(slots.sum())} "
+        raise ValueError(f"the filling {shown(fill)} has {len(ids)} token(s) but the prompt has {int(slots.sum())} "
                          "slot(s); give one word piece per [MASK]")
     out = prompt.clone()
     out[slots] = torch.tensor(ids, dtype=torch.long)
@@ -83,7 +93,7 @@ def score_fills(model: Any, image_tokens: torch.Tensor, prompt: str, fills: Sequ
     if getattr(model, "restricted", False):
         unknown = sorted({tokenizer.token_string(int(t)) for t in rows.flatten() if int(model.output_index[t]) < 0})
         if unknown:
-            raise ValueError(f"the fillings use words this model never saw in training: {', '.join(unknown)}")
+            raise ValueError(f"the fillings use words this model never saw in training: {_words(unknown)}")
     F, N = rows.shape
     tokens = torch.cat([torch.full((F, 1), SOT_ID), rows, torch.full((F, 1), EOT_ID)], dim=1)  # (F, N+2)
     fixed = torch.zeros_like(tokens, dtype=torch.bool)

@@ -241,9 +241,11 @@ def _check(model: Any, image_tokens: torch.Tensor, tokens: torch.Tensor, method:
         raise ValueError("captions to score may not contain [MASK]")
     missing = model.output_index[tokens[caption]] < 0
     if bool(missing.any()):
-        unknown = tokens[caption][missing].unique()[:5].tolist()
-        raise ValueError(f"token ids {unknown} have no row in this model's output vocabulary (corpus vocabulary), "
-                         "so their likelihood is zero")
+        unknown = tokens[caption][missing].unique().tolist()
+        words = ", ".join(repr(CaptionTokenizer().token_string(i)) for i in unknown[:5])
+        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+        raise ValueError(f"the caption words {words}{more} are not in this model's output vocabulary (it predicts "
+                         "only the words of its training captions), so their likelihood is zero")
     return METHODS[method]
 
 

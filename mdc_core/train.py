@@ -23,10 +23,8 @@ skipped as corrupt are counted per epoch in ``epochs.jsonl``.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
-import os
 import random
 import shutil
 import signal
@@ -45,12 +43,15 @@ from tqdm.auto import tqdm
 
 from . import checkpoint as ckpt_io
 from . import distributed as dist
+from . import resume as resume_io
 from .config import ObjectiveConfig, RunConfig
-from .data import SKIP_REASONS, iter_captions, resolve_source
+from .data import SKIP_REASONS, iter_captions
 from .data.loaders import BatchStream
 from .factory import create_model
 from .model import padding_mask
 from .objectives import compute_loss, maskable_positions, objective_spec
+from .resume import resolve_data_paths  # noqa: F401 - part of this module's interface
+from .runlock import RunLock
 from .tokenizer import CaptionTokenizer, build_output_vocab
 
 
@@ -75,6 +76,7 @@ class TrainResult:
     checkpoint: Path
     skipped: dict[str, int] = field(default_factory=dict)  # corrupt records skipped, by reason
     truncated: int = 0  # captions cut to the context length
+    start_step: int = 0  # the step this call started from (> 0: resumed; == steps: nothing was left to train)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -161,63 +163,28 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
     """Train `cfg` into run folder `out`. With `resume`, continue from its latest complete checkpoint.
 
     Under ``torchrun`` every rank calls this: DistributedDataParallel (NCCL on CUDA, gloo on CPU), each rank
-    reading its share of the data; the global batch is ``batch_size x world x grad_accum``. Only rank 0 writes.
+    reading its share of the data; the global batch is ``batch_size x world x grad_accum``. Only rank 0 writes,
+    holding the run folder's lock (:mod:`mdc_core.runlock`) from before its first write to the end: a second
+    writer raises :class:`~mdc_core.runlock.RunFolderBusy` naming it.
     """
     cfg.validate()
     ctx = dist.setup(cfg.train.device, cfg.train.dist_timeout_s)
     out = Path(out)
     created = not out.exists()
+    lock = RunLock(out, "mdc train --resume" if resume else "mdc train")
     try:
-        cfg, start_ckpt = _prepare_run(resolve_data_paths(cfg), out, resume, ctx.is_main)
+        resume_io.lock_run_folder(lock, ctx)
+        cfg, start_ckpt, state_problem = resume_io.prepare_run(resolve_data_paths(cfg), out, resume, ctx.is_main,
+                                                               lr_lambda)
         dist.barrier(ctx, "start-up")  # every rank has checked the run folder before rank 0 writes to it
-        return _Trainer(cfg, out, ctx, start_ckpt, progress).run()
+        return _Trainer(cfg, out, ctx, start_ckpt, progress, state_problem).run()
     except BaseException:
-        if ctx.is_main and created and _never_started(out):  # a run that could not start leaves no folder behind
+        if lock.held and created and resume_io.never_started(out):  # a run that could not start leaves no folder behind
             shutil.rmtree(out, ignore_errors=True)
         raise
     finally:
+        lock.release()
         dist.teardown(ctx)
-
-
-def _never_started(out: Path) -> bool:
-    """`out` holds no checkpoint and no logged step."""
-    metrics = out / "metrics.jsonl"
-    return not ckpt_io.list_checkpoints(out) and not (metrics.is_file() and metrics.read_text().strip())
-
-
-def resolve_data_paths(cfg: RunConfig) -> RunConfig:
-    """`cfg` with ``data.path`` and ``data.images`` absolute (``data.path_as_given`` keeps what was typed), so
-    that a run started with ``--data i2d`` resumes with the absolute path or from another working directory."""
-    def absolute(path: str) -> str:
-        return os.path.abspath(os.path.expanduser(path)) if path and "://" not in path else path
-    d = cfg.data
-    data = dataclasses.replace(d, path=absolute(d.path), images=absolute(d.images),
-                               path_as_given=d.path_as_given or d.path)
-    return dataclasses.replace(cfg, data=data)
-
-
-def _prepare_run(cfg: RunConfig, out: Path, resume: bool, main: bool) -> tuple[RunConfig, Path | None]:
-    """Check the data and the run folder; the config to train (the saved one when resuming) and the checkpoint to
-    start from (None: a fresh run): the newest intact one, damaged newer ones set aside (by rank 0) with a
-    warning."""
-    if not cfg.data.path:
-        raise ValueError("data.path is empty: pass --data DIR (e.g. a folder written by `mdc data synth`)")
-    resolve_source(cfg.data.path, cfg.data.format, "train", cfg.data.images or None)  # fails here, before any work
-    if not resume:
-        if ckpt_io.list_checkpoints(out) or (out / "metrics.jsonl").exists():
-            raise FileExistsError(f"run folder {out} already holds a run; pass --resume to continue it or choose "
-                                  "another --out (nothing was overwritten)")
-        return cfg, None
-    start_ckpt = ckpt_io.latest_intact_checkpoint(out, set_aside=main)
-    if start_ckpt is None:
-        if not ((out / "config.json").is_file() or (out / "metrics.jsonl").is_file()):
-            raise FileNotFoundError(f"--resume: {out} holds no complete checkpoint to resume from")
-        warnings.warn(f"--resume: {out} holds a run that stopped before its first checkpoint; starting it over "
-                      "from step 0", stacklevel=3)
-        return cfg, None
-    saved = resolve_data_paths(RunConfig.load(start_ckpt / "config.json"))  # older runs saved paths as typed
-    _check_resume_config(saved, cfg)
-    return (saved if saved.train.steps == cfg.train.steps else _with_steps(saved, cfg.train.steps)), start_ckpt
 
 
 @dataclass
@@ -251,7 +218,8 @@ class StepStats:
 class _Trainer:
     """The state of one training run (model, optimizer, schedule, EMA, data position, counters) and its loop."""
 
-    def __init__(self, cfg: RunConfig, out: Path, ctx: dist.DistContext, start_ckpt: Path | None, progress: bool):
+    def __init__(self, cfg: RunConfig, out: Path, ctx: dist.DistContext, start_ckpt: Path | None, progress: bool,
+                 state_problem: str = ""):
         t = cfg.train
         self.cfg, self.out, self.ctx, self.progress = cfg, out, ctx, progress
         self.device, self.main = ctx.device, ctx.is_main
@@ -288,18 +256,26 @@ class _Trainer:
         self.consecutive_skips = 0
         self.saved_at = time.monotonic()
         self.stop = dist.StopRequest(repeat_aborts=not ctx.distributed)
-        epoch, batch_in_epoch = self._restore(start_ckpt) if start_ckpt is not None else (0, 0)
+        epoch, batch_in_epoch = self._restore(start_ckpt, state_problem) if start_ckpt is not None else (0, 0)
+        self.start_step = self.n.step
         self.stream = BatchStream(cfg, ctx, epoch, batch_in_epoch, self._end_epoch)
 
-    def _restore(self, ckpt: Path) -> tuple[int, int]:
-        """Load optimizer, schedule, EMA, RNG and counters from `ckpt`; return the data position (epoch, batch)."""
-        state = ckpt_io.load_train_state(ckpt)
-        self.opt.load_state_dict(state["optimizer"])
-        self.sched.load_state_dict(state["scheduler"])
+    def _restore(self, ckpt: Path, state_problem: str = "") -> tuple[int, int]:
+        """Load optimizer, schedule, EMA, RNG and counters from `ckpt`; return the data position (epoch, batch).
+        With `state_problem` (its state.pt is missing or damaged) only what the logs give back (weights only)."""
+        if state_problem:
+            step = json.loads((ckpt / "meta.json").read_text())["step"]
+            state = resume_io.weights_only_state(self.out, step, self.cfg.train.grad_accum)
+            resume_io.set_schedule_step(self.sched, step)
+        else:
+            state = ckpt_io.load_train_state(ckpt)
+            self.opt.load_state_dict(state["optimizer"])
+            self.sched.load_state_dict(state["scheduler"])
         if self.ema is not None and (ckpt / "ema.safetensors").is_file():
             self.ema.module.load_state_dict(ckpt_io.load_weights(ckpt / "ema.safetensors"))
             self.ema.n_averaged.fill_(state.get("ema_n_averaged", 1))
-        ckpt_io.set_rng_state(state["rng"])
+        if "rng" in state:
+            ckpt_io.set_rng_state(state["rng"])
         epoch, batch_in_epoch = state["epoch"], state["batch_in_epoch"]
         saved_world = state.get("world", 1)
         if saved_world != self.ctx.world:  # the same number of samples of this epoch, but not the same samples
@@ -336,7 +312,8 @@ class _Trainer:
         if stopped_by:
             raise TrainingInterrupted(stopped_by, self.n.step, self.last_ckpt)
         last = self.last_ckpt or ckpt_io.latest_checkpoint(self.out)  # None: resumed a run that was complete
-        return TrainResult(self.out, self.n.step, self.loss, last, dict(self.n.skipped), self.n.truncated)
+        loss = self.loss if self.n.step > self.start_step else resume_io.logged_loss(self.out, self.n.step)
+        return TrainResult(self.out, self.n.step, loss, last, dict(self.n.skipped), self.n.truncated, self.start_step)
 
     def _loop(self) -> int:
         """Optimizer steps until train.steps or a stop request; returns the stopping signal (0: none)."""
@@ -475,23 +452,3 @@ class _Trainer:
         self.last_ckpt = ckpt_io.save_checkpoint(self.out, n.step, self.cfg, self.model,
                                                  ema_state=ema.module.state_dict() if ema is not None else None,
                                                  train_state=train_state, keep_last=self.cfg.train.keep_last)
-
-
-def _with_steps(cfg: RunConfig, steps: int) -> RunConfig:
-    data = cfg.to_dict()
-    data["train"]["steps"] = steps
-    return RunConfig.from_dict(data)
-
-
-def _check_resume_config(saved: RunConfig, given: RunConfig) -> None:
-    """Resuming keeps the saved config; a different one given now (other than train.steps) is an error."""
-    a, b = saved.to_dict(), given.to_dict()
-    a["train"]["steps"] = b["train"]["steps"]
-    a["model"]["output_vocab_size"] = b["model"]["output_vocab_size"] = 0
-    a["preset"] = b["preset"] = ""
-    a["data"]["path_as_given"] = b["data"]["path_as_given"] = ""  # the resolved paths are compared
-    diffs = [f"{s}.{k}: saved {a[s][k]!r}, given {b[s][k]!r}" for s in a if isinstance(a[s], dict)
-             for k in a[s] if a[s][k] != b[s].get(k)]
-    if diffs:
-        raise ValueError("--resume with a config that differs from the run's saved config.json: " +
-                         "; ".join(diffs[:5]) + ". Resume with the same options (only --steps may change).")

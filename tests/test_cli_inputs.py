@@ -107,7 +107,7 @@ def test_images_flag_and_no_run_folder_left_by_a_run_that_cannot_start(coco_root
 
     assert main([*argv, "--out", str(tmp_path / "too_big"), "--images", str(images), "--set",
                  "train.batch_size=64"]) == 2
-    assert "fewer than 1 batches" in capsys.readouterr().err
+    assert "holds fewer than 64 samples: lower train.batch_size" in capsys.readouterr().err
     assert not (tmp_path / "too_big").exists()  # the run could not start: nothing left behind
 
     assert main([*argv, "--out", str(tmp_path / "run"), "--images", str(images)]) == 0

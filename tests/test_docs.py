@@ -162,3 +162,11 @@ def test_cli_reference_covers_every_verb() -> None:
     verbs = _subparsers(build_parser())
     missing = [v for v in verbs if f"## `mdc {v}`" not in text]
     assert not missing, f"docs/cli.md has no section for {missing}"
+
+
+def test_reliability_names_tests_that_exist() -> None:
+    """docs/reliability.md states each promise with the test that holds it: every such test must exist."""
+    named = re.findall(r"`(test_\w+\.py)::(test_\w+)`", (ROOT / "docs" / "reliability.md").read_text())
+    assert len(named) >= 20
+    for file, name in named:
+        assert f"def {name}(" in (ROOT / "tests" / file).read_text(), f"reliability.md names {file}::{name}"

@@ -11,8 +11,11 @@ import argparse
 from typing import Any
 
 from mdc_core.config import ConfigError
+from mdc_core.runlock import RunFolderBusy
 
-USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, ValueError)  # -> "mdc: error: ...", exit 2
+# -> "mdc: error: ...", exit 2 (PermissionError: a shared run or folder this user may not read or write)
+USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, ValueError, PermissionError, IsADirectoryError,
+               NotADirectoryError, RunFolderBusy)
 
 FLAGS: dict[str, tuple[str, dict[str, Any]]] = {  # keyword -> (flag, standard add_argument keywords)
     "run": ("--run", {"required": True, "help": "run or checkpoint folder"}),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
+from pathlib import Path
 
 from mdc_core.cli.common import flags
 
@@ -20,6 +22,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     synth.add_argument("--difficulty", choices=("paper", "easy"), default="paper",
                        help="scene settings: paper = 7 shapes, 1-4 objects (the default); easy = 5 distinct "
                        "shapes, 1-3 objects, larger small objects (the fast CPU recipe; docs/fast_recipe.md)")
+    synth.add_argument("--overwrite", action="store_true", help="replace the data set --out already holds")
     shards = data.add_parser("shards", help="write your image-caption folder or CSV/TSV/COCO json as tar shards",
                              parents=[flags(out="output folder for 00000.tar, 00001.tar, ...", quiet=True)])
     shards.add_argument("--from", dest="source", required=True,
@@ -65,9 +68,20 @@ def cmd_data_bench(args: argparse.Namespace) -> None:
 
 def cmd_data_synth(args: argparse.Namespace) -> None:
     from mdc_core.data import write_synthetic_dataset
-    manifest = write_synthetic_dataset(args.out, args.n, seed=args.seed, image_size=args.image_size,
-                                       captions=args.captions, shard_size=args.shard_size,
-                                       difficulty=args.difficulty)
+    out = Path(args.out)
+    held = [p for p in (out / "manifest.json", *out.glob("*/*.tar")) if p.is_file()]
+    if held and not args.overwrite:
+        what = "a data set (manifest.json)" if held[0].name == "manifest.json" else f"shards ({held[0]})"
+        raise FileExistsError(f"{out} already holds {what}; pass --overwrite to replace it or choose another --out")
+    created = not out.exists()
+    try:
+        manifest = write_synthetic_dataset(out, args.n, seed=args.seed, image_size=args.image_size,
+                                           captions=args.captions, shard_size=args.shard_size,
+                                           difficulty=args.difficulty)
+    except BaseException:
+        if created:  # a failed or interrupted command leaves no half-written folder behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     counts = manifest.get("counts", {})
     print(f"wrote {args.out}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
 

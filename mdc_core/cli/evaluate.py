@@ -12,6 +12,10 @@ from pathlib import Path
 
 from mdc_core.cli.common import flags
 
+# = mdc_core.data.LABEL_NAMES, written out so that building the parser imports no torch (mdc_core.data does);
+# tests/test_cli_reliability.py checks that they agree
+PROBE_LABELS = ("shape", "colour", "size", "position", "count", "background")
+
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """``mdc eval <verb>`` (one sub-parser per evaluation; its handler goes into EVAL_HANDLERS) and ``mdc probe``."""
@@ -221,7 +225,6 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 
 def _add_probe_parser(sub: argparse._SubParsersAction) -> None:
-    from mdc_core.data import LABEL_NAMES
     probe = sub.add_parser("probe", help="linear probe of a run's frozen encoder (converged L-BFGS; Table 1)",
                            parents=[flags(
         runs="run or checkpoint folder (repeatable)",
@@ -230,7 +233,7 @@ def _add_probe_parser(sub: argparse._SubParsersAction) -> None:
         batch_size={"default": 64, "help": "images per feature-extraction batch"}, ema=True,
         out={"required": False, "help": "also write the result JSON to this file"}, json=True,
         quiet="no progress bars")])
-    probe.add_argument("--task", default="all", choices=("all", *LABEL_NAMES, "class"),
+    probe.add_argument("--task", default="all", choices=("all", *PROBE_LABELS, "class"),
                        help="synthetic-data label to probe, or all of them (folder/CIFAR data: class)")
     probe.add_argument("--format", default="auto", choices=("auto", "synth", "folder", "cifar"))
     probe.add_argument("--protocol", default="lbfgs", choices=("lbfgs", "clip_benchmark"),

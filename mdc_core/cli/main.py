@@ -12,13 +12,22 @@
 
 Every verb is a thin wrapper: it parses arguments, calls the library, prints a result. The shared flags come
 from :mod:`mdc_core.cli.common`. Errors a user can fix (missing files, bad config keys, unreadable images) print
-one line ``mdc: error: ...`` and exit with 2. Building the parser imports no torch.
+one line ``mdc: error: ...`` and exit with 2; a full disk is one line and exit 1; Ctrl-C at any moment (even
+while torch is being imported) is ``mdc: interrupted`` and exit 130. Building the parser imports no torch, so
+``mdc --help`` answers at once (``tests/test_cli_reliability.py`` checks it).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
+import importlib
+import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 
 from mdc_core.cli import bench, data, evaluate, masked_conditional, sample, train, workbench
 from mdc_core.cli.checks import check_numeric_args
@@ -35,27 +44,60 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    handler = {verb: fn for group in GROUPS for verb, fn in group.HANDLERS.items()}[args.verb]
+LIGHT_VERBS = frozenset({"presets", "runs"})  # verbs that import no torch
+PRELOAD = {"app": ("mdc_core.train", "app.mdc_app")}  # default: mdc_core.train (torch, torchvision, timm)
+
+
+@contextlib.contextmanager
+def _exit_on_interrupt() -> Iterator[None]:
+    """Ctrl-C in the block exits at once with ``mdc: interrupted`` (130). Meant for importing the libraries a verb
+    needs: a KeyboardInterrupt raised inside torch's import (C++ callbacks) aborts the process, or is swallowed by
+    the import machinery so that the command goes on; nothing has been written yet, so exiting loses nothing."""
+    def stop(signum: int, frame: object) -> None:
+        sys.stderr.write("mdc: interrupted\n")
+        os._exit(130)
+
+    usable = threading.current_thread() is threading.main_thread() and \
+        signal.getsignal(signal.SIGINT) is not signal.SIG_IGN  # a background job keeps ignoring it
+    previous = signal.signal(signal.SIGINT, stop) if usable else None
     try:
-        check_numeric_args(args)  # e.g. --steps 0: an error, never the preset's default
+        yield
+    finally:
+        if usable:
+            signal.signal(signal.SIGINT, previous)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        with _exit_on_interrupt():
+            args = build_parser().parse_args(argv)
+            handler = {verb: fn for group in GROUPS for verb, fn in group.HANDLERS.items()}[args.verb]
+            check_numeric_args(args)  # e.g. --steps 0: an error, never the preset's default
+            for module in () if args.verb in LIGHT_VERBS else PRELOAD.get(args.verb, ("mdc_core.train",)):
+                importlib.import_module(module)
         handler(args)
     except USER_ERRORS as err:
         print(f"mdc: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as err:
-        from mdc_core.train import TrainingInterrupted
-        if isinstance(err, TrainingInterrupted):  # a checkpoint was written: say where, and how to go on
+    except KeyboardInterrupt as err:  # no import here: Ctrl-C may have cut one short
+        signum = getattr(err, "signum", None)
+        if signum:  # TrainingInterrupted: a checkpoint was written; say where, and how to go on
             print(f"mdc: {err}; continue with the same command and --resume", file=sys.stderr)
-            return 128 + err.signum  # the shell's convention for a process stopped by a signal
+            return 128 + signum  # the shell's convention for a process stopped by a signal
         print("mdc: interrupted", file=sys.stderr)
         return 130
+    except OSError as err:  # a full disk anywhere (checkpoints say what they kept; see mdc_core.checkpoint)
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        if type(err).__name__ == "DiskFullError":  # says what was kept and how to go on
+            print(f"mdc: error: {err}", file=sys.stderr)
+        else:
+            where = f" (writing {err.filename})" if err.filename else ""
+            print(f"mdc: error: no space left on the device{where}; free some space and run the command again (a "
+                  "training run continues from its last checkpoint with --resume)", file=sys.stderr)
+        return 1
     except RuntimeError as err:  # a training run stopped for a reason its message explains
-        from mdc_core.distributed import RankFailure
-        from mdc_core.train import TrainingDiverged
-        if not isinstance(err, (TrainingDiverged, RankFailure)):
+        if type(err).__name__ not in ("TrainingDiverged", "RankFailure"):
             raise
         print(f"mdc: error: {err}", file=sys.stderr)
         return 1

@@ -96,6 +96,9 @@ def cmd_sample(args: argparse.Namespace) -> None:
     from mdc_core.checkpoint import load_model
     from mdc_core.data import load_image
     model, cfg = load_model(args.run, device=args.device, ema=args.ema)
+    if cfg.objective.name == "clip":
+        raise ValueError(f"{args.run} is a CLIP run (objective clip): it has no caption decoder to sample from; "
+                         "caption with an MDC or ARC run (CLIP runs serve mdc probe and mdc eval compositionality)")
     guidance = guidance_config(args, cfg)
     image = load_image(args.image, cfg.model.image_size)[None].to(args.device)
     trajectory.check_args(args, cfg.objective.name)

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from mdc_core.cli.common import flags
-from mdc_core.config import OBJECTIVE_NAMES, list_presets, load_preset
+from mdc_core.config import OBJECTIVE_NAMES, RunConfig, apply_overrides, list_presets, load_preset
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -16,12 +16,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                            parents=[flags(data={"required": False,
                                                 "help": "data path (shard folder, brace pattern, CSV/TSV or COCO "
                                                 "JSON)"}, out="run folder", set=True, quiet=True)])
-    train.add_argument("--preset", default="tiny", help=f"one of: {', '.join(list_presets())}")
+    train.add_argument("--preset", help=f"one of: {', '.join(list_presets())} (default tiny; with --resume: the "
+                       "run's own config.json, to which the other flags apply)")
     train.add_argument("--objective", choices=OBJECTIVE_NAMES)
     train.add_argument("--steps", type=int, help="optimizer steps")
     train.add_argument("--images", help="image folder of a caption json/CSV (default: beside it, or the COCO "
                        "layout annotations/ + train2017/)")
-    train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    train.add_argument("--resume", action="store_true", help="continue the run in --out from its last intact "
+                       "checkpoint, with its saved config (no other flag needed; --steps N extends it, --data "
+                       "may name its data's new location)")
 
     demo = sub.add_parser("demo", help="the main job: synthesize data, train the tiny MDC model, caption test images",
                           parents=[flags(out={"required": False, "default": "outputs/demo",
@@ -35,23 +38,36 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def _train_config(args: argparse.Namespace):
+    """The preset with the flags applied, or with ``--resume`` and no ``--preset`` the run's own config."""
     overrides = list(args.set)
     if args.data:
-        overrides.append(f"data.path={json.dumps(args.data)}")
+        overrides += [f"data.path={json.dumps(args.data)}", 'data.path_as_given=""']
     if args.images:
         overrides.append(f"data.images={json.dumps(args.images)}")
     if args.objective:
         overrides.append(f"objective.name={args.objective}")
     if args.steps is not None:
         overrides.append(f"train.steps={args.steps}")
-    return load_preset(args.preset, overrides)
+    if args.resume and args.preset is None:
+        saved = Path(args.out) / "config.json"
+        if not saved.is_file():
+            what = "does not exist" if not Path(args.out).exists() else "holds no run (no config.json)"
+            raise FileNotFoundError(f"--resume: run folder {args.out} {what}")
+        return apply_overrides(RunConfig.load(saved), overrides)
+    return load_preset(args.preset or "tiny", overrides)
 
 
 def cmd_train(args: argparse.Namespace) -> None:
     from mdc_core.train import train
     cfg = _train_config(args)
     result = train(cfg, args.out, resume=args.resume, progress=not args.quiet)
-    print(f"trained {result.steps} steps, final loss {result.final_loss:.4f}; checkpoint {result.checkpoint}")
+    if result.steps == result.start_step:
+        print(f"nothing to train: {args.out} has already taken its {result.steps} steps (last logged loss "
+              f"{result.final_loss:.4f}; checkpoint {result.checkpoint}); pass --steps N > {result.steps} with "
+              "--resume to train it longer")
+        return
+    resumed = f" (resumed at step {result.start_step})" if result.start_step else ""
+    print(f"trained {result.steps} steps{resumed}, final loss {result.final_loss:.4f}; checkpoint {result.checkpoint}")
     if result.skipped:
         print(f"skipped corrupt records: {result.skipped}")
     if result.truncated:

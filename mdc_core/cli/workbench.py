@@ -57,6 +57,9 @@ def cmd_runs(args: argparse.Namespace) -> None:
 
 
 def cmd_app(args: argparse.Namespace) -> None:
+    from pathlib import Path
+    if not Path(args.root).is_dir():
+        raise FileNotFoundError(f"--root {args.root} is not a folder (the run menu offers the run folders under it)")
     from app.mdc_app import serve
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"mdc app: binding {args.host}: anyone who can reach this machine can use the app", file=sys.stderr)

@@ -400,14 +400,32 @@ class BatchStream:
                 self.batch_in_epoch += n
                 return got
             if self.batch_in_epoch == 0:
-                t = self.cfg.train
-                shown = self.cfg.data.path_as_given or self.cfg.data.path
-                raise ValueError(f"data at {shown} gave a rank fewer than {n} batches of {t.batch_size} "
-                                 f"in a whole epoch (too few valid samples or shards for {self.ctx.world} ranks x "
-                                 "grad_accum, or all corrupt); lower train.batch_size or check the data")
+                raise ValueError(self._too_little_data(n, len(got)))
             self._it = None  # a DataLoader's workers stop with their iterator
             self.on_epoch_end(self.epoch)
             self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+
+    def _too_little_data(self, n: int, got: int) -> str:
+        """Why a whole epoch gave this rank `got` < `n` micro-batches: what is wrong with the data, in one line."""
+        t, d = self.cfg.train, self.cfg.data
+        shown = d.path_as_given or d.path
+        if got:
+            ranks = f" on each of {self.ctx.world} ranks" if self.ctx.world > 1 else ""
+            return (f"data at {shown} gave only {got} batch(es) of {t.batch_size} in a whole epoch, and a step needs "
+                    f"{n} (train.grad_accum){ranks}: lower train.batch_size or train.grad_accum, or use more data")
+        skipped = ", ".join(f"{reason} {count}" for reason, count in self.pending.most_common())
+        source = resolve_source(d.path, d.format, "train", d.images or None)
+        missing = [r["image"] for r in source.rows if not Path(r["image"]).is_file()]
+        if source.rows and len(missing) == len(source.rows):
+            return (f"none of the {len(missing)} images that {shown} names exists (first: {missing[0]}): image paths "
+                    "are read relative to the caption file's folder, or to the folder given as --images")
+        ranks = f" for each of {self.ctx.world} ranks" if self.ctx.world > 1 else ""
+        if missing or skipped:
+            what = f"{len(missing)} of {len(source.rows)} images missing" if missing else f"skipped: {skipped}"
+            return (f"data at {shown} gave no batch of {t.batch_size} usable samples{ranks} in a whole epoch "
+                    f"({what}): lower train.batch_size or repair the data (`mdc data shards --from` it reports what "
+                    "it skips, by reason)")
+        return f"data at {shown} holds fewer than {t.batch_size} samples{ranks}: lower train.batch_size or add data"
 
     def close(self) -> None:
         """Stop this rank's DataLoader workers now. Dropping the iterator is not enough when the trainer sits in a

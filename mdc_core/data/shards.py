@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,24 +79,31 @@ def write_shards(source: str | Path, out: str | Path, *, shard_size: int = 10_00
                                 "of images with same-name .txt captions")
     pairs = _folder_pairs(src) if _has_images(src) else _table_pairs(str(src), str(images) if images else None)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     if any(out.glob("*.tar")):
         raise FileExistsError(f"{out} already holds .tar shards; choose an empty --out folder")
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
     skipped: Counter[str] = Counter()
     written = 0
-    with wds.ShardWriter(str(out / "%05d.tar"), maxcount=shard_size, verbose=0) as sink:
-        for pair in tqdm(pairs, desc="shards", unit=" pairs", disable=not progress):
-            reason, sample = _sample(pair, written, check_images)
-            if reason:
-                skipped[reason] += 1
-                continue
-            sink.write(sample)
-            written += 1
+    try:
+        with wds.ShardWriter(str(out / "%05d.tar"), maxcount=shard_size, verbose=0) as sink:
+            for pair in tqdm(pairs, desc="shards", unit=" pairs", disable=not progress):
+                reason, sample = _sample(pair, written, check_images)
+                if reason:
+                    skipped[reason] += 1
+                    continue
+                sink.write(sample)
+                written += 1
+        if written == 0:
+            raise ValueError(f"no usable image-caption pair in {src} (skipped: {dict(skipped)})")
+    except BaseException:  # a failed or interrupted command leaves nothing behind: no shards, no empty --out
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        else:
+            for p in out.glob("*.tar"):
+                p.unlink()
+        raise
     n_shards = len(list(out.glob("*.tar")))
-    if written == 0:
-        for p in out.glob("*.tar"):
-            p.unlink()
-        raise ValueError(f"no usable image-caption pair in {src} (skipped: {dict(skipped)})")
     stats = {"source": str(src), "written": written, "shards": n_shards, "shard_size": shard_size,
              "skipped": dict(skipped), "pattern": str(out / f"{{00000..{n_shards - 1:05d}}}.tar")}
     (out / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n")

@@ -35,6 +35,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from mdc_core.runlock import LOCK_NAME, RunLock
 from mdc_core.workbench.plans import Plan, RunSpec, ensure_kernel
 from mdc_core.workbench.summary import RunResult, write_summary
 
@@ -58,15 +59,25 @@ def run_status(run_dir: Path, parameters: dict[str, Any]) -> str:
 
 def execute_run(spec: RunSpec, run_dir: Path, *, kernel: str, timeout_s: int | None = None,
                 cwd: Path | None = None, on_progress: Callable[[str], None] | None = None) -> RunResult:
-    """Execute one run into `run_dir` (cleared first). Never raises for a failing notebook: the error is
+    """Execute one run into `run_dir` (cleared first), holding its lock (:mod:`mdc_core.runlock`; a second
+    writer raises :class:`~mdc_core.runlock.RunFolderBusy`). Never raises for a failing notebook: the error is
     written to ``FAILED`` and returned; KeyboardInterrupt marks the run and propagates.
 
     ``on_progress(text)`` is called about once a second with what the notebook reports through
     :mod:`mdc_core.workbench.progress` (its stage and training step), read from ``<run_dir>/progress.json``."""
+    with RunLock(run_dir, "mdc runs"):
+        return _execute_locked(spec, run_dir, kernel=kernel, timeout_s=timeout_s, cwd=cwd, on_progress=on_progress)
+
+
+def _execute_locked(spec: RunSpec, run_dir: Path, *, kernel: str, timeout_s: int | None, cwd: Path | None,
+                    on_progress: Callable[[str], None] | None) -> RunResult:
     import papermill
 
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
+    for old in run_dir.iterdir():  # cleared, but for the lock file
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old)
+        elif old.name != LOCK_NAME:
+            old.unlink()
     (run_dir / "figures").mkdir(parents=True)
     params = spec.injected(run_dir)
     (run_dir / "parameters.json").write_text(json.dumps(spec.parameters, indent=2, sort_keys=True) + "\n")
@@ -143,14 +154,19 @@ def _mark_failed(run_dir: Path, error: str, duration: float) -> None:
 def run_plan(plan: Plan, *, progress: bool = True, cwd: Path | None = None, jobs: int | None = None
              ) -> list[RunResult]:
     """Execute every pending run of `plan`, skipping finished ones, then write the summary. `jobs` (default: the
-    plan's ``jobs``) notebooks run at once; with more than one, each runs in its own process (module docstring)."""
-
-    kernel = ensure_kernel(plan.kernel)
-    out = plan.out_dir
-    out.mkdir(parents=True, exist_ok=True)
+    plan's ``jobs``) notebooks run at once; with more than one, each runs in its own process (module docstring).
+    The plan folder is locked for the whole call: a second ``mdc runs`` of the plan raises
+    :class:`~mdc_core.runlock.RunFolderBusy` naming this one, before it touches any run folder."""
     jobs = plan.jobs if jobs is None else jobs
     if jobs < 1:
         raise ValueError(f"jobs must be a positive integer (notebooks at once), got {jobs}")
+    kernel = ensure_kernel(plan.kernel)
+    with RunLock(plan.out_dir, "mdc runs"):
+        return _run_plan_locked(plan, kernel, progress=progress, cwd=cwd, jobs=jobs)
+
+
+def _run_plan_locked(plan: Plan, kernel: str, *, progress: bool, cwd: Path | None, jobs: int) -> list[RunResult]:
+    out = plan.out_dir
     results: dict[int, RunResult] = {}
     todo: list[tuple[int, RunSpec]] = []
     for i, spec in enumerate(plan.runs):

@@ -1,0 +1,121 @@
+"""One writer per run folder: an exclusive lock taken before anything is written into the folder.
+
+``with RunLock(folder, "mdc train"):`` holds an advisory ``flock`` on ``folder/.mdc.lock`` for the block
+(``mdc train`` and ``train()`` on a run folder, ``mdc runs`` on a plan folder and on each run folder). The kernel
+grants the lock to one open file at a time, so two writers started at the same instant cannot both get it, and
+it drops the lock when its process dies: a lock file left by a crashed writer (``kill -9``, a power cut) is found
+unlocked and taken over, never waited on. The file records its holder (PID, host, command, start time), so a
+second writer fails at once with a one-line :class:`RunFolderBusy` naming the holder; the file is removed when the
+lock is released. (``filelock`` locks the same way but records no holder to name.) POSIX only (``fcntl``); on a
+network file system the lock is as good as its ``flock`` support (NFSv4 and Lustre with ``flock`` grant it
+across machines).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+LOCK_NAME = ".mdc.lock"
+
+
+class RunFolderBusy(RuntimeError):
+    """Another process holds the folder's lock (it is writing there now)."""
+
+
+def describe_holder(record: dict[str, Any]) -> str:
+    """'pid 123 (`mdc train`, started 2025-01-01 12:00:00 on host)' from a lock file's record."""
+    pid = record.get("pid", "?")
+    mine = " (this process)" if pid == os.getpid() and record.get("host") == socket.gethostname() else ""
+    what = f"`{record['command']}`, " if record.get("command") else ""
+    when = f"started {record['started']}" if record.get("started") else "starting"
+    host = f" on {record['host']}" if record.get("host") and record.get("host") != socket.gethostname() else ""
+    return f"pid {pid}{mine} ({what}{when}{host})"
+
+
+def _read_record(fd: int) -> dict[str, Any]:
+    try:
+        text = os.pread(fd, 4096, 0).decode("utf-8", errors="replace")
+        record = json.loads(text) if text.strip() else {}
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+class RunLock:
+    """An exclusive, crash-safe lock on `folder` (created if missing); see the module docstring.
+
+    Args:
+        folder: the run (or plan) folder to lock.
+        command: what the holder is doing, shown to a second writer (e.g. ``"mdc train"``).
+    """
+
+    def __init__(self, folder: str | Path, command: str = ""):
+        self.folder, self.command = Path(folder), command
+        self.path = self.folder / LOCK_NAME
+        self.previous: dict[str, Any] = {}  # the record a crashed holder left, if any (its lock was free)
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> RunLock:
+        """Take the lock, or raise :class:`RunFolderBusy` naming the process that holds it."""
+        if self._fd is not None:
+            return self
+        self.folder.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                record = _read_record(fd)
+                if not record:  # the holder may be writing its record at this instant
+                    time.sleep(0.2)
+                    record = _read_record(fd)
+                os.close(fd)
+                raise RunFolderBusy(f"{self.folder} is in use by another writer, {describe_holder(record)}; wait for "
+                                    f"it to finish or stop it (a crashed writer's lock is freed by the system, so "
+                                    f"this one is running)") from None
+            if self._same_file(fd):
+                break
+            os.close(fd)  # the holder released (and removed) the file between our open and flock: try again
+        self.previous = _read_record(fd)
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "command": self.command or Path(sys.argv[0]).name,
+                  "started": dt.datetime.now().isoformat(sep=" ", timespec="seconds")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        self._fd = fd
+        return self
+
+    def _same_file(self, fd: int) -> bool:
+        try:
+            a, b = os.fstat(fd), os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+    def release(self) -> None:
+        """Remove the lock file and drop the lock (nothing happens when it is not held)."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            if self._same_file(fd):  # removed while held only by a cleanup of the whole folder
+                self.path.unlink()
+        finally:
+            os.close(fd)  # closing drops the flock
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
