@@ -321,8 +321,9 @@ def resume_point(run_dir: str | Path, *, set_aside_damaged: bool = False) -> tup
         raise CheckpointError(f"{damaged[0][1]}; no intact checkpoint left in {run_dir}")
     if damaged:
         moved = f" (set aside as {', '.join(c.name for c, _ in damaged)})" if set_aside_damaged else ""
-        warnings.warn(f"{'; '.join(p for _, p in damaged)}{moved}; resuming from the newest intact checkpoint, "
-                      f"{start.name}", stacklevel=2)
+        how = f"{start.name}, weights only (see the next warning)" if state_problem else \
+            f"the newest intact checkpoint, {start.name}"
+        warnings.warn(f"{'; '.join(p for _, p in damaged)}{moved}; resuming from {how}", stacklevel=2)
     return start, state_problem
 
 
@@ -343,7 +344,8 @@ def checkpoint_folders(run_dir: str | Path) -> list[Path]:
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first (half-written ones are left out)."""
+    """Complete checkpoints of a run, oldest first: a ``meta.json`` and every file it lists (damaged ones are left
+    out; :func:`checkpoint_folders` lists them too). Pruning removes only these."""
     root = Path(run_dir) / CKPT_DIR
     if not root.is_dir():
         return []

@@ -27,6 +27,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 
 from mdc_core.cli import bench, data, evaluate, masked_conditional, sample, train, workbench
@@ -67,7 +68,26 @@ def _exit_on_interrupt() -> Iterator[None]:
             signal.signal(signal.SIGINT, previous)
 
 
+def _format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                    line: str | None = None) -> str:
+    """``mdc: warning: ...`` on one line for the warnings mdc gives (UserWarning), the usual form for the rest."""
+    if issubclass(category, UserWarning):
+        return f"mdc: warning: {message}\n"
+    return _PYTHON_FORMAT(message, category, filename, lineno, line)
+
+
+_PYTHON_FORMAT = warnings.formatwarning
+
+
 def main(argv: list[str] | None = None) -> int:
+    warnings.formatwarning = _format_warning  # printing only: recorded warnings (pytest.warns) are unchanged
+    try:
+        return _main(argv)
+    finally:
+        warnings.formatwarning = _PYTHON_FORMAT
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         with _exit_on_interrupt():
             args = build_parser().parse_args(argv)
