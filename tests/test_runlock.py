@@ -156,3 +156,25 @@ def test_a_run_folder_is_locked_while_its_notebook_executes(tmp_path):
         with pytest.raises(RunFolderBusy, match=f"pid {os.getpid()} \\(this process\\)"):
             execute_run(plan.runs[0], run_dir, kernel="python3")
     assert (run_dir / "figures" / "kept.png").is_file()  # not cleared by the refused writer
+
+
+def test_every_rank_stops_at_once_when_the_run_folder_is_locked(data, tmp_path):
+    from tests.train_helpers import free_port, micro_run, start_training
+    run = tmp_path / "run"
+    ready = FORK.Event()
+    holder = FORK.Process(target=_hold_lock, args=(str(run), ready, "mdc train"))
+    holder.start()
+    try:
+        assert ready.wait(30)
+        cfg = micro_run(data, steps=2, batch_size=4, dist_timeout_s=600)
+        port = free_port()
+        ranks = [start_training(cfg, run, rank=r, world=2, port=port) for r in range(2)]
+        start = time.monotonic()
+        for proc, err in ranks:  # rank 1 learns it from rank 0 (a broadcast), not from a 600 s timeout
+            proc.join(120)
+            assert proc.exitcode == 1 and err.read_text().startswith(f"RunFolderBusy: {run} is in use"), \
+                err.read_text()[-2000:]
+        assert time.monotonic() - start < 120
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.join(30)
