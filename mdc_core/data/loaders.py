@@ -423,8 +423,8 @@ class BatchStream:
         if missing or skipped:
             what = f"{len(missing)} of {len(source.rows)} images missing" if missing else f"skipped: {skipped}"
             return (f"data at {shown} gave no batch of {t.batch_size} usable samples{ranks} in a whole epoch "
-                    f"({what}): lower train.batch_size or repair the data (`mdc data shards --from` it reports what "
-                    "it skips, by reason)")
+                    f"({what}): lower train.batch_size or repair the data (`mdc data shards --from` the data lists "
+                    "what it skips, by reason)")
         return f"data at {shown} holds fewer than {t.batch_size} samples{ranks}: lower train.batch_size or add data"
 
     def close(self) -> None:
