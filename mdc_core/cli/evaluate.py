@@ -241,6 +241,9 @@ def _add_probe_parser(sub: argparse._SubParsersAction) -> None:
     probe.add_argument("--baselines", nargs="*", default=["random"], choices=("random", "pixels"),
                        help="baseline rows: random = the architecture untrained, pixels = raw pixels (default: random)")
     probe.add_argument("--cache-dir", help="feature cache folder (default: RUN/probe_features)")
+    probe.add_argument("--heldout", action="store_true",
+                       help="refuse to probe on the images a run was pretrained on (--data is its data.path); each "
+                       "result records seen_in_pretraining either way")
 
 
 def cmd_probe(args: argparse.Namespace) -> None:
@@ -248,7 +251,7 @@ def cmd_probe(args: argparse.Namespace) -> None:
     result = probe_runs(args.run, args.data, task=args.task, fmt=args.format, device=args.device,
                         batch_size=args.batch_size, cache_dir=args.cache_dir, ema=args.ema, limit=args.limit,
                         weight_decay=args.weight_decay, progress=not args.quiet, protocol=args.protocol, c=args.c,
-                        baselines=args.baselines)
+                        baselines=args.baselines, heldout=args.heldout)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
@@ -256,8 +259,9 @@ def cmd_probe(args: argparse.Namespace) -> None:
         print(json.dumps(result))
         return
     for run in result["runs"]:
+        seen = " (its pretraining images)" if run.get("seen_in_pretraining") and run["init"] == "trained" else ""
         print(f"{run['objective']} run {run['run']} ({run['init']} weights, step {run['step']}, {run['pool']} "
-              f"features, {run['protocol']} probe) on {run['format']} data {run['data']}")
+              f"features, {run['protocol']} probe) on {run['format']} data {run['data']}{seen}")
         reg = "C" if run["protocol"] == "lbfgs" else "wd"
         print(f"  {'task':12s} {'classes':>7s} {'top-1':>7s} {'top-5':>7s} {'balanced':>8s} {reg:>9s}")
         for task, r in run["tasks"].items():

@@ -87,18 +87,23 @@ def table_markdown(name: str, ours: dict[str, Any]) -> list[str]:
     paper = PAPER.get(name)
     values = ours["values"]
     title = paper.title if paper else name
-    lines = [f"### {title}", "", f"ours: {ours.get('metric') or 'see the notebook'}" +
+    setting = f" ({ours['setting']})" if ours.get("setting") else ""
+    lines = [f"### {title}", "", f"ours: {ours.get('metric') or 'see the notebook'}{setting}" +
              (f"; paper: {paper.metric}" if paper else ""), ""]
     two_d = any(isinstance(v, dict) for v in values.values())
-    if not two_d:
+    paper_two_d = bool(paper) and any(isinstance(v, dict) for v in paper.values.values())
+    if not two_d and not paper_two_d:
         paper_vals = paper.values if paper else {}
         rows = list(dict.fromkeys([*paper_vals, *values]))
         lines += _md_table(["", "embedded data (ours)", "paper"],
                            [[r, values.get(r), paper_vals.get(r)] for r in rows])
         return lines + [""]
-    columns = list(dict.fromkeys(c for v in values.values() if isinstance(v, dict) for c in v))
-    lines += _md_table(["ours", *columns], [[r, *(v.get(c) for c in columns)] for r, v in values.items()
-                                            if isinstance(v, dict)])
+    if two_d:
+        columns = list(dict.fromkeys(c for v in values.values() if isinstance(v, dict) for c in v))
+        lines += _md_table(["ours", *columns], [[r, *(v.get(c) for c in columns)] for r, v in values.items()
+                                                if isinstance(v, dict)])
+    else:
+        lines += _md_table(["ours", "embedded data"], [[r, v] for r, v in values.items()])
     if paper and paper.values:
         pcols = list(dict.fromkeys(c for v in paper.values.values() for c in v))
         lines += ["", *_md_table(["paper", *pcols], [[r, *(v.get(c) for c in pcols)]
@@ -207,6 +212,8 @@ def _table_panel(ax: Any, name: str, table: dict[str, Any]) -> None:
         headroom = 0.25 + 0.06 * max(0, math.ceil(len(rows) / 2) - 2)  # room above the bars for a tall legend
     else:
         paper_vals = paper.values if paper else {}
+        if any(isinstance(v, dict) for v in paper_vals.values()):
+            paper_vals = {}  # the paper's version has columns: no bar beside ours
         rows = list(dict.fromkeys([*paper_vals, *values]))
         x = np.arange(len(rows))
         means = table.get("means", values)  # display tables hold text cells; their numbers are in "means"
