@@ -44,7 +44,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         json="print the result JSON instead of the table", quiet="no progress bars")])
     cap.add_argument("--images", help="image folder of a caption json/CSV (default: beside it, or the COCO layout "
                      "annotations/ + val2017/)")
-    cap.add_argument("--lengths", type=int, nargs="+", default=[10, 15, 20], help="MDC caption lengths N'")
+    cap.add_argument("--lengths", nargs="+", default=["10", "15", "20"],
+                     help="MDC caption lengths: numbers of tokens N', and median (the test captions' median length), "
+                     "oracle (each image at its reference's length), auto (MDC picks its own, --auto-range)")
+    cap.add_argument("--auto-range", default="3-20", help="N' tried by --lengths auto: LO-HI or a list 5,10,15")
     cap.add_argument("--beam", type=int, default=6, help="ARC beam size (ARC is also decoded greedily)")
     cap.add_argument("--finetune-steps", type=int, default=0, help="fine-tune each run this many steps first")
     cap.add_argument("--finetune-data", help="training data for fine-tuning (default: --data's train split)")
@@ -120,7 +123,7 @@ def cmd_eval_captioning(args: argparse.Namespace) -> None:
                         finetune_data=args.finetune_data, finetune_overrides=args.finetune_set, out=args.out,
                         limit=args.limit, metrics=args.metrics, batch_size=args.batch_size,
                         max_length=args.max_length, device=args.device, progress=not args.quiet,
-                        images=args.images)
+                        images=args.images, auto_range=args.auto_range)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "captioning.json").write_text(json.dumps(result, indent=1) + "\n")
