@@ -11,8 +11,9 @@ Tables of the same name from several runs are merged row by row (a grid over sch
 run); repeats of a run over training seeds are gathered into one cell shown as ``mean [95% interval]``, and a
 row that two other runs both report is kept twice, suffixed with its run id. A table may carry per-test-item
 scores (``"items": {row: [...]}`` or ``{row: {column: [...]}}``, whose mean is the value) for bootstrap intervals
-with one seed. Every table whose name is in :data:`PAPER` is printed side by side with the paper's numbers, and
-the paper's ordering claims get verdicts (:mod:`mdc_core.workbench.evidence`). The embedded data are small
+with one seed. Every table whose name is in :data:`PAPER` is printed beside the paper's numbers (from the column
+that matches ours), with the scale it was measured at, and the claims of the paper's text get verdicts, its
+tables' unclaimed row orders observations (:mod:`mdc_core.workbench.evidence`). The embedded data are small
 synthetic scenes, so the columns are comparable in direction and ordering only, never in value.
 """
 
