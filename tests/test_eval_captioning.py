@@ -235,10 +235,12 @@ def test_table3_orders_mdc_and_arc_only_at_a_matched_length():
     """The paper calls MDC-N vs ARC 'not directly comparable': the fixed, oracle and auto lengths are observations
     without a verdict; the check compares MDC at the test captions' median length with ARC, each metric in the
     direction of the paper's MDC-10 row (MDC higher on BLEU@4 / CIDEr / ROUGE-L, ARC higher on METEOR / SPICE)."""
-    from mdc_core.eval.claims import evaluate_claims, gather_tables
+    from mdc_core.eval.claims import claims_markdown, evaluate_claims, gather_tables
     good, bad = [300.0] * 9 + [0.0] * 3, [300.0] * 3 + [0.0] * 9  # CIDEr per image on 12 images
-    rows = {"MDC-10": {"CIDEr": bad}, "MDC (median length)": {"CIDEr": good, "ROUGE-L": [40.0] * 12},
-            "MDC (oracle length)": {"CIDEr": good}, "ARC": {"CIDEr": bad, "ROUGE-L": [50.0] * 6 + [30.0] * 6}}
+    rows = {"MDC-10": {"CIDEr": bad}, "MDC (median length)": {"CIDEr": good, "ROUGE-L": [40.0] * 12,
+                                                              "length": [8.0] * 12},
+            "MDC (oracle length)": {"CIDEr": good}, "ARC": {"CIDEr": bad, "ROUGE-L": [50.0] * 6 + [30.0] * 6,
+                                                            "length": [9.0] * 6 + [7.0] * 6}}
     results = {r["key"]: r for r in evaluate_claims(gather_tables([("nb", 0, _table3(rows))]))}
     matched = results["table3_matched"]
     assert matched["kind"] == "check" and matched["verdict"] == "not resolved"  # CIDEr holds, ROUGE-L does not
@@ -247,6 +249,7 @@ def test_table3_orders_mdc_and_arc_only_at_a_matched_length():
     assert by_column["ROUGE-L"]["verdict"] == "not resolved"
     assert "column METEOR" in matched["missing"] and "column SPICE" in matched["missing"]
     assert matched["verdict_text"] == "not resolved in this run (1 of 2 parts hold)"
+    assert "; lengths 8.0 vs 8.0 tokens: holds" in "\n".join(claims_markdown([matched]))  # says at which length
     unmatched = results["table3_lengths"]
     assert unmatched["verdict"] is None and all(p["verdict"] is None for p in unmatched["parts"])
     assert {p["better"] for p in unmatched["parts"]} == {"MDC-10", "MDC (oracle length)"}

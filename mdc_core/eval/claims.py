@@ -106,11 +106,20 @@ def _comparisons(claim: Claim, cells: Table, missing: list[str]) -> list[dict[st
                         flag(f"column {col}")
                         continue
                     out.append({"better": better, "relation": part.relation, "worse": worse, "column": col,
-                                "margin": part.margin, "spread": difference_spread(a, b, n_boot)})
+                                "margin": part.margin, "spread": difference_spread(a, b, n_boot),
+                                "lengths": _lengths(cells, better, worse)})
     for row in claim.paper_rows:
         if row not in rows:
             flag(f"row {row} (in the paper's table)")
     return out
+
+
+def _lengths(cells: Table, better: str, worse: str | float) -> list[float] | None:
+    """The two rows' mean output lengths where the table has a ``length`` column (Table 3): a verdict on captions
+    says at which lengths it compared them."""
+    if not isinstance(worse, str) or "length" not in cells[better] or "length" not in cells[worse]:
+        return None
+    return [sum(c.values.values()) / len(c.values) for c in (cells[better]["length"], cells[worse]["length"])]
 
 
 def evaluate_claim(claim: Claim, cells: Table | None) -> dict[str, Any]:
@@ -118,7 +127,8 @@ def evaluate_claim(claim: Claim, cells: Table | None) -> dict[str, Any]:
 
     Returns ``{"key", "kind", "source", "text", "tested_as", "table", "verdict", "verdict_text", "seeds",
     "parts": [{"better", "relation", "worse", "column", "margin", "difference": Estimate dict | None,
-    "holm": {"level", "low", "high"} | None, "verdict", "verdict_text"}], "missing"}``. Observations and
+    "holm": {"level", "low", "high"} | None, "lengths": [mean length of each row] | None (tables with a
+    ``length`` column), "verdict", "verdict_text"}], "missing"}``. Observations and
     exploratory entries have verdict None (and None per part).
     """
     missing: list[str] = []
@@ -247,6 +257,8 @@ def claims_markdown(results: Sequence[dict[str, Any]], digits: int = 1,
             if p["holm"]:
                 holm = p["holm"]
                 line += f"; Holm {100 * holm['level']:.1f}%: [{holm['low']:+.{n}f}, {holm['high']:+.{n}f}]"
+            if p.get("lengths"):
+                line += f"; lengths {p['lengths'][0]:.1f} vs {p['lengths'][1]:.1f} tokens"
             if p["verdict"] is not None:
                 line += f": {p['verdict_text']}"
             lines.append(line)

@@ -201,6 +201,8 @@ def _table_panel(ax: Any, name: str, table: dict[str, Any]) -> None:
     if any(isinstance(v, dict) for v in values.values()):
         rows = [r for r, v in values.items() if isinstance(v, dict)]
         columns = list(dict.fromkeys(c for r in rows for c in values[r]))
+        if "gain" in columns:  # probe tables: the raw and chance-corrected means (per-task gains: summary.md)
+            columns = [c for c in columns if not c.startswith("gain ")]
         width = 0.8 / max(1, len(rows))
         means = table.get("means", values)
         for i, row in enumerate(rows):
