@@ -83,6 +83,15 @@ def _md_table(header: list[str], rows: list[list[Any]]) -> list[str]:
     return lines
 
 
+def _one_column(paper: Any) -> dict[str, Any]:
+    """The paper's values as row -> number when its table has one column (Table 5: ImageNet-1k), else {}."""
+    values = paper.values if paper else {}
+    if not any(isinstance(v, dict) for v in values.values()):
+        return values
+    columns = {c for v in values.values() if isinstance(v, dict) for c in v}
+    return {r: v[next(iter(columns))] for r, v in values.items()} if len(columns) == 1 else {}
+
+
 def table_markdown(name: str, ours: dict[str, Any]) -> list[str]:
     """Markdown lines for one merged table, beside the paper's numbers when the paper has the table."""
     paper = PAPER.get(name)
@@ -92,9 +101,9 @@ def table_markdown(name: str, ours: dict[str, Any]) -> list[str]:
     lines = [f"### {title}", "", f"ours: {ours.get('metric') or 'see the notebook'}{setting}" +
              (f"; paper: {paper.metric}" if paper else ""), ""]
     two_d = any(isinstance(v, dict) for v in values.values())
-    paper_two_d = bool(paper) and any(isinstance(v, dict) for v in paper.values.values())
+    paper_vals = _one_column(paper)
+    paper_two_d = bool(paper) and bool(paper.values) and not paper_vals
     if not two_d and not paper_two_d:
-        paper_vals = paper.values if paper else {}
         rows = list(dict.fromkeys([*paper_vals, *values]))
         lines += _md_table(["", "embedded data (ours)", "paper"],
                            [[r, values.get(r), paper_vals.get(r)] for r in rows])
@@ -214,9 +223,7 @@ def _table_panel(ax: Any, name: str, table: dict[str, Any]) -> None:
         ax.legend(fontsize=6, ncol=2 if len(rows) > 4 else 1, loc="upper left")
         headroom = 0.25 + 0.06 * max(0, math.ceil(len(rows) / 2) - 2)  # room above the bars for a tall legend
     else:
-        paper_vals = paper.values if paper else {}
-        if any(isinstance(v, dict) for v in paper_vals.values()):
-            paper_vals = {}  # the paper's version has columns: no bar beside ours
+        paper_vals = _one_column(paper)  # a paper table of several columns gets no bar beside ours
         rows = list(dict.fromkeys([*paper_vals, *values]))
         x = np.arange(len(rows))
         means = table.get("means", values)  # display tables hold text cells; their numbers are in "means"
