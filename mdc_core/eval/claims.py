@@ -219,7 +219,7 @@ def evaluate_claims(tables: Mapping[str, Mapping[str, Any]], claims: Sequence[Cl
 
 def _difference_text(d: dict[str, Any] | None, digits: int) -> str:
     if d is None:
-        return "no interval (needs >= 2 seeds, or per-item scores with one seed)"
+        return "no interval (one seed and no per-item scores, e.g. a corpus-level metric: needs >= 2 seeds)"
     if d["low"] is None:
         return f"{d['mean']:+.{digits}f}, no interval ({d['method']})"
     return f"{d['mean']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}] ({d['method']})"
@@ -227,8 +227,9 @@ def _difference_text(d: dict[str, Any] | None, digits: int) -> str:
 
 def _digits(result: dict[str, Any], digits: int) -> int:
     """More digits for small quantities (slopes, nats) than for percentages."""
-    means = [abs(p["difference"]["mean"]) for p in result["parts"] if p["difference"]]
-    return 3 if means and max(means) < 1 else digits
+    ends = [abs(p["difference"][k]) for p in result["parts"] if p["difference"] for k in ("mean", "low", "high")
+            if p["difference"][k] is not None]
+    return 3 if ends and max(ends) < 1 else digits
 
 
 def claims_markdown(results: Sequence[dict[str, Any]], digits: int = 1,
@@ -242,10 +243,10 @@ def claims_markdown(results: Sequence[dict[str, Any]], digits: int = 1,
         lines.append(f"- **{r['source']}** ({KIND_LABELS[r['kind']]}): {r['text']} -> {verdict}")
         if not r["parts"] and r["missing"] == [f"table {r['table']}"]:
             continue  # the whole table is absent: the verdict line says so
-        scale = (settings or {}).get(r["table"], "")
-        tested = r["tested_as"] + ("; " if r["tested_as"] and scale else "") + scale
-        if tested:
-            lines.append(f"  - tested as: {tested}")
+        if r["tested_as"]:
+            lines.append(f"  - tested as: {r['tested_as']}")
+        if (settings or {}).get(r["table"]):
+            lines.append(f"  - scale: {settings[r['table']]}")
         if r.get("duplicate_of"):
             lines.append(f"  - the same comparison as `{r['duplicate_of']}` above (not counted again)")
             continue

@@ -109,8 +109,8 @@ PAPER_CLAIMS: tuple[Claim, ...] = (
           "ARC above MDC on METEOR and SPICE", "table3",
           (Part("MDC (median length)", ">", "ARC", ("BLEU@4", "CIDEr", "ROUGE-L")),
            Part("ARC", ">", "MDC (median length)", ("METEOR", "SPICE"))),
-          tested_as="MDC at the test captions' median length; the text claims no ordering, so this is a check of "
-                    "the table's order at a matched length"),
+          tested_as="MDC at the test captions' median length (the lengths each row wrote are shown); the text "
+                    "claims no ordering, so this checks the table's order at a matched length"),
     Claim("table3_lengths", OBSERVATION, "Table 3 at lengths that are not matched",
           "MDC at each fixed N', at each image's reference length (an oracle ARC does not get) and at its own "
           "adaptive length, against ARC (beam 6)", "table3",

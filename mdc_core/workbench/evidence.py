@@ -49,9 +49,6 @@ def run_setting(params: dict[str, Any], table: str = "") -> str:
     if params.get("n_train"):
         detail = ", ".join(x for x in (params.get("difficulty"), f"{captions} captions" if captions else "") if x)
         bits.append(f"{params['n_train']} embedded images" + (f" ({detail})" if detail else ""))
-    if table.startswith(("table1", "table4", "table5", "fig4")) and "probe_heldout" in params:
-        bits.append("probed on images never seen in pretraining" if params["probe_heldout"]
-                    else "probed on the pretraining images")
     return "; ".join(bits)
 
 
