@@ -64,6 +64,12 @@ def test_embedded_data_references_are_the_short_and_long_captions(tmp_path):
 
 def test_decoders_follow_the_paper():
     assert cap.decoders_for("mdc") == ["mdc-10", "mdc-15", "mdc-20"]
+    assert cap.decoders_for("mdc", ["8", "median", "oracle", "auto"]) == ["mdc-8", "mdc-median", "mdc-oracle",
+                                                                         "mdc-auto"]
+    assert cap.decoder_label("mdc", "mdc-median", 8) == ("MDC", "8 (median)")
+    assert cap.decoder_label("mdc", "mdc-oracle") == ("MDC", "per image (oracle)")
+    with pytest.raises(ValueError, match="median, oracle, auto"):
+        cap.parse_lengths(["longest"])
     assert cap.decoders_for("arc") == ["greedy", "beam-6"]
     assert cap.decoders_for("arc", beam=1) == ["greedy"]
     assert cap.decoder_label("mdc", "mdc-15") == ("MDC", "15")
@@ -87,6 +93,34 @@ def test_mdc_captions_have_the_asked_length_and_images_are_encoded_once(tmp_path
     assert set(out["mdc-4"]["captions"]) == {"5.jpg", "6.jpg"}
     assert out["mdc-4"]["captions"]["5.jpg"] == tok.decode(
         cap.decode(model, original(torch.stack([cap.image_pixels(items[0].image, 32)])), "mdc-4", max_length=22)[0])
+
+
+def test_reference_lengths_prefer_the_images_own_caption():
+    tok = CaptionTokenizer(12)
+    items = [cap.CaptionItem("a", "a.jpg", ("a red circle", "a red circle on the left of a blue square"),
+                             "a red circle"),
+             cap.CaptionItem("b", "b.jpg", ("one", "one two three", "one two three four five")),
+             cap.CaptionItem("c", "c.jpg", (" ".join(["word"] * 30),))]
+    assert cap.reference_lengths(items, tok) == [3, 3, 10]  # own caption; median of three; cut at context - 2
+
+
+def test_lengths_from_the_test_set_median_oracle_and_auto(tmp_path, karpathy):
+    """oracle: each image at its own target length (images of one length sampled together); median: one N' for
+    all; auto: MDC's own pick within the range."""
+    model, cfg = load_model(make_run(tmp_path))
+    with torch.no_grad():
+        image_tokens = model.encode_image(torch.zeros(3, 3, 32, 32))
+        oracle = cap.decode(model, image_tokens, "mdc-oracle", lengths=[3, 5, 3])
+        median = cap.decode(model, image_tokens, "mdc-median", lengths=[4, 4, 4])
+        auto = cap.decode(model, image_tokens, "mdc-auto", auto_range="2-4")
+    assert oracle.shape == (3, 5) and (oracle[[0, 2], 3:] == cap.EOT_ID).all() and (oracle[1] != cap.EOT_ID).all()
+    assert median.shape == (3, 4)
+    assert all(2 <= int((row != cap.EOT_ID).sum()) <= 4 for row in auto)
+    with pytest.raises(ValueError, match="one target length per image"):
+        cap.decode(model, image_tokens, "mdc-oracle", lengths=[3])
+    items = cap.load_caption_set(karpathy, "test")
+    out = cap.caption_items(model, cfg, items, ["mdc-oracle"], lengths=[2, 5], progress=False)
+    assert list(out["mdc-oracle"]["tokens"].values()) == [2, 5]
 
 
 def test_arc_is_decoded_greedily_and_by_beam_search(tmp_path, karpathy):
@@ -166,24 +200,62 @@ def test_cli_captioning_with_finetune(tmp_path, karpathy, capsys):
     assert "--finetune-data" in capsys.readouterr().err
 
 
-def test_per_image_cider_averages_to_the_corpus_cider_and_gives_table3_a_verdict(tmp_path, karpathy):
-    """Each decoder's per-image CIDEr (the test items behind Table 3's interval) lists the images in caption
-    order, averages to the corpus CIDEr, and lets a single-seed Table 3 claim get a paired-bootstrap verdict."""
-    from mdc_core.eval.claims import evaluate_claims, gather_tables
-    out = cap.captioning([make_run(tmp_path), make_run(tmp_path, "arc")], karpathy, lengths=[4], beam=2,
-                         metrics=["BLEU", "CIDEr"], out=tmp_path, max_length=6, progress=False)
+def test_per_image_scores_average_to_the_corpus_scores_and_table3_keeps_lengths_apart(tmp_path, karpathy):
+    """Each decoder's per-image CIDEr / ROUGE-L (Table 3's test items) list the images in caption order and
+    average to the corpus scores; the table's rows name the length setting."""
+    out = cap.captioning([make_run(tmp_path), make_run(tmp_path, "arc")], karpathy, lengths=[4, "median", "oracle"],
+                         beam=2, metrics=["BLEU", "ROUGE-L", "CIDEr"], out=tmp_path, max_length=6, progress=False)
+    # per image the median of its two references' token lengths: (6 + 3) / 2 -> 5 and (3 + 4) / 2 -> 4 (halves
+    # round up); their median 4.5 -> 5
+    assert out["median_length"] == 5
     for r in out["results"]:
-        per = r["per_image"]["CIDEr"]
-        assert len(per) == len(r["captions"]) == 2
-        assert sum(per) / len(per) == pytest.approx(r["metrics"]["CIDEr"], abs=1e-9)
+        for metric in ("CIDEr", "ROUGE-L"):
+            per = r["per_image"][metric]
+            assert len(per) == len(r["captions"]) == 2
+            assert sum(per) / len(per) == pytest.approx(r["metrics"][metric], abs=1e-9)
+        assert sum(r["per_image"]["repetition"]) / 200 == pytest.approx(r["metrics"]["repetition_rate"])
+    table = cap.table3(out)
+    assert list(table["values"]) == ["MDC-4", "MDC (median length)", "MDC (oracle length)", "ARC (greedy)",
+                                     "ARC"]
+    assert set(table["values"]["ARC"]) == {"BLEU@4", "ROUGE-L", "CIDEr", "repetition", "length"}
+    assert set(table["items"]["ARC"]) == {"ROUGE-L", "CIDEr", "repetition", "length"}  # BLEU: corpus-level only
+    assert table["values"]["MDC-4"]["length"] == 4.0 and table["values"]["MDC (median length)"]["length"] == 5.0
+    assert "N' = 5 for every image" in table["metric"]
     no_cider = cap.captioning([make_run(tmp_path, name="m3")], karpathy, lengths=[4], metrics=["BLEU"],
                               out=tmp_path, progress=False)
-    assert no_cider["results"][0]["per_image"] == {}
-    # the notebook's Table 3 layout: 12 images, MDC-10 right on 9 (CIDEr 3.0), ARC on 3: MDC-10 > ARC holds
-    items = {"MDC-10": {"CIDEr": [300.0] * 9 + [0.0] * 3}, "ARC": {"CIDEr": [300.0] * 3 + [0.0] * 9}}
-    table3 = {"metric": "x", "values": {k: {"CIDEr": sum(v["CIDEr"]) / 12} for k, v in items.items()},
-              "items": items}
-    (claim,) = [v for v in evaluate_claims(gather_tables([("nb", 0, {"tables": {"table3": table3}})]))
-                if v["key"] == "table3"]
-    assert claim["verdict"] == "holds"
-    assert claim["parts"][0]["difference"]["mean"] == pytest.approx(150.0)
+    assert set(no_cider["results"][0]["per_image"]) == {"repetition", "length"}
+
+
+def _table3(rows: dict[str, dict[str, list[float]]]) -> dict:
+    values = {row: {col: sum(v) / len(v) for col, v in cols.items()} for row, cols in rows.items()}
+    return {"tables": {"table3": {"metric": "x", "values": values, "items": rows}}}
+
+
+def test_table3_orders_mdc_and_arc_only_at_a_matched_length():
+    """The paper calls MDC-N vs ARC 'not directly comparable': the fixed, oracle and auto lengths are observations
+    without a verdict; the check compares MDC at the test captions' median length with ARC, each metric in the
+    direction of the paper's MDC-10 row (MDC higher on BLEU@4 / CIDEr / ROUGE-L, ARC higher on METEOR / SPICE)."""
+    from mdc_core.eval.claims import claims_markdown, evaluate_claims, gather_tables
+    good, bad = [300.0] * 9 + [0.0] * 3, [300.0] * 3 + [0.0] * 9  # CIDEr per image on 12 images
+    rows = {"MDC-10": {"CIDEr": bad}, "MDC (median length)": {"CIDEr": good, "ROUGE-L": [40.0] * 12,
+                                                              "length": [8.0] * 12},
+            "MDC (oracle length)": {"CIDEr": good}, "ARC": {"CIDEr": bad, "ROUGE-L": [50.0] * 6 + [30.0] * 6,
+                                                            "length": [9.0] * 6 + [7.0] * 6}}
+    results = {r["key"]: r for r in evaluate_claims(gather_tables([("nb", 0, _table3(rows))]))}
+    matched = results["table3_matched"]
+    assert matched["kind"] == "check" and matched["verdict"] == "not resolved"  # CIDEr holds, ROUGE-L does not
+    by_column = {p["column"]: p for p in matched["parts"]}
+    assert by_column["CIDEr"]["verdict"] == "holds" and by_column["CIDEr"]["difference"]["mean"] == pytest.approx(150)
+    assert by_column["ROUGE-L"]["verdict"] == "not resolved"
+    assert "column METEOR" in matched["missing"] and "column SPICE" in matched["missing"]
+    assert matched["verdict_text"] == "not resolved in this run (1 of 2 parts hold)"
+    assert "; lengths 8.0 vs 8.0 tokens: holds" in "\n".join(claims_markdown([matched]))  # says at which length
+    unmatched = results["table3_lengths"]
+    assert unmatched["verdict"] is None and all(p["verdict"] is None for p in unmatched["parts"])
+    assert {p["better"] for p in unmatched["parts"]} == {"MDC-10", "MDC (oracle length)"}
+    assert "row MDC (auto length)" in unmatched["missing"]
+    # an ordering at the matched length that goes the other way is reversed (the check names the length it used)
+    flipped = {**rows, "MDC (median length)": {"CIDEr": bad}, "ARC": {"CIDEr": good}}
+    result = next(r for r in evaluate_claims(gather_tables([("nb", 0, _table3(flipped))]))
+                  if r["key"] == "table3_matched")
+    assert result["verdict"] == "reversed" and "median length" in result["tested_as"]

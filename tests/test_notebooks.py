@@ -27,7 +27,8 @@ TINY = {  # per notebook: parameters on top of COMMON
                                    "probe_tasks": ["shape", "colour"]},
     "03_linear_probing": {"position_limit": 8, "probe_tasks": ["shape", "colour"]},
     "04_compositionality": {"limit": 6, "samples": 4},
-    "05_captioning": {"limit": 6, "n_explore": 2, "beam": 2, "lengths": [4, 6], "explore_length": 4},
+    "05_captioning": {"limit": 6, "n_explore": 2, "beam": 2, "lengths": [4, 6, "median", "oracle", "auto"],
+                      "auto_range": "2-6", "explore_length": 4},
 }
 EXPECTED = {  # what each notebook's metrics.json must hold: metric keys and paper tables
     "01_pretraining": ({"final_loss", "final_masked_acc", "single_object_accuracy"}, set()),
@@ -35,11 +36,12 @@ EXPECTED = {  # what each notebook's metrics.json must hold: metric keys and pap
                                     "probe/Parallel (r = 1)", "loss_std/[0.0, 1.0]", "probe/random init"},
                                    {"table4", "table5", "fig4"}),
     "03_linear_probing": ({"probe/CLIP", "probe/ARC", "probe/MDC", "probe/random init (CLS)",
-                           "probe/random init (GAP)", "signal_fade/ARC", "signal_fade/MDC"},
-                          {"table1", "position_signal", "position_repeat"}),
+                           "probe/random init (GAP)", "probe_gain/MDC", "signal_fade/ARC", "signal_fade/MDC"},
+                          {"table1_mixed", "position_signal", "position_repeat"}),  # mixed captions: no claim
     "04_compositionality": ({"MDC (Heuristic)/relation", "MDC (Monte Carlo)/attribute", "ARC/order", "CLIP/add"},
                             {"table2"}),
-    "05_captioning": ({"MDC-4/BLEU@4", "MDC-6/CIDEr", "ARC/ROUGE-L"}, {"table3"}),
+    "05_captioning": ({"MDC-4/BLEU@4", "MDC-6/CIDEr", "ARC/ROUGE-L", "MDC (median length)/CIDEr",
+                       "MDC (oracle length)/length", "MDC (auto length)/repetition"}, {"table3"}),
 }
 
 
@@ -94,11 +96,15 @@ def test_notebook_executes_with_tiny_parameters(name: str, shared: Path) -> None
     assert tables == set(record["tables"])
     for table in record["tables"].values():
         assert table["metric"] and table["values"]
-    probe_table = {"02_noise_schedule_ablation": "table5", "03_linear_probing": "table1"}.get(name)
+    probe_table = {"02_noise_schedule_ablation": "table5", "03_linear_probing": "table1_mixed"}.get(name)
     if probe_table:  # every probe table has the untrained encoder's row, and per-item scores for intervals
         table = record["tables"][probe_table]
         assert any(row.startswith("random init") for row in table["values"]), list(table["values"])
         assert set(table["items"]) == set(table["values"])
+        models = [row for row in table["values"] if not row.startswith("random init")]
+        assert all({"top-1", "gain"} <= set(table["values"][row]) for row in models)  # raw and chance-corrected
+    if name == "02_noise_schedule_ablation":  # probed on a held-out set: images no model was pretrained on
+        assert record["probe_data"].endswith("data_short_probe")
     assert list((out / "figures").glob("*.png")), "every notebook saves figures"
     if name == "05_captioning":  # Table 3's CIDEr carries per-image scores: a one-seed interval and a verdict
         items = record["tables"]["table3"]["items"]

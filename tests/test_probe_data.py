@@ -230,3 +230,24 @@ def test_probe_run_takes_a_list_of_tasks(tmp_path):
     assert list(result["tasks"]) == ["shape", "colour"] and result["tasks"]["shape"]["C"] == 1.0
     with pytest.raises(ValueError, match="unknown task 'hue'"):
         probe_run(tmp_path / "run", data, task=["shape", "hue"])
+
+
+def test_heldout_refuses_the_runs_own_pretraining_images(tmp_path):
+    """A probe that trains on the images the run was pretrained on says so (seen_in_pretraining); --heldout makes it
+    an error. A set written with another seed is not seen."""
+    data, other = tmp_path / "synth", tmp_path / "synth_probe"
+    write_synthetic_dataset(data, 24, image_size=32, n_val=2, n_test=12, n_compgen=2, progress=False, workers=1)
+    write_synthetic_dataset(other, 24, seed=1000, image_size=32, n_val=2, n_test=12, n_compgen=2, progress=False,
+                            workers=1)
+    torch.manual_seed(0)
+    cfg = RunConfig(model=micro_config(), data=DataConfig(path=str(data)))
+    save_checkpoint(tmp_path / "run", 1, cfg, create_model(cfg, "mdc").eval())
+    seen = probe_run(tmp_path / "run", data, task="shape", c=1.0)
+    assert seen["seen_in_pretraining"] is True
+    with pytest.raises(ValueError, match="pretrained on"):
+        probe_run(tmp_path / "run", data, task="shape", c=1.0, heldout=True)
+    assert main(["probe", "--run", str(tmp_path / "run"), "--data", str(data), "--task", "shape", "--heldout",
+                 "--quiet"]) == 2
+    fresh = probe_run(tmp_path / "run", other, task="shape", c=1.0, heldout=True)
+    assert fresh["seen_in_pretraining"] is False
+    assert probe_data.seen_in_pretraining(data, data / "train") and not probe_data.seen_in_pretraining(data, other)

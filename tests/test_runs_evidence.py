@@ -22,8 +22,9 @@ out = pathlib.Path(output_dir)
 (out / "figures" / "dot.txt").write_text("x")
 s = train_seed
 values = {"CLIP": 60.0 + gap + 2 * s, "MDC": 60.0 + s, "ARC": 70.0 - s}
-items = {"MDC": [100.0] * 6 + [0.0] * 4, "ARC": [100.0] * 7 + [0.0] * 3}
-metrics = {"metrics": {"seed": s}, "tables": {"table1": {"metric": "toy top-1 %", "values": values, "items": items}}}
+items = {"MDC": {"top-1": [60.0 + s] * 10}, "ARC": {"top-1": [70.0 - s] * 10}}  # per test image, mean = value
+table = {"metric": "toy top-1 %", "values": {k: {"top-1": v} for k, v in values.items()}, "items": items}
+metrics = {"metrics": {"seed": s}, "tables": {"table1": table}}
 (out / "metrics.json").write_text(json.dumps(metrics))
 """
 
@@ -62,16 +63,18 @@ def test_summary_shows_intervals_over_seeds_and_verdicts(seeded: Path) -> None:
     results = run_plan(plan, progress=False, cwd=seeded)
     assert [r.status for r in results] == ["done"] * 3
     summary = (seeded / "out" / "s" / "summary.md").read_text()
-    # MDC = 60, 61, 62: mean 61, t-interval 61 +- 4.303 * 1 / sqrt(3) = [58.5, 63.5]
-    assert "| MDC | 61.0 [58.5, 63.5] | 54.8 |" in summary
-    assert "t-intervals over training seeds" in summary
-    # CLIP - MDC = 10, 11, 12 (paired): 11 +- 2.48 = [8.5, 13.5], holds; MDC - ARC = -10, -8, -6: reversed
-    assert "- **Table 1**: linear probe: CLIP > MDC >= ARC -> **reversed**" in summary
-    assert "CLIP > MDC: difference +11.0 [+8.5, +13.5] (paired t over 3 seeds): holds" in summary
-    assert "MDC >= ARC: difference -8.0 [-13.0, -3.0] (paired t over 3 seeds): reversed" in summary
+    # MDC = 60, 61, 62: mean 61, t-interval 61 +- 4.303 * 1 / sqrt(3) = [58.5, 63.5] (the hierarchical bootstrap
+    # over seeds and the constant items lies inside it)
+    assert "| MDC | 61.0 [58.5, 63.5] |" in summary and "| MDC | 68.7 | 77.2 | 80.6 |" in summary  # paper: Average
+    assert "95% intervals over training seeds" in summary
+    # MDC - ARC = -10, -8, -6 (paired): -8 +- 4.97 = [-13.0, -3.0], below -0.8: reversed
+    assert "(the paper's claim): on alt-text captions MDC 'achieves performance comparable" in summary
+    assert "-> **reversed over 3 seeds (inferior by more than the margin 0.8)**" in summary
+    assert "  - MDC >= ARC - 0.8 (top-1): difference -8.0 [-13.0, -3.0] (paired hierarchical bootstrap" in summary
+    assert "One training seed" not in summary and "toy models, 1 steps" not in summary
     record = json.loads((seeded / "out" / "s" / "summary.json").read_text())
     assert record["claims"][0]["verdict"] == "reversed" and record["plan"] == "s"
-    assert record["tables"]["table1"]["intervals"]["MDC"] == pytest.approx([58.515, 63.485], abs=1e-3)
+    assert record["tables"]["table1"]["intervals"]["MDC"]["top-1"] == pytest.approx([58.515, 63.485], abs=1e-3)
 
 
 def test_summary_with_one_seed_says_so_and_bootstraps_the_test_items(seeded: Path) -> None:
@@ -80,11 +83,13 @@ def test_summary_with_one_seed_says_so_and_bootstraps_the_test_items(seeded: Pat
     run_plan(plan, progress=False, cwd=seeded)
     summary = (seeded / "out" / "one" / "summary.md").read_text()
     assert "One training seed per model" in summary and "test-set noise only" in summary
-    row = next(line for line in summary.splitlines() if line.startswith("| MDC |"))
-    assert row.startswith("| MDC | 60.0 [") and "| 54.8 |" in row  # MDC has per-item scores: an interval
-    assert "| CLIP | 70.0 | 57.2 |" in summary  # no items, one seed: no interval, and no verdict on CLIP > MDC
-    assert "CLIP > MDC: difference no interval" in summary
-    assert "MDC >= ARC: difference -10.0 [" in summary and "paired bootstrap over 10 test items" in summary
+    assert "every verdict is about *this run*" in summary
+    assert "| MDC | 60.0 [60.0, 60.0] |" in summary  # MDC has per-item scores: an interval (constant items)
+    assert "| CLIP | 70.0 |" in summary  # no items, one seed: no interval
+    assert ("MDC >= ARC - 0.8 (top-1): difference -10.0 [-10.0, -10.0] (paired bootstrap over 10 test items "
+            "(test-set noise only)): reversed") in summary
+    assert "-> **reversed in this run (inferior by more than the margin 0.8)**" in summary
+    assert "### Not measured in these runs" in summary and "Fig. 5" in summary  # not encoded: listed
 
 
 def test_runner_shows_the_notebooks_own_progress(tmp_path: Path) -> None:

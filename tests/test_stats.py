@@ -13,6 +13,8 @@ import pytest
 from mdc_core.eval.claims import (
     PAPER_CLAIMS,
     Cell,
+    Claim,
+    Part,
     cell_difference,
     claims_markdown,
     evaluate_claim,
@@ -21,16 +23,22 @@ from mdc_core.eval.claims import (
     position_fade,
     position_fade_items,
 )
+from mdc_core.eval.paper_claims import TABLE1_MARGIN, TABLE2_COLUMNS
 from mdc_core.eval.stats import (
     HOLDS,
+    MIXED,
     REVERSED,
     UNMEASURED,
     UNRESOLVED,
     Estimate,
+    Spread,
     bootstrap_difference,
     bootstrap_interval,
     combine_verdicts,
     describe_verdict,
+    hierarchical_draws,
+    holm_adjust,
+    holm_step_down,
     seed_difference,
     t_interval,
     verdict,
@@ -100,24 +108,91 @@ def test_paired_bootstrap_difference_sees_a_consistent_gap() -> None:
         bootstrap_difference([1.0, 0.0], [1.0])
 
 
-@pytest.mark.parametrize(("low", "high", "relation", "expected"), [
-    (0.5, 2.0, ">", HOLDS), (-2.0, -0.1, ">", REVERSED), (-1.0, 1.0, ">", UNRESOLVED),
-    (0.1, 0.2, ">=", HOLDS), (-0.3, -0.1, ">=", REVERSED), (-0.2, 0.4, ">=", UNRESOLVED),
-    (0.0, 1.0, ">", UNRESOLVED),  # touching 0 does not exclude it
+@pytest.mark.parametrize(("low", "high", "relation", "margin", "expected"), [
+    (0.5, 2.0, ">", 0, HOLDS), (-2.0, -0.1, ">", 0, REVERSED), (-1.0, 1.0, ">", 0, UNRESOLVED),
+    (0.0, 1.0, ">", 0, UNRESOLVED),  # touching 0 does not exclude it
+    (-2.0, -0.1, "<", 0, HOLDS), (0.1, 0.2, "<", 0, REVERSED),
+    # non-inferiority with margin 0.8: the interval must lie above -0.8
+    (-0.5, 1.0, "noninferior", 0.8, HOLDS), (-1.0, 1.0, "noninferior", 0.8, UNRESOLVED),
+    (-3.0, -1.0, "noninferior", 0.8, REVERSED), (-0.3, -0.1, "noninferior", 0.8, HOLDS),
 ])
-def test_verdict_on_constructed_intervals(low: float, high: float, relation: str, expected: str) -> None:
-    assert verdict(Estimate((low + high) / 2, low, high, 3, "t"), relation) == expected
+def test_verdict_on_constructed_intervals(low: float, high: float, relation: str, margin: float,
+                                          expected: str) -> None:
+    assert verdict(Estimate((low + high) / 2, low, high, 3, "t"), relation, margin) == expected
 
 
 def test_verdict_without_interval_and_combinations() -> None:
     assert verdict(None) == UNMEASURED and verdict(t_interval([1.0])) == UNMEASURED
     with pytest.raises(ValueError, match="relation"):
-        verdict(t_interval([1.0, 2.0]), "<")
+        verdict(t_interval([1.0, 2.0]), ">=")
+    with pytest.raises(ValueError, match="margin"):
+        verdict(t_interval([1.0, 2.0]), "noninferior", -1.0)
     assert combine_verdicts([HOLDS, HOLDS]) == HOLDS
     assert combine_verdicts([HOLDS, UNRESOLVED]) == UNRESOLVED
-    assert combine_verdicts([HOLDS, REVERSED, UNRESOLVED]) == REVERSED
+    assert combine_verdicts([HOLDS, REVERSED, UNRESOLVED]) == MIXED  # parts hold and parts are reversed
+    assert combine_verdicts([REVERSED, REVERSED, UNMEASURED]) == REVERSED
+    assert combine_verdicts([REVERSED, UNRESOLVED]) == UNRESOLVED
     assert combine_verdicts([UNMEASURED, UNMEASURED]) == UNMEASURED and combine_verdicts([]) == UNMEASURED
-    assert "consistent" in describe_verdict(UNRESOLVED, ">=") and describe_verdict(UNRESOLVED, ">") == UNRESOLVED
+    assert "non-inferior" in describe_verdict(HOLDS, "noninferior", 0.8) and describe_verdict(HOLDS, ">") == HOLDS
+
+
+def test_holm_adjusted_p_values_by_hand() -> None:
+    # sorted: 0.01 * 3 = 0.03; 0.03 * 2 = 0.06; 0.04 * 1 = 0.04 -> running max 0.06
+    assert holm_adjust([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert holm_adjust([0.2]) == [0.2] and holm_adjust([]) == []
+
+
+def _normal_spread(z: float) -> Spread:
+    """A difference whose test statistic is z (a t distribution with huge df: the normal)."""
+    return Spread(z, 1000, "z", 3, t=(1.0, 10 ** 9))
+
+
+def test_holm_step_down_tests_the_smallest_p_at_the_strictest_level() -> None:
+    # p = 0.03 and 0.04: each alone lies outside its 95% interval, but Holm tests 0.03 at 97.5% (z 2.24): stop
+    both = holm_step_down([_normal_spread(2.17), _normal_spread(2.054)], [0.0, 0.0])
+    assert [side for side, _ in both] == ["", ""] and both[0][1] == pytest.approx(0.975)
+    # p = 0.01 (z 2.576) passes 97.5%, then p = 0.04 (z 2.054) is tested at 95% and passes too
+    steps = holm_step_down([_normal_spread(-2.054), _normal_spread(2.576)], [0.0, 0.0])
+    assert steps == [("below", pytest.approx(0.95)), ("above", pytest.approx(0.975))]
+    # an unmeasured part is left out of m
+    assert holm_step_down([None, _normal_spread(2.054)], [0.0, 0.0]) == [("unmeasured", 0.0),
+                                                                        ("above", pytest.approx(0.95))]
+    assert _normal_spread(2.17).p_value() == pytest.approx(0.030, abs=1e-3)
+
+
+def test_hierarchical_bootstrap_by_hand_two_seeds_constant_within_seed() -> None:
+    """Seed A scores 0 on every item, seed B 10: a replicate draws two seeds (AA, AB, BA, BB), so its mean is 0,
+    5 or 10 with probabilities 1/4, 1/2, 1/4; the item draws change nothing."""
+    draws = hierarchical_draws([[0.0] * 20, [10.0] * 20], n_boot=20000, seed=3)
+    freq = {v: float(np.mean(draws == v)) for v in (0.0, 5.0, 10.0)}
+    assert sum(freq.values()) == pytest.approx(1.0)
+    assert freq == pytest.approx({0.0: 0.25, 5.0: 0.5, 10.0: 0.25}, abs=0.01)
+    assert np.quantile(draws, [0.025, 0.975]).tolist() == [0.0, 10.0]
+
+
+def test_hierarchical_bootstrap_variance_is_seed_plus_shared_item_variance() -> None:
+    """Scores u_s + v_i (a seed effect plus an item effect, the same test items in every seed): a replicate is
+    mean(u over drawn seeds) + mean(v over drawn items), so its variance is var(u) / S + var(v) / n."""
+    u = np.array([0.0, 3.0, 6.0])  # var 6
+    v = np.random.default_rng(0).normal(0.0, 20.0, 50)
+    grid = u[:, None] + v[None, :]
+    draws = hierarchical_draws(grid.tolist(), n_boot=20000, seed=1)
+    expected = u.var() / 3 + v.var() / 50
+    assert draws.var() == pytest.approx(expected, rel=0.05)
+    assert draws.mean() == pytest.approx(grid.mean(), abs=0.05)
+    # different numbers of items: each resampled seed draws its own items (u only, items constant in a seed)
+    ragged = hierarchical_draws([[0.0] * 12, [3.0] * 15, [6.0] * 11], n_boot=20000, seed=2)
+    assert ragged.var() == pytest.approx(u.var() / 3, rel=0.05)
+
+
+def test_cell_with_seeds_and_items_uses_the_hierarchical_interval_widened_to_t() -> None:
+    items = {s: [float(x) for x in np.random.default_rng(s).normal(60 + s, 15, 40)] for s in range(3)}
+    cell = Cell({s: float(np.mean(v)) for s, v in items.items()}, items)
+    est = cell.estimate()
+    t = t_interval(list(cell.values.values()))
+    assert "hierarchical bootstrap over 3 seeds x 40 test items" in est.method
+    assert est.low <= t.low and est.high >= t.high  # never narrower than the t-interval over seeds
+    assert est.mean == pytest.approx(t.mean)
 
 
 def test_cell_estimates_and_differences_pick_the_right_interval() -> None:
@@ -154,45 +229,129 @@ def test_gather_tables_merges_seeds_and_keeps_distinct_runs_apart() -> None:
     assert cell.values == {0: 70.0} and cell.items == {0: [100.0, 0.0, 100.0]}
 
 
-def test_claims_on_constructed_tables_hold_reverse_or_stay_open() -> None:
-    def table(values: dict[str, list[float]]) -> dict:
-        return {row: {"": Cell(dict(enumerate(v)))} for row, v in values.items()}
+def _claim(key: str):
+    return next(c for c in PAPER_CLAIMS if c.key == key)
 
-    claim = next(c for c in PAPER_CLAIMS if c.key == "table1")
-    clear = evaluate_claim(claim, table({"CLIP": [70, 72, 71.5], "MDC": [60, 61, 62], "ARC": [50, 52, 51]}))
-    assert clear["verdict"] == HOLDS and len(clear["parts"]) == 2
-    flipped = evaluate_claim(claim, table({"CLIP": [50, 52, 51], "MDC": [60, 61, 62], "ARC": [50, 52, 51]}))
-    assert flipped["verdict"] == REVERSED
-    overlap = evaluate_claim(claim, table({"CLIP": [70, 71, 72], "MDC": [60, 65, 61], "ARC": [62, 60, 64]}))
-    assert overlap["verdict"] == UNRESOLVED
-    assert evaluate_claim(claim, table({"CLIP": [70, 71, 72]}))["verdict"] == UNMEASURED
 
-    best = next(c for c in PAPER_CLAIMS if c.key == "table5_best")
-    res = evaluate_claim(best, table({"[0.0, 1.0]": [1, 2, 3], "[0.3, 0.8]": [2, 3, 4], "[0.5, 1.0]": [9, 9.5, 10]}))
-    assert res["verdict"] == HOLDS and {p["worse"] for p in res["parts"]} == {"[0.0, 1.0]", "[0.3, 0.8]"}
-    worst = next(c for c in PAPER_CLAIMS if c.key == "table5_worst")
-    res = evaluate_claim(worst, table({"[0.0, 1.0]": [1, 2, 3], "[0.3, 0.8]": [2, 3, 4], "[0.5, 1.0]": [9, 9.5, 10]}))
-    assert {p["better"] for p in res["parts"]} == {"[0.3, 0.8]", "[0.5, 1.0]"}
-    fig4 = next(c for c in PAPER_CLAIMS if c.key == "fig4")
-    res = evaluate_claim(fig4, table({"MDC": [5, 5.1, 5.2], "BERT 0.15": [5, 5.3, 5.0], "Parallel (r = 1)": [1, 1, 2]}))
-    assert res["verdict"] == UNRESOLVED and "consistent" in res["parts"][0]["verdict_text"]
+def _seeds(column: str, values: dict[str, list[float]]) -> dict:
+    return {row: {column: Cell(dict(enumerate(v)))} for row, v in values.items()}
 
-    trained = next(c for c in PAPER_CLAIMS if c.key == "fig4_training")  # every ablation model vs random init
-    res = evaluate_claim(trained, table({"MDC": [60, 61, 62], "BERT 0.15": [40, 41, 40.5],
-                                         "random init (GAP)": [50, 50.5, 51]}))
-    assert res["verdict"] == REVERSED  # one model below its untrained encoder reverses the check
-    assert {(p["better"], p["verdict"]) for p in res["parts"]} == {("MDC", HOLDS), ("BERT 0.15", REVERSED)}
+
+def test_comparable_is_non_inferiority_with_the_stated_margin() -> None:
+    claim = _claim("table1")
+    assert claim.parts[0].relation == "noninferior" and claim.parts[0].margin == TABLE1_MARGIN == 0.8
+    # MDC - ARC per seed: -0.2, -0.3, -0.1: mean -0.2, 95% t [-0.45, +0.05]: inside the margin -> holds
+    inside = evaluate_claim(claim, _seeds("top-1", {"MDC": [60.0, 60.7, 61.9], "ARC": [60.2, 61.0, 62.0]}))
+    assert inside["verdict"] == HOLDS and inside["verdict_text"].startswith("holds over 3 seeds (non-inferior")
+    # MDC - ARC = -3, -4, -3.5: below -0.8 -> reversed (inferior by more than the margin)
+    outside = evaluate_claim(claim, _seeds("top-1", {"MDC": [57.0, 57.0, 58.5], "ARC": [60.0, 61.0, 62.0]}))
+    assert outside["verdict"] == REVERSED and "more than the margin" in outside["verdict_text"]
+    # -0.2, -1.5, +0.4: the interval reaches below -0.8 and above it -> not resolved
+    wide = evaluate_claim(claim, _seeds("top-1", {"MDC": [60.0, 59.5, 62.4], "ARC": [60.2, 61.0, 62.0]}))
+    assert wide["verdict"] == UNRESOLVED
+
+
+def test_multi_part_claims_show_each_part_and_can_be_mixed() -> None:
+    gains = {"ARC": [20.0, 21.0, 22.0], "MDC": [5.0, 5.5, 4.5], "CLIP": [10.0, 10.4, 10.2]}
+    res = evaluate_claim(_claim("table1_long"), _seeds("gain", gains))
+    assert {(p["better"], p["verdict"]) for p in res["parts"]} == {("ARC", HOLDS), ("MDC", REVERSED)}
+    assert res["verdict"] == MIXED and res["verdict_text"] == "mixed over 3 seeds (1 of 2 parts hold, 1 of 2 reversed)"
+    assert all(p["holm"] is not None for p in res["parts"])  # two parts: each shows the Holm level it used
+    assert sorted(p["holm"]["level"] for p in res["parts"]) == pytest.approx([0.95, 0.975])
+
+
+def test_holm_across_parts_can_leave_parts_unresolved_that_alone_would_hold() -> None:
+    # paired t over 3 seeds (df 2, 95% critical t 4.30): MDC - BERT = 1.0, 1.6, 2.2 -> t 4.62 (p 0.044);
+    # MDC - Parallel = 1.0, 1.5, 2.0 -> t 5.20 (p 0.035). Each alone holds; Holm tests p 0.035 first at 97.5%
+    # (critical t 6.21), which fails, so neither part is resolved.
+    values = {"MDC": [3.0, 3.6, 4.2], "BERT 0.5": [2.0, 2.0, 2.0], "Parallel (r = 1)": [2.0, 2.1, 2.2]}
+    for worse in ("BERT*", "Parallel*"):
+        alone = Claim("x", "claim", "s", "t", "fig4", (Part("MDC", ">", worse, ("top-1",)),))
+        assert evaluate_claim(alone, _seeds("top-1", values))["verdict"] == HOLDS  # at 95%
+    res = evaluate_claim(_claim("fig4"), _seeds("top-1", values))
+    levels = {p["worse"]: (p["verdict"], round(p["holm"]["level"], 4)) for p in res["parts"]}
+    assert levels == {"Parallel (r = 1)": (UNRESOLVED, 0.975), "BERT 0.5": (UNRESOLVED, 0.95)}
+    assert res["verdict"] == UNRESOLVED
+
+
+def test_missing_rows_and_tables_are_flagged_not_dropped() -> None:
+    res = evaluate_claim(_claim("table1"), _seeds("top-1", {"CLIP": [1.0, 2.0], "ARC": [1.0, 2.0]}))
+    assert res["verdict"] == UNMEASURED and res["missing"] == ["row MDC"]
+    assert "not in these tables (not measured): row MDC" in "\n".join(claims_markdown([res]))
+    results = evaluate_claims({"table1": {"metric": "m", "cells": _seeds("top-1", {"ARC": [1.0, 2.0]})}})
+    assert [r["key"] for r in results] == [c.key for c in PAPER_CLAIMS]  # every claim is listed
+    absent = next(r for r in results if r["key"] == "position_arc")
+    assert absent["verdict"] == UNMEASURED and absent["missing"] == ["table reliance_slope"]
+    # Table 5 with two of the paper's four schedules: the verdict covers them and names the other two
+    two = evaluate_claim(_claim("table5"), _seeds("top-1", {"[0.0, 1.0]": [1.0, 2.0, 3.0],
+                                                            "[0.5, 1.0]": [9.0, 9.5, 10.0]}))
+    assert two["verdict"] == HOLDS and two["missing"] == ["row [0.3, 0.8] (in the paper's table)",
+                                                          "row [0.4, 0.9] (in the paper's table)"]
+
+
+def test_table5_best_and_worst_are_one_comparison_when_two_schedules_are_trained() -> None:
+    cells = _seeds("top-1", {"[0.0, 1.0]": [1.0, 2.0, 3.0], "[0.5, 1.0]": [9.0, 9.5, 10.0]})
+    results = {r["key"]: r for r in evaluate_claims({"table5": {"metric": "m", "cells": cells}})}
+    assert results["table5"]["verdict"] == HOLDS
+    worst = results["table5_worst"]
+    assert worst["kind"] == "observation" and worst["verdict"] is None and worst["duplicate_of"] == "table5"
+    text = "\n".join(claims_markdown([results["table5"], worst]))
+    assert "the same comparison as `table5` above (not counted again)" in text
+    three = _seeds("top-1", {"[0.0, 1.0]": [1.0, 2.0, 3.0], "[0.3, 0.8]": [5.0, 6.0, 5.5],
+                             "[0.5, 1.0]": [9.0, 9.5, 10.0]})
+    worst3 = next(r for r in evaluate_claims({"table5": {"metric": "m", "cells": three}}) if r["key"] == "table5_worst")
+    assert worst3["duplicate_of"] is None and len(worst3["parts"]) == 2  # [0.3, 0.8] vs [0, 1] is new
+
+
+def test_observations_get_no_verdict_and_training_checks_compare_gains_with_zero() -> None:
+    cells = {row: {"gain": Cell(dict(enumerate(v))), "top-1": Cell(dict(enumerate(v)))}
+             for row, v in {"CLIP": [16.0, 17.0, 15.5], "ARC": [15.0, 15.5, 14.0], "MDC": [10.0, 9.0, 11.0],
+                            "random init (CLS)": [0.0, 0.0, 0.0], "random init (GAP)": [0.0, 0.0, 0.0]}.items()}
+    results = {r["key"]: r for r in evaluate_claims({"table1": {"metric": "m", "cells": cells}})}
+    clip = results["table1_clip"]
+    assert clip["verdict"] is None and all(p["verdict"] is None for p in clip["parts"])
+    assert "observation, no verdict" in claims_markdown([clip])[0]
+    trained = results["table1_training"]  # every model row against the constant 0, baselines left out
+    assert trained["verdict"] == HOLDS and {p["better"] for p in trained["parts"]} == {"CLIP", "ARC", "MDC"}
+    assert {p["worse"] for p in trained["parts"]} == {0.0}
+
+
+def test_the_central_claim_compares_slopes_with_zero_and_with_each_other() -> None:
+    """The reliance_slope table: per-caption slopes (fraction of the model's mean per caption length), the same
+    captions for ARC and MDC; one seed, so the intervals are paired bootstraps over captions."""
+    rng = np.random.default_rng(0)
+    arc = (-0.4 + 0.1 * rng.standard_normal(200)).tolist()
+    flat = (0.0 + 0.1 * rng.standard_normal(200)).tolist()
+    falling = (-0.3 + 0.1 * rng.standard_normal(200)).tolist()
+
+    def table(mdc: list[float]) -> dict:
+        return {"reliance_slope": {"metric": "m", "cells": {
+            "ARC": {"predictable": Cell({0: float(np.mean(arc))}, {0: arc})},
+            "MDC": {"predictable": Cell({0: float(np.mean(mdc))}, {0: mdc})}}}}
+
+    results = {r["key"]: r for r in evaluate_claims(table(flat)) if r["table"] == "reliance_slope"}
+    assert results["position_arc"]["verdict"] == HOLDS  # ARC's slope < 0
+    assert results["position_arc"]["verdict_text"] == "holds in this run"
+    assert results["position_mdc"]["verdict"] == HOLDS  # MDC's slope >= 0 - 0.1
+    assert results["position_difference"]["verdict"] == HOLDS  # MDC - ARC > 0
+    assert results["position_control"]["missing"] == ["column unpredictable"]
+    falls = {r["key"]: r for r in evaluate_claims(table(falling)) if r["table"] == "reliance_slope"}
+    assert falls["position_mdc"]["verdict"] == REVERSED  # below -0.1: MDC's reliance falls too
+    assert falls["position_arc"]["verdict"] == HOLDS
+    text = "\n".join(claims_markdown(list(falls.values())))
+    assert "MDC >= 0 - 0.1 (predictable): difference -0.299 [" in text and "ARC < 0 (predictable)" in text
 
 
 def test_two_dimensional_claim_checks_each_column_and_markdown_says_it() -> None:
     cells = {"MDC (Heuristic)": {c: Cell({0: 80.0, 1: 82.0, 2: 81.0}) for c in ("relation", "attribute", "swap")},
              "ARC": {c: Cell({0: 60.0, 1: 61.0, 2: 62.0}) for c in ("relation", "attribute", "swap")},
              "CLIP": {c: Cell({0: 50.0, 1: 51.0, 2: 53.0}) for c in ("relation", "attribute", "swap")}}
-    results = evaluate_claims({"table2": {"metric": "m", "cells": cells}})
+    results = evaluate_claims({"table2": {"metric": "m", "cells": cells}}, measured_only=True)
     assert [r["key"] for r in results] == ["table2"] and results[0]["verdict"] == HOLDS
-    assert len(results[0]["parts"]) == 6
+    assert len(results[0]["parts"]) == 6  # 2 comparisons x 3 columns, Holm over the 6
     text = "\n".join(claims_markdown(results))
-    assert "**Table 2**" in text and "(swap)" in text and "paired t over 3 seeds" in text
+    assert "**Sec. 4.2 'Vision language compositionality'; Table 2** (the paper's claim)" in text
+    assert "(swap)" in text and "paired t over 3 seeds" in text and "Holm 99.2%" in text
 
 
 def test_position_fade_is_late_minus_early() -> None:
@@ -225,8 +384,8 @@ def test_claim_names_what_the_table_lacks() -> None:
              "ARC": {"relation": Cell({0: 60.0, 1: 62.0, 2: 61.0})}}
     res = evaluate_claim(claim, cells)
     assert res["verdict"] == HOLDS and len(res["parts"]) == 1  # only the column and rows present are compared
-    assert sorted(res["missing"]) == ["CLIP", "column attribute", "column swap"]
-    assert "not in this table (not measured): " in "\n".join(claims_markdown([res]))
+    assert sorted(res["missing"]) == sorted(["row CLIP", *(f"column {c}" for c in TABLE2_COLUMNS if c != "relation")])
+    assert "not in these tables (not measured): column attribute" in "\n".join(claims_markdown([res]))
 
 
 def test_probe_scores_and_items_average_the_evidence_tasks() -> None:
@@ -240,10 +399,41 @@ def test_probe_scores_and_items_average_the_evidence_tasks() -> None:
     items = probe_items(result, ["shape", "count"])
     assert items == [50.0, 0.0, 100.0, 0.0] and sum(items) / 4 == scores["mean"]
     probe = {"scores": {"[0.5, 1.0]": scores}, "items": {"[0.5, 1.0]": items}}
-    table = probe_table(probe, ["[0.5, 1.0]"], "m", {"[0.5, 1.0]": "MDC"})
-    assert table == {"metric": "m", "values": {"MDC": 37.5}, "items": {"MDC": items}}
+    table = probe_table(probe, ["[0.5, 1.0]"], "m", {"[0.5, 1.0]": "MDC"})  # no random-init row: top-1 only
+    assert table == {"metric": "m", "values": {"MDC": {"top-1": 37.5}}, "items": {"MDC": {"top-1": items}}}
     with pytest.raises(ValueError, match="not probed"):
         probe_scores(result, ["position"], ["shape"])
+
+
+def test_chance_corrected_probe_mean_subtracts_the_random_row_of_the_same_feature_kind() -> None:
+    """Gains over the random-init row of the same pooling (GAP vs GAP, CLS vs CLS), per task and their mean, with
+    per-image items whose means are the gains."""
+    from mdc_core.workbench.probe_report import probe_gains, probe_items, probe_scores, probe_table
+
+    def run(pool: str, init: str, shape: list[int], count: list[int]) -> dict:
+        return {"pool": pool, "init": init, "tasks": {
+            "shape": {"top1": sum(shape) / 4, "test_correct": shape}, "count": {"top1": sum(count) / 4,
+                                                                                "test_correct": count}}}
+
+    results = {"CLIP": run("cls", "trained", [1, 1, 1, 1], [1, 1, 0, 0]),
+               "MDC": run("gap", "trained", [1, 1, 1, 0], [1, 1, 1, 1]),
+               "random init (CLS)": run("cls", "random", [1, 0, 0, 0], [1, 1, 0, 0]),
+               "random init (GAP)": run("gap", "random", [1, 1, 0, 0], [0, 0, 0, 1]),
+               "raw pixels": run("pixels", "pixels", [1, 0, 0, 0], [0, 0, 0, 0])}
+    tasks = ["shape", "count"]
+    scores = {k: probe_scores(r, tasks, tasks) for k, r in results.items()}
+    gains, items = probe_gains(results, scores, tasks)
+    # CLIP: shape 100 - 25 = 75, count 50 - 50 = 0 -> mean 37.5; MDC: shape 75 - 50 = 25, count 100 - 25 = 75 -> 50
+    assert gains["CLIP"] == {"shape": 75.0, "count": 0.0, "mean": 37.5}
+    assert gains["MDC"] == {"shape": 25.0, "count": 75.0, "mean": 50.0}
+    assert gains["random init (GAP)"]["mean"] == 0.0 and "raw pixels" not in gains
+    assert items["MDC"]["shape"] == [0.0, 0.0, 100.0, 0.0] and items["MDC"]["count"] == [100.0, 100.0, 100.0, 0.0]
+    assert sum(items["MDC"]["mean"]) / 4 == gains["MDC"]["mean"]
+    raw_items = {k: probe_items(r, tasks) for k, r in results.items()}
+    probe = {"scores": scores, "items": raw_items, "gains": gains, "gain_items": items}
+    table = probe_table(probe, ["CLIP", "MDC", "raw pixels"], "m")
+    assert table["values"]["CLIP"] == {"top-1": 75.0, "gain": 37.5, "gain shape": 75.0, "gain count": 0.0}
+    assert table["values"]["raw pixels"] == {"top-1": 12.5}  # no random-init row of its kind: no gain
 
 
 def test_compositionality_items_pair_the_examples_every_scorer_scored() -> None:
@@ -262,14 +452,14 @@ def test_compositionality_items_pair_the_examples_every_scorer_scored() -> None:
     assert compositionality_items(sugar) == {"ARC": {}}  # swap averages two sub-tasks: no items
 
 
-def test_no_spread_over_seeds_falls_back_to_pooled_test_items() -> None:
+def test_no_spread_over_seeds_still_gets_the_test_set_noise_from_the_items() -> None:
     items = [100.0] * 12 + [0.0] * 8  # 60% on 20 test items, the same on both seeds
     flat = Cell({0: 60.0, 1: 60.0}, {0: items, 1: items})
-    est = flat.estimate()
-    assert est.mean == 60.0 and est.low < 60 < est.high and "no spread over 2 seeds" in est.method
+    est = flat.estimate()  # no t-interval (zero spread), but the hierarchical bootstrap over the items
+    assert est.mean == 60.0 and est.low < 60 < est.high and "hierarchical bootstrap over 2 seeds" in est.method
     assert not Cell({0: 60.0, 1: 60.0}).estimate().has_interval  # and without items: no interval at all
     other = Cell({0: 50.0, 1: 50.0}, {0: [100.0] * 10 + [0.0] * 10, 1: [100.0] * 10 + [0.0] * 10})
     diff = cell_difference(flat, other)
-    assert diff is not None and diff.mean == pytest.approx(10.0) and "paired bootstrap over 40" in diff.method
+    assert diff is not None and diff.mean == pytest.approx(10.0) and "paired hierarchical bootstrap" in diff.method
     assert not cell_difference(Cell({0: 60.0, 1: 60.0}), Cell({0: 50.0, 1: 50.0})).has_interval
     assert not seed_difference([1.0, 1.0], [0.0, 0.0, 0.0], paired=False).has_interval

@@ -48,7 +48,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         json="print the result JSON instead of the table", quiet="no progress bars")])
     cap.add_argument("--images", help="image folder of a caption json/CSV (default: beside it, or the COCO layout "
                      "annotations/ + val2017/)")
-    cap.add_argument("--lengths", type=int, nargs="+", default=[10, 15, 20], help="MDC caption lengths N'")
+    cap.add_argument("--lengths", nargs="+", default=["10", "15", "20"],
+                     help="MDC caption lengths: numbers of tokens N', and median (the test captions' median length), "
+                     "oracle (each image at its reference's length), auto (MDC picks its own, --auto-range)")
+    cap.add_argument("--auto-range", default="3-20", help="N' tried by --lengths auto: LO-HI or a list 5,10,15")
     cap.add_argument("--beam", type=int, default=6, help="ARC beam size (ARC is also decoded greedily)")
     cap.add_argument("--finetune-steps", type=int, default=0, help="fine-tune each run this many steps first")
     cap.add_argument("--finetune-data", help="training data for fine-tuning (default: --data's train split)")
@@ -124,7 +127,7 @@ def cmd_eval_captioning(args: argparse.Namespace) -> None:
                         finetune_data=args.finetune_data, finetune_overrides=args.finetune_set, out=args.out,
                         limit=args.limit, metrics=args.metrics, batch_size=args.batch_size,
                         max_length=args.max_length, device=args.device, progress=not args.quiet,
-                        images=args.images)
+                        images=args.images, auto_range=args.auto_range)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "captioning.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -244,6 +247,9 @@ def _add_probe_parser(sub: argparse._SubParsersAction) -> None:
     probe.add_argument("--baselines", nargs="*", default=["random"], choices=("random", "pixels"),
                        help="baseline rows: random = the architecture untrained, pixels = raw pixels (default: random)")
     probe.add_argument("--cache-dir", help="feature cache folder (default: RUN/probe_features)")
+    probe.add_argument("--heldout", action="store_true",
+                       help="refuse to probe on the images a run was pretrained on (--data is its data.path); each "
+                       "result records seen_in_pretraining either way")
 
 
 def cmd_probe(args: argparse.Namespace) -> None:
@@ -251,7 +257,7 @@ def cmd_probe(args: argparse.Namespace) -> None:
     result = probe_runs(args.run, args.data, task=args.task, fmt=args.format, device=args.device,
                         batch_size=args.batch_size, cache_dir=args.cache_dir, ema=args.ema, limit=args.limit,
                         weight_decay=args.weight_decay, progress=not args.quiet, protocol=args.protocol, c=args.c,
-                        baselines=args.baselines)
+                        baselines=args.baselines, heldout=args.heldout)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
@@ -259,8 +265,9 @@ def cmd_probe(args: argparse.Namespace) -> None:
         print(json.dumps(result))
         return
     for run in result["runs"]:
+        seen = " (its pretraining images)" if run.get("seen_in_pretraining") and run["init"] == "trained" else ""
         print(f"{run['objective']} run {run['run']} ({run['init']} weights, step {run['step']}, {run['pool']} "
-              f"features, {run['protocol']} probe) on {run['format']} data {run['data']}")
+              f"features, {run['protocol']} probe) on {run['format']} data {run['data']}{seen}")
         reg = "C" if run["protocol"] == "lbfgs" else "wd"
         print(f"  {'task':12s} {'classes':>7s} {'top-1':>7s} {'top-5':>7s} {'balanced':>8s} {reg:>9s}")
         for task, r in run["tasks"].items():

@@ -47,6 +47,7 @@ def caption_metrics(
     *,
     metrics: Collection[str] = ALL_METRICS,
     per_image_cider: bool = False,
+    per_image: Collection[str] = (),
 ) -> dict[str, Any]:
     """Score one predicted caption per image against its reference captions.
 
@@ -57,6 +58,8 @@ def caption_metrics(
         metrics: which of ``ALL_METRICS`` to compute ("BLEU" gives BLEU@1..BLEU@4). METEOR costs ~10 s of
             Java start-up; leave it out when iterating.
         per_image_cider: also return ``result["per_image"]["CIDEr"]``: image key -> CIDEr of that image.
+        per_image: metrics whose per-image scores to return the same way (``"ROUGE-L"``, ``"CIDEr"``: their means
+            are the corpus scores; BLEU's and METEOR's per-image scores do not average to theirs).
 
     Returns:
         ``{"BLEU@1".."BLEU@4", "METEOR", "ROUGE-L", "CIDEr", "SPICE"}`` (those requested) -> float, or ``None``
@@ -91,7 +94,8 @@ def caption_metrics(
         gts = {k: [" ".join(simple_tokenize(c)) for c in references[k]] for k in keys}
 
     out: dict[str, Any] = {}
-    per_image: dict[str, dict[Hashable, float]] = {}
+    wanted = set(per_image) | ({"CIDEr"} if per_image_cider else set())
+    per_image_scores: dict[str, dict[Hashable, float]] = {}
     for name in ALL_METRICS:  # fixed order, so output keys are stable
         if name not in metrics:
             continue
@@ -112,14 +116,14 @@ def caption_metrics(
             unavailable[name] = reason
             scores, per = {name: None}, None
         out.update(scores)
-        if name == "CIDEr" and per_image_cider and per is not None:
-            per_image["CIDEr"] = {k: float(s) for k, s in zip(keys, per, strict=True)}
+        if name in wanted and per is not None:
+            per_image_scores[name] = {k: float(s) for k, s in zip(keys, per, strict=True)}
 
     out["unavailable"] = unavailable
     out["tokenizer"] = tokenizer
     out["n_images"] = len(keys)
-    if per_image_cider:
-        out["per_image"] = per_image
+    if wanted:
+        out["per_image"] = per_image_scores
     return out
 
 
@@ -157,12 +161,33 @@ def _bleu(gts: Captions, res: Captions) -> tuple[dict[str, float], list[float]]:
 
 
 def _meteor(gts: Captions, res: Captions) -> tuple[dict[str, float], list[float]]:
+    if MeteorSession.active:  # one Java process for every score of the block
+        if MeteorSession.active[-1] is None:
+            MeteorSession.active[-1] = Meteor()
+        score, per = MeteorSession.active[-1].compute_score(gts, res)
+        return {"METEOR": float(score)}, per
     scorer = Meteor()  # starts `java -jar meteor-1.5.jar` (~10 s to load its paraphrase table)
     try:
         score, per = scorer.compute_score(gts, res)
     finally:
         del scorer  # its __del__ closes the Java process
     return {"METEOR": float(score)}, per
+
+
+class MeteorSession:
+    """``with MeteorSession(): ...``: every METEOR score inside the block reuses one METEOR Java process, started
+    on first use (each start costs ~10 s), e.g. to score several decoders' captions in a row. Each score is
+    computed on its own (METEOR's corpus score comes from one ``EVAL`` call per set of captions)."""
+
+    active: list[Any] = []  # a stack: None until the block's first METEOR score starts the process
+
+    def __enter__(self) -> MeteorSession:
+        MeteorSession.active.append(None)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        scorer = MeteorSession.active.pop()
+        del scorer  # Meteor.__del__ closes the Java process
 
 
 def _rouge(gts: Captions, res: Captions) -> tuple[dict[str, float], list[float]]:

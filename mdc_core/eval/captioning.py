@@ -6,11 +6,16 @@
   weights. The fine-tuned run is an ordinary run folder under ``<out>/finetune/``; an existing one that is
   complete is reused, an unfinished one is resumed.
 * Decoding: MDC-family captioners by greedy confidence unmasking (:func:`mdc_core.sampler.sample`) at each fixed
-  length N' (10 / 15 / 20 in the paper); ARC by greedy and beam search (beam 6 in the paper,
-  :mod:`mdc_core.ar_decode`). CLIP cannot caption.
+  length N' (10 / 15 / 20 in the paper) and at lengths taken from the test set (:data:`LENGTH_MODES`):
+  ``median`` (the test captions' median token length, one N' for all), ``oracle`` (each image at its own
+  reference's length: information ARC does not get) and ``auto`` (MDC picks its own length,
+  :mod:`mdc_core.auto_length`); ARC by greedy and beam search (beam 6 in the paper, :mod:`mdc_core.ar_decode`).
+  CLIP cannot caption. The paper calls MDC-N vs ARC "not directly comparable" (MDC is told the length), so
+  :func:`table3` keeps the lengths apart and the workbench only orders them at a matched length.
 * Metrics: :func:`mdc_core.eval.caption_metrics.caption_metrics` (pycocoevalcap with its PTB tokenizer; a
-  metric that cannot run, such as SPICE without its jars, is reported unavailable), and the repetition rate
-  (:func:`mdc_core.eval.repetition.repetition_rate`: the fraction of captions that repeat a word).
+  metric that cannot run, such as SPICE without its jars, is reported unavailable; one METEOR process serves every
+  decoder), the repetition rate (:func:`mdc_core.eval.repetition.repetition_rate`: the fraction of captions that
+  repeat a word) and the mean caption length in tokens.
 
 Data (``data`` / ``finetune_data``): a Karpathy split json (``dataset_coco.json``: ``images[].split``,
 ``filename``, ``sentences[].raw``; fine-tuning reads ``train`` + ``restval``, evaluation ``test``), a COCO caption
@@ -21,6 +26,7 @@ short and long captions).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import time
@@ -36,14 +42,17 @@ from tqdm.auto import tqdm
 from mdc_core.config import RunConfig, SamplerConfig, apply_overrides
 from mdc_core.data.sources import iter_shard_records, resolve_source
 from mdc_core.eval.benchmarks import image_pixels
-from mdc_core.eval.caption_metrics import ALL_METRICS, caption_metrics
-from mdc_core.eval.repetition import repetition_rate
-from mdc_core.tokenizer import CaptionTokenizer
+from mdc_core.eval.caption_metrics import ALL_METRICS, MeteorSession, caption_metrics
+from mdc_core.eval.repetition import repeated_words, repetition_rate
+from mdc_core.tokenizer import EOT_ID, SOT_ID, CaptionTokenizer
 
 PAPER_LENGTHS = (10, 15, 20)
 PAPER_BEAM = 6
+LENGTH_MODES = ("median", "oracle", "auto")  # MDC lengths taken from the test set (module docstring)
+AUTO_RANGE = "3-20"  # N' tried by the auto length
 TABLE3_METRICS = (("B@4", "BLEU@4"), ("M", "METEOR"), ("C", "CIDEr"), ("S", "SPICE"), ("RL", "ROUGE-L"))
 REPETITION = ("Rep", "repetition_rate")  # % of captions repeating a word (mdc_core.eval.repetition); not in the paper
+ITEM_METRICS = ("ROUGE-L", "CIDEr")  # per-image scores that average to the corpus score (bootstrap items)
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,24 @@ class CaptionItem:
     key: str
     image: str | bytes  # file path, or encoded bytes (embedded data shards)
     references: tuple[str, ...]
+    caption: str = ""  # the image's own caption where the data set has one (embedded data: in its caption style)
+
+
+def _round_half_up(x: float) -> int:
+    return int(np.floor(x + 0.5))
+
+
+def reference_lengths(items: Sequence[CaptionItem], tokenizer: CaptionTokenizer) -> list[int]:
+    """Per image, the token length of its reference: its own caption where it has one (the embedded data, whose
+    references also hold the other caption style), else the median over its references; at least 1, at most
+    the tokenizer's context - 2."""
+    limit = tokenizer.context_length - 2
+    out = []
+    for it in items:
+        texts = [it.caption] if it.caption else list(it.references)
+        n = _round_half_up(float(np.median([len(tokenizer.encode_text(t)) for t in texts])))
+        out.append(min(max(n, 1), limit))
+    return out
 
 
 def load_caption_set(path: str | Path, split: str = "test", limit: int | None = None,
@@ -71,8 +98,9 @@ def load_caption_set(path: str | Path, split: str = "test", limit: int | None = 
             meta = json.loads(rec["json"]) if "json" in rec else {}
             refs = [meta.get("short_caption"), meta.get("long_caption")] if "short_caption" in meta else []
             refs = [r for r in refs if r] or [rec.get("txt", b"").decode("utf-8", "replace").strip()]
+            own = meta.get("caption") or ""
             if any(refs):
-                items.append(CaptionItem(rec["__key__"], rec[ext], tuple(dict.fromkeys(r for r in refs if r))))
+                items.append(CaptionItem(rec["__key__"], rec[ext], tuple(dict.fromkeys(r for r in refs if r)), own))
         return items
     grouped: dict[str, list[str]] = {}
     for row in source.rows:
@@ -170,8 +198,24 @@ def finetune(run: str | Path, data: str | Path, out: str | Path, steps: int, *, 
 # decoding
 
 
-def decoders_for(objective: str, lengths: Sequence[int] = PAPER_LENGTHS, beam: int = PAPER_BEAM) -> list[str]:
-    """Decoder names for a run: ``mdc-N`` per length for masked captioners; ``greedy`` and ``beam-B`` for ARC."""
+def parse_lengths(values: Sequence[int | str]) -> list[int | str]:
+    """MDC lengths: whole numbers N' and the names of :data:`LENGTH_MODES` (``"10"`` -> 10); ValueError else."""
+    out: list[int | str] = []
+    for v in values:
+        text = str(v).strip()
+        if text in LENGTH_MODES:
+            out.append(text)
+        elif text.isdigit() and int(text) >= 1:
+            out.append(int(text))
+        else:
+            raise ValueError(f"caption length {v!r}: give a number of tokens N' or one of {', '.join(LENGTH_MODES)}")
+    return out
+
+
+def decoders_for(objective: str, lengths: Sequence[int | str] = PAPER_LENGTHS, beam: int = PAPER_BEAM
+                 ) -> list[str]:
+    """Decoder names for a run: ``mdc-N`` per length (``mdc-median``, ``mdc-oracle``, ``mdc-auto`` for the
+    :data:`LENGTH_MODES`) for masked captioners; ``greedy`` and ``beam-B`` for ARC."""
     if objective == "clip":
         raise ValueError("a CLIP run cannot caption images; captioning evaluates MDC-family and ARC runs")
     if objective == "arc":
@@ -180,18 +224,45 @@ def decoders_for(objective: str, lengths: Sequence[int] = PAPER_LENGTHS, beam: i
         return ["greedy"] + ([f"beam-{beam}"] if beam > 1 else [])
     if not lengths:
         raise ValueError("no caption length given (--lengths 10 15 20)")
-    return [f"mdc-{n}" for n in lengths]
+    return [f"mdc-{n}" for n in parse_lengths(lengths)]
+
+
+def _pad_rows(rows: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Rows of different lengths as one (B, T) tensor, filled with ``<eot>`` (where decoding stops)."""
+    out = torch.full((len(rows), max(len(r) for r in rows)), EOT_ID, dtype=torch.long, device=device)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return out
 
 
 @torch.no_grad()
-def decode(model: torch.nn.Module, image_tokens: torch.Tensor, decoder: str, *, max_length: int | None = None
-           ) -> torch.Tensor:
+def decode(model: torch.nn.Module, image_tokens: torch.Tensor, decoder: str, *, max_length: int | None = None,
+           lengths: Sequence[int] | None = None, auto_range: str = AUTO_RANGE) -> torch.Tensor:
     """Caption ids (B, T) for image_tokens (B, M, D) with one decoder name of :func:`decoders_for`; ARC rows may
     hold ``<eot>`` and padding (the tokenizer's ``decode`` cuts them). `max_length`: ARC's most generated tokens,
-    ``<eot>`` included (default: the context after ``<sot>``)."""
+    ``<eot>`` included (default: the context after ``<sot>``). `lengths`: per image N' for ``mdc-oracle``
+    (images of one length are sampled together), and for ``mdc-median`` the length is ``lengths[0]``;
+    `auto_range`: the N' that ``mdc-auto`` tries (``LO-HI`` or a list)."""
     kind, _, arg = decoder.partition("-")
     if kind == "mdc":
         from mdc_core.sampler import sample
+        if arg == "auto":
+            from mdc_core.auto_length import parse_range, sample_auto_length
+            out = sample_auto_length(model, image_tokens, SamplerConfig(),
+                                     parse_range(auto_range, model.cfg.context_length))
+            return _pad_rows([out.tokens(i) for i in range(image_tokens.shape[0])], image_tokens.device)
+        if arg in ("median", "oracle"):
+            if lengths is None or len(lengths) != image_tokens.shape[0]:
+                raise ValueError(f"{decoder} needs one target length per image")
+            if arg == "median":
+                return sample(model, image_tokens, SamplerConfig(length=int(lengths[0]))).tokens
+            rows: list[torch.Tensor] = [torch.empty(0, dtype=torch.long)] * len(lengths)
+            for n in sorted(set(lengths)):  # the sampler writes one N' per batch
+                idx = [i for i, m in enumerate(lengths) if m == n]
+                ids = sample(model, image_tokens[idx], SamplerConfig(length=int(n))).tokens
+                for j, i in enumerate(idx):
+                    rows[i] = ids[j]
+            return _pad_rows(rows, image_tokens.device)
         return sample(model, image_tokens, SamplerConfig(length=int(arg))).tokens
     from mdc_core.ar_decode import beam_search, greedy
     if kind == "greedy":
@@ -203,12 +274,14 @@ def decode(model: torch.nn.Module, image_tokens: torch.Tensor, decoder: str, *, 
 
 def caption_items(model: torch.nn.Module, cfg: RunConfig, items: Sequence[CaptionItem], decoders: Sequence[str], *,
                   batch_size: int = 32, max_length: int | None = None, device: str | torch.device = "cpu",
-                  progress: bool = True) -> dict[str, dict[str, Any]]:
-    """decoder -> {"captions": {key: text}, "seconds": decoding time}; each image batch is encoded once and
-    shared by all decoders."""
+                  progress: bool = True, lengths: Sequence[int] | None = None, median: int | None = None,
+                  auto_range: str = AUTO_RANGE) -> dict[str, dict[str, Any]]:
+    """decoder -> {"captions": {key: text}, "tokens": {key: caption tokens generated}, "seconds": decoding time};
+    each image batch is encoded once and shared by all decoders. `lengths`: per item N' for ``mdc-oracle``;
+    `median`: N' of ``mdc-median``."""
     model = model.to(device).eval()
     tok = CaptionTokenizer(cfg.model.context_length)
-    out = {d: {"captions": {}, "seconds": 0.0} for d in decoders}
+    out = {d: {"captions": {}, "tokens": {}, "seconds": 0.0} for d in decoders}
     bar = tqdm(total=len(items), desc="captioning", unit="img", disable=not progress)
     for start in range(0, len(items), batch_size):
         chunk = items[start:start + batch_size]
@@ -217,60 +290,125 @@ def caption_items(model: torch.nn.Module, cfg: RunConfig, items: Sequence[Captio
             image_tokens = model.encode_image(pixels.to(device))  # (B, M, D)
         for d in decoders:
             t0 = time.perf_counter()
-            ids = decode(model, image_tokens, d, max_length=max_length)
+            targets = None
+            if d == "mdc-oracle":
+                targets = list(lengths[start:start + batch_size]) if lengths is not None else None
+            elif d == "mdc-median":
+                targets = [median] * len(chunk) if median is not None else None
+            ids = decode(model, image_tokens, d, max_length=max_length, lengths=targets, auto_range=auto_range)
             out[d]["seconds"] += time.perf_counter() - t0
-            out[d]["captions"].update({it.key: tok.decode(row) for it, row in zip(chunk, ids.cpu(), strict=True)})
+            for it, row in zip(chunk, ids.cpu(), strict=True):
+                out[d]["captions"][it.key] = tok.decode(row)
+                out[d]["tokens"][it.key] = _token_count(row)
         bar.update(len(chunk))
     bar.close()
     return out
 
 
-def decoder_label(objective: str, decoder: str) -> tuple[str, str]:
-    """(Table 3 method, sequence length column) for a decoder, e.g. ("MDC", "10"), ("ARC (beam 6)", "-")."""
+def _token_count(row: torch.Tensor) -> int:
+    """Caption tokens in one decoded row: ``<sot>`` not counted, counting stops at ``<eot>``."""
+    ids = [int(i) for i in row if int(i) != SOT_ID]
+    return ids.index(EOT_ID) if EOT_ID in ids else len(ids)
+
+
+def decoder_label(objective: str, decoder: str, median: int | None = None,
+                  auto_range: str = AUTO_RANGE) -> tuple[str, str]:
+    """(Table 3 method, sequence length column) for a decoder, e.g. ("MDC", "10"), ("MDC", "8 (median)"),
+    ("MDC", "per image (oracle)"), ("ARC (beam 6)", "-")."""
     kind, _, arg = decoder.partition("-")
     if kind == "mdc":
         name = {"mdc": "MDC", "mdc_no_t": "MDC w/o 1/t", "bert": "BERT", "parallel": "Parallel"}.get(objective,
                                                                                                    objective)
-        return name, arg
+        length = {"median": f"{median} (median)", "oracle": "per image (oracle)",
+                  "auto": f"auto ({auto_range})"}.get(arg, arg)
+        return name, length
     return ("ARC (greedy)" if kind == "greedy" else f"ARC (beam {arg})"), "-"
 
 
 def captioning_table(results: Sequence[dict[str, Any]]) -> str:
-    """A markdown table like the paper's Table 3 (metrics x 100; "n/a" for an unavailable metric)."""
+    """A markdown table like the paper's Table 3 (metrics x 100; "n/a" for an unavailable metric), with the
+    repetition rate (%) and the mean caption length (tokens) where measured."""
     columns = TABLE3_METRICS + ((REPETITION,) if any(REPETITION[1] in r["metrics"] for r in results) else ())
-    head = "| method | run | sequence length | " + " | ".join(short for short, _ in columns) + " |"
-    lines = [head, "|---|---|---:|" + "---:|" * len(columns)]
+    tokens = any("mean_length" in r["metrics"] for r in results)
+    head = "| method | run | sequence length | " + " | ".join(short for short, _ in columns) + \
+        (" | tokens |" if tokens else " |")
+    lines = [head, "|---|---|---:|" + "---:|" * (len(columns) + tokens)]
     for r in results:
         cells = [f"{100 * r['metrics'][key]:.1f}" if r["metrics"].get(key) is not None else "n/a"
                  for _, key in columns]
+        if tokens:
+            cells.append(f"{r['metrics']['mean_length']:.1f}" if r["metrics"].get("mean_length") is not None
+                         else "n/a")
         lines.append(f"| {r['label']} | {r['run']} | {r['length']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def captioning(runs: Sequence[str | Path], data: str | Path, *, lengths: Sequence[int] = PAPER_LENGTHS,
+def table3_row(result: dict[str, Any]) -> str:
+    """The row name of one :func:`captioning` result in the workbench's Table 3: ``MDC-10``, ``MDC (median
+    length)``, ``MDC (oracle length)``, ``MDC (auto length)``, ``ARC (greedy)`` and ``ARC`` (beam search, the
+    paper's ARC row); other MDC-family objectives keep their label (``BERT-10``)."""
+    kind, _, arg = result["decoder"].partition("-")
+    if kind == "mdc":
+        name = "MDC" if result["objective"] == "mdc" else result["label"]
+        return f"{name} ({arg} length)" if arg in LENGTH_MODES else f"{name}-{arg}"
+    return "ARC" if kind == "beam" else result["label"]
+
+
+def table3(result: dict[str, Any]) -> dict[str, Any]:
+    """Table 3 for ``metrics.json`` from a :func:`captioning` result: per row (:func:`table3_row`) the metrics x 100
+    (BLEU@4, METEOR, ROUGE-L, CIDEr, SPICE where computed), ``repetition`` (% of captions repeating a word) and
+    ``length`` (mean tokens); per-image items for the columns whose mean is the corpus score (ROUGE-L, CIDEr,
+    repetition, length), so that one seed still gets intervals and paired differences."""
+    values: dict[str, dict[str, float]] = {}
+    items: dict[str, dict[str, list[float]]] = {}
+    for r in result["results"]:
+        row = table3_row(r)
+        m = r["metrics"]
+        values[row] = {k: 100.0 * m[k] for k in ("BLEU@4", "METEOR", "ROUGE-L", "CIDEr", "SPICE")
+                       if m.get(k) is not None}
+        if m.get("repetition_rate") is not None:
+            values[row]["repetition"] = 100.0 * m["repetition_rate"]
+        if m.get("mean_length") is not None:
+            values[row]["length"] = m["mean_length"]
+        per = r.get("per_image", {})
+        items[row] = {k: [100.0 * x for x in per[k]] for k in ITEM_METRICS if per.get(k)}
+        items[row].update({k: list(per[k]) for k in ("repetition", "length") if per.get(k)})
+    median = result.get("median_length")
+    metric = ("scores x 100, repetition % and mean length (tokens) on the test captions; MDC-N: N tokens, "
+              f"median length: N' = {median} for every image, oracle: each image's reference length, auto: MDC "
+              "picks its own; ARC: beam search (the paper's row) and greedy")
+    return {"metric": metric, "values": values, "items": items}
+
+
+def captioning(runs: Sequence[str | Path], data: str | Path, *, lengths: Sequence[int | str] = PAPER_LENGTHS,
                beam: int = PAPER_BEAM, finetune_steps: int = 0, finetune_data: str | Path | None = None,
                finetune_overrides: Sequence[str] = (), out: str | Path = "outputs/eval", limit: int | None = None,
                metrics: Sequence[str] = ALL_METRICS, batch_size: int = 32, max_length: int | None = None,
-               device: str = "cpu", progress: bool = True, images: str | Path | None = None) -> dict[str, Any]:
+               device: str = "cpu", progress: bool = True, images: str | Path | None = None,
+               auto_range: str = AUTO_RANGE) -> dict[str, Any]:
     """Fine-tune (when `finetune_steps` > 0) and caption the test split of `data` with every run. `images`: the
     image folder of `data` (a caption json or table; default: found), also used to fine-tune on `data`.
+    `lengths`: MDC's N' values and :data:`LENGTH_MODES` (``median``, ``oracle``, ``auto`` over `auto_range`).
 
-    Returns ``{"data", "n_images", "results": [one per run and decoder: run, finetuned_run, objective, decoder,
-    label, length, metrics, per_image, unavailable, seconds, captions], "table": markdown}``. ``per_image`` holds
-    each image's CIDEr in the order of ``captions`` (``{"CIDEr": [...]}``, when CIDEr is computed): their mean is
-    the corpus CIDEr, and every decoder's list covers the same images in the same order, so two decoders can be
-    compared by a paired bootstrap over images.
+    Returns ``{"data", "n_images", "median_length", "results": [one per run and decoder: run, finetuned_run,
+    objective, decoder, label, length, metrics, per_image, unavailable, seconds, captions], "table": markdown}``.
+    ``per_image`` holds per image, in the order of ``captions``, CIDEr and ROUGE-L (when computed: their means are
+    the corpus scores), ``repetition`` (100 if the caption repeats a word, else 0) and ``length`` (tokens); every
+    decoder's lists cover the same images in the same order, so two decoders can be compared by a paired
+    bootstrap over images. ``median_length`` is the test captions' median token length (:func:`reference_lengths`).
     """
     from mdc_core.checkpoint import load_model
     if not runs:
         raise ValueError("no run given: pass at least one --run RUN")
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
+    lengths = parse_lengths(lengths)
     plans = []
     for run in runs:  # check everything before any fine-tuning or decoding starts
         _, cfg = load_model(run)
         decoders = decoders_for(cfg.objective.name, lengths, beam)
-        too_long = [n for n in lengths if n + 2 > cfg.model.context_length] if cfg.objective.name != "arc" else []
+        fixed = [n for n in lengths if isinstance(n, int)]
+        too_long = [n for n in fixed if n + 2 > cfg.model.context_length] if cfg.objective.name != "arc" else []
         if too_long:
             raise ValueError(f"caption length(s) {too_long} exceed the context of {run} "
                              f"({cfg.model.context_length - 2} tokens)")
@@ -286,6 +424,23 @@ def captioning(runs: Sequence[str | Path], data: str | Path, *, lengths: Sequenc
         raise ValueError(f"{data} has no test images with captions")
     references = {it.key: list(it.references) for it in items}
     results: list[dict[str, Any]] = []
+    meteor = MeteorSession() if "METEOR" in metrics else contextlib.nullcontext()
+    with meteor:
+        median = _caption_runs(plans, items, references, results, finetune_steps=finetune_steps,
+                               train_data=train_data, out=out, finetune_overrides=finetune_overrides,
+                               train_images=train_images, progress=progress, device=device, batch_size=batch_size,
+                               max_length=max_length, metrics=metrics, auto_range=auto_range)
+    return {"data": str(data), "n_images": len(items), "finetune_steps": finetune_steps, "median_length": median,
+            "results": results, "table": captioning_table(results)}
+
+
+def _caption_runs(plans: list[tuple[Any, list[str]]], items: list[CaptionItem], references: dict[str, list[str]],
+                  results: list[dict[str, Any]], *, finetune_steps: int, train_data: str, out: str | Path,
+                  finetune_overrides: Sequence[str], train_images: str | None, progress: bool, device: str,
+                  batch_size: int, max_length: int | None, metrics: Sequence[str], auto_range: str) -> int | None:
+    """Fine-tune, decode and score every (run, decoders) of `plans` into `results`; returns the median length."""
+    from mdc_core.checkpoint import load_model
+    median = None
     for i, (run, decoders) in enumerate(plans):
         eval_run = Path(run)
         if finetune_steps > 0:
@@ -293,25 +448,30 @@ def captioning(runs: Sequence[str | Path], data: str | Path, *, lengths: Sequenc
                                 finetune_steps, overrides=finetune_overrides, images=train_images,
                                 progress=progress)
         model, cfg = load_model(eval_run, device=device)
+        tok = CaptionTokenizer(cfg.model.context_length)
+        targets = reference_lengths(items, tok)
+        median = _round_half_up(float(np.median(targets)))
         decoded = caption_items(model, cfg, items, decoders, batch_size=batch_size, max_length=max_length,
-                                device=device, progress=progress)
+                                device=device, progress=progress, lengths=targets, median=median,
+                                auto_range=auto_range)
         for d in decoders:
-            scores = caption_metrics(decoded[d]["captions"], references, metrics=metrics,
-                                     per_image_cider="CIDEr" in metrics)
-            per_image = {name: [per[k] for k in decoded[d]["captions"]]
-                         for name, per in scores.get("per_image", {}).items()}
-            label, length = decoder_label(cfg.objective.name, d)
+            captions = decoded[d]["captions"]
+            scores = caption_metrics(captions, references, metrics=metrics,
+                                     per_image=[m for m in ITEM_METRICS if m in metrics])
+            per_image = {name: [per[k] for k in captions] for name, per in scores.get("per_image", {}).items()}
+            per_image["repetition"] = [100.0 * bool(repeated_words(c)) for c in captions.values()]
+            per_image["length"] = [float(decoded[d]["tokens"][k]) for k in captions]
+            label, length = decoder_label(cfg.objective.name, d, median, auto_range)
             results.append({
                 "run": str(run), "finetuned_run": str(eval_run) if finetune_steps > 0 else None,
                 "objective": cfg.objective.name, "decoder": d, "label": label, "length": length,
                 "metrics": {**{k: v for k, v in scores.items()
                                if k not in ("unavailable", "tokenizer", "n_images", "per_image")},
-                            "repetition_rate": repetition_rate(decoded[d]["captions"].values())},
+                            "repetition_rate": repetition_rate(captions.values()),
+                            "mean_length": float(np.mean(per_image["length"]))},
                 "per_image": per_image,
                 "unavailable": scores["unavailable"], "tokenizer": scores["tokenizer"],
                 "seconds": round(decoded[d]["seconds"], 3),
-                "captions": [{"key": k, "caption": c, "references": references[k]}
-                             for k, c in decoded[d]["captions"].items()],
+                "captions": [{"key": k, "caption": c, "references": references[k]} for k, c in captions.items()],
             })
-    return {"data": str(data), "n_images": len(items), "finetune_steps": finetune_steps, "results": results,
-            "table": captioning_table(results)}
+    return median

@@ -1,187 +1,57 @@
-"""The paper's ordering claims as data, and their verdicts on measured tables (torch-free).
+"""Verdicts of the paper's claims (:data:`~mdc_core.eval.paper_claims.PAPER_CLAIMS`) on measured tables, and their
+markdown (torch-free).
 
-A measured table is what the notebooks write into ``metrics.json`` (``tables``: name -> ``{"metric", "values",
-"items"}``), merged over the runs of a plan. Repeats of one run over training seeds are gathered per cell into
-a :class:`Cell` (seed -> value, and optionally seed -> per-test-item scores); :meth:`Cell.estimate` gives the
-mean and 95% interval (:mod:`mdc_core.eval.stats`), :func:`cell_difference` the interval of a difference, and
-:func:`evaluate_claims` one verdict per claim of :data:`PAPER_CLAIMS`.
-
-A claim is a list of pairwise orderings ``better <relation> worse`` between rows of one table (in each listed
-column for two-dimensional tables). A row pattern is a row name, ``*`` (every model row other than the other
-side's; the baseline rows ``random init ...``, ``raw pixels`` and ``..., blind`` are not models), or a shell
-pattern such as ``BERT*``. The claim's verdict combines its parts with
-:func:`~mdc_core.eval.stats.combine_verdicts`: reversed if any part is reversed, holds only if every part holds.
+Tables are gathered over runs and seeds by :func:`~mdc_core.eval.cells.gather_tables`. Each claim is a set of
+parts, each part one comparison of two rows (or of a row with a constant) in one column; its distribution is
+:func:`~mdc_core.eval.cells.difference_spread`. For claims and workbench checks the parts are tested together
+with Holm's step-down (:func:`~mdc_core.eval.stats.holm_step_down`) and combined by
+:func:`~mdc_core.eval.stats.combine_verdicts` (holds, reversed, mixed, not resolved, not measured); observations
+and exploratory measurements show their differences without a verdict. A claim whose table, rows or columns
+are missing says so ("not measured"), and one training seed makes every verdict a statement about *this run*.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mdc_core.eval.cells import (  # noqa: F401  (re-exported: the notebooks and tests import them from here)
+    Cell,
+    Table,
+    cell_difference,
+    difference_spread,
+    gather_tables,
+    table_estimates,
+)
+from mdc_core.eval.paper_claims import (  # noqa: F401
+    BASELINE_ROWS,
+    CHECK,
+    CLAIM,
+    EXPLORATORY,
+    NOT_ENCODED,
+    OBSERVATION,
+    PAPER_CLAIMS,
+    VERDICT_KINDS,
+    Claim,
+    Part,
+)
 from mdc_core.eval.stats import (
+    HOLDS,
+    MIXED,
+    N_BOOT,
+    N_BOOT_TESTS,
+    REVERSED,
     UNMEASURED,
-    Estimate,
-    bootstrap_difference,
-    bootstrap_interval,
+    UNRESOLVED,
     combine_verdicts,
     describe_verdict,
-    seed_difference,
-    t_interval,
-    verdict,
+    holm_step_down,
+    null_value,
 )
 
-
-@dataclass(frozen=True)
-class Claim:
-    """One ordering the paper claims, stated on the workbench's table names and row labels."""
-
-    key: str  # short id, e.g. "table5_best"
-    source: str  # where the paper makes it: "Table 5"
-    text: str  # the claim as a reader says it
-    table: str  # the metrics.json table it is checked on
-    parts: tuple[tuple[str, str, str], ...]  # (better row pattern, ">" or ">=", worse row pattern)
-    columns: tuple[str, ...] = ()  # columns checked in a 2-D table (each part in each column); () for 1-D tables
-
-
-BASELINE_ROWS = ("random init*", "raw pixels*", "*, blind")  # baselines, not models (never matched by "*")
-
-PAPER_CLAIMS: tuple[Claim, ...] = (
-    Claim("table1", "Table 1", "linear probe: CLIP > MDC >= ARC", "table1",
-          (("CLIP", ">", "MDC"), ("MDC", ">=", "ARC"))),
-    Claim("table1_training", "workbench check", "training adds to the features of Table 1's models: every model's "
-          "probe > the randomly initialised encoder's", "table1", (("*", ">", "random init*"),)),
-    Claim("table4", "Table 4", "the 1/t weight helps: MDC > MDC without 1/t", "table4",
-          (("MDC", ">", "MDC (w/o 1/t)"),)),
-    Claim("table5_best", "Table 5", "short captions: schedule [0.5, 1] beats every other schedule", "table5",
-          (("[0.5, 1.0]", ">", "*"),)),
-    Claim("table5_worst", "Table 5", "short captions: schedule [0, 1] is worst", "table5",
-          (("*", ">", "[0.0, 1.0]"),)),
-    Claim("fig4", "Fig. 4", "MDC >= every fixed BERT masking ratio (and the parallel objective)", "fig4",
-          (("MDC", ">=", "BERT*"), ("MDC", ">=", "Parallel*"))),
-    Claim("table2", "Table 2", "MDC (heuristic) > ARC and CLIP on relation, attribute and swap", "table2",
-          (("MDC (Heuristic)", ">", "ARC"), ("MDC (Heuristic)", ">", "CLIP")), ("relation", "attribute", "swap")),
-    Claim("table3", "Table 3", "captioning: MDC-10 > ARC on CIDEr", "table3", (("MDC-10", ">", "ARC"),),
-          ("CIDEr",)),
-    Claim("position", "Sec. 3 (central claim)", "ARC's visual signal falls along the caption while MDC's does not "
-          "(checked as: MDC's late-minus-early signal > ARC's)", "position_signal", (("MDC", ">", "ARC"),)),
-    Claim("position_repeat", "Sec. 3 (central claim, same word)", "a word the caption names again: ARC needs the "
-          "image less at the repeat than at the first mention, MDC does not (checked as: MDC's repeat-minus-first "
-          "signal > ARC's)", "position_repeat", (("MDC", ">", "ARC"),)),
-    *(Claim(f"{table}_training", "workbench check", f"training adds to the features of {what}: every model's "
-            "probe > the randomly initialised encoder's", table, (("*", ">", "random init*"),))
-      for table, what in (("table4", "Table 4's models"), ("table5", "Table 5's models"),
-                          ("fig4", "Fig. 4's models"))),
-)
-
-
-@dataclass
-class Cell:
-    """One measured number of a table, gathered over repeats: training seed -> value, and per-test-item scores
-    (the value's mean over items) where the notebook recorded them."""
-
-    values: dict[int, float] = field(default_factory=dict)
-    items: dict[int, list[float]] = field(default_factory=dict)
-
-    def estimate(self) -> Estimate:
-        """t-interval over seeds (>= 2 seeds); one seed: bootstrap over its test items, else no interval.
-
-        Identical values on every seed (accuracies on a small test set are coarse, so this happens) give a
-        zero-width t-interval that means nothing: then the interval is a bootstrap over the test items of all
-        seeds pooled (test-set noise only), or none without items."""
-        seeds = sorted(self.values)
-        if not seeds:
-            raise ValueError("an empty cell has no estimate")
-        if len(seeds) >= 2:
-            est = t_interval([self.values[s] for s in seeds])
-            if est.low < est.high:
-                return est
-            pooled = _pooled_items([self], seeds)
-            if pooled is None:
-                return Estimate(est.mean, math.nan, math.nan, est.n, f"no spread over {est.n} seeds: no interval")
-            boot = bootstrap_interval(pooled[0])
-            return Estimate(est.mean, boot.low, boot.high, boot.n, f"no spread over {est.n} seeds; {boot.method}")
-        items = self.items.get(seeds[0])
-        if items:
-            est = bootstrap_interval(items)
-            return Estimate(self.values[seeds[0]], est.low, est.high, est.n, est.method)
-        return t_interval([self.values[seeds[0]]])
-
-
-def cell_difference(a: Cell, b: Cell) -> Estimate | None:
-    """Interval of a - b: paired t by seed when both have the same >= 2 seeds, Welch when both have >= 2 but
-    different seeds, a paired bootstrap over shared test items with one seed each; None when none applies."""
-    sa, sb = sorted(a.values), sorted(b.values)
-    if len(sa) >= 2 and len(sb) >= 2:
-        paired = sa == sb
-        diff = seed_difference([a.values[s] for s in sa], [b.values[s] for s in sb], paired=paired)
-        if diff.has_interval and diff.low < diff.high:
-            return diff
-        pooled = _pooled_items([a, b], sa) if paired else None  # no spread over seeds: test-set noise at least
-        if pooled is None:
-            return Estimate(diff.mean, math.nan, math.nan, diff.n, "no spread over seeds: no interval")
-        boot = bootstrap_difference(*pooled)
-        return Estimate(diff.mean, boot.low, boot.high, boot.n, f"no spread over seeds; {boot.method}")
-    if len(sa) == 1 and len(sb) == 1:
-        ia, ib = a.items.get(sa[0]), b.items.get(sb[0])
-        if ia and ib and len(ia) == len(ib):
-            diff = bootstrap_difference(ia, ib)
-            return Estimate(a.values[sa[0]] - b.values[sb[0]], diff.low, diff.high, diff.n, diff.method)
-    return None
-
-
-def _pooled_items(cells: Sequence[Cell], seeds: Sequence[int]) -> list[list[float]] | None:
-    """Each cell's items of `seeds` concatenated (seed order), when every cell has items for every seed and the
-    cells' lists align (same lengths); else None."""
-    out = []
-    for cell in cells:
-        if any(not cell.items.get(s) for s in seeds):
-            return None
-        out.append([x for s in seeds for x in cell.items[s]])
-    return out if len({len(o) for o in out}) == 1 else None
-
-
-Table = dict[str, dict[str, Cell]]  # row -> column ("" for 1-D tables) -> cell
-
-
-def gather_tables(runs: Sequence[tuple[str, int | None, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Merge the ``tables`` of several runs' metrics.json: ``[(run id, training seed or None, metrics)]`` ->
-    ``{name: {"metric": str, "cells": Table}}``.
-
-    Runs with distinct seeds that report the same row are repeats: their values go into one cell. A row that
-    two runs report with the same seed (or without one) is kept twice, the later one suffixed with its run id.
-    """
-    merged: dict[str, dict[str, Any]] = {}
-    for run_id, seed, metrics in runs:
-        for name, table in (metrics.get("tables") or {}).items():
-            if not isinstance(table, dict) or not isinstance(table.get("values"), dict):
-                continue
-            slot = merged.setdefault(name, {"metric": table.get("metric", ""), "cells": {}, "owners": {}})
-            items = table.get("items") if isinstance(table.get("items"), dict) else {}
-            key_seed = 0 if seed is None else seed
-            for row, value in table["values"].items():
-                owners = slot["owners"].setdefault(row, set())  # seeds that already reported this row
-                if row in slot["cells"] and (seed is None or seed in owners):
-                    target = f"{row} ({run_id})"  # not a repeat over seeds: a different run's row
-                else:
-                    target = row
-                    owners.add(seed)
-                cols = value if isinstance(value, dict) else {"": value}
-                row_items = items.get(row)
-                for col, v in cols.items():
-                    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(float(v)):
-                        continue
-                    cell = slot["cells"].setdefault(target, {}).setdefault(col, Cell())
-                    cell.values[key_seed] = float(v)
-                    col_items = row_items.get(col) if isinstance(row_items, dict) else (
-                        row_items if col == "" else None)
-                    if isinstance(col_items, list) and col_items:
-                        cell.items[key_seed] = [float(x) for x in col_items]
-    for slot in merged.values():
-        slot.pop("owners")
-    return merged
+KIND_LABELS = {CLAIM: "the paper's claim", CHECK: "workbench check", OBSERVATION: "observation, no verdict",
+               EXPLORATORY: "exploratory, no verdict"}
 
 
 def _match(pattern: str, rows: Sequence[str]) -> list[str]:
@@ -191,76 +61,239 @@ def _match(pattern: str, rows: Sequence[str]) -> list[str]:
     return [r for r in rows if fnmatch.fnmatchcase(r, pattern)]
 
 
-def _rows(pattern: str, rows: Sequence[str], other: str) -> list[str]:
+def _rows(pattern: str, rows: Sequence[str], other: str | float) -> list[str]:
     if pattern == "*":
-        excluded = set(_match(other, rows)) | {r for b in BASELINE_ROWS for r in _match(b, rows)}
+        excluded = {r for b in BASELINE_ROWS for r in _match(b, rows)}
+        if isinstance(other, str):
+            excluded |= set(_match(other, rows))
         return [r for r in rows if r not in excluded]
     return _match(pattern, rows)
+
+
+def part_text(better: str, relation: str, worse: str | float, margin: float = 0.0) -> str:
+    """``"MDC >= ARC - 0.8"``, ``"ARC < 0"``, ``"CLIP > MDC"``."""
+    rhs = f"{worse:g}" if isinstance(worse, (int, float)) else worse
+    if relation == "noninferior":
+        return f"{better} >= {rhs} - {margin:g}"
+    return f"{better} {relation} {rhs}"
+
+
+def _comparisons(claim: Claim, cells: Table, missing: list[str]) -> list[dict[str, Any]]:
+    """Every (part, better row, worse row or constant, column) the table holds, with its spread; what the claim
+    names but the table lacks goes into `missing`."""
+    rows = list(cells)
+    n_boot = N_BOOT_TESTS if claim.kind in VERDICT_KINDS else N_BOOT
+    out: list[dict[str, Any]] = []
+
+    def flag(what: str) -> None:
+        if what not in missing:
+            missing.append(what)
+
+    for part in claim.parts:
+        for pattern in (part.better, part.worse):
+            if isinstance(pattern, str) and pattern != "*" and not _match(pattern, rows):
+                flag(f"row {pattern}")
+        worse_rows: list[str | float] = (list(_rows(part.worse, rows, part.better)) if isinstance(part.worse, str)
+                                         else [float(part.worse)])
+        for better in _rows(part.better, rows, part.worse):
+            for worse in worse_rows:
+                if better == worse:
+                    continue
+                for col in part.columns:
+                    a = cells[better].get(col)
+                    b = cells[worse].get(col) if isinstance(worse, str) else worse
+                    if a is None or b is None:
+                        flag(f"column {col}")
+                        continue
+                    out.append({"better": better, "relation": part.relation, "worse": worse, "column": col,
+                                "margin": part.margin, "spread": difference_spread(a, b, n_boot),
+                                "lengths": _lengths(cells, better, worse)})
+    for row in claim.paper_rows:
+        if row not in rows:
+            flag(f"row {row} (in the paper's table)")
+    return out
+
+
+def _lengths(cells: Table, better: str, worse: str | float) -> list[float] | None:
+    """The two rows' mean output lengths where the table has a ``length`` column (Table 3): a verdict on captions
+    says at which lengths it compared them."""
+    if not isinstance(worse, str) or "length" not in cells[better] or "length" not in cells[worse]:
+        return None
+    return [sum(c.values.values()) / len(c.values) for c in (cells[better]["length"], cells[worse]["length"])]
 
 
 def evaluate_claim(claim: Claim, cells: Table | None) -> dict[str, Any]:
     """Verdict of one claim on a gathered table (``None``: the table was not measured).
 
-    Returns ``{"key", "source", "text", "verdict", "parts": [{"better", "relation", "worse", "column",
-    "difference": Estimate dict | None, "verdict"}]}``.
+    Returns ``{"key", "kind", "source", "text", "tested_as", "table", "verdict", "verdict_text", "seeds",
+    "parts": [{"better", "relation", "worse", "column", "margin", "difference": Estimate dict | None,
+    "holm": {"level", "low", "high"} | None, "lengths": [mean length of each row] | None (tables with a
+    ``length`` column), "verdict", "verdict_text"}], "missing"}``. Observations and
+    exploratory entries have verdict None (and None per part).
     """
+    missing: list[str] = []
+    base = {"key": claim.key, "kind": claim.kind, "source": claim.source, "text": claim.text,
+            "tested_as": claim.tested_as, "table": claim.table}
+    if cells is None:
+        return {**base, "verdict": UNMEASURED if claim.kind in VERDICT_KINDS else None,
+                "verdict_text": f"not measured (no `{claim.table}` table in these runs)", "seeds": 0, "parts": [],
+                "missing": [f"table {claim.table}"]}
+    comparisons = _comparisons(claim, cells, missing)
+    nulls = [null_value(c["relation"], c["margin"]) for c in comparisons]
+    judged = claim.kind in VERDICT_KINDS
+    tested = holm_step_down([c["spread"] for c in comparisons], nulls) if judged else []
     parts: list[dict[str, Any]] = []
-    missing: list[str] = []  # rows or columns the claim names that the table lacks
-    rows = list(cells or {})
-    for better_pat, relation, worse_pat in claim.parts:
-        missing += [p for p in (better_pat, worse_pat) if p != "*" and not _match(p, rows) and p not in missing]
-        for better in _rows(better_pat, rows, worse_pat):
-            for worse in _rows(worse_pat, rows, better_pat):
-                if better == worse:
-                    continue
-                for col in claim.columns or ("",):
-                    a, b = cells[better].get(col), cells[worse].get(col)
-                    if a is None or b is None:
-                        if f"column {col}" not in missing:
-                            missing.append(f"column {col}")
-                        continue
-                    diff = cell_difference(a, b)
-                    result = verdict(diff, relation)
-                    parts.append({"better": better, "relation": relation, "worse": worse, "column": col,
-                                  "difference": diff.to_dict() if diff else None, "verdict": result,
-                                  "verdict_text": describe_verdict(result, relation)})
+    for i, c in enumerate(comparisons):
+        spread = c.pop("spread")
+        diff = None if spread is None else spread.interval()
+        part = {**c, "difference": None if diff is None else diff.to_dict(), "seeds": 0 if spread is None
+                else spread.seeds, "holm": None, "verdict": None, "verdict_text": ""}
+        if judged:
+            side, level = tested[i]
+            if side == "unmeasured":
+                result = UNMEASURED
+            elif not side:
+                result = UNRESOLVED
+            else:
+                result = HOLDS if (side == "below") == (c["relation"] == "<") else REVERSED
+            part["verdict"] = result
+            part["verdict_text"] = describe_verdict(result, c["relation"], c["margin"])
+            if len(tested) > 1 and level and spread is not None:
+                adj = spread.interval(level)
+                part["holm"] = {"level": level, "low": adj.low, "high": adj.high}
+        parts.append(part)
+    measured = [p for p in parts if p["difference"] is not None and p["difference"]["low"] is not None]
+    seeds = min((p["seeds"] for p in measured), default=0)
+    if not judged:
+        text = "no verdict" if measured else "not measured"
+        return {**base, "verdict": None, "verdict_text": text, "seeds": seeds, "parts": parts, "missing": missing}
     overall = combine_verdicts([p["verdict"] for p in parts]) if parts else UNMEASURED
-    relation = ">=" if parts and all(p["relation"] == ">=" for p in parts) else ">"
-    return {"key": claim.key, "source": claim.source, "text": claim.text, "table": claim.table,
-            "verdict": overall, "verdict_text": describe_verdict(overall, relation), "parts": parts,
-            "missing": missing}
+    return {**base, "verdict": overall, "verdict_text": _overall_text(overall, parts, seeds), "seeds": seeds,
+            "parts": parts, "missing": missing}
 
 
-def evaluate_claims(tables: dict[str, dict[str, Any]], claims: Sequence[Claim] = PAPER_CLAIMS
-                    ) -> list[dict[str, Any]]:
-    """:func:`evaluate_claim` for every claim whose table was gathered (:func:`gather_tables` output)."""
-    return [evaluate_claim(c, tables[c.table]["cells"]) for c in claims if c.table in tables]
+def _overall_text(overall: str, parts: list[dict[str, Any]], seeds: int) -> str:
+    """"holds in this run", "not resolved over 3 seeds (1 of 2 parts holds)", "not measured", ..."""
+    if overall == UNMEASURED:
+        return overall
+    if len(parts) == 1:
+        text = parts[0]["verdict_text"]
+    else:
+        text = overall
+    scope = " in this run" if seeds <= 1 else f" over {seeds} seeds"
+    measured = [p for p in parts if p["verdict"] != UNMEASURED]
+    counts = ""
+    if overall in (UNRESOLVED, MIXED) and len(measured) > 1:
+        held = sum(p["verdict"] == HOLDS for p in measured)
+        rev = sum(p["verdict"] == REVERSED for p in measured)
+        bits = [f"{held} of {len(measured)} parts hold"] if held else []
+        bits += [f"{rev} of {len(measured)} reversed"] if rev else []
+        counts = f" ({', '.join(bits)})" if bits else ""
+    head, _, tail = text.partition(" (")
+    return f"{head}{scope}" + (f" ({tail}" if tail else "") + counts
 
 
-def claims_markdown(results: Sequence[dict[str, Any]], digits: int = 1) -> list[str]:
-    """Markdown lines: one verdict line per claim, then its parts with the difference and its interval."""
+def evaluate_claims(tables: Mapping[str, Mapping[str, Any]], claims: Sequence[Claim] = PAPER_CLAIMS, *,
+                    measured_only: bool = False) -> list[dict[str, Any]]:
+    """:func:`evaluate_claim` for every claim (:func:`~mdc_core.eval.cells.gather_tables` output); a claim whose
+    table is absent is kept as not measured unless `measured_only`. An observation that repeats a comparison a
+    claim or check already made (Table 5's worst schedule when only two were trained) is marked
+    ``duplicate_of`` that claim's key, so the same comparison is never counted twice."""
+    out: list[dict[str, Any]] = []
+    seen: dict[tuple[str, frozenset[str], str], str] = {}  # (table, {row, row}, column) -> key of a judged claim
+    for claim in claims:
+        if measured_only and claim.table not in tables:
+            continue
+        result = evaluate_claim(claim, tables[claim.table]["cells"] if claim.table in tables else None)
+        keys = [(claim.table, frozenset((p["better"], str(p["worse"]))), p["column"]) for p in result["parts"]]
+        if claim.kind in VERDICT_KINDS:
+            seen.update({k: claim.key for k in keys if k not in seen})
+        else:
+            same = [seen.get(k) for k in keys]
+            for part, key in zip(result["parts"], same, strict=True):
+                part["same_as"] = key
+            result["duplicate_of"] = same[0] if same and all(s == same[0] for s in same) else None
+        out.append(result)
+    return out
+
+
+def _difference_text(d: dict[str, Any] | None, digits: int) -> str:
+    if d is None:
+        return "no interval (one seed and no per-item scores, e.g. a corpus-level metric: needs >= 2 seeds)"
+    if d["low"] is None:
+        return f"{d['mean']:+.{digits}f}, no interval ({d['method']})"
+    return f"{d['mean']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}] ({d['method']})"
+
+
+def _digits(result: dict[str, Any], digits: int) -> int:
+    """More digits for small quantities (slopes, nats) than for percentages."""
+    ends = [abs(p["difference"][k]) for p in result["parts"] if p["difference"] for k in ("mean", "low", "high")
+            if p["difference"][k] is not None]
+    return 3 if ends and max(ends) < 1 else digits
+
+
+def claims_markdown(results: Sequence[dict[str, Any]], digits: int = 1,
+                    settings: Mapping[str, str] | None = None) -> list[str]:
+    """Markdown lines: per claim its kind, source, text and verdict, what it was tested as and at what scale
+    (`settings`: table -> a line on the models and data), then each part with its difference and interval
+    (and, for parts tested together, Holm's level)."""
     lines: list[str] = []
     for r in results:
-        lines.append(f"- **{r['source']}**: {r['text']} -> **{r['verdict_text']}**")
+        verdict = f"**{r['verdict_text']}**" if r["verdict"] is not None else f"*{r['verdict_text']}*"
+        lines.append(f"- **{r['source']}** ({KIND_LABELS[r['kind']]}): {r['text']} -> {verdict}")
+        if not r["parts"] and r["missing"] == [f"table {r['table']}"]:
+            continue  # the whole table is absent: the verdict line says so
+        if r["tested_as"]:
+            lines.append(f"  - tested as: {r['tested_as']}")
+        if (settings or {}).get(r["table"]):
+            lines.append(f"  - scale: {settings[r['table']]}")
+        if r.get("duplicate_of"):
+            lines.append(f"  - the same comparison as `{r['duplicate_of']}` above (not counted again)")
+            continue
+        n = _digits(r, digits)
         for p in r["parts"]:
-            d = p["difference"]
             where = f" ({p['column']})" if p["column"] else ""
-            if d is None:
-                diff = "no interval (needs >= 2 seeds, or per-item scores with one seed)"
-            elif d["low"] is None:
-                diff = f"{d['mean']:+.{digits}f}, no interval ({d['method']})"
-            else:
-                diff = f"{d['mean']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}] ({d['method']})"
-            lines.append(f"  - {p['better']} {p['relation']} {p['worse']}{where}: difference {diff}: "
-                         f"{p['verdict_text']}")
+            line = (f"  - {part_text(p['better'], p['relation'], p['worse'], p['margin'])}{where}: difference "
+                    f"{_difference_text(p['difference'], n)}")
+            if p["holm"]:
+                holm = p["holm"]
+                line += f"; Holm {100 * holm['level']:.1f}%: [{holm['low']:+.{n}f}, {holm['high']:+.{n}f}]"
+            if p.get("lengths"):
+                line += f"; lengths {p['lengths'][0]:.1f} vs {p['lengths'][1]:.1f} tokens"
+            if p["verdict"] is not None:
+                line += f": {p['verdict_text']}"
+            lines.append(line)
         if r.get("missing"):
-            lines.append(f"  - not in this table (not measured): {', '.join(r['missing'])}")
+            lines.append(f"  - not in these tables (not measured): {', '.join(r['missing'])}")
     return lines
 
 
-def table_estimates(cells: Table) -> dict[str, dict[str, Estimate]]:
-    """row -> column -> :meth:`Cell.estimate` for every cell of a gathered table."""
-    return {row: {col: cell.estimate() for col, cell in cols.items()} for row, cols in cells.items()}
+def not_encoded_markdown() -> list[str]:
+    """The paper's statements no workbench table tests yet (:data:`NOT_ENCODED`), as markdown lines."""
+    return [f"- **{source}**: {text} -> *not measured*: {why}" for source, text, why in NOT_ENCODED]
+
+
+def report_markdown(tables: dict[str, dict[str, Any]], seed: int | None = None, digits: int = 1) -> str:
+    """What a notebook shows for its own paper tables (``metrics.json`` layout, one training seed): each cell as
+    ``mean [95% interval]`` (a bootstrap over test items where the table has ``items``, test-set noise only),
+    then the verdicts of the paper's claims on these tables. Repeats over seeds are the summary's job."""
+    gathered = gather_tables([("notebook", seed, {"tables": tables})])
+    lines: list[str] = []
+    for name, table in gathered.items():
+        est = table_estimates(table["cells"])
+        columns = list(dict.fromkeys(c for cols in est.values() for c in cols))
+        head = [name, *(c or table["metric"] for c in columns)]
+        lines += ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+        for row, cols in est.items():
+            cells = [cols[c].format(digits) if c in cols else "-" for c in columns]
+            lines.append("| " + " | ".join([row, *cells]) + " |")
+        lines.append("")
+    lines.append("Brackets: 95% bootstrap intervals over the test items (one training seed: test-set noise only).")
+    verdicts = evaluate_claims(gathered, measured_only=True)
+    if verdicts:
+        lines += ["", "**The paper's claims on these tables** (one training seed: every verdict is about this run; "
+                  "see docs/evidence.md):", "", *claims_markdown(verdicts, digits)]
+    return "\n".join(lines)
 
 
 def position_fade(run: dict[str, Any]) -> float:
@@ -297,32 +330,9 @@ def position_fade_items(run: dict[str, Any]) -> list[float] | None:
 
 def repeat_fade_items(runs: Sequence[dict[str, Any]]) -> list[list[float]] | None:
     """Per run, the repeat fades (``repeat_fades``) of the captions where every run has one, in data order: the
-    aligned test items of the same-word claim. None when a run has none or no caption has a repeat in all."""
+    aligned test items of the same-word measure. None when a run has none or no caption has a repeat in all."""
     fades = [run.get("repeat_fades") for run in runs]
     if not fades or any(not f for f in fades) or len({len(f) for f in fades}) != 1:
         return None
     keep = [i for i in range(len(fades[0])) if all(f[i] is not None for f in fades)]
     return [[float(f[i]) for i in keep] for f in fades] if keep else None
-
-
-def report_markdown(tables: dict[str, dict[str, Any]], seed: int | None = None, digits: int = 1) -> str:
-    """What a notebook shows for its own paper tables (``metrics.json`` layout, one training seed): each cell as
-    ``mean [95% interval]`` (a bootstrap over test items where the table has ``items``, test-set noise only),
-    then the verdicts of the paper's claims on these tables. Repeats over seeds are the summary's job."""
-    gathered = gather_tables([("notebook", seed, {"tables": tables})])
-    lines: list[str] = []
-    for name, table in gathered.items():
-        est = table_estimates(table["cells"])
-        columns = list(dict.fromkeys(c for cols in est.values() for c in cols))
-        head = [name, *(c or table["metric"] for c in columns)]
-        lines += ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-        for row, cols in est.items():
-            cells = [cols[c].format(digits) if c in cols else "-" for c in columns]
-            lines.append("| " + " | ".join([row, *cells]) + " |")
-        lines.append("")
-    lines.append("Brackets: 95% bootstrap intervals over the test items (one training seed: test-set noise only).")
-    verdicts = evaluate_claims(gathered)
-    if verdicts:
-        lines += ["", "**Verdicts on the paper's claims** (interval of each difference; see docs/evidence.md):", "",
-                  *claims_markdown(verdicts, digits)]
-    return "\n".join(lines)

@@ -291,7 +291,8 @@ def extract_features(model: torch.nn.Module, data: ProbeDataset, *, pool: str, i
 def probe_run(run: str | Path, data: str | Path, *, task: str | Sequence[str] = "all", fmt: str = "auto",
               device: str = "cpu", batch_size: int = 64, cache_dir: str | Path | None = None, ema: bool = False,
               limit: int | None = None, weight_decay: float | None = None, progress: bool = False,
-              protocol: str = "lbfgs", c: float | None = None, init: str = "trained") -> dict[str, Any]:
+              protocol: str = "lbfgs", c: float | None = None, init: str = "trained",
+              heldout: bool = False) -> dict[str, Any]:
     """Linear-probe the frozen encoder of `run` on the labelled data at `data`; a JSON-ready result.
 
     Args:
@@ -306,10 +307,12 @@ def probe_run(run: str | Path, data: str | Path, *, task: str | Sequence[str] = 
         protocol: ``lbfgs`` (converged logistic regression, default) or ``clip_benchmark``.
         c: lbfgs protocol: a fixed inverse regularisation C instead of its search on a validation split.
         init: ``trained`` (the run's weights), ``random`` (its architecture, untrained) or ``pixels`` (raw pixels).
+        heldout: refuse to probe when the probe trains on the run's own pretraining images (`data` is the
+            folder the run was trained on, see :func:`seen_in_pretraining`).
 
     Returns:
-        ``{"run", "checkpoint", "step", "objective", "pool", "init", "protocol", "data", "format", "tasks": {task:
-        result}}`` where each
+        ``{"run", "checkpoint", "step", "objective", "pool", "init", "protocol", "data", "format",
+        "seen_in_pretraining", "tasks": {task: result}}`` where each
         result is :meth:`ProbeResult.to_dict` (top1, top5, balanced_accuracy, ...) plus ``classes``.
     """
     ckpt = resolve_checkpoint(run)
@@ -326,6 +329,11 @@ def probe_run(run: str | Path, data: str | Path, *, task: str | Sequence[str] = 
         raise ValueError("a fixed weight decay belongs to the clip_benchmark protocol and a fixed C to lbfgs; "
                          f"got protocol={protocol!r} with weight_decay={weight_decay}, C={c}")
     model, cfg = load_model(ckpt, device=device, ema=ema)
+    seen = seen_in_pretraining(cfg.data.path, train_set.root)
+    if heldout and seen:
+        raise ValueError(f"the probe would train on {train_set.root}, the images {run} was pretrained on; probe a "
+                         "set it never saw (e.g. `mdc data synth --out DIR --seed N` with another seed and the same "
+                         "settings), or drop --heldout")
     pool = probe_pool(cfg.objective.name)
     if init == "random":
         model = random_init_model(cfg, device)
@@ -368,8 +376,18 @@ def probe_run(run: str | Path, data: str | Path, *, task: str | Sequence[str] = 
     meta = json.loads((ckpt / "meta.json").read_text())
     return {"run": str(run), "checkpoint": str(ckpt), "step": meta.get("step"), "objective": cfg.objective.name,
             "pool": pool, "init": init, "protocol": protocol, "data": str(data), "format": train_set.format,
-            "ema": ema, "tasks": results,
+            "ema": ema, "seen_in_pretraining": seen, "tasks": results,
             "skipped": {"train": len(train_set.skipped), "test": len(test_set.skipped)}}  # unreadable images
+
+
+def seen_in_pretraining(pretraining_data: str | Path, probe_root: str | Path) -> bool:
+    """Whether a probe that trains on the folder `probe_root` trains on the images a run was pretrained on
+    (its ``data.path``): the same folder, or one inside the other."""
+    try:
+        pre, probe = Path(pretraining_data).expanduser().resolve(), Path(probe_root).expanduser().resolve()
+    except (OSError, RuntimeError):
+        return False
+    return pre == probe or pre in probe.parents or probe in pre.parents
 
 
 def probe_runs(runs: list[str | Path], data: str | Path, *, baselines: Sequence[str] = ("random",),

@@ -1,4 +1,4 @@
-"""Intervals and verdicts for the workbench's evidence protocol (torch-free: numpy and scipy only).
+"""Intervals, tests and verdicts for the workbench's evidence protocol (torch-free: numpy and scipy only).
 
 Conventions (docs/evidence.md explains them for readers):
 
@@ -6,15 +6,20 @@ Conventions (docs/evidence.md explains them for readers):
   ``mean +- t_{1-a/2, n-1} * s / sqrt(n)`` with ``s`` the sample standard deviation (ddof = 1).
 * **One seed**: a percentile bootstrap over the test items' scores (resampling the items with replacement).
   It captures only test-set noise, not training noise; :attr:`Estimate.method` says so.
+* **Seeds with per-item scores**: a hierarchical bootstrap (:func:`hierarchical_draws`): resample the seeds, then
+  the test items within the resampled seeds. Seeds that scored the same test set (same number of items, item i
+  the same image) share one draw of item indices per replicate, since their test-set noise is shared; otherwise
+  each resampled seed draws its own. The reported interval is the union of that and the t-interval over seeds
+  (:class:`Spread`): a bootstrap over 3 seeds alone is too narrow (it sees only 10 distinct seed resamples).
 * **Differences** between two methods get their own interval: paired by seed (a t-interval of the per-seed
   differences) when both have the same seeds, since seeds share data order and initialisation stream; Welch's
   unequal-variance t-interval otherwise; with one seed each, a paired bootstrap over the shared test items.
-  (:mod:`mdc_core.eval.claims` falls back to a bootstrap over the pooled test items when the values show no
-  spread over seeds, which coarse accuracies on small test sets sometimes do.)
-* **Verdicts** for an ordering claim ``a > b`` or ``a >= b`` read the interval of ``a - b``:
-  ``holds`` when it lies above 0, ``reversed`` when it lies below 0, ``not resolved`` when it contains 0.
-  For ``>=`` an unresolved interval is also *consistent* with the claim (not reversed); the verdict text says
-  so, but only ``holds`` counts as support.
+* **Verdicts** read the interval of ``a - b`` against a null value: ``>`` (superiority) and ``<`` against 0;
+  ``noninferior`` (a claim of "comparable") against ``-margin``, a margin stated before the data are seen.
+  The interval above the null: the part *holds* (for ``<``: below); on the other side: *reversed*; containing
+  it: *not resolved*. The parts of one claim are corrected for multiplicity by Holm's step-down
+  (:func:`holm_step_down`), and :func:`combine_verdicts` gives the claim one word: holds, reversed, mixed (some
+  parts hold, some are reversed), not resolved, or not measured.
 """
 
 from __future__ import annotations
@@ -28,10 +33,12 @@ import numpy as np
 from scipy import stats as sps
 
 CONFIDENCE = 0.95
-N_BOOT = 4000  # bootstrap resamples (percentile interval; the 2.5% tails hold 100 draws each)
+ALPHA = 1 - CONFIDENCE
+N_BOOT = 4000  # bootstrap resamples for a displayed interval (the 2.5% tails hold 100 draws each)
+N_BOOT_TESTS = 20000  # for verdicts: Holm's levels reach 1 - 0.05/m, whose tails need more draws
 MIN_ITEMS = 10  # fewer test items give no bootstrap interval (a resample of 1-9 items says nothing reliable)
-HOLDS, REVERSED, UNRESOLVED, UNMEASURED = "holds", "reversed", "not resolved", "not measured"
-RELATIONS = (">", ">=")
+HOLDS, REVERSED, MIXED, UNRESOLVED, UNMEASURED = "holds", "reversed", "mixed", "not resolved", "not measured"
+RELATIONS = (">", "<", "noninferior")
 
 
 @dataclass(frozen=True)
@@ -103,24 +110,129 @@ def bootstrap_interval(items: Sequence[float] | np.ndarray, confidence: float = 
     if arr.size < MIN_ITEMS:
         return Estimate(float(arr.mean()), math.nan, math.nan, int(arr.size),
                         f"only {arr.size} test items: no bootstrap interval (needs {MIN_ITEMS})")
-    low, high = _bootstrap(arr, confidence, n_boot, seed)
+    low, high = _percentiles(bootstrap_draws(arr, n_boot, seed), confidence)
     return Estimate(float(arr.mean()), low, high, int(arr.size),
                     f"bootstrap over {arr.size} test items (test-set noise only)")
 
 
-def _bootstrap(arr: np.ndarray, confidence: float, n_boot: int, seed: int) -> tuple[float, float]:
-    """Percentile interval of the mean of `arr` over `n_boot` resamples (item indices drawn with replacement)."""
+def bootstrap_draws(items: Sequence[float] | np.ndarray, n_boot: int = N_BOOT, seed: int = 0) -> np.ndarray:
+    """`n_boot` bootstrap replicates of the mean of `items` (item indices drawn with replacement)."""
     if n_boot < 100:
         raise ValueError(f"n_boot must be >= 100, got {n_boot}")
+    arr = _values(items, "bootstrap_draws")
     rng = np.random.default_rng(seed)
     means = np.empty(n_boot)
     for start in range(0, n_boot, 500):  # chunks bound the (chunk, N) index matrix
         stop = min(start + 500, n_boot)
         idx = rng.integers(0, arr.size, size=(stop - start, arr.size))
         means[start:stop] = arr[idx].mean(axis=1)
+    return means
+
+
+def hierarchical_draws(items_by_seed: Sequence[Sequence[float]], n_boot: int = N_BOOT, seed: int = 0) -> np.ndarray:
+    """`n_boot` replicates of the grand mean of per-seed, per-item scores, resampling the seeds and then the test
+    items within each resampled seed (the mean of the seeds' item means).
+
+    Seeds with equally many items are taken to have scored the same test items (item i is one image in every
+    seed), so one replicate draws one set of item indices for all its seeds (the test-set noise they share);
+    seeds with different numbers of items draw their items independently.
+
+    Hand-checkable: items constant within each seed (0 on seed A, 10 on seed B) give replicates 0, 5 and 10
+    with probabilities 1/4, 1/2, 1/4; scores ``u_s + v_i`` give replicates of variance
+    ``var(u) / S + var(v) / n`` (population variances).
+    """
+    if n_boot < 100:
+        raise ValueError(f"n_boot must be >= 100, got {n_boot}")
+    seeds = [_values(v, "hierarchical_draws") for v in items_by_seed]
+    if not seeds:
+        raise ValueError("hierarchical_draws: no seeds")
+    n_seeds = len(seeds)
+    rng = np.random.default_rng(seed)
+    out = np.empty(n_boot)
+    if len({s.size for s in seeds}) == 1:  # one test set scored by every seed: shared item draws
+        grid = np.stack(seeds)  # (S, n)
+        for start in range(0, n_boot, 500):
+            stop = min(start + 500, n_boot)
+            s_idx = rng.integers(0, n_seeds, size=(stop - start, n_seeds))  # (c, S)
+            i_idx = rng.integers(0, grid.shape[1], size=(stop - start, grid.shape[1]))  # (c, n)
+            out[start:stop] = grid[s_idx[:, :, None], i_idx[:, None, :]].mean(axis=(1, 2))  # (c, S, n) -> (c,)
+        return out
+    # ragged: each seed's own bootstrap means, one independent column per slot of a replicate
+    per_seed = np.stack([bootstrap_draws(s, n_boot * n_seeds, seed + 1 + k).reshape(n_boot, n_seeds)
+                         for k, s in enumerate(seeds)])  # (S, B, S): seed, replicate, slot
+    s_idx = rng.integers(0, n_seeds, size=(n_boot, n_seeds))  # (B, S)
+    picked = per_seed[s_idx, np.arange(n_boot)[:, None], np.arange(n_seeds)[None, :]]  # (B, S)
+    return picked.mean(axis=1)
+
+
+def _percentiles(draws: np.ndarray, confidence: float) -> tuple[float, float]:
     tail = (1 - confidence) / 2
-    low, high = np.quantile(means, [tail, 1 - tail])
+    low, high = np.quantile(draws, [tail, 1 - tail])
     return float(low), float(high)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The sampling distribution of one estimated number (a table cell, or a difference of two cells), from which
+    its interval at any confidence level and its p-value against any null value follow.
+
+    ``t`` = (standard error, degrees of freedom) of a t-interval over seeds; ``draws`` = bootstrap replicates of
+    the mean. With both, the interval is their union and the p-value the larger of the two (conservative).
+    Neither: no interval (a single value)."""
+
+    mean: float
+    n: int  # seeds, test items, or 1
+    method: str
+    seeds: int = 1  # training seeds behind the number (1: test-set noise only)
+    t: tuple[float, int] | None = None
+    draws: np.ndarray | None = None
+
+    @property
+    def has_interval(self) -> bool:
+        return self.t is not None or self.draws is not None
+
+    def shifted(self, by: float) -> Spread:
+        """The same distribution for ``mean - by`` (a cell against a constant)."""
+        draws = None if self.draws is None else self.draws - by
+        return Spread(self.mean - by, self.n, self.method, self.seeds, self.t, draws)
+
+    def interval(self, confidence: float = CONFIDENCE) -> Estimate:
+        _check_confidence(confidence)
+        if not self.has_interval:
+            return Estimate(self.mean, math.nan, math.nan, self.n, self.method)
+        lows, highs = [], []
+        if self.t is not None:
+            se, df = self.t
+            half = float(sps.t.ppf(0.5 + confidence / 2, df) * se)
+            lows.append(self.mean - half)
+            highs.append(self.mean + half)
+        if self.draws is not None:
+            low, high = _percentiles(self.draws, confidence)
+            lows.append(low)
+            highs.append(high)
+        return Estimate(self.mean, min(lows), max(highs), self.n, self.method)
+
+    def p_value(self, null: float = 0.0) -> float:
+        """Two-sided p-value of ``mean == null`` (1.0 without an interval)."""
+        ps = [1.0] if not self.has_interval else []
+        if self.t is not None:
+            se, df = self.t
+            ps.append(float(2 * sps.t.sf(abs(self.mean - null) / se, df)))
+        if self.draws is not None:
+            below, above = (self.draws <= null).sum(), (self.draws >= null).sum()
+            ps.append(min(1.0, 2 * (min(below, above) + 1) / (self.draws.size + 1)))
+        return max(ps)
+
+
+def t_spread(values: Sequence[float] | np.ndarray, what: str = "seeds") -> Spread:
+    """A t-interval's distribution over per-seed `values` (no interval for one value or no spread)."""
+    arr = _values(values, "t_spread")
+    sd = float(arr.std(ddof=1)) if arr.size > 1 else 0.0
+    if arr.size < 2 or sd == 0:
+        reason = "single value" if arr.size < 2 else f"no spread over {arr.size} {what}: no interval"
+        return Spread(float(arr.mean()), int(arr.size), reason, int(arr.size))
+    return Spread(float(arr.mean()), int(arr.size), f"t over {arr.size} {what}", int(arr.size),
+                  t=(sd / math.sqrt(arr.size), int(arr.size) - 1))
 
 
 def seed_difference(a: Sequence[float], b: Sequence[float], *, paired: bool,
@@ -138,17 +250,22 @@ def seed_difference(a: Sequence[float], b: Sequence[float], *, paired: bool,
         est = t_interval(xa - xb, confidence)
         return Estimate(est.mean, est.low, est.high, est.n,
                         f"paired t over {est.n} seeds" if est.has_interval else "single value")
+    return welch_spread(xa, xb).interval(confidence)
+
+
+def welch_spread(a: Sequence[float], b: Sequence[float]) -> Spread:
+    """Welch's unequal-variance t distribution of mean(a) - mean(b) (no interval with < 2 values or no spread)."""
+    xa, xb = _values(a, "welch a"), _values(b, "welch b")
     mean = float(xa.mean() - xb.mean())
+    seeds = min(xa.size, xb.size)
     if xa.size < 2 or xb.size < 2:
-        return Estimate(mean, math.nan, math.nan, min(xa.size, xb.size), "too few seeds for Welch's interval")
+        return Spread(mean, seeds, "too few seeds for Welch's interval", seeds)
     va, vb = xa.var(ddof=1) / xa.size, xb.var(ddof=1) / xb.size
     se = math.sqrt(va + vb)
     if se == 0:  # identical values within each group: a zero-width interval would claim certainty it lacks
-        return Estimate(mean, math.nan, math.nan, int(xa.size + xb.size), "no spread over seeds: no interval")
+        return Spread(mean, int(xa.size + xb.size), "no spread over seeds: no interval", seeds)
     df = (va + vb) ** 2 / (va ** 2 / (xa.size - 1) + vb ** 2 / (xb.size - 1))
-    half = float(sps.t.ppf(0.5 + confidence / 2, df) * se)
-    return Estimate(mean, mean - half, mean + half, int(xa.size + xb.size),
-                    f"Welch t over {xa.size} + {xb.size} seeds")
+    return Spread(mean, int(xa.size + xb.size), f"Welch t over {xa.size} + {xb.size} seeds", seeds, t=(se, df))
 
 
 def bootstrap_difference(items_a: Sequence[float], items_b: Sequence[float], confidence: float = CONFIDENCE, *,
@@ -165,36 +282,84 @@ def bootstrap_difference(items_a: Sequence[float], items_b: Sequence[float], con
                     "(test-set noise only)")
 
 
-def verdict(diff: Estimate | None, relation: str = ">") -> str:
-    """The verdict on the claim ``a <relation> b`` from the interval of ``a - b`` (see the module docstring).
+def null_value(relation: str, margin: float = 0.0) -> float:
+    """The value of ``a - b`` a part is tested against: 0, or ``-margin`` for non-inferiority."""
+    if relation not in RELATIONS:
+        raise ValueError(f"relation must be one of {RELATIONS}, got {relation!r}")
+    if margin < 0:
+        raise ValueError(f"a non-inferiority margin is >= 0, got {margin}")
+    return -margin if relation == "noninferior" else 0.0
+
+
+def verdict(diff: Estimate | None, relation: str = ">", margin: float = 0.0) -> str:
+    """The verdict on ``a <relation> b`` from the interval of ``a - b`` (see the module docstring).
 
     Returns :data:`HOLDS`, :data:`REVERSED`, :data:`UNRESOLVED`, or :data:`UNMEASURED` (no interval).
     """
-    if relation not in RELATIONS:
-        raise ValueError(f"relation must be one of {RELATIONS}, got {relation!r}")
+    null = null_value(relation, margin)
     if diff is None or not diff.has_interval:
         return UNMEASURED
-    if diff.low > 0:
-        return HOLDS
-    if diff.high < 0:
-        return REVERSED
-    return UNRESOLVED
+    side = "above" if diff.low > null else "below" if diff.high < null else ""
+    if not side:
+        return UNRESOLVED
+    return HOLDS if (side == "below") == (relation == "<") else REVERSED
+
+
+def holm_adjust(p_values: Sequence[float]) -> list[float]:
+    """Holm's adjusted p-values: ``max_{j <= i} min(1, (m - j + 1) p_(j))`` in the order of the sorted p-values,
+    returned in the input order. Example: [0.01, 0.04, 0.03] -> [0.03, 0.06, 0.06]."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    out = [1.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        out[i] = running
+    return out
+
+
+def holm_step_down(spreads: Sequence[Spread | None], nulls: Sequence[float], alpha: float = ALPHA
+                   ) -> list[tuple[str, float]]:
+    """Holm's step-down over the measured parts of one claim, each a two-sided test of ``a - b == null``.
+
+    Parts are taken in order of their p-values; the k-th (0-based) of m is tested with its interval at level
+    ``1 - alpha / (m - k)``; the first whose interval contains its null and every part after it are not
+    rejected. Returns per part ``(side, level)``: side ``"above"`` / ``"below"`` (the interval at that level
+    lies above / below the null), ``""`` (not rejected) or ``"unmeasured"`` (no interval); level 0.0 when none.
+    With one part this is the plain 95% interval."""
+    measured = [i for i, s in enumerate(spreads) if s is not None and s.has_interval]
+    out: list[tuple[str, float]] = [("unmeasured", 0.0)] * len(spreads)
+    order = sorted(measured, key=lambda i: spreads[i].p_value(nulls[i]))  # type: ignore[union-attr]
+    stopped = False
+    for k, i in enumerate(order):
+        level = 1 - alpha / (len(order) - k)
+        est = spreads[i].interval(level)  # type: ignore[union-attr]
+        side = "above" if est.low > nulls[i] else "below" if est.high < nulls[i] else ""
+        if stopped or not side:
+            stopped = True
+            side = ""
+        out[i] = (side, level)
+    return out
 
 
 def combine_verdicts(verdicts: Sequence[str]) -> str:
-    """One verdict for a claim made of several pairwise orderings: reversed if any part is reversed, holds if
-    every part holds, not measured if no part was measured, else not resolved."""
-    if not verdicts or all(v == UNMEASURED for v in verdicts):
+    """One verdict for a claim of several parts: not measured if no part was measured; holds / reversed if every
+    measured part holds / is reversed; mixed if some hold and some are reversed; else not resolved."""
+    measured = [v for v in verdicts if v != UNMEASURED]
+    if not measured:
         return UNMEASURED
-    if REVERSED in verdicts:
-        return REVERSED
-    if all(v == HOLDS for v in verdicts):
+    if all(v == HOLDS for v in measured):
         return HOLDS
+    if all(v == REVERSED for v in measured):
+        return REVERSED
+    if HOLDS in measured and REVERSED in measured:
+        return MIXED
     return UNRESOLVED
 
 
-def describe_verdict(result: str, relation: str) -> str:
-    """The verdict as a reader sees it: a ``>=`` claim that is not resolved is consistent (not reversed)."""
-    if result == UNRESOLVED and relation == ">=":
-        return "not resolved (consistent with >=: not reversed)"
+def describe_verdict(result: str, relation: str = ">", margin: float = 0.0) -> str:
+    """The verdict as a reader sees it; a non-inferiority part says what holding or failing means."""
+    if relation == "noninferior":
+        return {HOLDS: f"holds (non-inferior: the interval lies above -{margin:g})",
+                REVERSED: f"reversed (inferior by more than the margin {margin:g})"}.get(result, result)
     return result

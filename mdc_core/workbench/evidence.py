@@ -1,10 +1,11 @@
-"""The evidence part of a plan's summary: every table cell as a mean with its 95% interval, and a verdict per
-paper claim (:mod:`mdc_core.eval.stats`, :mod:`mdc_core.eval.claims`).
+"""The evidence part of a plan's summary: every table cell as a mean with its 95% interval, and the paper's claims
+with their verdicts (:mod:`mdc_core.eval.stats`, :mod:`mdc_core.eval.claims`).
 
 Runs that repeat one notebook over training seeds (a plan's ``seeds``; the seed is the run's
 :data:`SEED_PARAM` parameter) are gathered cell by cell: with two or more seeds a cell's interval is the
-t-interval over seeds; with one seed it is a bootstrap over the test items the notebook recorded (the
-table's ``items``), which captures test-set noise only; without items it has none. Torch-free.
+t-interval over seeds (with per-item scores: also a hierarchical bootstrap over seeds and test items); with one
+seed it is a bootstrap over the test items the notebook recorded (the table's ``items``), which captures test-set
+noise only; without items it has none. Torch-free.
 """
 
 from __future__ import annotations
@@ -12,15 +13,43 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mdc_core.eval.claims import claims_markdown, evaluate_claims, gather_tables, table_estimates
+from mdc_core.eval.claims import claims_markdown, evaluate_claims, gather_tables, not_encoded_markdown, table_estimates
+from mdc_core.eval.paper_claims import CHECK, CLAIM, EXPLORATORY, OBSERVATION
 from mdc_core.eval.stats import Estimate
 
 SEED_PARAM = "train_seed"  # the notebook parameter a plan's `seeds` sets (mdc_core.workbench.plans)
+SECTIONS = ((CLAIM, "The paper's claims"), (CHECK, "Workbench checks (not claims of the paper)"),
+            (OBSERVATION, "Observations: row orders the paper's tables show but its text does not claim (no verdict)"),
+            (EXPLORATORY, "Exploratory measurements (no verdict)"))
 
 
 def gather_runs(runs: Sequence[tuple[str, dict[str, Any], dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """``[(run id, parameters, metrics.json)]`` -> :func:`~mdc_core.eval.claims.gather_tables` output."""
-    return gather_tables([(rid, params.get(SEED_PARAM), metrics) for rid, params, metrics in runs if metrics])
+    """``[(run id, parameters, metrics.json)]`` -> :func:`~mdc_core.eval.claims.gather_tables` output, each table
+    with a ``setting`` line (:func:`run_setting`) for the runs that wrote it."""
+    gathered = gather_tables([(rid, params.get(SEED_PARAM), metrics) for rid, params, metrics in runs if metrics])
+    params = {rid: p for rid, p, _ in runs}
+    for name, table in gathered.items():
+        seeds = {params.get(rid, {}).get(SEED_PARAM) for rid in table["runs"]}
+        settings = dict.fromkeys(run_setting(params.get(rid, {}), name) for rid in table["runs"])
+        table["setting"] = " | ".join(s for s in settings if s)
+        if table["setting"]:
+            table["setting"] += f"; {len(seeds)} training seed{'s' if len(seeds) > 1 else ''}"
+    return gathered
+
+
+def run_setting(params: dict[str, Any], table: str = "") -> str:
+    """The scale a run measured at, from its notebook parameters: ``"tiny_fast models, 400 steps; 20000 embedded
+    images (easy, short captions)"`` ('' when the parameters say nothing about it)."""
+    bits = []
+    if params.get("preset"):
+        bits.append(f"{params['preset']} models" + (f", {params['steps']} steps" if params.get("steps") else ""))
+    captions = params.get("captions")
+    if table.startswith(("position", "reliance")) and params.get("position_captions"):
+        captions = params["position_captions"]  # notebook 03 measures the central claim on a pair of its own
+    if params.get("n_train"):
+        detail = ", ".join(x for x in (params.get("difficulty"), f"{captions} captions" if captions else "") if x)
+        bits.append(f"{params['n_train']} embedded images" + (f" ({detail})" if detail else ""))
+    return "; ".join(bits)
 
 
 def _cell_text(est: Estimate) -> str:
@@ -46,7 +75,8 @@ def display_tables(gathered: dict[str, dict[str, Any]]) -> dict[str, dict[str, A
                 values[row] = {c: _cell_text(e) for c, e in cols.items()}
                 means[row] = {c: e.mean for c, e in cols.items()}
                 intervals[row] = {c: (e.low, e.high) if e.has_interval else None for c, e in cols.items()}
-        out[name] = {"metric": table["metric"], "values": values, "means": means, "intervals": intervals}
+        out[name] = {"metric": table["metric"], "setting": table.get("setting", ""), "values": values,
+                     "means": means, "intervals": intervals}
     return out
 
 
@@ -60,18 +90,37 @@ def interval_note(gathered: dict[str, dict[str, Any]]) -> str:
                 "(test-set noise only, not training noise); cells without per-item scores have none. Repeat the "
                 "plan over seeds (`seeds: [0, 1, 2]`) for intervals that include training noise.")
     counts = ", ".join(str(n) for n in seeds)
-    return (f"Brackets: 95% t-intervals over training seeds (seeds per cell: {counts}); a cell with one seed uses a "
-            "bootstrap over test items (test-set noise only). Differences are paired by seed.")
+    return (f"Brackets: 95% intervals over training seeds (seeds per cell: {counts}): the t-interval over seeds, "
+            "widened where the cell has per-item scores to cover a hierarchical bootstrap (seeds, then test items); "
+            "a cell with one seed uses a bootstrap over test items (test-set noise only). Differences are paired by "
+            "seed.")
 
 
 def evidence_markdown(gathered: dict[str, dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
     """The summary's verdict section (markdown lines) and the claims' JSON-ready verdicts."""
     verdicts = evaluate_claims(gathered)
-    lines = ["## Verdicts on the paper's claims", "",
-             "Each claim is an ordering; its verdict reads the 95% interval of the difference: **holds** (above 0 "
-             "in the paper's direction), **reversed** (below 0), **not resolved** (contains 0: the interval does "
-             "not support either order at this size). For `>=` claims an unresolved interval is consistent with the "
-             "claim but does not support it. See docs/evidence.md.", ""]
-    if not verdicts:
-        return lines + ["No paper table was measured by this plan.", ""], verdicts
-    return lines + claims_markdown(verdicts) + [""], verdicts
+    one_seed = all(v["seeds"] <= 1 for v in verdicts if v["parts"])
+    settings = {name: t.get("setting", "") for name, t in gathered.items()}
+    lines = ["## The paper's claims, tested at this scale", "",
+             "Each claim is stated as the paper's text makes it (section and table named), and tested as the line "
+             "under it says, on this plan's small models and embedded synthetic data: a verdict says whether *these "
+             "runs* show the paper's effect, not whether the paper is right at its scale. A part's verdict reads "
+             "the 95% interval of its difference: **holds** (on the paper's side of 0, or of the stated margin for "
+             "a claim of 'comparable': non-inferiority), **reversed** (on the other side), **not resolved** "
+             "(containing it). Parts of one claim are tested together with Holm's correction (the level each used "
+             "is shown); a claim whose parts hold and are reversed is **mixed**. Row orders that the paper's "
+             "tables show but its text does not claim are observations, shown without a verdict. See "
+             "docs/evidence.md.", ""]
+    if one_seed:
+        lines += ["**One training seed**: every verdict is about *this run* (its intervals hold test-set noise "
+                  "only; another seed can change them). Repeat the plan over seeds before reading a verdict as a "
+                  "statement about a method.", ""]
+    measured = [v for v in verdicts if v["parts"]]
+    for kind, title in SECTIONS:
+        chosen = [v for v in measured if v["kind"] == kind]
+        if chosen:
+            lines += [f"### {title}", "", *claims_markdown(chosen, settings=settings), ""]
+    absent = [v for v in verdicts if not v["parts"]]
+    lines += ["### Not measured in these runs", "",
+              *claims_markdown(absent), *not_encoded_markdown(), ""]
+    return lines, verdicts

@@ -11,8 +11,9 @@ Tables of the same name from several runs are merged row by row (a grid over sch
 run); repeats of a run over training seeds are gathered into one cell shown as ``mean [95% interval]``, and a
 row that two other runs both report is kept twice, suffixed with its run id. A table may carry per-test-item
 scores (``"items": {row: [...]}`` or ``{row: {column: [...]}}``, whose mean is the value) for bootstrap intervals
-with one seed. Every table whose name is in :data:`PAPER` is printed side by side with the paper's numbers, and
-the paper's ordering claims get verdicts (:mod:`mdc_core.workbench.evidence`). The embedded data are small
+with one seed. Every table whose name is in :data:`PAPER` is printed beside the paper's numbers (from the column
+that matches ours), with the scale it was measured at, and the claims of the paper's text get verdicts, its
+tables' unclaimed row orders observations (:mod:`mdc_core.workbench.evidence`). The embedded data are small
 synthetic scenes, so the columns are comparable in direction and ordering only, never in value.
 """
 
@@ -82,23 +83,37 @@ def _md_table(header: list[str], rows: list[list[Any]]) -> list[str]:
     return lines
 
 
+def _one_column(paper: Any) -> dict[str, Any]:
+    """The paper's values as row -> number when its table has one column (Table 5: ImageNet-1k), else {}."""
+    values = paper.values if paper else {}
+    if not any(isinstance(v, dict) for v in values.values()):
+        return values
+    columns = {c for v in values.values() if isinstance(v, dict) for c in v}
+    return {r: v[next(iter(columns))] for r, v in values.items()} if len(columns) == 1 else {}
+
+
 def table_markdown(name: str, ours: dict[str, Any]) -> list[str]:
     """Markdown lines for one merged table, beside the paper's numbers when the paper has the table."""
     paper = PAPER.get(name)
     values = ours["values"]
     title = paper.title if paper else name
-    lines = [f"### {title}", "", f"ours: {ours.get('metric') or 'see the notebook'}" +
+    setting = f" ({ours['setting']})" if ours.get("setting") else ""
+    lines = [f"### {title}", "", f"ours: {ours.get('metric') or 'see the notebook'}{setting}" +
              (f"; paper: {paper.metric}" if paper else ""), ""]
     two_d = any(isinstance(v, dict) for v in values.values())
-    if not two_d:
-        paper_vals = paper.values if paper else {}
+    paper_vals = _one_column(paper)
+    paper_two_d = bool(paper) and bool(paper.values) and not paper_vals
+    if not two_d and not paper_two_d:
         rows = list(dict.fromkeys([*paper_vals, *values]))
         lines += _md_table(["", "embedded data (ours)", "paper"],
                            [[r, values.get(r), paper_vals.get(r)] for r in rows])
         return lines + [""]
-    columns = list(dict.fromkeys(c for v in values.values() if isinstance(v, dict) for c in v))
-    lines += _md_table(["ours", *columns], [[r, *(v.get(c) for c in columns)] for r, v in values.items()
-                                            if isinstance(v, dict)])
+    if two_d:
+        columns = list(dict.fromkeys(c for v in values.values() if isinstance(v, dict) for c in v))
+        lines += _md_table(["ours", *columns], [[r, *(v.get(c) for c in columns)] for r, v in values.items()
+                                                if isinstance(v, dict)])
+    else:
+        lines += _md_table(["ours", "embedded data"], [[r, v] for r, v in values.items()])
     if paper and paper.values:
         pcols = list(dict.fromkeys(c for v in paper.values.values() for c in v))
         lines += ["", *_md_table(["paper", *pcols], [[r, *(v.get(c) for c in pcols)]
@@ -195,6 +210,8 @@ def _table_panel(ax: Any, name: str, table: dict[str, Any]) -> None:
     if any(isinstance(v, dict) for v in values.values()):
         rows = [r for r, v in values.items() if isinstance(v, dict)]
         columns = list(dict.fromkeys(c for r in rows for c in values[r]))
+        if "gain" in columns:  # probe tables: the raw and chance-corrected means (per-task gains: summary.md)
+            columns = [c for c in columns if not c.startswith("gain ")]
         width = 0.8 / max(1, len(rows))
         means = table.get("means", values)
         for i, row in enumerate(rows):
@@ -206,7 +223,7 @@ def _table_panel(ax: Any, name: str, table: dict[str, Any]) -> None:
         ax.legend(fontsize=6, ncol=2 if len(rows) > 4 else 1, loc="upper left")
         headroom = 0.25 + 0.06 * max(0, math.ceil(len(rows) / 2) - 2)  # room above the bars for a tall legend
     else:
-        paper_vals = paper.values if paper else {}
+        paper_vals = _one_column(paper)  # a paper table of several columns gets no bar beside ours
         rows = list(dict.fromkeys([*paper_vals, *values]))
         x = np.arange(len(rows))
         means = table.get("means", values)  # display tables hold text cells; their numbers are in "means"

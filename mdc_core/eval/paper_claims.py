@@ -1,0 +1,164 @@
+"""The paper's claims, as its text states them, on the workbench's table names and row labels (torch-free data).
+
+Every entry names where the paper makes it (section, table or figure) and what the workbench measures instead
+(``tested_as``). Four kinds: ``claim`` (the paper's text states it; a verdict), ``check`` (a workbench check,
+not the paper's: a verdict), ``observation`` (a row order the paper's tables show but its text does not claim:
+the difference with its interval, no verdict) and ``exploratory`` (an earlier measurement kept for reference:
+no verdict). docs/evidence.md gives the reasons, the margins' derivations and the quotes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CLAIM, CHECK, OBSERVATION, EXPLORATORY = "claim", "check", "observation", "exploratory"
+KINDS = (CLAIM, CHECK, OBSERVATION, EXPLORATORY)
+VERDICT_KINDS = (CLAIM, CHECK)
+
+# Non-inferiority margins, fixed before any run (docs/evidence.md derives them).
+# Table 1, CC12M rows, Average column: ARC - MDC = 0.8 (ViT-B/32: 69.5 vs 68.7), 0.2 (B/16), -0.4 (L/14); the text
+# calls these "comparable", so the largest of them is the margin, in points of mean top-1 accuracy.
+TABLE1_MARGIN = 0.8
+# Central claim: MDC's slope of normalised reliance against relative position may fall by at most this much
+# (a tenth of the model's mean reliance from the caption's first word to its last) and still count as flat.
+SLOPE_MARGIN = 0.1
+
+
+@dataclass(frozen=True)
+class Part:
+    """One comparison ``better <relation> worse`` in each of `columns` ("" for a 1-D table).
+
+    Row patterns: a row name, ``*`` (every model row other than the other side's; baselines excluded, see
+    :data:`BASELINE_ROWS`) or a shell pattern (``BERT*``). `worse` may be a number: the row is compared with
+    that constant (``ARC < 0``). `relation`: ``>``, ``<`` or ``noninferior`` (``better >= worse - margin``)."""
+
+    better: str
+    relation: str
+    worse: str | float
+    columns: tuple[str, ...] = ("",)
+    margin: float = 0.0
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One statement of the paper (or a workbench check) as comparisons on one measured table."""
+
+    key: str  # short id, e.g. "table5"
+    kind: str  # claim | check | observation | exploratory
+    source: str  # where the paper says it
+    text: str  # what the paper says, as a reader would put it (quotes where the wording matters)
+    table: str  # the metrics.json table it is checked on
+    parts: tuple[Part, ...]
+    tested_as: str = ""  # what the workbench measures, where that differs from the text
+    paper_rows: tuple[str, ...] = ()  # rows of the paper's version of the comparison: any missing here is flagged
+
+
+BASELINE_ROWS = ("random init*", "raw pixels*", "*, blind")  # baselines, not models (never matched by "*")
+TABLE2_COLUMNS = ("relation", "attribute", "coco order", "flickr30k order", "order", "add", "replace", "swap")
+TABLE3_COLUMNS = ("BLEU@4", "METEOR", "ROUGE-L", "CIDEr", "SPICE")
+PROBE_GAIN = "gain"  # probe tables: mean over tasks of top-1 minus the same-kind random-init row's (GAP/GAP, CLS/CLS)
+PROBE_TOP1 = "top-1"  # probe tables: mean top-1 over the tasks (the paper's "Average")
+
+
+def _training_check(table: str, what: str) -> Claim:
+    return Claim(f"{table}_training", CHECK, what, "training adds to the features (not a claim of the paper)",
+                 table, (Part("*", ">", 0.0, (PROBE_GAIN,)),),
+                 tested_as="every model's probe gain over its untrained encoder > 0")
+
+
+PAPER_CLAIMS: tuple[Claim, ...] = (
+    Claim("table1", CLAIM, "Sec. 4.2 'Learning from image alt-text pairs'; Table 1, CC12M rows, Average column",
+          "on alt-text captions MDC 'achieves performance comparable to autoregressive captioning in terms of "
+          "average accuracy'", "table1", (Part("MDC", "noninferior", "ARC", (PROBE_TOP1,), TABLE1_MARGIN),),
+          tested_as=f"non-inferiority: MDC's mean probe top-1 >= ARC's - {TABLE1_MARGIN} points"),
+    Claim("table1_clip", OBSERVATION, "Table 1, CC12M rows (a row order the text does not claim)",
+          "on alt-text captions CLIP's probe is above ARC's and MDC's (ViT-B/32 Average: 71.7 vs 69.5 and 68.7)",
+          "table1", (Part("CLIP", ">", "ARC", (PROBE_GAIN,)), Part("CLIP", ">", "MDC", (PROBE_GAIN,))),
+          tested_as="probe gains over each model's own untrained encoder (CLS for CLIP, GAP for the captioners)"),
+    Claim("table1_long", CLAIM, "Sec. 4.2 'Learning from rich textual descriptions'; Table 1, Recap-DataComp-10M "
+          "rows", "on long descriptive captions the captioners learn better features than CLIP ('one potential "
+          "advantage of captioning-based methods (autoregressive and masked diffusion): they can effectively learn "
+          "visual representations from long contexts')", "table1_long",
+          (Part("ARC", ">", "CLIP", (PROBE_GAIN,)), Part("MDC", ">", "CLIP", (PROBE_GAIN,))),
+          tested_as="probe gains over each model's own untrained encoder, models trained on long captions"),
+    Claim("table1_long_arc", OBSERVATION, "Table 1, Recap-DataComp-10M rows (a row order the text does not claim)",
+          "on long captions ARC's Average is above MDC's on every backbone (76.3 vs 74.6, 80.6 vs 80.2, 83.3 vs "
+          "83.1)", "table1_long", (Part("ARC", ">", "MDC", (PROBE_TOP1,)),)),
+    Claim("table4", CLAIM, "Sec. 4.3 'Necessity of t'; Table 4",
+          "removing the 1/t weight from the loss lowers probe accuracy ('linear probing performance drops')",
+          "table4", (Part("MDC", ">", "MDC (w/o 1/t)", (PROBE_TOP1,)),)),
+    Claim("table5", CLAIM, "Sec. 4.3 'Noise schedule'; Table 5 (CC3M: short captions)",
+          "on short captions t ~ U[0.5, 1] 'achieves the best performance' of the schedules", "table5",
+          (Part("[0.5, 1.0]", ">", "*", (PROBE_TOP1,)),),
+          paper_rows=("[0.0, 1.0]", "[0.3, 0.8]", "[0.4, 0.9]", "[0.5, 1.0]")),
+    Claim("table5_worst", OBSERVATION, "Table 5 (the text says only that the loss of [0, 1] 'is very unstable' on "
+          "CC3M)", "[0, 1] has the lowest probe accuracy of the schedules", "table5",
+          (Part("*", ">", "[0.0, 1.0]", (PROBE_TOP1,)),)),
+    Claim("fig4", CLAIM, "Sec. 4.2 'Comparison with masked language model variants'; Fig. 4",
+          "MDC's unified schedule 'consistently outperforms fixed-ratio BERT variants' (ratios up to 100%, "
+          "parallel decoding; the caption concedes that 'certain masking ratios achieve performance close to ours')",
+          "fig4", (Part("MDC", ">", "BERT*", (PROBE_TOP1,)), Part("MDC", ">", "Parallel*", (PROBE_TOP1,)))),
+    Claim("table2", CLAIM, "Sec. 4.2 'Vision language compositionality'; Table 2",
+          "'MDC outperforms CLIP and ARC' on ARO and SugarCrepe", "table2",
+          (Part("MDC (Heuristic)", ">", "ARC", TABLE2_COLUMNS), Part("MDC (Heuristic)", ">", "CLIP", TABLE2_COLUMNS)),
+          tested_as="MDC's heuristic score (the paper's better MDC row) in every column; 'order' is the embedded "
+                    "data's version of the two order columns"),
+    Claim("table3_matched", CHECK, "Table 3 at a matched length (Sec. 4.2 'Image captioning': the comparison is "
+          "'not directly comparable' since MDC is told the length; MDC-10 is close to MSCOCO's caption length)",
+          "the row order of Table 3 at N' = 10 on MSCOCO: MDC above ARC (beam 6) on BLEU@4, CIDEr and ROUGE-L, "
+          "ARC above MDC on METEOR and SPICE", "table3",
+          (Part("MDC (median length)", ">", "ARC", ("BLEU@4", "CIDEr", "ROUGE-L")),
+           Part("ARC", ">", "MDC (median length)", ("METEOR", "SPICE"))),
+          tested_as="MDC at the test captions' median length (the lengths each row wrote are shown); the text "
+                    "claims no ordering, so this checks the table's order at a matched length"),
+    Claim("table3_lengths", OBSERVATION, "Table 3 at lengths that are not matched",
+          "MDC at each fixed N', at each image's reference length (an oracle ARC does not get) and at its own "
+          "adaptive length, against ARC (beam 6)", "table3",
+          (Part("MDC-*", ">", "ARC", TABLE3_COLUMNS), Part("MDC (oracle length)", ">", "ARC", TABLE3_COLUMNS),
+           Part("MDC (auto length)", ">", "ARC", TABLE3_COLUMNS))),
+    Claim("position_arc", CLAIM, "Abstract; Sec. 1 (the central argument)",
+          "an autoregressive captioner needs the image less and less along the caption, because 'later text tokens "
+          "can be predicted so well from the earlier ones that the image becomes decreasingly important'",
+          "reliance_slope", (Part("ARC", "<", 0.0, ("predictable",)),),
+          tested_as="ARC's slope of visual reliance (normalised by its mean) against relative position < 0, on "
+                    "captions whose later words are predictable from earlier ones"),
+    Claim("position_mdc", CLAIM, "Abstract; Sec. 1 (the central argument)",
+          "'the strength of the visual learning signal in MDC does not depend on each token's position in the "
+          "sequence'",
+          "reliance_slope", (Part("MDC", "noninferior", 0.0, ("predictable",), SLOPE_MARGIN),),
+          tested_as=f"non-inferiority: MDC's slope >= -{SLOPE_MARGIN} (reliance falls by less than a tenth of its "
+                    "mean over the caption), predictable captions"),
+    Claim("position_difference", CLAIM, "Abstract; Sec. 1 (the central argument)",
+          "MDC's visual reliance falls less along the caption than ARC's", "reliance_slope",
+          (Part("MDC", ">", "ARC", ("predictable",)),), tested_as="MDC's slope - ARC's > 0, the same captions"),
+    Claim("position_control", OBSERVATION, "a control the argument implies (not in the paper)",
+          "on captions whose later words are not predictable from earlier ones, ARC's reliance has no reason to fall",
+          "reliance_slope", (Part("ARC", "<", 0.0, ("unpredictable",)), Part("MDC", ">", "ARC", ("unpredictable",)))),
+    Claim("position_signal", EXPLORATORY, "Sec. 1 (an earlier, indirect measurement)",
+          "later half minus earlier half of each caption's visual signal (nats), MDC vs ARC", "position_signal",
+          (Part("MDC", ">", "ARC"),),
+          tested_as="raw nats (not normalised per model); word type is confounded with position"),
+    Claim("position_repeat", EXPLORATORY, "Sec. 1 (an earlier measurement, added after the fade)",
+          "a scene word named again: signal at the repeat minus at its first mention, MDC vs ARC", "position_repeat",
+          (Part("MDC", ">", "ARC"),),
+          tested_as="follows largely from causal vs bidirectional attention (ARC can copy from its prefix)"),
+    _training_check("table1", "Table 1's models"),
+    _training_check("table1_long", "Table 1's long-caption models"),
+    _training_check("table4", "Table 4's models"),
+    _training_check("table5", "Table 5's models"),
+    _training_check("fig4", "Fig. 4's models"),
+)
+
+# Statements of the paper no table of the workbench tests yet: listed in every summary as not measured.
+NOT_ENCODED: tuple[tuple[str, str, str], ...] = (
+    ("Sec. 4.2 'Dataset size scaling'; Fig. 5", "'the more image text pairs used for pretraining, the better "
+     "performance on the downstream tasks'", "needs MDC trained on several data-set sizes (a `fig5` table); no "
+     "notebook trains them yet"),
+    ("Sec. 4.3 'Noise schedule'", "with t ~ U[0, 1] the 'loss is very unstable' on short captions",
+     "notebook 02 plots each schedule's loss spread; a spread is not a mean over test items, so it gets no verdict"),
+    ("Sec. 4.2 'Image captioning'; Table 3", "MDC 'can sample reasonable captions'; SPICE and the LLM-judge column",
+     "qualitative (notebook 05 shows the captions); SPICE needs the Stanford CoreNLP jars that pycocoevalcap "
+     "downloads from the network, the LLM judge a 72B vision-language model: neither runs offline"),
+    ("Sec. 1", "image-conditioned BERT 'can achieve features competitive with those of other learning approaches "
+     "when properly tuned'", "Fig. 4's table shows BERT beside MDC; 'competitive' names no comparison to test"),
+)
