@@ -51,6 +51,7 @@ from .data.loaders import BatchStream
 from .factory import create_model
 from .model import padding_mask
 from .objectives import compute_loss, maskable_positions, objective_spec
+from .tensorboard_log import TensorBoardLog
 from .tokenizer import CaptionTokenizer, build_output_vocab
 
 
@@ -289,6 +290,7 @@ class _Trainer:
         self.saved_at = time.monotonic()
         self.stop = dist.StopRequest(repeat_aborts=not ctx.distributed)
         epoch, batch_in_epoch = self._restore(start_ckpt) if start_ckpt is not None else (0, 0)
+        self.tensorboard = TensorBoardLog(out, self.n.step) if self.main and t.tensorboard else None
         self.stream = BatchStream(cfg, ctx, epoch, batch_in_epoch, self._end_epoch)
 
     def _restore(self, ckpt: Path) -> tuple[int, int]:
@@ -333,6 +335,8 @@ class _Trainer:
             self.bar.close()
             if self.metrics_file is not None:
                 self.metrics_file.close()
+            if self.tensorboard is not None:
+                self.tensorboard.close()
         if stopped_by:
             raise TrainingInterrupted(stopped_by, self.n.step, self.last_ckpt)
         last = self.last_ckpt or ckpt_io.latest_checkpoint(self.out)  # None: resumed a run that was complete
@@ -436,6 +440,8 @@ class _Trainer:
                   "nonfinite_skipped": self.n.nonfinite_skipped}
         self.metrics_file.write(json.dumps(record) + "\n")
         self.metrics_file.flush()
+        if self.tensorboard is not None:
+            self.tensorboard.write(record)
         self.bar.set_postfix(loss=f"{stats.loss:.3f}", acc=f"{record.get('acc_masked', float('nan')):.2f}")
         self.window_start, self.window_samples = time.perf_counter(), 0.0
 
