@@ -97,16 +97,18 @@ def _probe_rows(data: dict[str, Any], run_dir: Path, source: str) -> list[Measur
     """``mdc probe`` results: {"runs": [{"run", "step", "init", "protocol", "data", "tasks": {task: {"top1"}}}]}."""
     rows = []
     for entry in data.get("runs", []):
-        if not isinstance(entry, dict) or entry.get("init", "trained") != "trained":
-            continue  # the random-init and raw-pixel baselines come from no trained weights
-        if not (_same_run(entry.get("run"), run_dir) or _same_run(entry.get("checkpoint"), run_dir)):
+        if not isinstance(entry, dict) or not (_same_run(entry.get("run"), run_dir)
+                                               or _same_run(entry.get("checkpoint"), run_dir)):
             continue
-        detail = f"{entry.get('protocol', '')} probe on {entry.get('pool', '')} features; data {entry.get('data', '')}"
-        detail += ", EMA weights" if entry.get("ema") else ""
+        init = entry.get("init", "trained")  # the baselines beside it: what a probe gets without this training
+        baseline = {"trained": "", "random": ", baseline: this architecture untrained",
+                    "pixels": ", baseline: raw pixels"}.get(init, f", baseline: {init}")
+        detail = f"{entry.get('protocol', '')} probe of the {entry.get('pool', '')} feature on {entry.get('data', '')}"
+        detail += ", EMA weights" if entry.get("ema") and not baseline else ""
         for task, result in entry.get("tasks", {}).items():
             if isinstance(result, dict) and isinstance(result.get("top1"), int | float):
-                rows.append(Measurement(f"linear probe top-1, {task}", float(result["top1"]), entry.get("step"),
-                                        source, detail))
+                rows.append(Measurement(f"linear probe top-1 %, {task}{baseline}", 100 * float(result["top1"]),
+                                        entry.get("step"), source, detail))
     return rows
 
 
