@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 KERNEL := mdc# the Jupyter kernel the notebooks name (their metadata.kernelspec.name; mdc_core.workbench.plans)
-EXTRAS := dev,app,notebooks,eval,bench,vqgan# everything but [lab] (pyproject.toml's optional-dependencies)
+EXTRAS := dev,app,notebooks,eval,bench,vqgan,tensorboard# everything but [lab] (pyproject.toml's optional-dependencies)
 
 .PHONY: demo test test-all lint setup clean-outputs kernel quick-demo app lab
 

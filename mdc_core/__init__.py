@@ -16,6 +16,18 @@ conditional scores).
   trajectory replay, attention maps and GIFs (:mod:`~mdc_core.workbench.animation`).
 * :mod:`mdc_core.bench`: speed benchmarks.
 * :mod:`mdc_core.cli`: the ``mdc`` command line.
+
+**Downstream code** takes a trained encoder with ``encoder, preprocess = mdc_core.load_encoder(path)``
+(:mod:`~mdc_core.encoder_io`; ``mdc export`` writes the folders it reads). It resolves on first use, so
+``import mdc_core`` imports no torch.
 """
 
 __version__ = "0.1.0"
+__all__ = ["load_encoder"]
+
+
+def __getattr__(name: str):
+    if name == "load_encoder":  # PEP 562: imported on first use
+        from .encoder_io import load_encoder
+        return load_encoder
+    raise AttributeError(f"module 'mdc_core' has no attribute {name!r}")

@@ -156,6 +156,7 @@ class TrainConfig:
     max_skipped_steps: int = 20  # with nonfinite=skip: stop after this many consecutive skipped updates
     dist_timeout_s: int = 600  # torchrun: a collective waiting longer than this (a rank died or hangs) fails
     compile: bool = False  # torch.compile encoder + decoder layers in place (measured: benchmarks/README.md)
+    tensorboard: bool = False  # also write the logged scalars as TensorBoard events into the run folder (rank 0)
 
     def validate(self) -> None:
         _positive(self, "steps", "batch_size", "grad_accum", "log_every", "ckpt_every", "keep_last",

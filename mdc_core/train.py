@@ -52,6 +52,7 @@ from .model import padding_mask
 from .objectives import compute_loss, maskable_positions, objective_spec
 from .resume import resolve_data_paths  # noqa: F401 - part of this module's interface
 from .runlock import RunLock
+from .tensorboard_log import TensorBoardLog
 from .tokenizer import CaptionTokenizer, build_output_vocab
 
 
@@ -258,6 +259,7 @@ class _Trainer:
         self.stop = dist.StopRequest(repeat_aborts=not ctx.distributed)
         epoch, batch_in_epoch = self._restore(start_ckpt, state_problem) if start_ckpt is not None else (0, 0)
         self.start_step = self.n.step
+        self.tensorboard = TensorBoardLog(out, self.n.step) if self.main and t.tensorboard else None
         self.stream = BatchStream(cfg, ctx, epoch, batch_in_epoch, self._end_epoch)
 
     def _restore(self, ckpt: Path, state_problem: str = "") -> tuple[int, int]:
@@ -309,6 +311,8 @@ class _Trainer:
             self.bar.close()
             if self.metrics_file is not None:
                 self.metrics_file.close()
+            if self.tensorboard is not None:
+                self.tensorboard.close()
         if stopped_by:
             raise TrainingInterrupted(stopped_by, self.n.step, self.last_ckpt)
         last = self.last_ckpt or ckpt_io.latest_checkpoint(self.out)  # None: resumed a run that was complete
@@ -413,6 +417,8 @@ class _Trainer:
                   "nonfinite_skipped": self.n.nonfinite_skipped}
         self.metrics_file.write(json.dumps(record) + "\n")
         self.metrics_file.flush()
+        if self.tensorboard is not None:
+            self.tensorboard.write(record)
         self.bar.set_postfix(loss=f"{stats.loss:.3f}", acc=f"{record.get('acc_masked', float('nan')):.2f}")
         self.window_start, self.window_samples = time.perf_counter(), 0.0
 

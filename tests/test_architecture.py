@@ -17,7 +17,8 @@ PACKAGES = ("mdc_core", "app")
 EXTENSIONS = ("mdc_core.eval", "mdc_core.bench", "mdc_core.masked_conditional", "mdc_core.workbench", "mdc_core.cli",
               "app")
 HEAVY_OPTIONAL = ("papermill", "gradio", "nbformat", "jupyter_client", "ipykernel", "matplotlib.pyplot",
-                  "sklearn", "transformers", "open_clip")  # open_clip's package init pulls in the other two
+                  "sklearn", "transformers", "open_clip",  # open_clip's package init pulls in the other two
+                  "tensorboard")  # train.tensorboard=true imports it when a run asks (mdc_core.tensorboard_log)
 
 
 def module_files() -> dict[str, Path]:

@@ -48,7 +48,7 @@ def test_ci_runs_the_readme_test_command():
 
 
 CORE_FREE_OF = ("gradio", "gradio-client", "papermill", "nbformat", "ipykernel", "ipywidgets", "jupyterlab",
-                "scikit-learn", "pycocoevalcap", "transformers", "diffusers", "matplotlib", "pyyaml")
+                "scikit-learn", "pycocoevalcap", "transformers", "diffusers", "matplotlib", "pyyaml", "tensorboard")
 
 
 def test_core_install_pulls_no_app_notebook_or_eval_stack_and_make_installs_every_extra():

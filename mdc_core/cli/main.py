@@ -8,6 +8,7 @@
 ``mdc vqvae ...``           :mod:`mdc_core.cli.masked_conditional` (MC-Diffusion)
 ``mdc bench``               :mod:`mdc_core.cli.bench`
 ``mdc runs | app``          :mod:`mdc_core.cli.workbench`
+``mdc export``              :mod:`mdc_core.cli.export`
 ==========================  ===============================================================
 
 Every verb is a thin wrapper: it parses arguments, calls the library, prints a result. The shared flags come
@@ -30,11 +31,11 @@ import threading
 import warnings
 from collections.abc import Iterator
 
-from mdc_core.cli import bench, data, evaluate, masked_conditional, sample, train, workbench
+from mdc_core.cli import bench, data, evaluate, export, masked_conditional, sample, train, workbench
 from mdc_core.cli.checks import check_numeric_args
 from mdc_core.cli.common import USER_ERRORS
 
-GROUPS = (data, train, sample, evaluate, workbench, bench, masked_conditional)
+GROUPS = (data, train, sample, evaluate, export, workbench, bench, masked_conditional)
 
 
 def build_parser() -> argparse.ArgumentParser:

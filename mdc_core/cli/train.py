@@ -25,6 +25,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its last intact "
                        "checkpoint, with its saved config (no other flag needed; --steps N extends it, --data "
                        "may name its data's new location)")
+    train.add_argument("--tensorboard", action="store_true", help="also write the logged scalars as TensorBoard "
+                       "events into the run folder (train.tensorboard=true; needs the [tensorboard] extra)")
 
     demo = sub.add_parser("demo", help="the main job: synthesize data, train the tiny MDC model, caption test images",
                           parents=[flags(out={"required": False, "default": "outputs/demo",
@@ -48,6 +50,8 @@ def _train_config(args: argparse.Namespace):
         overrides.append(f"objective.name={args.objective}")
     if args.steps is not None:
         overrides.append(f"train.steps={args.steps}")
+    if args.tensorboard:
+        overrides.append("train.tensorboard=true")
     if args.resume and args.preset is None:
         saved = Path(args.out) / "config.json"
         if not saved.is_file():

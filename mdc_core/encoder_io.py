@@ -1,0 +1,165 @@
+"""The trained encoder outside the workbench: its description for plain timm, and :func:`load_encoder`.
+
+Downstream code (a probe, a detector, a retrieval index) wants the encoder, not the captioner. Two folder formats
+carry it out (``mdc export``, :mod:`mdc_core.workbench.export` writes them):
+
+* **timm** (``--format timm``): ``model.safetensors`` with timm's own key names and a ``config.json`` in timm's hub
+  layout (``architecture``, ``model_args``, ``pretrained_cfg``). Plain timm rebuilds it with no project code:
+  ``timm.create_model(architecture, pretrained=True, pretrained_cfg_overlay=dict(file=...), num_classes=0,
+  **model_args)``. Only for encoders that are timm architectures (:func:`timm_spec` says which).
+* **hf** (``--format hf``): the whole captioner as a checkpoint folder (``config.json`` = the run's config,
+  ``model.safetensors``, ``meta.json``) plus a model card, loadable by :func:`mdc_core.checkpoint.load_model`; works
+  for every encoder, the early-convolution stem included.
+
+:func:`load_encoder` reads either, or a run / checkpoint folder, and returns the encoder as a timm model (``model(x)``
+is the run's probe feature, ``model.forward_features(x)`` the tokens the decoder attended to) with its preprocessing.
+
+Why here, in the core: ``mdc_core.load_encoder`` is what downstream code imports, and the core may not import an
+extension, not even lazily; this module imports only the core, and torch/timm only inside its functions, so
+``import mdc_core`` stays as light as before (``mdc_core.load_encoder`` resolves on first use).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import ModelConfig
+
+TIMM_CONFIG = "config.json"  # timm's hub config in a timm export; the run's RunConfig in an hf export
+WEIGHTS = "model.safetensors"
+STEM_KEYS = ("conv_stem", "conv_stem_depth", "conv_stem_norm")  # encoder_kwargs that timm does not know
+# timm's pooling that equals the probe feature of each pooling kind of mdc_core.factory.PROBE_POOL
+TIMM_POOL = {"gap": "avg", "cls": "token"}
+DATA_KEYS = ("input_size", "interpolation", "crop_pct", "crop_mode", "mean", "std")  # timm's preprocessing keys
+
+
+@dataclass(frozen=True)
+class TimmSpec:
+    """What plain timm needs to rebuild a run's encoder: ``timm.create_model(architecture, num_classes=0,
+    **model_args)``, and the preprocessing as timm ``pretrained_cfg`` keys."""
+
+    architecture: str  # timm model name
+    model_args: dict[str, Any]  # create_model keywords: the run's encoder_kwargs, img_size, and the probe pooling
+    data_config: dict[str, Any]  # input_size, interpolation, crop_pct, crop_mode, mean, std (timm pretrained_cfg)
+    pool: str  # the probe feature: "gap" (mean of the patch tokens) or "cls" (the class token)
+    pooled: bool  # model(x) returns the probe feature (a ViT; else pool the tokens of forward_features yourself)
+
+
+def data_config(image_size: int) -> dict[str, Any]:
+    """The run's evaluation preprocessing in timm's terms: shorter side to `image_size` (bicubic), centre crop,
+    OpenAI CLIP mean/std (what :func:`mdc_core.data.transforms.eval_transform` does)."""
+    from .data.transforms import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
+    return {"input_size": (3, image_size, image_size), "interpolation": "bicubic", "crop_pct": 1.0,
+            "crop_mode": "center", "mean": tuple(OPENAI_DATASET_MEAN), "std": tuple(OPENAI_DATASET_STD)}
+
+
+def timm_spec(cfg: ModelConfig, pool: str, trunk: Any) -> TimmSpec:
+    """The plain-timm description of the encoder of `cfg` (probe pooling `pool`); `trunk` (the built timm model)
+    tells whether it is a ViT, whose timm pooling can be set to the probe feature.
+
+    Raises ValueError (one line, pointing to ``--format hf``) for an encoder that is not a timm architecture: the
+    early-convolution stem (``model.encoder_kwargs.conv_stem``) or a row of :data:`mdc_core.encoders.ENCODERS`.
+    """
+    from .encoders import ENCODERS
+    if cfg.encoder in ENCODERS:
+        raise ValueError(f"encoder {cfg.encoder!r} is not a timm model, so plain timm cannot load it; export with "
+                         "--format hf instead (loads with mdc_core.load_encoder)")
+    stem = [k for k in STEM_KEYS if k in cfg.encoder_kwargs]
+    if stem:
+        raise ValueError(f"this run's encoder has the early-convolution stem (model.encoder_kwargs.{stem[0]}), which "
+                         "is not a timm architecture, so plain timm cannot load it; export with --format hf instead "
+                         "(loads with mdc_core.load_encoder)")
+    pooling = pool_args(trunk, pool)
+    args = {"img_size": cfg.image_size, **cfg.encoder_kwargs, **pooling}
+    return TimmSpec(cfg.encoder, args, data_config(cfg.image_size), pool, bool(pooling))
+
+
+def pool_args(trunk: Any, pool: str) -> dict[str, Any]:
+    """timm keywords that make ``trunk(x)`` the probe feature `pool` without changing a weight: for a ViT whose final
+    norm acts on the tokens (no fc_norm, no attention pooling; timm's default for ``global_pool="token"``), pooling
+    after that norm is the probe feature; ``fc_norm=False`` keeps the norm where it was trained. {} otherwise."""
+    from timm.models.vision_transformer import VisionTransformer
+    from torch import nn
+    if (isinstance(trunk, VisionTransformer) and isinstance(trunk.fc_norm, nn.Identity) and trunk.attn_pool is None
+            and (pool != "cls" or trunk.has_class_token)):
+        return {"global_pool": TIMM_POOL[pool], "fc_norm": False}
+    return {}
+
+
+def timm_hub_config(spec: TimmSpec, num_features: int, **card: Any) -> dict[str, Any]:
+    """``config.json`` of a timm export in timm's hub layout (what ``hf-hub:``/``local-dir:`` model names read);
+    `card` adds pretrained_cfg entries such as ``description`` or ``license``."""
+    pretrained_cfg = {"architecture": spec.architecture, "num_classes": 0, "custom_load": False,
+                      "fixed_input_size": True, **spec.data_config, **card}
+    return {"architecture": spec.architecture, "num_classes": 0, "num_features": num_features,
+            "global_pool": spec.model_args.get("global_pool", ""), "model_args": spec.model_args,
+            "pretrained_cfg": pretrained_cfg}
+
+
+def create_timm_encoder(spec: TimmSpec, weights: str | Path) -> Any:
+    """Plain timm's model for `spec` filled from the safetensors file `weights`, exactly as the README of a timm
+    export shows it (the same call; nothing of this project is involved)."""
+    import timm
+    overlay = {"file": str(weights), "num_classes": 0, **spec.data_config}
+    return timm.create_model(spec.architecture, pretrained=True, pretrained_cfg_overlay=overlay, num_classes=0,
+                             **spec.model_args).eval()
+
+
+def preprocess(image_size: int) -> Callable[[Any], Any]:
+    """PIL RGB image -> normalised (3, S, S) tensor, as the run was evaluated (torchvision transforms)."""
+    from .data.transforms import eval_transform
+    return eval_transform(image_size)
+
+
+def load_encoder(path: str | Path, *, device: str = "cpu", ema: bool | None = None) -> tuple[Any, Callable]:
+    """The trained image encoder of an export, run or checkpoint folder, and its preprocessing, in one line::
+
+        encoder, preprocess = mdc_core.load_encoder("exported/")
+        features = encoder(preprocess(image).unsqueeze(0))        # (1, D): the run's probe feature
+        tokens = encoder.forward_features(preprocess(image)[None])  # (1, M, D): what the decoder attended to
+
+    Args:
+        path: a folder written by ``mdc export`` (``--format hf`` or ``timm``), a run folder (its latest checkpoint)
+            or a checkpoint folder.
+        device: where the encoder goes.
+        ema: for a run or checkpoint folder, its EMA weights (True) or the raw ones (False); None: the EMA weights
+            when the checkpoint has them (what ``mdc export`` exports). An export holds one set; ignored there.
+
+    Returns:
+        ``(encoder, preprocess)``: a timm model in eval mode whose ``pretrained_cfg`` carries the run's image size,
+        mean and std (so ``timm.data.resolve_model_data_config(encoder)`` agrees), and a torchvision transform from a
+        PIL RGB image to the normalised tensor. For a ViT, ``encoder(x)`` is the probe feature (mean of the patch
+        tokens for captioners, the class token for CLIP); for other timm encoders pool ``forward_features`` yourself.
+    """
+    path = Path(path)
+    config = path / TIMM_CONFIG
+    if config.is_file() and (path / WEIGHTS).is_file():
+        try:
+            data = json.loads(config.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{config} is not valid JSON ({err})") from err
+        if isinstance(data, dict) and "architecture" in data:  # a timm export
+            cfg = data.get("pretrained_cfg", {})
+            spec = TimmSpec(data["architecture"], data.get("model_args", {}), {k: tuple(v) if isinstance(v, list) else v
+                            for k, v in cfg.items() if k in DATA_KEYS}, "", False)
+            return create_timm_encoder(spec, path / WEIGHTS).to(device), preprocess(spec.data_config["input_size"][-1])
+    from .checkpoint import load_model, resolve_checkpoint
+    from .encoders import ImageEncoder
+    from .factory import probe_pool
+    if ema is None:
+        ema = (resolve_checkpoint(path) / "ema.safetensors").is_file()
+    model, run = load_model(path, device=device, ema=ema)
+    if not isinstance(model.encoder, ImageEncoder):
+        raise ValueError(f"{path}: encoder {run.model.encoder!r} is not a timm image encoder (a frozen tokenizer of "
+                         "MC-Diffusion); load_encoder returns learned timm encoders only")
+    trunk = model.encoder.trunk
+    pooling = pool_args(trunk, probe_pool(run.objective.name))
+    if pooling:
+        trunk.reset_classifier(0, global_pool=pooling["global_pool"])
+    trunk.pretrained_cfg = {**getattr(trunk, "pretrained_cfg", {}), **data_config(run.model.image_size),
+                            "num_classes": 0}
+    return trunk.eval(), preprocess(run.model.image_size)

@@ -1,0 +1,278 @@
+"""The model card of an exported encoder (``README.md``): what trained it, on what, how to load it, what it measured.
+
+A card states what the run's folder can prove: the objective, preset, data, steps and seed from its ``config.json``;
+the training loss at the exported step from ``metrics.jsonl``; the command that reproduces the configuration
+(:func:`rebuild_command`, rebuilt from ``config.json``, so it exists for runs trained from a notebook as well); and the
+evaluations that name the run (:func:`find_measurements`), each with the step it was measured at. The licence is left
+for the user: the weights inherit the terms of the data they were trained on, which only the user knows.
+
+Where runs record evaluations, and so where :func:`find_measurements` looks:
+
+* result files given explicitly (``mdc export --metrics FILE``), e.g. what ``mdc probe --out FILE`` or ``mdc eval
+  captioning --out DIR`` wrote;
+* JSON files in the run folder itself (``mdc probe --out RUN/probe.json``);
+* ``report.json`` beside ``RUN`` = ``OUT/run`` (``mdc demo --out OUT``);
+* for a run a plan trained (``papermill_runs/<plan>/_models/<run>``), the plan's notebook results
+  ``papermill_runs/<plan>/*/metrics.json`` (01: single-object captions; 03: linear probes).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mdc_core.config import RunConfig, list_presets, load_preset
+
+OBJECTIVES = {  # one line per row of mdc_core.objectives.OBJECTIVES
+    "mdc": "masked diffusion captioning (Feng, Wei, Owens 2025): each caption token masked with probability "
+           "t ~ U[{t_low}, {t_high}], the masked tokens predicted from the image, the loss weighted by 1/t",
+    "mdc_no_t": "masked diffusion captioning without the 1/t weight (CMLM): t ~ U[{t_low}, {t_high}]",
+    "bert": "image-conditioned BERT: a fixed fraction {mask_ratio} of the caption tokens masked and predicted",
+    "parallel": "parallel captioning (CapPa): every caption token masked and predicted at once from the image",
+    "arc": "autoregressive captioning: the next caption token predicted from the image and the tokens before it",
+    "clip": "contrastive image-text training (CLIP) with a text transformer of the decoder's shape",
+    "d3pm": "MC-Diffusion: mask-and-replace discrete diffusion (D3PM) over caption tokens",
+}
+SKIPPED_KEYS = {("model", "output_vocab_size"), ("data", "path"), ("data", "images"), ("data", "path_as_given"),
+                ("objective", "name"), ("train", "steps")}  # given as flags, or filled in by the trainer
+
+
+@dataclass
+class Measurement:
+    """One evaluation result that names the run."""
+
+    what: str  # e.g. "linear probe top-1, shape" or "CIDEr, MDC N'=10"
+    value: float
+    step: int | None  # the checkpoint step it was measured at (None: not recorded)
+    source: str  # the file it came from
+    detail: str = ""  # protocol, data, split ...
+
+
+def rebuild_command(cfg: RunConfig, run_dir: str | Path) -> str:
+    """An ``mdc train`` command whose configuration equals `cfg` (every key that differs from the preset becomes a
+    ``--set``); the preset ``tiny`` stands in for a config that names no registered preset."""
+    preset = cfg.preset if cfg.preset in list_presets() else "tiny"
+    base, mine = load_preset(preset).to_dict(), cfg.to_dict()
+    words = ["mdc", "train", "--preset", preset, "--data", cfg.data.path]
+    if cfg.data.images:
+        words += ["--images", cfg.data.images]
+    words += ["--objective", cfg.objective.name, "--steps", str(cfg.train.steps), "--out", str(Path(run_dir).resolve())]
+    for section, values in mine.items():
+        if not isinstance(values, dict):
+            continue
+        for key, value in values.items():
+            if (section, key) not in SKIPPED_KEYS and value != base[section].get(key):
+                words += ["--set", f"{section}.{key}={_override_text(value)}"]
+    return shlex.join(words)
+
+
+def _override_text(value: Any) -> str:
+    """`value` as ``--set`` parses it back (JSON, except a string that does not parse as JSON, given as is)."""
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return json.dumps(value)
+
+
+def _same_run(recorded: Any, run_dir: Path) -> bool:
+    """`recorded` (a path a result file wrote: the run, or one of its checkpoints) names `run_dir`."""
+    if not isinstance(recorded, str) or not recorded:
+        return False
+    path = Path(recorded)
+    if path.parent.name == "checkpoints" and path.name.startswith("step_"):
+        path = path.parent.parent
+    if path.is_absolute():
+        return path.resolve() == run_dir.resolve()
+    parts = [p for p in path.parts if p not in (".", "..")]
+    return bool(parts) and list(run_dir.resolve().parts[-len(parts):]) == parts
+
+
+def _probe_rows(data: dict[str, Any], run_dir: Path, source: str) -> list[Measurement]:
+    """``mdc probe`` results: {"runs": [{"run", "step", "init", "protocol", "data", "tasks": {task: {"top1"}}}]}."""
+    rows = []
+    for entry in data.get("runs", []):
+        if not isinstance(entry, dict) or not (_same_run(entry.get("run"), run_dir)
+                                               or _same_run(entry.get("checkpoint"), run_dir)):
+            continue
+        init = entry.get("init", "trained")  # the baselines beside it: what a probe gets without this training
+        baseline = {"trained": "", "random": ", baseline: this architecture untrained",
+                    "pixels": ", baseline: raw pixels"}.get(init, f", baseline: {init}")
+        detail = f"{entry.get('protocol', '')} probe of the {entry.get('pool', '')} feature on {entry.get('data', '')}"
+        detail += ", EMA weights" if entry.get("ema") and not baseline else ""
+        for task, result in entry.get("tasks", {}).items():
+            if isinstance(result, dict) and isinstance(result.get("top1"), int | float):
+                rows.append(Measurement(f"linear probe top-1 %, {task}{baseline}", 100 * float(result["top1"]),
+                                        entry.get("step"), source, detail))
+    return rows
+
+
+def _captioning_rows(data: dict[str, Any], run_dir: Path, source: str) -> list[Measurement]:
+    """``mdc eval captioning`` results: {"results": [{"run", "label", "length", "metrics": {name: value}}]}."""
+    rows = []
+    for entry in data.get("results", []):
+        if not isinstance(entry, dict) or not _same_run(entry.get("run"), run_dir):
+            continue
+        tuned = f", after {data.get('finetune_steps')} fine-tuning steps" if data.get("finetune_steps") else ""
+        detail = f"{data.get('n_images', '?')} test images of {data.get('data', '')}{tuned}"
+        for name, value in entry.get("metrics", {}).items():
+            if isinstance(value, int | float):
+                rows.append(Measurement(f"{name}, {entry.get('label', '')}", float(value), None, source, detail))
+    return rows
+
+
+def _notebook_rows(data: dict[str, Any], run_dir: Path, source: str) -> list[Measurement]:
+    """A plan notebook's metrics.json: 01 names its run (``run_dir``), 03 its runs by label (``runs``)."""
+    metrics = data.get("metrics", {})
+    if _same_run(data.get("run_dir"), run_dir) and isinstance(metrics.get("single_object_accuracy"), int | float):
+        return [Measurement("single-object captions naming the right colour and shape", metrics[
+            "single_object_accuracy"], metrics.get("steps"), source, f"notebook {data.get('notebook', '')}")]
+    labels = [label for label, path in (data.get("runs") or {}).items() if _same_run(path, run_dir)]
+    rows = []
+    for label in labels:
+        for key, value in metrics.items():
+            prefix = f"probe/{label}"
+            if (key == prefix or key.startswith(prefix + "/")) and isinstance(value, int | float):
+                task = key[len(prefix) + 1:] or f"mean of {', '.join(data.get('mean_tasks', []))}"
+                rows.append(Measurement(f"linear probe top-1 %, {task}", float(value), None, source,
+                                        f"notebook {data.get('notebook', '')}, {data.get('probe_protocol', '')}"))
+    return rows
+
+
+def _demo_rows(data: dict[str, Any], source: str) -> list[Measurement]:
+    """``mdc demo``'s report.json (beside its run folder): single-object caption accuracy."""
+    acc = data.get("single_object_accuracy")
+    if not isinstance(acc, int | float):
+        return []
+    return [Measurement("single-object captions naming the right colour and shape", float(acc), None, source,
+                        f"{data.get('n_single_object', '?')} single-object images of the {data.get('split', '')} "
+                        f"split, N'={data.get('sampler', {}).get('length', '?')}")]
+
+
+def candidate_files(run_dir: Path, extra: Sequence[str | Path] = ()) -> list[Path]:
+    """The result files :func:`find_measurements` reads for `run_dir` (see the module docstring), existing ones."""
+    found = [Path(p) for p in extra]
+    found += sorted(p for p in run_dir.glob("*.json") if p.name not in ("config.json", "meta.json"))
+    if run_dir.name == "run":
+        found.append(run_dir.parent / "report.json")
+    if run_dir.parent.name == "_models":
+        found += sorted(run_dir.parent.parent.glob("*/metrics.json"))
+    unique = list(dict.fromkeys(p.resolve() for p in found))
+    return [p for p in unique if p.is_file()]
+
+
+def find_measurements(run_dir: str | Path, extra: Sequence[str | Path] = ()) -> list[Measurement]:
+    """Every evaluation result naming `run_dir` in the files of :func:`candidate_files`; `extra` files must exist
+    and hold JSON (a FileNotFoundError or ValueError names the one that does not)."""
+    run_dir = Path(run_dir)
+    for path in map(Path, extra):
+        if not path.is_file():
+            raise FileNotFoundError(f"--metrics file not found: {path}")
+    rows: list[Measurement] = []
+    explicit = {Path(p).resolve() for p in extra}
+    for path in candidate_files(run_dir, extra):
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            if path in explicit:
+                raise ValueError(f"--metrics file {path} is not valid JSON ({err})") from err
+            continue
+        if not isinstance(data, dict):
+            continue
+        source = str(path)
+        if "notebook" in data:
+            rows += _notebook_rows(data, run_dir, source)
+        elif isinstance(data.get("runs"), list):
+            rows += _probe_rows(data, run_dir, source)
+        elif isinstance(data.get("results"), list):
+            rows += _captioning_rows(data, run_dir, source)
+        elif path.name == "report.json" and (path.parent / "run").resolve() == run_dir.resolve() or path in explicit:
+            rows += _demo_rows(data, source)
+    return rows
+
+
+def training_record(run_dir: Path, step: int) -> dict[str, Any]:
+    """The last ``metrics.jsonl`` record at or before `step` ({} when the run logged none)."""
+    path = run_dir / "metrics.jsonl"
+    best: dict[str, Any] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and record.get("step", 0) <= step:
+                best = record
+    return best
+
+
+def _number(value: float) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _table(rows: Iterable[tuple[str, str]]) -> list[str]:
+    return ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
+
+
+def render_card(*, cfg: RunConfig, run_dir: Path, step: int, ema: bool, fmt: str, usage: str, params: int,
+                measurements: Sequence[Measurement], searched: Sequence[Path]) -> str:
+    """The README.md of an export: YAML front matter (licence left empty), then load / training / measured /
+    reproduce / licence sections. `usage` is the Python snippet that loads the export."""
+    m, o, t = cfg.model, cfg.objective, cfg.train
+    objective = OBJECTIVES.get(o.name, o.name).format(t_low=o.t_low, t_high=o.t_high, mask_ratio=o.mask_ratio)
+    stem = m.encoder_kwargs.get("conv_stem")
+    encoder = f"`{m.encoder}` ({json.dumps(m.encoder_kwargs)})" + (
+        f" with an early-convolution stem {stem} (not a timm architecture)" if stem else "")
+    data = f"`{cfg.data.path}` (format {cfg.data.format})"
+    manifest = Path(cfg.data.path) / "manifest.json"
+    if manifest.is_file():
+        try:
+            info = json.loads(manifest.read_text())
+            synth = info.get("params", {})
+            data += (f"; the embedded synthetic data: {info.get('counts', {}).get('train', '?')} training pairs, "
+                     f"captions {synth.get('captions', '?')}, seed {synth.get('seed', '?')}")
+        except (json.JSONDecodeError, AttributeError):
+            pass
+    record = training_record(run_dir, step)
+    logged = ", ".join(f"{k} {_number(record[k])}" for k in ("loss", "acc_masked") if k in record)
+    weights = f"EMA of the weights (decay {t.ema_decay})" if ema else "the trained weights" + (
+        " (the run also kept an EMA; exported without it)" if t.ema_decay > 0 else " (the run kept no EMA)")
+    rows = [("objective", f"`{o.name}`: {objective}"), ("preset", f"`{cfg.preset or '(none)'}`"),
+            ("encoder", f"{encoder}; {params / 1e6:.2f} M parameters; {m.image_size} px input"),
+            ("data", data), ("steps", f"{step} (checkpoint step; the run was configured for {t.steps})"),
+            ("batch", f"{t.batch_size} per device x {t.grad_accum} accumulation"
+                      + (f" (global batch {record['global_batch']})" if "global_batch" in record else "")),
+            ("optimiser", f"AdamW lr {t.lr}, betas {list(t.betas)}, weight decay {t.weight_decay}, "
+                          f"{t.warmup_steps} warm-up steps, cosine to {t.min_lr_ratio} x lr"),
+            ("seed", str(t.seed)), ("weights", weights)]
+    if logged:
+        rows.append(("training metrics at that step", f"{logged} (step {record.get('step')}, metrics.jsonl)"))
+    lines = ["---", "license:  # left for you: the licence of these weights (they inherit the terms of the training "
+             "data), e.g. mit, apache-2.0, cc-by-4.0", f"library_name: {'timm' if fmt == 'timm' else 'mdc-workbench'}",
+             "pipeline_tag: image-feature-extraction",
+             f"tags: [image-feature-extraction, masked-diffusion-captioning, {o.name}]", "---", "",
+             f"# {run_dir.name}: a `{o.name}` image encoder ({m.encoder}, {m.image_size} px)", "",
+             f"An image encoder trained by {objective.split(':')[0].split(' (')[0]} with the MDC workbench, exported "
+             f"as a {'plain timm model' if fmt == 'timm' else 'Hugging Face-style folder'} at step {step}.", "",
+             "## Load it", "", "```python", usage.strip(), "```", "", "## Training", "", *_table(rows), ""]
+    lines += ["## Measured", ""]
+    if measurements:
+        lines += ["| metric | value | step | detail | source |", "|---|---|---|---|---|"]
+        lines += [f"| {r.what} | {_number(r.value)} | {'?' if r.step is None else r.step} | {r.detail} | "
+                  f"`{r.source}` |" for r in measurements]
+        if any(r.step is not None and r.step != step for r in measurements):
+            lines += ["", f"Rows measured at another step than the exported {step} describe other weights."]
+    else:
+        where = ", ".join(f"`{p}`" for p in searched) or "the run folder"
+        lines += [f"No probe or caption metrics name this run (looked in {where}). Measure them, e.g. "
+                  f"`mdc probe --run {run_dir} --data DATA --out {run_dir}/probe.json`, then export again."]
+    lines += ["", "## Reproduce", "", "The configuration of this run, as one command (rebuilt from its config.json):",
+              "", "```bash", rebuild_command(cfg, run_dir), "```", "",
+              "## Licence", "", "Not set: fill in `license` above. The weights inherit the terms of the training "
+              "data and of the code that trained them.", ""]
+    return "\n".join(lines)

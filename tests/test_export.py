@@ -1,0 +1,299 @@
+"""``mdc export`` and ``mdc_core.load_encoder``: the timm folder loads in plain timm (a fresh interpreter, no project
+code) with the run's features, the hf folder reloads to the same captions, the model card says what it should, and
+bad input gives one line and writes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+import mdc_core
+from mdc_core.checkpoint import CheckpointError, load_model, save_checkpoint
+from mdc_core.cli import build_parser, main
+from mdc_core.cli.train import _train_config
+from mdc_core.config import load_preset
+from mdc_core.data.transforms import load_image
+from mdc_core.factory import create_model
+from mdc_core.sampler import sample
+from mdc_core.tokenizer import CaptionTokenizer, build_output_vocab
+from mdc_core.train import train
+from mdc_core.workbench.export import export_run
+from mdc_core.workbench.model_card import rebuild_command
+from tests.train_helpers import micro_run, one_thread, write_micro_data  # noqa: F401 - one_thread is a fixture
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}  # plain timm must not need the network
+# the paper presets (their encoders, patch sizes and 224 px) with one narrow block and a small decoder
+SMALL_VIT = ['model.encoder_kwargs={"depth": 1, "embed_dim": 64, "num_heads": 2}', "model.text_width=64",
+             "model.text_layers=1", "model.text_heads=2"]
+
+
+def _perturbed_run(tmp: Path, preset: str, overrides: list[str], objective: str = "mdc") -> Path:
+    """A run folder with one checkpoint of `preset` whose weights (and a different EMA) are random, not the init
+    (a key that failed to load would keep timm's init, which must not pass for equal)."""
+    cfg = load_preset(preset, [*overrides, f"objective.name={objective}", 'model.output_vocab="corpus"'])
+    ids = build_output_vocab(["a red circle left of a blue square"], CaptionTokenizer(cfg.model.context_length))
+    cfg.model.output_vocab_size = len(ids)
+    torch.manual_seed(0)
+    model = create_model(cfg, objective, ids)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    ema = {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    run = tmp / f"{preset}_{objective}"
+    run.mkdir()
+    cfg.save(run / "config.json")
+    save_checkpoint(run, 7, cfg, model, ema_state=ema)
+    return run
+
+
+def _image(path: Path, size: int = 80) -> Path:
+    """A non-square RGB image with structure, so that resize and crop matter."""
+    g = torch.Generator().manual_seed(1)
+    pixels = (torch.rand(size, size + 30, 3, generator=g) * 255).to(torch.uint8).numpy()
+    Image.fromarray(pixels).save(path)
+    return path
+
+
+def _snippet(readme: Path) -> str:
+    return re.search(r"```python\n(.*?)```", readme.read_text(), re.S).group(1)
+
+
+def _run_snippet(readme: Path, cwd: Path, save: str) -> dict[str, torch.Tensor]:
+    """Execute the README's Python block in a fresh interpreter (cwd holds image.jpg), plus `save`; its tensors."""
+    code = _snippet(readme) + save + "\nprint(sorted(m for m in sys.modules if m.split('.')[0] == 'mdc_core'))\n"
+    out = subprocess.run([sys.executable, "-c", "import sys\n" + code], cwd=cwd, env=ENV, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return {"stdout": out.stdout, **torch.load(cwd / "out.pt")}
+
+
+def test_timm_export_loads_in_plain_timm_in_a_fresh_interpreter_with_the_runs_features(tmp_path):
+    run = _perturbed_run(tmp_path, "tiny_vit", [])
+    out = export_run(run, tmp_path / "timm_tiny_vit", fmt="timm")
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    image = _image(tmp_path / "image.jpg")
+    got = _run_snippet(out / "README.md", tmp_path, "torch.save({'feature': feature, 'tokens': tokens, 'image': image},"
+                       " 'out.pt')")
+    assert got["stdout"].strip() == "[]"  # no module of this project was imported
+    model, cfg = load_model(run, ema=True)  # the export holds the EMA weights
+    x = load_image(image, cfg.model.image_size).unsqueeze(0)
+    assert torch.allclose(got["image"], x, atol=1e-6)  # timm's transform from the card = the run's preprocessing
+    with torch.no_grad():
+        tokens = model.encode_image(x)
+        feature = model.pooled_features(x, "gap")
+    assert got["tokens"].shape == tokens.shape == (1, 65, 128)
+    assert float((got["tokens"] - tokens).abs().max()) <= 1e-5
+    assert float((got["feature"] - feature).abs().max()) <= 1e-5
+    with torch.no_grad():  # and the raw weights differ: the EMA was the one exported
+        raw = load_model(run, ema=False)[0].encode_image(x)
+    assert float((raw - tokens).abs().max()) > 1e-3
+
+
+@pytest.mark.parametrize("preset, objective, pool", [("vit_b32", "mdc", "gap"), ("vit_b32", "clip", "cls"),
+                                                     ("vit_b16", "mdc", "gap"), ("vit_l14", "arc", "gap")])
+def test_timm_export_of_the_paper_presets_at_reduced_size(preset, objective, pool, tmp_path):
+    import timm
+
+    run = _perturbed_run(tmp_path, preset, SMALL_VIT, objective)
+    out = export_run(run, tmp_path / "timm", fmt="timm", ema=False)
+    hub = json.loads((out / "config.json").read_text())
+    assert hub["architecture"] == load_preset(preset).model.encoder and hub["num_features"] == 64
+    model = timm.create_model("local-dir:" + str(out), pretrained=True).eval()  # timm's own reading of config.json
+    ours, _ = load_model(run)
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        tokens = ours.encode_image(x)
+        assert float((model.forward_features(x) - tokens).abs().max()) <= 1e-5
+        assert float((model(x) - ours.pooled_features(x, pool)).abs().max()) <= 1e-5
+    encoder, preprocess = mdc_core.load_encoder(out)  # load_encoder reads a timm export as well
+    with torch.no_grad():
+        assert float((encoder.forward_features(x) - tokens).abs().max()) <= 1e-5
+
+
+def test_conv_stem_runs_refuse_timm_in_one_line_and_leave_nothing(tmp_path, capsys):
+    run = _perturbed_run(tmp_path, "tiny", ['model.encoder_kwargs={"patch_size": 8, "embed_dim": 32, "depth": 1, '
+                                            '"num_heads": 2, "conv_stem": [8, 16, 32]}'])
+    assert main(["export", str(run), "--format", "timm", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mdc: error:") and "\n" not in err
+    assert "early-convolution stem" in err and "--format hf" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [run.name]  # no folder, no temporary folder
+    out = export_run(run, tmp_path / "hf", fmt="hf")  # the hf format takes it, and load_encoder reads it
+    encoder, _ = mdc_core.load_encoder(out)
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(encoder.forward_features(x), load_model(run, ema=True)[0].encode_image(x))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A micro MDC run trained 4 steps with an EMA, a probe result beside it, and its data."""
+    root = tmp_path_factory.mktemp("export")
+    data = write_micro_data(root / "data", 24)
+    cfg = micro_run(data, steps=4, batch_size=8, ckpt_every=2, ema_decay=0.9, seed=3)
+    run = root / "run"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train(cfg, run, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    probe = {"data": str(data), "runs": [
+        {"run": str(run), "checkpoint": str(run / "checkpoints" / "step_00000004"), "step": 4, "objective": "mdc",
+         "pool": "gap", "init": "trained", "protocol": "lbfgs", "data": str(data), "ema": True,
+         "tasks": {"shape": {"top1": 0.625}, "colour": {"top1": 0.5}}},
+        {"run": str(run), "step": 4, "init": "random", "protocol": "lbfgs", "tasks": {"shape": {"top1": 0.25}}}]}
+    (run / "probe.json").write_text(json.dumps(probe))
+    return run, data
+
+
+def _captions(model, images, cfg) -> torch.Tensor:
+    with torch.no_grad():
+        return sample(model, model.encode_image(images), cfg.sampler).tokens
+
+
+def test_hf_export_reloads_to_identical_captions_and_one_line_loader(trained, tmp_path):
+    run, data = trained
+    raw = export_run(run, tmp_path / "raw", ema=False)
+    exported, cfg = load_model(raw)  # the project's own loader reads the folder
+    images = torch.stack([load_image(p, cfg.model.image_size) for p in _test_images(data, tmp_path)])
+    assert torch.equal(_captions(exported, images, cfg), _captions(load_model(run)[0], images, cfg))
+
+    out = export_run(run, tmp_path / "hf")  # default: the EMA weights
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "meta.json", "model.safetensors"]
+    exported = load_model(out)[0]
+    weights = {name: load_file(str(run / "checkpoints" / "step_00000004" / name))
+               for name in ("model.safetensors", "ema.safetensors")}
+    saved = load_file(str(out / "model.safetensors"))
+    for key, value in saved.items():  # EMA weights, the model's own integer tables (an EMA of token ids is no id)
+        assert torch.equal(value, weights["ema.safetensors" if value.is_floating_point() else "model.safetensors"][key])
+    reference = load_model(run)[0]
+    reference.load_state_dict({k: v if not v.is_floating_point() else weights["ema.safetensors"][k]
+                               for k, v in weights["model.safetensors"].items()})
+    assert torch.equal(_captions(exported, images, cfg), _captions(reference, images, cfg))
+    original = reference
+    # a fresh interpreter that imports only mdc_core.load_encoder, running the card's snippet
+    (tmp_path / "image.jpg").write_bytes(_test_images(data, tmp_path)[0].read_bytes())
+    got = _run_snippet(out / "README.md", tmp_path, "torch.save({'feature': feature, 'tokens': tokens}, 'out.pt')")
+    with torch.no_grad():
+        x = load_image(tmp_path / "image.jpg", cfg.model.image_size).unsqueeze(0)
+        assert float((got["tokens"] - original.encode_image(x)).abs().max()) <= 1e-5
+        assert float((got["feature"] - original.pooled_features(x, "gap")).abs().max()) <= 1e-5
+    encoder, preprocess = mdc_core.load_encoder(run)  # a run folder: the EMA weights, as exported
+    with torch.no_grad():
+        assert torch.equal(encoder(x), original.pooled_features(x, "gap"))
+
+
+def _test_images(data: Path, tmp_path: Path) -> list[Path]:
+    import webdataset as wds
+
+    paths = []
+    for i, record in enumerate(wds.WebDataset(str(next((data / "test").glob("*.tar"))), shardshuffle=False)):
+        if i == 4:
+            break
+        paths.append(tmp_path / f"test{i}.jpg")
+        paths[-1].write_bytes(record["jpg"])
+    return paths
+
+
+def test_model_card_fields_command_and_measurements(trained, tmp_path):
+    run, data = trained
+    captioning = {"data": str(data), "n_images": 8, "finetune_steps": 0, "results": [
+        {"run": str(run), "label": "MDC", "length": 10, "metrics": {"CIDEr": 0.42, "BLEU-4": 0.1}}]}
+    (tmp_path / "captioning.json").write_text(json.dumps(captioning))
+    out = export_run(run, tmp_path / "hf", metrics=[tmp_path / "captioning.json"])
+    card = (out / "README.md").read_text()
+    front = card.split("---")[1]
+    assert re.search(r"^license:\s*#", front, re.M)  # the licence is left to the user
+    for text in ("`mdc`: masked diffusion captioning", "t ~ U[0.5, 1.0]", "| preset | `tiny` |", str(data),
+                 "| steps | 4 ", "| seed | 3 |", "EMA of the weights (decay 0.9)", "| CIDEr, MDC | 0.42 |",
+                 "| linear probe top-1 %, shape | 62.5 | 4 |",
+                 "| linear probe top-1 %, shape, baseline: this architecture untrained | 25 | 4 |"):
+        assert text in card, text
+    command = re.search(r"```bash\n(.*?)\n```", card, re.S).group(1)
+    args = build_parser().parse_args(shlex.split(command)[1:])  # the command parses and rebuilds the config
+    rebuilt, saved = _train_config(args).to_dict(), load_model(run)[1].to_dict()
+    for cfg in (rebuilt, saved):
+        cfg["model"]["output_vocab_size"] = 0
+        cfg["data"]["path_as_given"] = cfg["preset"] = ""
+    assert rebuilt == saved
+    assert command == rebuild_command(load_model(run)[1], run)
+
+
+def test_a_plan_notebook_metrics_json_names_the_run(trained, tmp_path):
+    import shutil
+
+    run, _ = trained
+    plan_run = tmp_path / "plan" / "_models" / "abc123"
+    shutil.copytree(run, plan_run, ignore=shutil.ignore_patterns("probe.json"))
+    notebook = tmp_path / "plan" / "03_linear_probing"
+    notebook.mkdir()
+    (notebook / "metrics.json").write_text(json.dumps({
+        "notebook": "03_linear_probing", "runs": {"MDC": str(plan_run), "ARC": str(tmp_path / "other")},
+        "metrics": {"probe/MDC": 71.5, "probe/MDC/shape": 80.0, "probe/ARC": 60.0}, "mean_tasks": ["shape"]}))
+    card = (export_run(plan_run, tmp_path / "hf") / "README.md").read_text()
+    assert "| linear probe top-1 %, mean of shape | 71.5 |" in card and "| linear probe top-1 %, shape | 80 |" in card
+    assert "60" not in card.split("## Measured")[1].split("## Reproduce")[0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["export", "{tmp}/missing", "--out", "{tmp}/o"], "run folder not found"),
+    (["export", "{run}", "--format", "onnx", "--out", "{tmp}/o"], "unknown export format 'onnx'"),
+    (["export", "{run}", "--step", "3", "--out", "{tmp}/o"], "no checkpoint at step 3 (its checkpoints: 2, 4)"),
+    (["export", "{run}", "--out", "{tmp}/o", "--metrics", "{tmp}/nope.json"], "--metrics file not found"),
+    (["export", "{run}", "--out", "{run}/..", "--force"], "holds the run"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(argv, message, trained, tmp_path, capsys):
+    run, _ = trained
+    argv = [a.replace("{tmp}", str(tmp_path)).replace("{run}", str(run)) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mdc: error:") and message in err and "\n" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_existing_out_needs_force_and_a_corrupt_run_is_refused(trained, tmp_path, capsys):
+    import shutil
+
+    run, _ = trained
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep me")
+    assert main(["export", str(run), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "exists and is not empty; pass --force" in err and "\n" not in err
+    assert [p.name for p in out.iterdir()] == ["mine.txt"]
+    assert main(["export", str(run), "--out", str(out), "--force", "--step", "2", "--no-ema"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "meta.json", "model.safetensors"]
+    assert json.loads((out / "meta.json").read_text())["step"] == 2 and "the trained weights" in (
+        out / "README.md").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary or replaced folder left beside it
+    broken = tmp_path / "broken"
+    shutil.copytree(run, broken)
+    ema = broken / "checkpoints" / "step_00000004" / "ema.safetensors"
+    ema.write_bytes(ema.read_bytes()[:100])  # truncated, as by a full disk
+    assert main(["export", str(broken), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "corrupt" in err and "\n" not in err and not (tmp_path / "o").exists()
+    with pytest.raises(CheckpointError):
+        export_run(broken, tmp_path / "o")
+
+
+def test_load_encoder_is_lazy_and_import_mdc_core_stays_light():
+    code = ("import sys, mdc_core\nassert 'torch' not in sys.modules\nf = mdc_core.load_encoder\n"
+            "assert callable(f) and 'torch' not in sys.modules\nfrom mdc_core import load_encoder\nprint('ok')")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "ok"
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        mdc_core.nope  # noqa: B018
