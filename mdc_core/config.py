@@ -27,6 +27,7 @@ OBJECTIVE_NAMES = ("mdc", "mdc_no_t", "bert", "parallel", "arc", "clip", "d3pm")
 GUIDANCE_TRAINING_MODES = ("none", "cfg", "mcs")  # objective.guidance: condition corruption while training
 GUIDANCE_MODES = ("none", "cfg", "mcs", "mcs_cfg")  # sampling: "none" + masked_conditional.guidance.GUIDANCE_FORMS
 SCORE_METHODS = ("heuristic", "mc", "ar")  # caption likelihood scores: the rows of scoring.METHODS
+PRECISIONS = ("auto", "fp32", "bf16")  # train.precision and inference --precision (mdc_core.precision)
 
 
 def resolve_ref(ref: str) -> Any:
@@ -173,7 +174,7 @@ class TrainConfig:
             raise ConfigError(f"train.ema_decay must be in [0, 1), got {self.ema_decay}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ConfigError(f"train.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        _choice(self, "precision", ("auto", "fp32", "bf16"))
+        _choice(self, "precision", PRECISIONS)
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"train.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
 

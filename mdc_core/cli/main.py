@@ -41,7 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     handler = {verb: fn for group in GROUPS for verb, fn in group.HANDLERS.items()}[args.verb]
     try:
         check_numeric_args(args)  # e.g. --steps 0: an error, never the preset's default
-        handler(args)
+        if getattr(args, "precision", None) is None:
+            handler(args)
+        else:  # --precision: the default of every sampling and scoring call the verb makes
+            from mdc_core.precision import default_inference_precision
+            with default_inference_precision(args.precision):
+                handler(args)
     except USER_ERRORS as err:
         print(f"mdc: error: {err}", file=sys.stderr)
         return 2
