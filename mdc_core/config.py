@@ -156,7 +156,7 @@ class TrainConfig:
     nonfinite: str = "stop"  # NaN/inf loss or grad norm: stop (keep the last good checkpoint) | skip the update
     max_skipped_steps: int = 20  # with nonfinite=skip: stop after this many consecutive skipped updates
     dist_timeout_s: int = 600  # torchrun: a collective waiting longer than this (a rank died or hangs) fails
-    compile: bool = False  # torch.compile encoder + decoder layers in place (measured: benchmarks/README.md)
+    compile: bool = False  # torch.compile the forward + loss in place, one graph (measured: benchmarks/README.md)
 
     def validate(self) -> None:
         _positive(self, "steps", "batch_size", "grad_accum", "log_every", "ckpt_every", "keep_last",

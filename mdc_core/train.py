@@ -264,8 +264,6 @@ class _Trainer:
         model = build_model(cfg, progress=progress and self.main) if start_ckpt is None else \
             ckpt_io.load_model(start_ckpt)[0]
         self.model = model.to(self.device).train()
-        if t.compile and hasattr(model, "decoder"):
-            train_step.compile_model(model)  # in place: state-dict keys, checkpoints and the EMA copy are unchanged
         if self.main:
             out.mkdir(parents=True, exist_ok=True)
             cfg.save(out / "config.json")
@@ -273,6 +271,8 @@ class _Trainer:
                 ckpt_io.truncate_jsonl(out / "metrics.jsonl", 0)
                 ckpt_io.truncate_jsonl(out / "epochs.jsonl", 0)
         objective = _Objective(model, cfg.objective)
+        if t.compile:
+            train_step.compile_loss(objective)  # in place: forward + loss as one graph; the model is unchanged
         if ctx.distributed:
             objective = DistributedDataParallel(objective, device_ids=[self.device.index]
                                                 if self.device.type == "cuda" else None)

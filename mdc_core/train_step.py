@@ -17,8 +17,8 @@ GPU idles while the host catches up. :mod:`mdc_core.train` does none of them bet
   the default implementation, so CPU runs keep their numbers to the bit.
 
 ``tests/test_train_step.py`` counts the calls that would synchronise during a non-logging step for every objective.
-:func:`compile_model` is ``train.compile``: the model forward has no graph break (the same test file checks it with
-``torch._dynamo.explain``).
+:func:`compile_loss` is ``train.compile``: the model forward and the loss compile as one graph (the same test file
+checks it with ``torch._dynamo.explain``).
 """
 
 from __future__ import annotations
@@ -140,8 +140,10 @@ class HostBatches:
         return prepared.tokens, prepared
 
 
-def compile_model(model: torch.nn.Module) -> None:
-    """``train.compile``: compile, in place, the image encoder and the caption decoder's layers (each a graph
-    without breaks; state-dict keys, checkpoints and the EMA copy are unchanged)."""
-    for part in (model.encoder, *model.decoder.layers) if hasattr(model, "decoder") else (model.encoder, model.text):
-        part.compile()
+def compile_loss(objective: torch.nn.Module) -> None:
+    """``train.compile``: compile, in place, the module whose forward is the loss of a prepared batch
+    (``nn.Module.compile``). The model forward and the loss trace as one graph without breaks, and AOTAutograd
+    compiles its backward with it; caption length and loss-term count change from batch to batch, so the second
+    batch recompiles with dynamic shapes and later ones reuse that graph. The model itself is not wrapped: its
+    state-dict keys, the checkpoints and the EMA copy are unchanged."""
+    objective.compile()
