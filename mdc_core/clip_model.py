@@ -100,19 +100,24 @@ class CLIPModel(nn.Module):
         z = self.image_proj(self.pooled_features(images, "cls"))  # (B, E)
         return F.normalize(z, dim=-1) if normalize else z
 
-    def encode_text(self, tokens: torch.Tensor, normalize: bool = True) -> torch.Tensor:
+    def encode_text(self, tokens: torch.Tensor, normalize: bool = True, rows: torch.Tensor | None = None
+                    ) -> torch.Tensor:
         """tokens (B, L) ``<sot> ids <eot> pad...`` (L <= context_length) -> joint-space embeddings (B, E).
 
         The feature of the first ``<eot>`` after the causal transformer and final LayerNorm, projected (CLIP's
-        text embedding). Pads follow ``<eot>``, so the causal mask already hides them from it.
+        text embedding). Pads follow ``<eot>``, so the causal mask already hides them from it. `rows`: the
+        embedding rows of `tokens`, when the caller has looked them up and checked the rows (and their ``<eot>``)
+        already, as the training step does on the host (checking here reads the device: a sync on CUDA).
         """
         B, L = tokens.shape
         if L > self.cfg.context_length:
             raise ValueError(f"sequence of {L} tokens exceeds the model's context_length {self.cfg.context_length}")
-        if not bool((tokens == EOT_ID).any(dim=1).all()):
-            raise ValueError("every token row needs an <eot> token: its feature is the text embedding")
+        if rows is None:
+            if not bool((tokens == EOT_ID).any(dim=1).all()):
+                raise ValueError("every token row needs an <eot> token: its feature is the text embedding")
+            rows = self.embedding_rows(tokens)
         text = self.text
-        x = text.token_embedding(self.embedding_rows(tokens)) + text.positional_embedding[:L]  # (B, L, C)
+        x = text.token_embedding(rows) + text.positional_embedding[:L]  # (B, L, C)
         x = text.transformer(x, attn_mask=text.attn_mask[:L, :L])  # causal, additive -inf mask (L, L)
         x = text.ln_final(x)
         from open_clip.transformer import text_global_pool
@@ -155,7 +160,7 @@ class CLIPModel(nn.Module):
         return {"encoder": enc, "text": rest, "total": enc + rest}
 
 
-def contrastive_loss(model: CLIPModel, images: torch.Tensor, tokens: torch.Tensor
+def contrastive_loss(model: CLIPModel, images: torch.Tensor, tokens: torch.Tensor, rows: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Symmetric InfoNCE of a batch (open_clip's ClipLoss): images (B, 3, H, W), tokens (B, L).
 
@@ -163,8 +168,9 @@ def contrastive_loss(model: CLIPModel, images: torch.Tensor, tokens: torch.Tenso
     rows against all, open_clip's ``local_loss``), so the negatives are the global batch as in CLIP.
     Returns (loss, metrics); ``acc_masked`` is the in-batch retrieval accuracy (mean of image->text and
     text->image top-1), named like the captioners' token accuracy so the trainer logs it in the same column.
+    `rows`: the tokens' embedding rows, checked by the caller (see :meth:`CLIPModel.encode_text`).
     """
-    image_z, text_z, scale = model(images, tokens)
+    image_z, text_z, scale = model.embed_image(images), model.encode_text(tokens, rows=rows), model.scale()
     image_z, text_z = image_z.float(), text_z.float()  # the softmax over the batch in fp32 under autocast
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if distributed else (0, 1)

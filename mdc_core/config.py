@@ -27,6 +27,7 @@ OBJECTIVE_NAMES = ("mdc", "mdc_no_t", "bert", "parallel", "arc", "clip", "d3pm")
 GUIDANCE_TRAINING_MODES = ("none", "cfg", "mcs")  # objective.guidance: condition corruption while training
 GUIDANCE_MODES = ("none", "cfg", "mcs", "mcs_cfg")  # sampling: "none" + masked_conditional.guidance.GUIDANCE_FORMS
 SCORE_METHODS = ("heuristic", "mc", "ar")  # caption likelihood scores: the rows of scoring.METHODS
+PRECISIONS = ("auto", "fp32", "bf16")  # train.precision and inference --precision (mdc_core.precision)
 
 
 def resolve_ref(ref: str) -> Any:
@@ -155,7 +156,7 @@ class TrainConfig:
     nonfinite: str = "stop"  # NaN/inf loss or grad norm: stop (keep the last good checkpoint) | skip the update
     max_skipped_steps: int = 20  # with nonfinite=skip: stop after this many consecutive skipped updates
     dist_timeout_s: int = 600  # torchrun: a collective waiting longer than this (a rank died or hangs) fails
-    compile: bool = False  # torch.compile encoder + decoder layers in place (measured: benchmarks/README.md)
+    compile: bool = False  # torch.compile the forward + loss in place, one graph (measured: benchmarks/README.md)
     tensorboard: bool = False  # also write the logged scalars as TensorBoard events into the run folder (rank 0)
 
     def validate(self) -> None:
@@ -174,7 +175,7 @@ class TrainConfig:
             raise ConfigError(f"train.ema_decay must be in [0, 1), got {self.ema_decay}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ConfigError(f"train.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        _choice(self, "precision", ("auto", "fp32", "bf16"))
+        _choice(self, "precision", PRECISIONS)
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"train.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
 

@@ -137,6 +137,8 @@ def all_reduce_named(ctx: DistContext, values: Mapping[str, torch.Tensor | float
     Every rank must pass the same names. Used for the trainer's step metrics, so that each logged value has a
     name instead of a position in a vector.
     """
+    if not ctx.distributed and not any(isinstance(v, torch.Tensor) for v in values.values()):
+        return {k: float(v) for k, v in values.items()}  # host numbers: nothing to reduce, no device round trip
     keys = list(values)
     vec = torch.stack([torch.as_tensor(values[k], dtype=torch.float64, device=ctx.device).reshape(())
                        for k in keys])  # (len(keys),)

@@ -40,6 +40,13 @@ def corpus_input_index(ids: torch.Tensor) -> torch.Tensor:
     return index
 
 
+def select_positions(x: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
+    """x (B, L, ...) at the positions `select` -> (n, ...): a bool mask (B, L), or the n flat positions
+    ``b * L + i`` in row-major order (what ``select.flatten().nonzero()`` gives). The second form has an output
+    shape known without reading the device (a bool mask must be counted first: a host-device sync on CUDA)."""
+    return x[select] if select.dtype == torch.bool else x.flatten(0, 1).index_select(0, select)
+
+
 def lookup_rows(input_index: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Embedding rows (B, L) of token ids `tokens` (B, L); ValueError naming ids outside the corpus table."""
     rows = input_index[tokens]
@@ -279,12 +286,15 @@ class Captioner(nn.Module):
 
     def decode(self, tokens: torch.Tensor, image_tokens: torch.Tensor | None, *, select: torch.Tensor | None = None,
                causal: bool | None = None, cache: ImageCache | None = None, past: list[list] | None = None,
-               attention: list | None = None) -> torch.Tensor:
+               attention: list | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Logits over the output vocabulary.
 
         tokens (B, L) ids (``[MASK]`` allowed), image_tokens (B, M, D_img). Returns (B, L, V_out), or
-        (n, V_out) for the n positions where the bool mask `select` (B, L) is True: the training step only
-        needs masked positions, which saves most of the output-head cost. With `cache` (from
+        (n, V_out) for the n positions where the bool mask `select` (B, L) is True, or at the n flat positions
+        (n,) `select` holds (see :func:`select_positions`): the training step only needs masked positions, which
+        saves most of the output-head cost. `rows`: the embedding rows of `tokens` of a corpus-restricted model,
+        when the caller has looked them up and checked them already (the training step does it on the host, so
+        the device never has to answer "is every id known?"); None looks them up here. With `cache` (from
         :meth:`image_cache`, batch B or 1 = one image for all rows) `image_tokens` may be None and the logits
         are those of the uncached call. `past`: incremental causal decoding, see :meth:`TextDecoder.hidden`.
         `attention`: a list that receives, per decoder layer (first layer first), the cross-attention weights over
@@ -296,15 +306,16 @@ class Captioner(nn.Module):
         if cache is not None and cache.batch not in (1, tokens.shape[0]):
             raise ValueError(f"image cache holds {cache.batch} images but {tokens.shape[0]} token rows were given; "
                              "use a cache of one image or cache.index(rows)")
-        rows = self.embedding_rows(tokens)
+        rows = self.embedding_rows(tokens) if rows is None else rows
         weights: list | None = None if attention is None else []
         h = self.decoder.hidden(tokens, image_tokens, self.causal if causal is None else causal, rows, cache, past,
                                 weights)
         if weights is not None:
             per_position = [w.transpose(1, 2) for w in weights]  # (B, L, h, M) each
-            attention.extend(per_position if select is None else [w[select] for w in per_position])
+            attention.extend(per_position if select is None else
+                             [select_positions(w, select) for w in per_position])
         if select is not None:
-            h = h[select]  # (n, C)
+            h = select_positions(h, select)  # (n, C)
         return self.decoder.head(h)
 
     def forward(self, images: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

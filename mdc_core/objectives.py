@@ -15,12 +15,18 @@ where n_b is the number of maskable tokens of caption b. Since each token is mas
 E[L | t] = sum_b sum_i CE_bi / sum_b n_b: the mean per-token cross-entropy, for every t (this is the
 NELBO estimator of MDLM with the linear schedule alpha_t = 1 - t, for which -alpha'_t / (1 - alpha_t) = 1/t).
 ``per_sequence`` normalisation instead averages ``w_b * sum_i CE_bi / n_b`` over captions (CapPa-style).
+
+Host and device. Everything data-dependent about a batch (trimming the all-padding columns, the masking draws,
+which positions carry a loss term, their target rows, the embedding rows and the id checks) is decided by
+:func:`prepare_batch`, a pure function of the token ids. The trainer calls it on the host before the transfer
+(:class:`PreparedBatch`), so the device step runs on shapes it never has to compute and never waits for a
+host-device synchronisation; :func:`compute_loss` without a prepared batch calls it on the tokens' device.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -28,7 +34,7 @@ import torch.nn.functional as F
 
 from .clip_model import contrastive_loss
 from .config import ObjectiveConfig, resolve_ref
-from .model import Captioner, padding_mask
+from .model import Captioner, lookup_rows, padding_mask
 from .tokenizer import EOT_ID, MASK_ID, SOT_ID
 
 T_MIN = 1e-3  # t is clamped here so that 1/t stays finite for a schedule starting at 0 (MDLM uses eps=1e-3)
@@ -45,6 +51,8 @@ class ObjectiveSpec:
     loss: str  # "module:function" of the batch loss, (model, images, tokens, cfg, generator) -> LossOutput;
     # a string so that the table names the MC-Diffusion extension without importing it (resolved on use)
     model: str = "captioner"  # model family (mdc_core.factory.MODELS): "captioner" or "clip" (contrastive loss)
+    prepared: bool = True  # the loss takes a PreparedBatch (prepare_batch, on the host in the trainer); False: it
+    # draws its noise on the device itself (the d3pm extension)
 
     def loss_fn(self) -> Callable[..., LossOutput]:
         return resolve_ref(self.loss)
@@ -60,7 +68,7 @@ OBJECTIVES: dict[str, ObjectiveSpec] = {  # keys: config.OBJECTIVE_NAMES in that
     "clip": ObjectiveSpec(causal=True, masking="none", inv_t_weight=False, model="clip",  # contrastive baseline
                           loss="mdc_core.objectives:clip_loss"),
     "d3pm": ObjectiveSpec(causal=False, masking="d3pm", inv_t_weight=False,  # MC-Diffusion mask-and-replace D3PM
-                          loss="mdc_core.masked_conditional.diffusion:d3pm_objective"),
+                          loss="mdc_core.masked_conditional.diffusion:d3pm_objective", prepared=False),
 }
 # training-time condition corruption for guided sampling (objective.guidance = cfg | mcs; MC-Diffusion's guidance)
 CONDITION_CORRUPTION = "mdc_core.masked_conditional.guidance:corrupt_training_condition"
@@ -76,6 +84,30 @@ def objective_spec(name: str) -> ObjectiveSpec:
 class LossOutput:
     loss: torch.Tensor  # scalar to backpropagate
     metrics: dict[str, torch.Tensor]  # detached scalars (no host sync until the trainer logs them)
+
+
+@dataclass
+class PreparedBatch:
+    """The data-dependent part of a batch's loss, decided before the forward pass by :func:`prepare_batch`.
+
+    ``inputs`` is what the decoder reads: the noisy captions (masked objectives), the captions without their last
+    column (ARC, teacher forcing) or the captions (CLIP). The n loss terms sit at the True positions of
+    ``loss_mask``, in row-major order, which ``index`` holds as flat positions; B captions, L tokens, L_in inputs.
+    """
+
+    tokens: torch.Tensor  # (B, L) the captions, all-padding columns trimmed
+    inputs: torch.Tensor  # (B, L_in) decoder (or CLIP text tower) input ids
+    rows: torch.Tensor | None = None  # (B, L_in) their embedding rows (corpus-restricted tables); None: the ids
+    loss_mask: torch.Tensor | None = None  # (B, L_in) bool: positions with a loss term (captioners)
+    index: torch.Tensor | None = None  # (n,) their flat positions b * L_in + i
+    owner: torch.Tensor | None = None  # (n,) their caption b
+    targets: torch.Tensor | None = None  # (n,) output-head row of each target token
+    t: torch.Tensor | None = None  # (B,) masking rate of each caption (masked objectives)
+
+    def to(self, device: torch.device | str, non_blocking: bool = True) -> PreparedBatch:
+        """A copy on `device` (asynchronous from the host by default: nothing here is read back)."""
+        return PreparedBatch(**{f.name: None if getattr(self, f.name) is None else
+                                getattr(self, f.name).to(device, non_blocking=non_blocking) for f in fields(self)})
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -126,20 +158,21 @@ def apply_mask(tokens: torch.Tensor, t: torch.Tensor, *, generator: torch.Genera
 
 
 def masked_diffusion_loss(ce: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor, n_valid: torch.Tensor,
-                          normalization: str = "per_token") -> torch.Tensor:
+                          normalization: str = "per_token", owner: torch.Tensor | None = None) -> torch.Tensor:
     """Weighted masked cross-entropy, normalised as described in the module docstring.
 
     ce: (n,) cross-entropy at the masked positions in row-major order of `mask` (B, L);
-    weight: (B,) per-caption weight (1/t or 1); n_valid: (B,) maskable tokens per caption.
+    weight: (B,) per-caption weight (1/t or 1); n_valid: (B,) maskable tokens per caption;
+    owner: (n,) the caption of each masked position when known (else found from `mask`, a sync on CUDA).
     """
-    row = mask.nonzero()[:, 0]  # (n,) caption index of each masked token
+    row = mask.nonzero()[:, 0] if owner is None else owner  # (n,) caption index of each masked token
     per_caption = torch.zeros(mask.shape[0], dtype=ce.dtype, device=ce.device).index_add_(0, row, ce)  # (B,)
     per_caption = per_caption * weight
     if normalization == "per_token":
         return per_caption.sum() / n_valid.sum().clamp(min=1)
     if normalization == "per_sequence":
-        keep = n_valid > 0
-        return (per_caption[keep] / n_valid[keep]).sum() / keep.sum().clamp(min=1)
+        keep = n_valid > 0  # captions without a maskable token add nothing and are not counted
+        return torch.where(keep, per_caption / n_valid.clamp(min=1), 0.0).sum() / keep.sum().clamp(min=1)
     raise ValueError(f"unknown normalization {normalization!r}; use per_token or per_sequence")
 
 
@@ -157,15 +190,76 @@ def mask_rates(cfg: ObjectiveConfig, batch: int, generator: torch.Generator | No
     raise ValueError(f"objective {cfg.name!r} does not mask tokens")
 
 
+def output_rows(output_index: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """Output-head rows (n,) of target ids (n,) by the table `output_index` (EMBED_SIZE,); ValueError naming ids
+    the head has no row for."""
+    rows = output_index[token_ids]
+    if bool((rows < 0).any()):
+        missing = token_ids[rows < 0].unique()[:5].tolist()
+        raise ValueError(f"target token ids {missing} have no row in the model's output vocabulary; the "
+                         "corpus vocabulary was built from other captions (rebuild it, or use output_vocab=full)")
+    return rows
+
+
+def id_tables(model: Any) -> dict[str, torch.Tensor | None]:
+    """The id tables :func:`prepare_batch` needs from `model`: ``input_index`` (a corpus-restricted embedding,
+    and CLIP's) and ``output_index`` (captioners). The trainer keeps host copies of them."""
+    return {"input_index": getattr(model, "input_index", None), "output_index": getattr(model, "output_index", None)}
+
+
+def prepare_batch(tokens: torch.Tensor, cfg: ObjectiveConfig, generator: torch.Generator | None = None, *,
+                  input_index: torch.Tensor | None = None, output_index: torch.Tensor | None = None
+                  ) -> PreparedBatch:
+    """Everything data-dependent about the loss of captions `tokens` (B, L) (see :class:`PreparedBatch`): trim,
+    draw the masks (`generator`, on the tokens' device), find the loss positions and their target rows, look up
+    and check the embedding rows. `input_index`/`output_index` (:func:`id_tables`) must be on the tokens' device;
+    a corpus-restricted model needs `input_index`, a captioner `output_index`. ValueError for ids outside them.
+
+    On the host (the trainer) none of this waits for an accelerator; the draws are those the loss would make.
+    """
+    spec = objective_spec(cfg.name)
+    if not spec.prepared:
+        raise ValueError(f"objective {cfg.name!r} draws its noise inside its own loss; it takes no prepared batch")
+    tokens = trim_padding(tokens)
+    if spec.model != "captioner":  # the contrastive objective reads whole captions
+        if not bool((tokens == EOT_ID).any(dim=1).all()):
+            raise ValueError("every token row needs an <eot> token: its feature is the text embedding")
+        return PreparedBatch(tokens, tokens, None if input_index is None else lookup_rows(input_index, tokens))
+    if output_index is None:
+        raise ValueError("prepare_batch for a captioner needs its output_index (see id_tables)")
+    if spec.masking == "none":  # teacher forcing: predict token i+1 from tokens <= i
+        inputs, loss_mask = tokens[:, :-1], ~padding_mask(tokens)[:, 1:]  # (B, L-1) caption tokens and <eot>
+        target_ids, t = tokens[:, 1:][loss_mask], torch.ones(tokens.shape[0], device=tokens.device)
+    else:
+        t = mask_rates(cfg, tokens.shape[0], generator, tokens.device)  # (B,)
+        inputs, loss_mask = apply_mask(tokens, t, generator=generator, min_one=cfg.min_one_masked)
+        target_ids = tokens[loss_mask]  # (n,)
+    index = loss_mask.flatten().nonzero()[:, 0]  # (n,) row-major, as loss_mask's True positions
+    rows = None if input_index is None else lookup_rows(input_index, inputs)
+    return PreparedBatch(tokens, inputs, rows, loss_mask, index, index // loss_mask.shape[1],
+                         output_rows(output_index, target_ids), t)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # the loss of a batch
 
 
 def compute_loss(model: Captioner, images: torch.Tensor, tokens: torch.Tensor, cfg: ObjectiveConfig,
-                 generator: torch.Generator | None = None) -> LossOutput:
+                 generator: torch.Generator | None = None, prepared: PreparedBatch | None = None) -> LossOutput:
     """Loss of one batch: images (B, 3, H, W), tokens (B, L) from :class:`CaptionTokenizer`; the objective's
-    row of :data:`OBJECTIVES` names the loss function."""
-    return objective_spec(cfg.name).loss_fn()(model, images, trim_padding(tokens), cfg, generator)
+    row of :data:`OBJECTIVES` names the loss function. `prepared`: the batch's :func:`prepare_batch` on this
+    device (then `tokens` are its trimmed tokens and `generator` only serves draws the loss makes itself, such as
+    guidance's condition dropping); None prepares it here from `generator`."""
+    fn = objective_spec(cfg.name).loss_fn()
+    if prepared is None:
+        return fn(model, images, trim_padding(tokens), cfg, generator)
+    return fn(model, images, tokens, cfg, generator, prepared=prepared)
+
+
+def _prepare_for(model: Any, tokens: torch.Tensor, cfg: ObjectiveConfig, generator: torch.Generator | None,
+                 prepared: PreparedBatch | None) -> PreparedBatch:
+    """`prepared`, or the batch prepared on the tokens' device (the draws after any the loss made before)."""
+    return prepared if prepared is not None else prepare_batch(tokens, cfg, generator, **id_tables(model))
 
 
 def encode_condition(model: Captioner, images: torch.Tensor, cfg: ObjectiveConfig,
@@ -179,25 +273,24 @@ def encode_condition(model: Captioner, images: torch.Tensor, cfg: ObjectiveConfi
 
 
 def clip_loss(model: Any, images: torch.Tensor, tokens: torch.Tensor, cfg: ObjectiveConfig,
-              generator: torch.Generator | None = None) -> LossOutput:
+              generator: torch.Generator | None = None, prepared: PreparedBatch | None = None) -> LossOutput:
     """Symmetric InfoNCE of :func:`mdc_core.clip_model.contrastive_loss`; no token masking."""
-    return LossOutput(*contrastive_loss(model, images, tokens))
+    return LossOutput(*contrastive_loss(model, images, tokens, rows=None if prepared is None else prepared.rows))
 
 
 def masked_token_loss(model: Captioner, images: torch.Tensor, tokens: torch.Tensor, cfg: ObjectiveConfig,
-                      generator: torch.Generator | None = None) -> LossOutput:
+                      generator: torch.Generator | None = None, prepared: PreparedBatch | None = None) -> LossOutput:
     """MDC and its masked baselines (mdc_no_t, bert, parallel): mask each caption token with the objective's
     rate, predict the masked tokens, weight by 1/t where the row says so (module docstring)."""
     spec = objective_spec(cfg.name)
     image_tokens = encode_condition(model, images, cfg, generator)
-    t = mask_rates(cfg, tokens.shape[0], generator, tokens.device)  # (B,)
-    noisy, mask = apply_mask(tokens, t, generator=generator, min_one=cfg.min_one_masked)
-    logits = model.decode(noisy, image_tokens, select=mask, causal=False)  # (n, V_out), masked positions only
-    targets = _to_output_rows(model, tokens[mask])  # (n,)
+    p = _prepare_for(model, tokens, cfg, generator, prepared)
+    t, mask, targets = p.t, p.loss_mask, p.targets  # (B,), (B, L), (n,)
+    logits = model.decode(p.inputs, image_tokens, select=p.index, causal=False, rows=p.rows)  # (n, V_out) masked only
     ce = F.cross_entropy(logits.float(), targets, reduction="none")  # (n,)
     weight = 1.0 / t if spec.inv_t_weight else torch.ones_like(t)
-    n_valid = maskable_positions(tokens).sum(dim=1)  # (B,)
-    loss = masked_diffusion_loss(ce, mask, weight, n_valid, cfg.normalization)
+    n_valid = maskable_positions(p.tokens).sum(dim=1)  # (B,)
+    loss = masked_diffusion_loss(ce, mask, weight, n_valid, cfg.normalization, owner=p.owner)
     n_masked = mask.sum()
     metrics = {
         "loss": loss.detach(),
@@ -210,17 +303,16 @@ def masked_token_loss(model: Captioner, images: torch.Tensor, tokens: torch.Tens
 
 
 def autoregressive_loss(model: Captioner, images: torch.Tensor, tokens: torch.Tensor, cfg: ObjectiveConfig,
-                        generator: torch.Generator | None = None) -> LossOutput:
+                        generator: torch.Generator | None = None, prepared: PreparedBatch | None = None) -> LossOutput:
     """Teacher forcing: predict token i+1 from tokens <= i; targets are the caption tokens and ``<eot>``."""
     image_tokens = encode_condition(model, images, cfg, generator)
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]  # (B, L-1)
-    valid = ~padding_mask(tokens)[:, 1:]  # (B, L-1) caption tokens and <eot>
-    logits = model.decode(inputs, image_tokens, select=valid, causal=True)  # (n, V_out)
-    target_rows = _to_output_rows(model, targets[valid])
+    p = _prepare_for(model, tokens, cfg, generator, prepared)
+    valid, target_rows = p.loss_mask, p.targets  # (B, L-1) caption tokens and <eot>; (n,)
+    logits = model.decode(p.inputs, image_tokens, select=p.index, causal=True, rows=p.rows)  # (n, V_out)
     ce = F.cross_entropy(logits.float(), target_rows, reduction="none")  # (n,)
     n_valid = valid.sum(dim=1)
-    loss = masked_diffusion_loss(ce, valid, torch.ones(tokens.shape[0], device=ce.device), n_valid,
-                                 cfg.normalization)
+    loss = masked_diffusion_loss(ce, valid, torch.ones(p.tokens.shape[0], device=ce.device), n_valid,
+                                 cfg.normalization, owner=p.owner)
     metrics = {
         "loss": loss.detach(),
         "ce_masked": ce.detach().mean(),
@@ -230,11 +322,3 @@ def autoregressive_loss(model: Captioner, images: torch.Tensor, tokens: torch.Te
     }
     return LossOutput(loss, metrics)
 
-
-def _to_output_rows(model: Captioner, token_ids: torch.Tensor) -> torch.Tensor:
-    rows = model.output_index[token_ids]
-    if bool((rows < 0).any()):
-        missing = token_ids[rows < 0].unique()[:5].tolist()
-        raise ValueError(f"target token ids {missing} have no row in the model's output vocabulary; the "
-                         "corpus vocabulary was built from other captions (rebuild it, or use output_vocab=full)")
-    return rows

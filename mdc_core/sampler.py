@@ -35,6 +35,9 @@ its images one by one (greedy; with temperature the random draws are shared by t
 
 The image cross-attention keys/values are computed once per batch (:meth:`Captioner.image_cache`) and
 reused by every step; the result equals the uncached computation.
+
+Precision (``precision``): the decoder runs under bf16 autocast on CUDA and in fp32 on the CPU by default
+(:mod:`mdc_core.precision`); confidences and the softmax are always taken in fp32.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ import torch.nn.functional as F
 
 from .config import SamplerConfig
 from .model import Captioner
+from .precision import inference_autocast
 from .tokenizer import EOT_ID, MASK_ID, SOT_ID, CaptionTokenizer
 
 
@@ -119,7 +123,7 @@ def _prompt_canvas(prompt: torch.Tensor, fixed: torch.Tensor | None, batch: int,
 @torch.no_grad()
 def sample(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig, *, cache: Any = None,
            prompt: torch.Tensor | None = None, fixed: torch.Tensor | None = None,
-           attention: bool = False) -> SampleOutput:
+           attention: bool = False, precision: str | None = None) -> SampleOutput:
     """Generate captions of ``cfg.length`` tokens for image_tokens (B, M, D) by confidence unmasking.
 
     Args:
@@ -129,6 +133,8 @@ def sample(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig, *, 
         fixed: (N,) or (B, N) bool, the fixed positions of `prompt` (default: its non-``[MASK]`` positions);
             positions not fixed are masked whatever `prompt` holds there.
         attention: also return the cross-attention weights of every revealed token (``step_attention``).
+        precision: ``auto`` (bf16 autocast on CUDA, fp32 on the CPU), ``fp32`` or ``bf16``; None: the current
+            default (:func:`mdc_core.precision.default_inference_precision`, normally ``auto``).
     """
     cfg.validate()
     if model.causal:
@@ -145,8 +151,10 @@ def sample(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig, *, 
     free = int((~fixed).sum(dim=1).max())  # most slots any row fills
     max_steps = math.ceil(free / k) + (cfg.remask_steps if cfg.remasking else 0)
     allowed = allowed_rows(model)
+    autocast = inference_autocast(precision, device)  # around each forward call
     if cache is None:
-        cache = model.image_cache(image_tokens)  # cross-attention keys/values, once for all steps
+        with autocast:
+            cache = model.image_cache(image_tokens)  # cross-attention keys/values, once for all steps
     gen = torch.Generator(device=device).manual_seed(cfg.seed) if cfg.temperature > 0 else None
 
     reveal_step = torch.full((B, N), -1, dtype=torch.long, device=device)
@@ -171,8 +179,9 @@ def sample(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig, *, 
             break
         select = F.pad(masked, (1, 1))  # (B, N+2): the output head runs at masked positions only
         att: list | None = [] if attention else None
-        logits = model.decode(x, None, cache=cache, select=select, attention=att) if attention else \
-            model.decode(x, None, cache=cache, select=select)
+        with autocast:
+            logits = model.decode(x, None, cache=cache, select=select, attention=att) if attention else \
+                model.decode(x, None, cache=cache, select=select)
         logits = logits.float().masked_fill(~allowed, float("-inf"))  # (n, V_out)
         probs = logits.softmax(dim=-1)
         conf_n, best_n = probs.max(dim=-1)  # (n,)
@@ -191,7 +200,7 @@ def sample(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig, *, 
         reveal_conf[reveal] = cand_conf[reveal]
         revealed_at[s], cur_tok[s], cur_conf[s] = reveal, torch.where(reveal, new, 0), torch.where(reveal, cand_conf, 0)
         if att is not None:
-            grid = torch.stack(att, dim=1)  # (n, Ly, h, M) for the masked positions, in row-major order
+            grid = torch.stack(att, dim=1).float()  # (n, Ly, h, M) for the masked positions, in row-major order
             full = grid.new_zeros(B, N, *grid.shape[1:]).masked_scatter_(masked[..., None, None, None], grid)
             att_steps[s] = full * reveal[..., None, None, None]  # (B, N, Ly, h, M), revealed positions only
 

@@ -22,9 +22,11 @@ method scores only the free slots given the fixed tokens, e.g. ``log p(colour wo
 estimates the ELBO of the slots (Eq. 8 with n = number of slots, masks drawn among the slots only), ``heuristic``
 reveals only the slots, ``ar`` (MDC) reveals the slots left to right. ARC models cannot condition on later words.
 
-Log-probabilities are always under the model's full output softmax (the distribution its loss trains). The
-image cross-attention keys/values are computed once (:meth:`Captioner.image_cache`) and shared by all samples,
-steps and captions; ``use_cache=False`` recomputes them (same result, for tests and benchmarks).
+Log-probabilities are always under the model's full output softmax (the distribution its loss trains), taken in
+fp32; the decoder runs under bf16 autocast on CUDA and in fp32 on the CPU by default (``precision``,
+:mod:`mdc_core.precision`). The image cross-attention keys/values are computed once (:meth:`Captioner.image_cache`)
+and shared by all samples, steps and captions; ``use_cache=False`` recomputes them (same result, for tests and
+benchmarks).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import torch.nn.functional as F
 
 from .model import padding_mask
 from .objectives import maskable_positions, trim_padding
+from .precision import inference_autocast
 from .sampler import allowed_rows
 from .tokenizer import EOT_ID, MASK_ID, SOT_ID, CaptionTokenizer
 
@@ -251,14 +254,15 @@ def _check(model: Any, image_tokens: torch.Tensor, tokens: torch.Tensor, method:
 
 @torch.no_grad()
 def score_tokens(model: Any, image_tokens: torch.Tensor, tokens: torch.Tensor, method: str, *, samples: int = 1024,
-                 seed: int = 0, batch_size: int = 256, use_cache: bool = True, fixed: torch.Tensor | None = None
-                 ) -> ScoreOutput:
+                 seed: int = 0, batch_size: int = 256, use_cache: bool = True, fixed: torch.Tensor | None = None,
+                 precision: str | None = None) -> ScoreOutput:
     """Score captions `tokens` (B, L) against image_tokens (B, M, D) paired row-wise, or (1, M, D) for all.
 
     `samples`, `seed`: Monte Carlo samples per caption and their seed (``mc``); `batch_size`: decoder rows per
     forward pass (memory only: results do not depend on it). `fixed` (B, L) bool: caption positions given as
-    context, neither masked nor scored (conditional likelihood of the others; MDC only). Returned tensors have
-    the width L of `tokens`.
+    context, neither masked nor scored (conditional likelihood of the others; MDC only). `precision`: ``auto``
+    (bf16 autocast on CUDA, fp32 on the CPU), ``fp32`` or ``bf16``; None: the current default
+    (:func:`mdc_core.precision.default_inference_precision`). Returned tensors have the width L of `tokens`.
     """
     spec = _check(model, image_tokens, tokens, method)
     if samples < 1 or batch_size < 1:
@@ -276,8 +280,9 @@ def score_tokens(model: Any, image_tokens: torch.Tensor, tokens: torch.Tensor, m
             raise ValueError("a caption has no free position left to score (every token is fixed)")
     tokens = trim_padding(tokens).to(image_tokens.device)
     free = free[:, :tokens.shape[1]].to(tokens.device)
-    out = spec.fn(model, _Images(model, image_tokens, use_cache), tokens, free, samples=samples, seed=seed,
-                  batch_size=batch_size)
+    with inference_autocast(precision, image_tokens.device):  # the forward calls; log-probabilities in fp32
+        out = spec.fn(model, _Images(model, image_tokens, use_cache), tokens, free, samples=samples, seed=seed,
+                      batch_size=batch_size)
     pad = full_width - tokens.shape[1]
     if pad:
         if out.token_logprobs is not None:

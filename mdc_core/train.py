@@ -13,11 +13,14 @@ with accumulation A compute the same updates as one process with ``world x`` the
 A resumed run restores model, optimizer, scheduler, EMA, RNG states, counters and the data position (epoch, batches
 read), and truncates ``metrics.jsonl``/``epochs.jsonl`` to the checkpoint's step, so it continues as if never
 stopped. SIGINT (Ctrl-C) and SIGTERM (a pre-empted job) stop the run at the next step boundary with a checkpoint
-(under torchrun the ranks agree through the step's all-reduce); ``train.ckpt_every_minutes`` adds time-based
+(under torchrun the ranks agree by a tiny all-reduce each step); ``train.ckpt_every_minutes`` adds time-based
 checkpoints, which bounds the work a crash can lose. A non-finite loss or gradient norm either stops the run with
 :class:`TrainingDiverged` before anything is written, so the last checkpoint on disk is the last good one
 (``train.nonfinite=stop``), or skips that update (``skip``; at most ``train.max_skipped_steps`` in a row). Records
 skipped as corrupt are counted per epoch in ``epochs.jsonl``.
+
+The step never waits for the device between logging steps (:mod:`mdc_core.train_step`): batches are prepared on the
+host, and the loss, metrics, gradient norm and the non-finite check are read at logging and checkpoint steps only.
 """
 
 from __future__ import annotations
@@ -38,18 +41,19 @@ from typing import Any
 import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from torch.optim.swa_utils import AveragedModel
 from tqdm.auto import tqdm
 
 from . import checkpoint as ckpt_io
 from . import distributed as dist
 from . import resume as resume_io
+from . import train_step
 from .config import ObjectiveConfig, RunConfig
 from .data import SKIP_REASONS, iter_captions
 from .data.loaders import BatchStream
 from .factory import create_model
 from .model import padding_mask
-from .objectives import compute_loss, maskable_positions, objective_spec
+from .objectives import PreparedBatch, compute_loss, maskable_positions, objective_spec
 from .resume import resolve_data_paths  # noqa: F401 - part of this module's interface
 from .runlock import RunLock
 from .tensorboard_log import TensorBoardLog
@@ -154,9 +158,9 @@ class _Objective(torch.nn.Module):
         super().__init__()
         self.model, self.cfg = model, cfg
 
-    def forward(self, images: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator
-                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        out = compute_loss(self.model, images, tokens, self.cfg, generator)
+    def forward(self, images: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator,
+                prepared: PreparedBatch | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        out = compute_loss(self.model, images, tokens, self.cfg, generator, prepared=prepared)
         return out.loss, out.metrics
 
 
@@ -205,11 +209,9 @@ class StepStats:
 
     loss: float  # the step's loss, normalised by the global count of loss terms
     metrics: dict[str, float]  # compute_loss's other metrics, mean over micro-batches and ranks
-    samples: float  # captions read by all ranks this step
-    truncated: int  # captions cut to the context length, all ranks
+    samples: float  # captions read by all ranks since the last read
+    truncated: int  # captions cut to the context length, all ranks, since the last read
     grad_norm: float  # global gradient norm before clipping
-    stop: bool = False  # some rank got SIGINT/SIGTERM: checkpoint after this step and stop
-    checkpoint_due: bool = False  # some rank's clock says train.ckpt_every_minutes have passed
 
     @property
     def finite(self) -> bool:
@@ -231,8 +233,6 @@ class _Trainer:
         model = build_model(cfg, progress=progress and self.main) if start_ckpt is None else \
             ckpt_io.load_model(start_ckpt)[0]
         self.model = model.to(self.device).train()
-        for part in (model.encoder, *model.decoder.layers) if t.compile and hasattr(model, "decoder") else ():
-            part.compile()  # in place: state-dict keys, checkpoints and the EMA copy are unchanged
         if self.main:
             out.mkdir(parents=True, exist_ok=True)
             cfg.save(out / "config.json")
@@ -240,16 +240,19 @@ class _Trainer:
                 ckpt_io.truncate_jsonl(out / "metrics.jsonl", 0)
                 ckpt_io.truncate_jsonl(out / "epochs.jsonl", 0)
         objective = _Objective(model, cfg.objective)
+        if t.compile:
+            train_step.compile_loss(objective)  # in place: forward + loss as one graph; the model is unchanged
         if ctx.distributed:
             objective = DistributedDataParallel(objective, device_ids=[self.device.index]
                                                 if self.device.type == "cuda" else None)
         self.objective = objective
-        self.opt = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=t.betas)
+        self.opt = train_step.build_optimizer(param_groups(model, t.weight_decay), t, self.device)  # fused on CUDA
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt, lambda s: lr_lambda(s, t.warmup_steps, t.steps, t.min_lr_ratio))
-        self.ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(t.ema_decay), use_buffers=True) \
-            if t.ema_decay > 0 else None
-        self.gen = torch.Generator(device=self.device)
+        self.ema = AveragedModel(model, use_buffers=True) if t.ema_decay > 0 else None  # train_step.ema_update
+        self.batches = train_step.HostBatches(model, cfg.objective, self.device)  # masking draws on the host
+        self.watch = train_step.NonFiniteWatch(self.device)
+        self.pending_samples, self.pending_truncated = 0.0, 0  # this rank's, since the last read
         self.tokenizer = CaptionTokenizer(cfg.model.context_length)
         self.global_batch = t.batch_size * ctx.world * t.grad_accum
         self.n = _Counters()
@@ -320,58 +323,81 @@ class _Trainer:
         return TrainResult(self.out, self.n.step, loss, last, dict(self.n.skipped), self.n.truncated, self.start_step)
 
     def _loop(self) -> int:
-        """Optimizer steps until train.steps or a stop request; returns the stopping signal (0: none)."""
+        """Optimizer steps until train.steps or a stop request; returns the stopping signal (0: none). Device values
+        are read only at logging and checkpoint steps (every step with train.nonfinite=skip, which must decide)."""
         t = self.cfg.train
         while self.n.step < t.steps:
-            stats = self._accumulate(self.stream.take(t.grad_accum))
-            self._reduce_pending()
-            if not stats.finite:
-                self._skip_nonfinite(stats)
-                continue
-            self.consecutive_skips = 0
+            step, stats = self._accumulate(self.stream.take(t.grad_accum)), None
+            if t.nonfinite == "skip":
+                stats = self._read(step)
+                if not stats.finite:
+                    self._skip_nonfinite(stats)
+                    continue
+                self.consecutive_skips = 0
+            else:  # train.nonfinite=stop: noted on the device, raised at the next read, before anything is written
+                self.watch.note(self.n.step, step.loss_sum / step.denom, step.grad_norm)
             self._update()
-            self.loss = stats.loss
-            self._log(stats)
-            if self.n.step % t.ckpt_every == 0 or self.n.step == t.steps or stats.checkpoint_due or stats.stop:
-                self._checkpoint()
-            if stats.stop:
+            stop, due = train_step.agree_flags(self.ctx, self.stop.signum > 0, t.ckpt_every_minutes > 0 and
+                                               time.monotonic() - self.saved_at >= 60 * t.ckpt_every_minutes)
+            log = self.n.step % t.log_every == 0 or self.n.step == t.steps
+            save = self.n.step % t.ckpt_every == 0 or self.n.step == t.steps or due or stop
+            if log or save:
+                stats = stats or self._read(step)
+                self.loss = stats.loss
+                if log:
+                    self._log(stats)
+                if save:
+                    self._checkpoint()
+            if stop:
                 return int(self.stop.signum or signal.SIGTERM)  # a rank that got no signal reports SIGTERM
         return 0
 
-    def _accumulate(self, micro: list[dict[str, Any]]) -> StepStats:
+    def _accumulate(self, micro: list[dict[str, Any]]) -> train_step.DeviceStep:
         """The step body: forward and backward over this rank's micro-batches (gradients add up to the global
-        batch's), gradient clipping, and the step's metrics reduced over ranks in one collective."""
+        batch's) and gradient clipping; the batches are prepared on the host, and nothing here reads the device."""
         t, ctx, device = self.cfg.train, self.ctx, self.device
         tokens, cut = zip(*(self.tokenizer.tokenize_batch(b["caption"]) for b in micro), strict=True)
         counts = [loss_denominator(tok, self.cfg.objective) for tok in tokens]
-        denom = max(dist.all_reduce_named(ctx, {"terms": float(sum(counts))}, "loss normalisation")["terms"], 1.0)
+        denom = train_step.global_terms(ctx, sum(counts))  # a number, or a device scalar all-reduced without waiting
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         means: dict[str, torch.Tensor] = {}
         torch.manual_seed(step_seed(t.seed, self.n.step, ctx.rank, stream=1))  # dropout: per step and rank
         for a, (batch, tok, n) in enumerate(zip(micro, tokens, counts, strict=True)):
-            self.gen.manual_seed(step_seed(t.seed, self.n.step, a * ctx.world + ctx.rank))  # = one process's draw
+            tok, prepared = self.batches(tok, step_seed(t.seed, self.n.step, a * ctx.world + ctx.rank))  # as 1 rank
             last = a == len(micro) - 1
             sync = self.objective.no_sync() if ctx.distributed and not last else contextlib.nullcontext()
             with dist.guard(ctx, "DDP forward/backward (gradient all-reduce)"), sync:
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.bf16):
-                    loss, metrics = self.objective(batch["image"].to(device, non_blocking=True), tok.to(device),
-                                                   self.gen)
+                    loss, metrics = self.objective(batch["image"].to(device, non_blocking=True), tok,
+                                                   self.batches.device_gen, prepared)
                 # DDP averages gradients over ranks: x world makes that a sum, / denom the global normalisation
-                (loss * (n * ctx.world / denom)).backward()
+                scale = n * ctx.world / denom
+                (loss * (scale.to(loss.dtype) if torch.is_tensor(scale) else scale)).backward()
             loss_sum += loss.detach().double() * n
             for k, v in metrics.items():
                 if k != "loss":
                     means[k] = means.get(k, 0) + v.detach().double() / len(micro)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip if t.grad_clip > 0 else
                                                    float("inf"))
-        due = t.ckpt_every_minutes > 0 and time.monotonic() - self.saved_at >= 60 * t.ckpt_every_minutes
-        local = {"loss": loss_sum, "samples": float(sum(len(b["caption"]) for b in micro)),
-                 "truncated": float(sum(cut)), "stop": float(self.stop.signum > 0), "due": float(due),
-                 **{f"metric/{k}": v / ctx.world for k, v in sorted(means.items())}}
-        total = dist.all_reduce_named(ctx, local, "step metrics")  # one collective for all of them and the flags
-        return StepStats(loss=total["loss"] / denom, samples=total["samples"], truncated=int(total["truncated"]),
-                         metrics={k.removeprefix("metric/"): v for k, v in total.items() if k.startswith("metric/")},
-                         grad_norm=float(grad_norm), stop=total["stop"] > 0, checkpoint_due=total["due"] > 0)
+        self.pending_samples += float(sum(len(b["caption"]) for b in micro))
+        self.pending_truncated += sum(cut)
+        return train_step.DeviceStep(loss_sum, denom, {k: v / ctx.world for k, v in sorted(means.items())}, grad_norm)
+
+    def _read(self, step: train_step.DeviceStep) -> StepStats:
+        """The step's values and the counts since the last read, summed over ranks in one collective: where the host
+        waits for the device. TrainingDiverged if a step since the last read was not finite (nonfinite=stop)."""
+        local = {"loss": step.loss_sum, "samples": self.pending_samples, "truncated": float(self.pending_truncated),
+                 "nonfinite": self.watch.flag(), **{f"metric/{k}": v for k, v in step.metrics.items()}}
+        total = dist.all_reduce_named(self.ctx, local, "step metrics")
+        self.pending_samples, self.pending_truncated = 0.0, 0
+        self._reduce_pending()
+        self.n.truncated += int(total["truncated"])
+        self.window_samples += total["samples"]
+        if total["nonfinite"] > 0:
+            self._diverged(self.watch.describe(), "train.nonfinite=stop")
+        metrics = {k.removeprefix("metric/"): v for k, v in total.items() if k.startswith("metric/")}
+        return StepStats(total["loss"] / float(step.denom), metrics, total["samples"], int(total["truncated"]),
+                         float(step.grad_norm))
 
     def _update(self) -> None:
         """Apply the accumulated gradients: optimizer, schedule and EMA step; one more step taken."""
@@ -379,35 +405,32 @@ class _Trainer:
         self.opt.zero_grad(set_to_none=True)
         self.sched.step()
         if self.ema is not None:
-            self.ema.update_parameters(self.model)
+            train_step.ema_update(self.ema, self.model, self.cfg.train.ema_decay)
         self.n.step += 1
         self.bar.update(1)
 
     def _skip_nonfinite(self, stats: StepStats) -> None:
         """Drop a non-finite update (train.nonfinite=skip), or stop the run without saving."""
         t = self.cfg.train
-        self.n.truncated += stats.truncated
-        self.window_samples += stats.samples
         self.opt.zero_grad(set_to_none=True)
         what = f"loss became {stats.loss} (grad norm {stats.grad_norm}) at step {self.n.step}"
-        where = f"last good checkpoint: {self.last_ckpt}" if self.last_ckpt else "no checkpoint was written yet"
         self.consecutive_skips += 1
-        if t.nonfinite == "stop" or self.consecutive_skips > t.max_skipped_steps:
-            why = ("train.nonfinite=stop" if t.nonfinite == "stop" else
-                   f"train.nonfinite=skip, but {self.consecutive_skips} updates in a row were non-finite "
-                   f"(train.max_skipped_steps={t.max_skipped_steps})")
-            raise TrainingDiverged(f"{what}; stopping without saving ({why}). {where}. Try a lower train.lr or "
-                                   "train.grad_clip=1.0")
+        if self.consecutive_skips > t.max_skipped_steps:
+            self._diverged(what, f"train.nonfinite=skip, but {self.consecutive_skips} updates in a row were "
+                           f"non-finite (train.max_skipped_steps={t.max_skipped_steps})")
         self.n.nonfinite_skipped += 1
         if self.main:
             tqdm.write(f"{what}; skipped this update (train.nonfinite=skip; {self.n.nonfinite_skipped} so far)")
 
+    def _diverged(self, what: str, why: str) -> None:
+        where = f"last good checkpoint: {self.last_ckpt}" if self.last_ckpt else "no checkpoint was written yet"
+        raise TrainingDiverged(f"{what}; stopping without saving ({why}). {where}. Try a lower train.lr or "
+                               "train.grad_clip=1.0")
+
     def _log(self, stats: StepStats) -> None:
-        """Count the step's samples and truncations; rank 0 writes a metrics line every train.log_every steps."""
-        t, step = self.cfg.train, self.n.step
-        self.n.truncated += stats.truncated
-        self.window_samples += stats.samples
-        if not self.main or not (step % t.log_every == 0 or step == t.steps):
+        """Rank 0 writes a metrics line (every train.log_every steps and the last)."""
+        step = self.n.step
+        if not self.main:
             return
         elapsed = time.perf_counter() - self.window_start
         record = {"step": step, "epoch": self.stream.epoch, "lr": self.sched.get_last_lr()[0],

@@ -1,6 +1,7 @@
-"""The CUDA path: bf16 autocast training, CPU/GPU agreement of the loss, sampler and scorers, a CUDA-trained
+"""The CUDA path: bf16 autocast training, CPU/GPU agreement of the loss, sampler and scorers (fp32), bf16
+inference as the CUDA default and its agreement with fp32, fused AdamW and train.compile on the GPU, a CUDA-trained
 run reloaded on the CPU, and the CLI under torchrun on one GPU. Skipped without a GPU (CI has none); on a GPU
-machine run ``pytest tests/test_cuda.py``."""
+machine run ``pytest tests/test_cuda.py`` (``tests/test_train_step.py`` adds the step's sync checks on CUDA)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ from mdc_core import checkpoint as ck
 from mdc_core.config import ObjectiveConfig, SamplerConfig
 from mdc_core.distributed import setup as dist_setup
 from mdc_core.objectives import compute_loss
+from mdc_core.precision import bf16_enabled
 from mdc_core.sampler import sample
 from mdc_core.scoring import score_tokens
 from mdc_core.tokenizer import CaptionTokenizer
 from mdc_core.train import train
+from tests.test_precision import trained  # noqa: F401 - the fixture of the bf16 inference test
 from tests.train_helpers import micro_run, read_metrics, write_micro_data
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -75,13 +78,14 @@ def test_sampler_and_scorers_cuda_match_cpu(tiny_model):
     cfg = SamplerConfig(length=6)
     cpu = sample(model, model.encode_image(images), cfg)
     gpu_model = model.cuda()
-    gpu = sample(gpu_model, gpu_model.encode_image(images.cuda()), cfg)
+    gpu = sample(gpu_model, gpu_model.encode_image(images.cuda()), cfg, precision="fp32")  # CUDA's default: bf16
     assert torch.equal(gpu.tokens.cpu(), cpu.tokens)
     assert torch.equal(gpu.reveal_step.cpu(), cpu.reveal_step)
     torch.testing.assert_close(gpu.reveal_confidence.cpu(), cpu.reveal_confidence, rtol=1e-4, atol=1e-5)
     for method in ("heuristic", "mc"):
         a = score_tokens(model.cpu(), model.encode_image(images), tokens, method, samples=64, seed=0)
-        b = score_tokens(model.cuda(), model.encode_image(images.cuda()), tokens.cuda(), method, samples=64, seed=0)
+        b = score_tokens(model.cuda(), model.encode_image(images.cuda()), tokens.cuda(), method, samples=64, seed=0,
+                         precision="fp32")
         if method == "heuristic":  # deterministic: the same order, the same log-probabilities
             torch.testing.assert_close(b.score.cpu(), a.score, rtol=1e-4, atol=1e-4)
         else:  # the masks come from each device's own generator: agree within the estimators' noise
@@ -103,8 +107,27 @@ def test_bf16_training_on_cuda_learns_and_reloads_on_cpu(data, tmp_path):
     assert out.tokens.shape == (4, saved.sampler.length)
     # the CUDA-trained weights caption identically on the GPU (fp32) and the CPU
     gpu = ck.load_model(tmp_path / "run", device="cuda")[0]
-    gpu_out = sample(gpu, gpu.encode_image(images.cuda()), saved.sampler)
+    gpu_out = sample(gpu, gpu.encode_image(images.cuda()), saved.sampler, precision="fp32")
     assert torch.equal(gpu_out.tokens.cpu(), out.tokens)
+
+
+def test_bf16_is_the_cuda_inference_default_and_agrees_with_fp32(trained):  # noqa: F811 - the imported fixture
+    model, image_tokens, tokens, _ = trained
+    model, image_tokens, tokens = model.cuda(), image_tokens.cuda(), tokens.cuda()
+    assert bf16_enabled("auto", "cuda")
+    cfg = SamplerConfig(length=len(CaptionTokenizer(24).encode_text("a red circle on the left")))
+    default, bf16, fp32 = (sample(model, image_tokens, cfg, precision=p) for p in (None, "bf16", "fp32"))
+    assert torch.equal(default.tokens, bf16.tokens) and torch.equal(default.reveal_confidence, bf16.reveal_confidence)
+    assert (bf16.tokens == fp32.tokens).float().mean() >= 0.99
+    a, b = (score_tokens(model, image_tokens, tokens, "mc", samples=128, seed=0, precision=p) for p in ("fp32", None))
+    assert ((b.score - a.score).abs() <= 2 * a.stderr).all()
+
+
+def test_fused_adamw_and_compiled_training_on_cuda(data, tmp_path):
+    result = train(micro_run(data, 'train.device="cuda"', "train.compile=true", steps=6, batch_size=8,
+                             ckpt_every=6, ema_decay=0.9), tmp_path / "compiled", progress=False)
+    rows = read_metrics(tmp_path / "compiled")
+    assert result.steps == 6 and all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
 
 
 def test_cli_trains_on_cuda_under_torchrun(data, tmp_path):

@@ -15,6 +15,7 @@ from mdc_core.objectives import (
     mask_rates,
     maskable_positions,
     masked_diffusion_loss,
+    prepare_batch,
     sample_t,
     trim_padding,
 )
@@ -186,3 +187,41 @@ def test_compute_loss_arc_is_teacher_forced_ce(tiny_model):
     valid = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)  # 3 tokens + eot, 1 token + eot
     expected = F.cross_entropy(logits[valid], targets[valid])
     assert out.loss.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_prepare_batch_hand_example():
+    tokens = batch(3, 1, length=8)  # <sot> a b c <eot> pad pad pad / <sot> a <eot> pad ...
+    out_index = torch.arange(49409).masked_fill(torch.arange(49409) >= 49408, -1)  # the full head: id -> row
+    arc = prepare_batch(tokens, ObjectiveConfig(name="arc"), output_index=out_index)
+    assert arc.tokens.shape == (2, 5) and torch.equal(arc.inputs, arc.tokens[:, :-1])
+    assert arc.index.tolist() == [0, 1, 2, 3, 4, 5]  # (B, 4) grid: row 0 predicts a b c <eot>, row 1 a <eot>
+    assert arc.owner.tolist() == [0, 0, 0, 0, 1, 1]
+    assert arc.targets.tolist() == [100, 0, 102, EOT_ID, 100, EOT_ID]
+    par = prepare_batch(tokens, ObjectiveConfig(name="parallel"), output_index=out_index)  # every token masked
+    assert par.index.tolist() == [1, 2, 3, 6] and par.owner.tolist() == [0, 0, 0, 1]
+    assert par.targets.tolist() == [100, 0, 102, 100] and (par.inputs[par.loss_mask] == MASK_ID).all()
+    with pytest.raises(ValueError, match=r"target token ids \[102\] have no row"):
+        prepare_batch(tokens, ObjectiveConfig(name="parallel"), output_index=out_index.masked_fill(
+            torch.arange(49409) == 102, -1))
+    with pytest.raises(ValueError, match="takes no prepared batch"):
+        prepare_batch(tokens, ObjectiveConfig(name="d3pm"), output_index=out_index)
+
+
+@pytest.mark.parametrize("name", ["mdc", "bert", "parallel", "arc", "clip"])
+def test_a_prepared_batch_gives_the_loss_of_the_same_draws(tiny_model, name):
+    from mdc_core.factory import create_model
+    from mdc_core.objectives import id_tables
+
+    from .conftest import micro_config
+
+    ids = torch.tensor(sorted({100, 0, 102, 103, 104, EOT_ID}))
+    cfg = ObjectiveConfig(name=name)
+    torch.manual_seed(0)
+    model = create_model(micro_config(output_vocab="corpus", output_vocab_size=len(ids)), name, ids) \
+        if name == "clip" else tiny_model(causal=name == "arc", output_ids=ids)
+    images, tokens = torch.randn(3, 3, 32, 32), batch(3, 5, 2, length=16)
+    direct = compute_loss(model, images, tokens, cfg, torch.Generator().manual_seed(4))
+    prepared = prepare_batch(tokens, cfg, torch.Generator().manual_seed(4), **id_tables(model))
+    via = compute_loss(model, images, prepared.tokens, cfg, None, prepared=prepared)
+    assert torch.equal(direct.loss, via.loss)
+    assert all(torch.equal(direct.metrics[k], via.metrics[k]) for k in direct.metrics)

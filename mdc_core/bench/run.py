@@ -4,7 +4,9 @@
 width/depth/heads and image size; one batch of embedded-data images and captions) and returns a JSON-ready
 dict; :func:`format_report` renders it as tables. Timings are medians over repeats after warm-up; the matmul
 peak that the model FLOPs utilisation (MFU) is measured against is taken in the same run, in the precision the
-training step runs in (fp32 on CPU; bf16 on CUDA, where training uses bf16 autocast).
+training step runs in (fp32 on CPU; bf16 on CUDA, where training uses bf16 autocast). Every captioning and
+scoring row (image encoding included, MDC, ARC and CoCa alike) runs in ``BenchConfig.precision`` (``--precision``;
+``auto``: bf16 autocast on CUDA, fp32 on the CPU), named in the report as ``inference_precision``.
 
 Sections: ``train`` (:mod:`mdc_core.bench.training`, one fresh process per row), ``caption`` and ``scoring``
 (:mod:`mdc_core.bench.decoding`), ``quality`` (only with trained runs), and ``targets`` (issue 6's goals, each
@@ -25,6 +27,7 @@ from typing import Any
 import torch
 
 from ..config import load_preset
+from ..precision import bf16_enabled, default_inference_precision, inference_autocast
 from .core import BenchConfig, bench_inputs, machine_info, matmul_peak, resolve_device
 
 # ----------------------------------------------------------------------------------------------------------
@@ -74,11 +77,14 @@ def run_bench(bench: BenchConfig, progress: Callable[[str], None] | None = None)
             row["mfu"] = row["model_flops_per_s"] / peak
     report["train"] = train
 
-    say("caption latency and throughput")
-    report["caption"] = caption_speed(cfg, payload, bench, device, say)
-    say("scoring throughput")
-    report["scoring"] = scoring_speed(cfg, payload, bench, device)
-    report["quality"] = quality_comparison(bench, device, say)
+    # every inference row (image encoding, MDC, ARC and CoCa decoding, scoring) in the same precision
+    report["inference_precision"] = "bf16 autocast" if bf16_enabled(bench.precision, device) else "fp32"
+    with default_inference_precision(bench.precision), inference_autocast(bench.precision, device):
+        say(f"caption latency and throughput ({report['inference_precision']})")
+        report["caption"] = caption_speed(cfg, payload, bench, device, say)
+        say("scoring throughput")
+        report["scoring"] = scoring_speed(cfg, payload, bench, device)
+        report["quality"] = quality_comparison(bench, device, say)
     if bench.profile_rows > 0:
         say("profiling the MDC training step")
         report["profile"] = profile_train_step(payload, rows=bench.profile_rows, device=str(device))
@@ -166,6 +172,7 @@ def format_report(report: dict[str, Any]) -> str:
         rows.append([name, r["samples_per_s"], r["step_s"] * 1e3, r["peak_mem_mib"], r["flops_per_step"] / 1e9,
                      r["mfu"]])
     parts += ["training step", _table(["model", "samples/s", "step ms", "peak MiB", "GFLOP/step", "MFU"], rows), ""]
+    parts += [f"captioning and scoring in {report.get('inference_precision', 'fp32')}", ""]
     for key, section in report["caption"].items():
         rows = [[name, r.get("latency_s", 0) * 1e3, r.get("captions_per_s"), r.get("steps"), r.get("note", "")]
                 if r.get("available", True) else [name, None, None, None, "not available: " + r["note"]]

@@ -2,14 +2,17 @@
 
 Every row of :data:`TRAIN_SPECS` is measured in its own ``python -m mdc_core.bench.training`` child so that
 its peak memory is its own: the peak resident set (``ru_maxrss``) on CPU, ``torch.cuda.max_memory_allocated``
-on CUDA. A step is what :mod:`mdc_core.train` does: forward, loss, backward, AdamW update, ``zero_grad``
-(bf16 autocast on CUDA, fp32 on CPU). The model FLOPs of a step (forward + backward, optimizer excluded) are
-counted once by ``torch.utils.flop_counter.FlopCounterMode`` on the eager model.
+on CUDA. A step is what :mod:`mdc_core.train` does: the batch prepared on the host and copied without blocking
+(:class:`mdc_core.train_step.HostBatches`), forward, loss, backward, AdamW update (fused on CUDA), ``zero_grad``
+(bf16 autocast on CUDA, fp32 on CPU); the compiled row compiles as ``train.compile=true`` does. The model FLOPs of a
+step (forward + backward, optimizer excluded) are counted once by ``torch.utils.flop_counter.FlopCounterMode`` on
+the eager model.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import resource
 import statistics
@@ -27,6 +30,7 @@ from ..config import RunConfig
 from ..distributed import sync
 from ..model import Captioner
 from ..objectives import compute_loss, objective_spec, trim_padding
+from ..train_step import HostBatches, build_optimizer
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,7 @@ class TrainSpec:
     family: str  # "ours" (mdc_core.model.Captioner + mdc_core.objectives) | "coca" (open_clip CoCa, caption loss)
     objective: str = "mdc"  # ours: objective name
     output_vocab: str = ""  # ours: "" = the preset's, "full" = the 49408-way head (CoCa's)
-    compile: bool = False  # ours: torch.compile the encoder and the decoder layers (as train.compile=true)
+    compile: bool = False  # ours: torch.compile the forward + loss (compute_loss), the region of train.compile=true
     coca_layout: str = "depth_matched"  # coca: mdc_core.bench.coca.COCA_LAYOUTS
     note: str = ""
 
@@ -44,7 +48,7 @@ class TrainSpec:
 TRAIN_SPECS: dict[str, TrainSpec] = {
     "mdc": TrainSpec("ours", "mdc", note="the preset as it trains"),
     "mdc_full_vocab": TrainSpec("ours", "mdc", output_vocab="full", note="49408-way head, as CoCa"),
-    "mdc_compiled": TrainSpec("ours", "mdc", compile=True, note="torch.compile of encoder + decoder layers"),
+    "mdc_compiled": TrainSpec("ours", "mdc", compile=True, note="torch.compile of forward + loss (train.compile)"),
     "arc": TrainSpec("ours", "arc", note="same decoder, causal, teacher forcing"),
     "coca": TrainSpec("coca", coca_layout="depth_matched", note="open_clip CoCa, unimodal + multimodal = depth"),
     "coca_open_clip_layout": TrainSpec("coca", coca_layout="open_clip",
@@ -52,39 +56,40 @@ TRAIN_SPECS: dict[str, TrainSpec] = {
 }
 
 
-def compile_for_training(model: Captioner) -> None:
-    """Compile, in place, the parts of a captioner that see static shapes: the encoder and each decoder layer
-    (the masked-position selection and the loss stay eager). State-dict keys are unchanged."""
-    model.encoder.compile()
-    for layer in model.decoder.layers:
-        layer.compile()
-
-
-def build_step_model(spec: TrainSpec, cfg: RunConfig, output_ids: torch.Tensor | None
+def build_step_model(spec: TrainSpec, cfg: RunConfig, output_ids: torch.Tensor | None, device: torch.device
                      ) -> tuple[torch.nn.Module, Callable[..., torch.Tensor]]:
-    """(model, loss_fn(images, tokens, generator) -> scalar) for one row of :data:`TRAIN_SPECS`."""
+    """(model on `device`, loss_fn(images, tokens, seed) -> scalar) for one row of :data:`TRAIN_SPECS`: images on
+    the device, tokens (B, L) on the host, prepared for the step there as the trainer does."""
     if spec.family == "coca":
         from .coca import CocaCaptionLoss, build_coca
 
-        model = build_coca(cfg.model, spec.coca_layout)
+        model = build_coca(cfg.model, spec.coca_layout).to(device)
         loss = CocaCaptionLoss()
-        return model, lambda images, tokens, gen: loss(model, images, trim_padding(tokens))
+        return model, lambda images, tokens, seed: loss(model, images,
+                                                        trim_padding(tokens).to(device, non_blocking=True))
     mcfg = RunConfig.from_dict(cfg.to_dict()).model
     if spec.output_vocab == "full":
         mcfg.output_vocab, mcfg.output_vocab_size, output_ids = "full", 0, None
-    model = Captioner(mcfg, causal=objective_spec(spec.objective).causal, output_ids=output_ids)
+    model = Captioner(mcfg, causal=objective_spec(spec.objective).causal, output_ids=output_ids).to(device)
     objective = dataclasses.replace(cfg.objective, name=spec.objective)
-    return model, lambda images, tokens, gen: compute_loss(model, images, tokens, objective, gen).loss
+    batches = HostBatches(model, objective, device)
+    loss = torch.compile(compute_loss) if spec.compile else compute_loss  # train_step.compile_loss's region
+
+    def loss_fn(images: torch.Tensor, tokens: torch.Tensor, seed: int) -> torch.Tensor:
+        tokens, prepared = batches(tokens, seed)
+        return loss(model, images, tokens, objective, batches.device_gen, prepared=prepared).loss
+
+    return model, loss_fn
 
 
 def count_step_flops(loss_fn: Callable[..., torch.Tensor], images: torch.Tensor, tokens: torch.Tensor,
-                     gen: torch.Generator) -> int:
+                     seed: int = 1) -> int:
     """Model FLOPs of one forward + backward (matmuls, convolutions and attention, as FlopCounterMode counts)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
     with counter:
-        loss_fn(images, tokens, gen).backward()
+        loss_fn(images, tokens, seed).backward()
     return int(counter.get_total_flops())
 
 
@@ -128,18 +133,16 @@ def measure_train_step(name: str, payload: dict[str, Any], *, steps: int, warmup
     cfg = RunConfig.from_dict(payload["run_config"])
     dev = torch.device(device)
     torch.manual_seed(0)
-    model, loss_fn = build_step_model(spec, cfg, payload["output_ids"])
-    model.to(dev).train()
-    images, tokens = payload["images"].to(dev), payload["tokens"].to(dev)
-    gen = torch.Generator(device=dev).manual_seed(1)
-    if spec.compile:
-        compile_for_training(model)
-    opt = torch.optim.AdamW(param_groups(model, cfg.train.weight_decay), lr=cfg.train.lr, betas=cfg.train.betas)
+    model, loss_fn = build_step_model(spec, cfg, payload["output_ids"], dev)
+    model.train()
+    images, tokens = payload["images"].to(dev), payload["tokens"]  # tokens stay on the host, as in training
+    opt = build_optimizer(param_groups(model, cfg.train.weight_decay), cfg.train, dev)
     bf16 = use_bf16(cfg.train.precision, dev)
+    seeds = itertools.count(1)  # new masks every step, as in training
 
     def step() -> None:
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
-            loss = loss_fn(images, tokens, gen)
+            loss = loss_fn(images, tokens, next(seeds))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -167,9 +170,9 @@ def measure_train_step(name: str, payload: dict[str, Any], *, steps: int, warmup
         peak = {"peak_mem_mib": rss_peak - rss_before, "peak_rss_mib": rss_peak,
                 "memory": "peak RSS during the timed steps minus RSS before the first step"}
     if spec.compile:  # count the FLOPs of the same computation, eagerly
-        model, loss_fn = build_step_model(spec, cfg, payload["output_ids"])
-        model.to(dev).train()
-    flops = count_step_flops(loss_fn, images, tokens, gen)
+        model, loss_fn = build_step_model(dataclasses.replace(spec, compile=False), cfg, payload["output_ids"], dev)
+        model.train()
+    flops = count_step_flops(loss_fn, images, tokens)
     batch = images.shape[0]
     return {"name": name, "note": spec.note, "batch": batch, "step_s": step_s, "samples_per_s": batch / step_s,
             "step_s_all": times, "warmup_s": warmup_s, "flops_per_step": flops,
@@ -218,14 +221,14 @@ def profile_train_step(payload: dict[str, Any], *, name: str = "mdc", steps: int
     cfg = RunConfig.from_dict(payload["run_config"])
     dev = torch.device(device)
     torch.manual_seed(0)
-    model, loss_fn = build_step_model(TRAIN_SPECS[name], cfg, payload["output_ids"])
-    model.to(dev).train()
-    images, tokens = payload["images"].to(dev), payload["tokens"].to(dev)
-    gen = torch.Generator(device=dev).manual_seed(1)
-    opt = torch.optim.AdamW(param_groups(model, cfg.train.weight_decay), lr=cfg.train.lr)
+    model, loss_fn = build_step_model(TRAIN_SPECS[name], cfg, payload["output_ids"], dev)
+    model.train()
+    images, tokens = payload["images"].to(dev), payload["tokens"]
+    opt = build_optimizer(param_groups(model, cfg.train.weight_decay), cfg.train, dev)
+    seeds = itertools.count(1)
 
     def step() -> None:
-        loss_fn(images, tokens, gen).backward()
+        loss_fn(images, tokens, next(seeds)).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 

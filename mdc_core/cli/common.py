@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mdc_core.config import ConfigError
+from mdc_core.config import PRECISIONS, ConfigError
 from mdc_core.runlock import RunFolderBusy
 
 # -> "mdc: error: ...", exit 2 (PermissionError: a shared run or folder this user may not read or write)
@@ -23,6 +23,8 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {  # keyword -> (flag, standard a
     "data": ("--data", {"required": True, "help": "data path (shard folder, brace pattern, CSV/TSV or COCO JSON)"}),
     "image": ("--image", {"required": True, "help": "image file"}),
     "device": ("--device", {"default": "cpu", "help": "cpu | cuda | cuda:N"}),
+    "precision": ("--precision", {"default": "auto", "choices": PRECISIONS, "help": "sampling and scoring: auto = "
+                                  "bf16 autocast on CUDA, fp32 on the CPU (default); bf16 on a CPU is slow"}),
     "ema": ("--ema", {"action": "store_true", "help": "use the EMA weights"}),
     "split": ("--split", {"default": "test", "help": "data split (default test)"}),
     "limit": ("--limit", {"type": int, "help": "at most N images"}),

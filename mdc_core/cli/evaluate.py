@@ -25,7 +25,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     comp = verbs.add_parser("compositionality", help="pick-the-true-caption accuracy (paper Table 2)", parents=[flags(
         runs=True, data="benchmark data: folder or json (see README)",
         limit="at most N examples (per task file for SugarCrepe)", split="split of the embedded data (synth)",
-        seed="seed of the mc estimator and of order perturbations", device=True,
+        seed="seed of the mc estimator and of order perturbations", device=True, precision=True,
         out={"default": "outputs/eval", "required": False, "help": "folder for compositionality_<benchmark>.json/.md"},
         json="print the result JSON instead of the table", quiet=True)])
     comp.add_argument("--benchmark", default="synth", choices=("synth", "aro-relation", "aro-attribution",
@@ -43,7 +43,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                            parents=[flags(
         runs="run folder, MDC-family or ARC (repeatable)",
         data="Karpathy json, COCO caption json, CSV or embedded data folder", limit="caption at most N test images",
-        batch_size={"default": 32, "help": "images per decoding batch"}, device=True,
+        batch_size={"default": 32, "help": "images per decoding batch"}, device=True, precision=True,
         out={"default": "outputs/eval", "required": False, "help": "folder for captioning.json/.md and finetune/ runs"},
         json="print the result JSON instead of the table", quiet="no progress bars")])
     cap.add_argument("--images", help="image folder of a caption json/CSV (default: beside it, or the COCO layout "
@@ -79,7 +79,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                            "confidence threshold)", parents=[flags(
         run="MDC-family run folder", data="embedded data folder (single-object labels give the accuracies)",
         split=True, limit={"default": 256, "help": "caption the first N images of the split"},
-        batch_size={"default": 64, "help": "images per decoding batch"}, device=True,
+        batch_size={"default": 64, "help": "images per decoding batch"}, device=True, precision=True,
         out={"default": "outputs/eval", "required": False, "help": "folder for parallel_decoding.json and .png"},
         json="print the result JSON instead of the table", quiet=True)])
     par.add_argument("--thresholds", default="0.9,0.7,0.5,0.3", help="confidence thresholds in (0, 1] (with k=1)")
@@ -92,7 +92,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         runs="MDC-family run folder (repeatable: one line each in the plot)",
         data={"required": False, "help": "embedded data folder (default: each run's own data.path)"}, split=True,
         limit={"default": 512, "help": "caption the first N images of the split"},
-        batch_size={"default": 64, "help": "images per decoding batch"}, ema=True, device=True,
+        batch_size={"default": 64, "help": "images per decoding batch"}, ema=True, device=True, precision=True,
         out={"default": "outputs/eval", "required": False, "help": "folder for objects.json and objects.png"},
         json="print the result JSON instead of the tables", quiet="no progress bars")])
     obj.add_argument("--lengths", type=int, nargs="+", help="caption lengths N' (default: the run's sampler.length)")

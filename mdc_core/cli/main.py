@@ -96,7 +96,12 @@ def _main(argv: list[str] | None) -> int:
             check_numeric_args(args)  # e.g. --steps 0: an error, never the preset's default
             for module in () if args.verb in LIGHT_VERBS else PRELOAD.get(args.verb, ("mdc_core.train",)):
                 importlib.import_module(module)
-        handler(args)
+        if getattr(args, "precision", None) is None:
+            handler(args)
+        else:  # --precision: the default of every sampling and scoring call the verb makes
+            from mdc_core.precision import default_inference_precision
+            with default_inference_precision(args.precision):
+                handler(args)
     except USER_ERRORS as err:
         print(f"mdc: error: {err}", file=sys.stderr)
         return 2

@@ -25,7 +25,7 @@ MDC_ONLY_ARGS = (("tokens_per_step", "--tokens-per-step"), ("threshold", "--thre
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     samp = sub.add_parser("sample", help="caption one image: confidence unmasking (MDC), ancestral D3PM sampling "
                           "(--objective d3pm runs), optionally guided",
-                          parents=[flags(run=True, image=True, ema=True, device=True,
+                          parents=[flags(run=True, image=True, ema=True, device=True, precision=True,
                                          json="print the caption and its full trajectory as JSON")])
     _add_sampler_args(samp)
     samp.add_argument("--auto-range", default="3-20", help="N' tried by --length auto: LO-HI or a list 5,10,15")
@@ -37,7 +37,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                           seed="seed of the Monte Carlo masks (mc)",
                                           batch_size={"default": 256,
                                                       "help": "decoder rows per forward pass (memory only)"},
-                                          ema=True, device=True,
+                                          ema=True, device=True, precision=True,
                                           json="print a JSON list: caption, score, stderr (mc), tokens...")])
     score.add_argument("--caption", action="append", required=True, help="caption text (repeatable)")
     score.add_argument("--method", required=True, choices=SCORE_METHODS,

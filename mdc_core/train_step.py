@@ -1,0 +1,149 @@
+"""What keeps the training step from waiting on the device: host-side batches, fused AdamW, a sync-free EMA, lazy
+non-finite checks, compilation.
+
+On CUDA, the host queues kernels and runs ahead of the GPU until it needs a value the GPU has not computed yet:
+``.item()``, ``float()``/``int()``/``bool()`` of a tensor, ``.tolist()``, ``.cpu()``, ``nonzero``, boolean-mask
+indexing, or a blocking host-to-device copy. Each of those drains the queue (a host-device synchronisation), and the
+GPU idles while the host catches up. :mod:`mdc_core.train` does none of them between logging steps:
+
+- the captions are tokenized, trimmed, masked, checked and mapped to embedding and head rows on the host
+  (:class:`HostBatches`, :func:`mdc_core.objectives.prepare_batch`) and copied without blocking;
+- the loss, metrics and gradient norm stay on the device until a logging or checkpoint step reads them at once;
+- a non-finite loss or gradient norm is noted on the device (:class:`NonFiniteWatch`) and raised at that next read,
+  before anything is written (``train.nonfinite=skip`` has to decide every step, so it reads every step);
+- :func:`ema_update` is :class:`torch.optim.swa_utils.AveragedModel`'s update without its blocking copy of the
+  update count (and with integer buffers copied: averaging token-id tables rounds them to other ids);
+- :func:`build_optimizer` takes PyTorch's fused AdamW kernel on CUDA (one kernel for all parameters); on the CPU
+  the default implementation, so CPU runs keep their numbers to the bit.
+
+``tests/test_train_step.py`` counts the calls that would synchronise during a non-logging step for every objective.
+:func:`compile_loss` is ``train.compile``: the model forward and the loss compile as one graph (the same test file
+checks it with ``torch._dynamo.explain``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.optim.swa_utils import AveragedModel
+
+from . import distributed as dist
+from .config import ObjectiveConfig, TrainConfig
+from .objectives import PreparedBatch, id_tables, objective_spec, prepare_batch
+
+
+@dataclass
+class DeviceStep:
+    """One optimizer step as the device holds it (nothing read yet)."""
+
+    loss_sum: torch.Tensor  # this rank's sum over micro-batches of loss x loss terms (float64)
+    denom: float | torch.Tensor  # the global count of loss terms (a device scalar under torchrun)
+    metrics: dict[str, torch.Tensor]  # compute_loss's other metrics, mean over micro-batches, / world (float64)
+    grad_norm: torch.Tensor  # global gradient norm before clipping
+
+
+def global_terms(ctx: dist.DistContext, terms: int) -> float | torch.Tensor:
+    """A step's loss terms summed over ranks, at least 1: a number in one process; under torchrun a device scalar,
+    all-reduced without the host waiting for it."""
+    if not ctx.distributed:
+        return max(float(terms), 1.0)
+    total = torch.full((), float(terms), dtype=torch.float64, device=ctx.device)
+    return dist.all_reduce(ctx, total, "sum", "loss normalisation").clamp(min=1.0)
+
+
+def agree_flags(ctx: dist.DistContext, stop: bool, due: bool) -> tuple[bool, bool]:
+    """(stop, checkpoint due) of this rank; under torchrun, of any rank (the ranks must stop and save at the same
+    step: one tiny all-reduce per step, which the host reads)."""
+    if not ctx.distributed:
+        return stop, due
+    total = dist.all_reduce_named(ctx, {"stop": float(stop), "due": float(due)}, "stop/checkpoint flags")
+    return total["stop"] > 0, total["due"] > 0
+
+
+def build_optimizer(param_groups: list[dict[str, Any]], t: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW with the run's lr and betas: the fused kernel on CUDA (all parameters floating point on one device),
+    the default implementation elsewhere."""
+    params = [p for g in param_groups for p in g["params"]]
+    fused = device.type == "cuda" and all(p.is_cuda and p.is_floating_point() for p in params)
+    return torch.optim.AdamW(param_groups, lr=t.lr, betas=t.betas, **({"fused": True} if fused else {}))
+
+
+@torch.no_grad()
+def ema_update(ema: AveragedModel, model: torch.nn.Module, decay: float) -> None:
+    """One EMA step of `ema` (``use_buffers=True``) towards `model`: the first copies, later ones move every
+    floating-point parameter and buffer by ``1 - decay`` (``torch._foreach_lerp_``, as
+    ``get_ema_multi_avg_fn``); integer buffers are copied. The update count lives on the CPU, so nothing waits."""
+    first = int(ema.n_averaged) == 0  # a CPU tensor (AveragedModel's default): no device read
+    pairs = list(zip([*ema.module.parameters(), *ema.module.buffers()], [*model.parameters(), *model.buffers()],
+                     strict=True))
+    groups: dict[tuple[torch.device, torch.dtype], tuple[list, list]] = {}
+    for avg, cur in pairs:
+        if first or not avg.is_floating_point():
+            avg.copy_(cur)
+        else:
+            a, c = groups.setdefault((avg.device, avg.dtype), ([], []))
+            a.append(avg)
+            c.append(cur)
+    for a, c in groups.values():
+        torch._foreach_lerp_(a, c, 1.0 - decay)
+    ema.n_averaged += 1
+
+
+class NonFiniteWatch:
+    """The first step whose loss or gradient norm was not finite, its loss and norm, kept on the device."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.step = torch.full((), -1, dtype=torch.long, device=device)
+        self.loss = torch.zeros((), dtype=torch.float64, device=device)
+        self.grad_norm = torch.zeros((), dtype=torch.float64, device=device)
+
+    def note(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """Record step `step` if it is the first non-finite one (device ops only)."""
+        first = (self.step < 0) & ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
+        self.step = torch.where(first, step, self.step)
+        self.loss = torch.where(first, loss.double(), self.loss)
+        self.grad_norm = torch.where(first, grad_norm.double(), self.grad_norm)
+
+    def flag(self) -> torch.Tensor:
+        """1.0 if some step was not finite, else 0.0 (a device scalar, to read with the step's other values)."""
+        return (self.step >= 0).double()
+
+    def describe(self) -> str:
+        """What happened, for the error message (reads the device)."""
+        return f"loss became {float(self.loss)} (grad norm {float(self.grad_norm)}) at step {int(self.step)}"
+
+
+class HostBatches:
+    """Prepares each micro-batch on the host and copies it to the device without blocking.
+
+    Calling it with CPU tokens (B, L) and the micro-batch's seed gives (tokens, prepared batch) on the device:
+    :func:`~mdc_core.objectives.prepare_batch` with a CPU generator seeded by `seed` and CPU copies of the model's
+    id tables (made once); the prepared batch is None for an objective that draws its noise on the device itself.
+    :attr:`device_gen`, seeded alike, serves the draws a loss makes on the device (guidance's condition dropping).
+    """
+
+    def __init__(self, model: torch.nn.Module, cfg: ObjectiveConfig, device: torch.device) -> None:
+        self.cfg, self.device, self.prepared = cfg, device, objective_spec(cfg.name).prepared
+        self.tables = {k: None if v is None else v.detach().to("cpu", copy=True) for k, v in id_tables(model).items()}
+        self.gen = torch.Generator()
+        self.device_gen = self.gen if device.type == "cpu" else torch.Generator(device=device)
+
+    def __call__(self, tokens: torch.Tensor, seed: int) -> tuple[torch.Tensor, PreparedBatch | None]:
+        self.gen.manual_seed(seed)
+        if self.device_gen is not self.gen:
+            self.device_gen.manual_seed(seed)
+        if not self.prepared:
+            return tokens.to(self.device, non_blocking=True), None
+        prepared = prepare_batch(tokens, self.cfg, self.gen, **self.tables).to(self.device, non_blocking=True)
+        return prepared.tokens, prepared
+
+
+def compile_loss(objective: torch.nn.Module) -> None:
+    """``train.compile``: compile, in place, the module whose forward is the loss of a prepared batch
+    (``nn.Module.compile``). The model forward and the loss trace as one graph without breaks, and AOTAutograd
+    compiles its backward with it; caption length and loss-term count change from batch to batch, so the second
+    batch recompiles with dynamic shapes and later ones reuse that graph. The model itself is not wrapped: its
+    state-dict keys, the checkpoints and the EMA copy are unchanged."""
+    objective.compile()
