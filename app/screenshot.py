@@ -92,7 +92,7 @@ def shrink(path: str | Path, width: int = 900, colours: int = 128) -> Path:
 def screenshot(out: str | Path, *, run: str | Path | None = None, root: str | Path | None = None,
                width: int = 1200, height: int = 1600, budget_ms: int = 30000, small: int | None = None) -> Path:
     """Launch the app on a free loopback port, screenshot it after the first full unmasking, stop it."""
-    from app.mdc_app import serve
+    from app.launch import serve
     port = _free_port()
     demo = serve(run, root=root, port=port, block=False)
     try:
