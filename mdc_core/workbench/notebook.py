@@ -140,8 +140,13 @@ def train_cached(cfg: RunConfig, models_dir: str | Path, *, live: bool = False, 
 
     run_dir = cached_run_dir(models_dir, cfg)
     with cache_lock(run_dir, f"the model {run_dir.name}"):  # another notebook may be training this very run
-        if not _finished(run_dir, cfg.train.steps):
+        if _finished(run_dir, cfg.train.steps):
+            print(f"reusing the trained run {run_dir.name} in {models_dir} (the same config and data; delete the "
+                  "folder to train it again)")
+        else:
             resume = latest_checkpoint(run_dir) is not None
+            if resume:
+                print(f"resuming {run_dir.name} from its checkpoint {latest_checkpoint(run_dir).name}")
             if not resume and run_dir.exists():  # a run killed before its first checkpoint: start it over
                 import shutil
                 shutil.rmtree(run_dir)
@@ -276,13 +281,12 @@ def save_figure(fig: Any, output_dir: str | Path, name: str) -> None:
 
 
 def write_metrics(output_dir: str | Path, notebook: str, metrics: dict[str, Any],
-                  tables: dict[str, dict[str, Any]] | None = None, **extra: Any) -> Path:
+                  tables: dict[str, dict[str, Any]] | None = None, **extra: Any) -> None:
     """Write ``<output_dir>/metrics.json`` in the layout :mod:`mdc_core.workbench.summary` reads: flat scalar
-    `metrics` and paper-style `tables` (name -> {"metric": str, "values": {row: number | {column: number}}})."""
+    `metrics` and paper-style `tables` (name -> {"metric": str, "values": {row: number | {column: number}}}).
+    Returns nothing (a notebook's last cell ends with it: no ``PosixPath(...)`` line)."""
     record = {"notebook": notebook, "metrics": metrics, "tables": tables or {}, **extra}
-    path = output_folder(output_dir) / "metrics.json"
-    path.write_text(json.dumps(record, indent=2, default=float) + "\n")
-    return path
+    (output_folder(output_dir) / "metrics.json").write_text(json.dumps(record, indent=2, default=float) + "\n")
 
 
 # ----------------------------------------------------------------------------------------------------------
