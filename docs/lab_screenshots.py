@@ -15,7 +15,8 @@ Needs the [lab] extra (JupyterLab) and Debian's ``chromium`` (``apt-get install 
    and that every hidden solution passed, and screenshots the step-by-step unmasking and an exercise;
    ``pretraining``: the same for 01 (its defaults: ``make demo``'s model is reused when it was trained);
    ``interrupt``: 01 with a fresh models folder, Kernel > Interrupt during training, checks that the cell says
-   where training stopped and that running it again resumes from that checkpoint, then interrupts again.
+   where training stopped and that running it again resumes from that checkpoint, then interrupts again;
+   ``clean``: opening any numbered notebook leaves it unchanged (nothing for JupyterLab to upgrade).
 
 Every check is an assert: the script fails loudly when the browser shows something else.
 """
@@ -70,6 +71,7 @@ class Page:
         self.ws = websocket.create_connection(url, timeout=600, suppress_origin=True)
         self.next_id = 0
         self.call("Emulation.setDeviceMetricsOverride", width=WIDTH, height=HEIGHT, deviceScaleFactor=1, mobile=False)
+        self.call("Emulation.setFocusEmulationEnabled", enabled=True)  # a headless tab has no focus otherwise
 
     def call(self, method: str, **params):
         self.next_id += 1
@@ -101,19 +103,30 @@ STATE = f"""(() => {{
   const outs = cells.map(c => c.model.outputs.toJSON());
   return {{done: cells.every(c => c.model.executionCount !== null),
            errors: outs.flat().filter(o => o.output_type === 'error').map(o => o.ename + ': ' + o.evalue),
-           text: outs.flat().map(o => (o.text || '') + JSON.stringify(o.data || {{}})).join('\\n'),
+           text: outs.flat().map(o => (o.text || '') + (o.data?.['text/markdown'] || '') + (o.data?.['image/png'] ? ''
+                 : (o.data?.['text/plain'] || ''))).join('\\n'),
            pictures: {NB}.content.node.querySelectorAll('.jp-OutputArea-output img').length}};
 }})()"""
 
 
+def command(page: Page, name: str, args: dict | None = None, wait: bool = True) -> None:
+    """Run one of JupyterLab's commands (what its menus and shortcuts run); with `wait`, until it returns (running
+    cells returns when they finished: those are started without waiting)."""
+    page.js(f"jupyterapp.commands.execute({json.dumps(name)}, {json.dumps(args or {})}).then(() => true)",
+            promise=wait)
+
+
 def open_notebook(page: Page, path: str) -> None:
-    page.js(f"jupyterapp.commands.execute('docmanager:open', {{path: {json.dumps(path)}}})", promise=True)
-    _wait(lambda: page.js(f"!!{NB} && {NB}.context && {NB}.context.path === {json.dumps(path)}"), 60, f"{path} open")
+    command(page, "docmanager:open", {"path": path})
+    find = f"[...jupyterapp.shell.widgets('main')].find(w => w.context?.path === {json.dumps(path)})"
+    _wait(lambda: page.js(f"!!{find}"), 60, f"{path} open")
+    page.js(f"jupyterapp.shell.activateById({find}.id); {find}.content.activate(); true")
+    _wait(lambda: page.js(f"{NB}?.context?.path === {json.dumps(path)}"), 60, f"{path} to be the current notebook")
     _wait(lambda: page.js(KERNEL_IDLE), 120, "the kernel to start")
 
 
 def run_all(page: Page, timeout_s: float) -> dict:
-    page.js("jupyterapp.commands.execute('notebook:run-all-cells')", promise=True)
+    command(page, "notebook:run-all-cells", wait=False)
     state = _wait(lambda: (lambda s: s if (s["done"] or s["errors"]) and page.js(KERNEL_IDLE) else None)(
         page.js(STATE)), timeout_s, "all cells to run", every_s=3)
     assert not state["errors"], state["errors"]
@@ -137,7 +150,7 @@ def lesson(page: Page, out: Path) -> None:
     start = time.monotonic()
     state = run_all(page, 1800)
     print(f"  ran in {time.monotonic() - start:.0f} s in the browser; {state['pictures']} pictures")
-    assert state["pictures"] >= 5 and "<Figure size" not in state["text"].replace("image/png", "")
+    assert state["pictures"] >= 5 and "<Figure size" not in state["text"] and "PosixPath(" not in state["text"]
     assert state["text"].count("the hidden solution passes this check") == 3
     show_cell(page, "lesson.unmasking_figure")
     page.screenshot(out / "lab_lesson_unmasking.png")
@@ -151,7 +164,7 @@ def pretraining(page: Page, out: Path) -> None:
     start = time.monotonic()
     state = run_all(page, 3600)
     print(f"  ran in {time.monotonic() - start:.0f} s in the browser; {state['pictures']} pictures")
-    assert state["pictures"] >= 6 and "PosixPath(" not in state["text"]
+    assert state["pictures"] >= 6 and "<Figure size" not in state["text"] and "PosixPath(" not in state["text"]
     assert state["text"].count("the hidden solution passes this check") == 3
     show_cell(page, "wb.train_cached(cfg, models_dir, live=True)", offset=-1)
     page.screenshot(out / "lab_pretraining_curve.png")
@@ -169,13 +182,13 @@ def interrupt(page: Page, out: Path, workdir: Path) -> None:
                         for line in params["source"]]
     (workdir / "01_interrupt_check.ipynb").write_text(json.dumps(nb))
     open_notebook(page, "01_interrupt_check.ipynb")
-    page.js("jupyterapp.commands.execute('notebook:run-all-cells')", promise=True)
+    command(page, "notebook:run-all-cells", wait=False)
     metrics = lambda: [json.loads(x) for p in models.glob("*/metrics.jsonl") for x in p.read_text().splitlines()]
     checkpoints = lambda: sorted(int(p.name[5:]) for p in models.glob("*/checkpoints/step_*"))
     _wait(lambda: len(metrics()) >= 3, 1800, "three logged training steps")
     show_cell(page, "wb.train_cached(cfg, models_dir, live=True)")
     page.screenshot(out / "lab_interrupt_training.png")
-    page.js("jupyterapp.commands.execute('kernelmenu:interrupt')", promise=True)  # the Kernel menu's Interrupt
+    command(page, "kernelmenu:interrupt")  # the Kernel menu's Interrupt
     _wait(lambda: page.js(KERNEL_IDLE) and "training stopped at step" in page.js(STATE)["text"], 300,
           "the training cell to stop")
     stopped, logged = checkpoints()[-1], metrics()
@@ -187,24 +200,40 @@ def interrupt(page: Page, out: Path, workdir: Path) -> None:
     show_cell(page, "wb.train_cached(cfg, models_dir, live=True)")
     page.screenshot(out / "lab_interrupt_stopped.png")
     print(f"  stopped at step {stopped} with its checkpoint; running the cell again")
-    page.js("jupyterapp.commands.execute('notebook:run-cell')", promise=True)
+    command(page, "notebook:run-cell", wait=False)
     _wait(lambda: "resuming mdc-" in page.js(STATE)["text"] and metrics()[-1]["step"] > stopped, 900,
           "the resumed training to log a step")
     show_cell(page, "wb.train_cached(cfg, models_dir, live=True)")
     page.screenshot(out / "lab_interrupt_resumed.png")
-    page.js("jupyterapp.commands.execute('kernelmenu:interrupt')", promise=True)
+    command(page, "kernelmenu:interrupt")
     _wait(lambda: page.js(KERNEL_IDLE), 300, "the second interrupt")
     steps = [m["step"] for m in metrics()]
     assert steps == sorted(set(steps)) and checkpoints()[-1] > stopped, steps  # resumed, no step logged twice
     print(f"  resumed from step {stopped}, stopped again at step {checkpoints()[-1]}")
 
 
+def clean(page: Page, workdir: Path) -> None:
+    """Opening a notebook does not mark it changed (nbformat 4.5 with cell ids: nothing for JupyterLab to upgrade)."""
+    for path in sorted(workdir.glob("[0-9][0-9]_*.ipynb")):
+        command(page, "docmanager:open", {"path": path.name})
+        find = f"[...jupyterapp.shell.widgets('main')].find(w => w.context?.path === {json.dumps(path.name)})"
+        _wait(lambda find=find: page.js(f"!!{find}"), 60, f"{path.name} open")
+        page.js(f"{find}.context.ready.then(() => true)", promise=True)
+        time.sleep(2)
+        dirty = page.js(f"{find}.context.model.dirty")
+        print(f"  {path.name}: {'CHANGED on open' if dirty else 'unchanged'} after opening")
+        assert not dirty, f"JupyterLab marks {path.name} changed as soon as it opens it"
+        command(page, "application:close-all")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(ROOT / "docs"), help="folder for the screenshots")
-    parser.add_argument("--only", default="lesson,pretraining,interrupt", help="comma-separated checks to run")
+    parser.add_argument("--only", default="lesson,pretraining,interrupt,clean",
+                        help="comma-separated checks to run (lesson, pretraining, interrupt, clean)")
     args = parser.parse_args()
     out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
     exe = find_chromium()
     if exe is None:
         raise SystemExit("no Chromium found; install it with: apt-get install -y chromium")
@@ -220,7 +249,11 @@ def main() -> None:
                    "--LabApp.expose_app_in_browser=True", "--ServerApp.disable_check_xsrf=False"]
         if hasattr(os, "getuid") and os.getuid() == 0:
             lab_cmd.append("--allow-root")
-        lab = subprocess.Popen(lab_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        settings = Path(tmp) / "settings" / "@jupyterlab" / "apputils-extension"
+        settings.mkdir(parents=True)  # no "get notified about Jupyter news?" toast over the screenshots
+        (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
+        env = {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(Path(tmp) / "settings")}
+        lab = subprocess.Popen(lab_cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         chromium = subprocess.Popen([exe, *CHROMIUM_FLAGS, f"--remote-debugging-port={debug_port}",
                                      f"--user-data-dir={Path(tmp) / 'profile'}", f"--window-size={WIDTH},{HEIGHT}",
                                      "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -238,6 +271,8 @@ def main() -> None:
                 pretraining(page, out)
             if "interrupt" in checks:
                 interrupt(page, out, workdir)
+            if "clean" in checks:
+                clean(page, workdir)
             print("browser check passed")
         finally:
             chromium.terminate()

@@ -65,3 +65,21 @@ def test_infill_slots_mask_a_word_worth_asking_about(full_vocab_model, caption, 
     assert got == slots
     pool = {"colour": set(COLOURS), "shape": set(SHAPES), "both": set(COLOURS) | set(SHAPES)}[kind]
     assert candidates and set(candidates) <= pool and words[got[0]] not in wb.FUNCTION_WORDS
+
+
+def test_trained_or_shipped_opens_on_the_shipped_model_only_when_nothing_is_cached(tmp_path: Path, capsys) -> None:
+    from mdc_core.workbench.shipped import SHIPPED_DIR, SHIPPED_SHA256, sha256
+    from tests.train_helpers import micro_run, write_micro_data
+
+    data = write_micro_data(tmp_path / "data", 16)
+    cfg = micro_run(data, steps=2, batch_size=4)
+    model, saved, run_dir = wb.trained_or_shipped(cfg, tmp_path / "models", shipped=True)
+    assert run_dir == SHIPPED_DIR and sha256(run_dir / "model.safetensors") == SHIPPED_SHA256
+    assert saved.data.path == cfg.data.path and saved.preset == "tiny_lean" and not (tmp_path / "models").exists()
+    assert "nothing is trained here" in capsys.readouterr().out
+    trained = wb.train_cached(cfg, tmp_path / "models")[2]  # once the notebook's own run is trained, it is used
+    assert wb.trained_or_shipped(cfg, tmp_path / "models", shipped=True)[2] == trained
+    assert "reusing the trained run" in capsys.readouterr().out
+    arc = micro_run(data, 'objective.name="arc"', steps=2, batch_size=4)
+    with pytest.raises(ValueError, match="MDC model"):
+        wb.trained_or_shipped(arc, tmp_path / "models", shipped=True)

@@ -74,6 +74,7 @@ def test_exercises_have_an_attempt_a_check_and_a_hidden_solution(name: str) -> N
         exercise = EXERCISE_ID.search(cell.source).group(1)
         assert exercise in ex.CHECKS and exercise.startswith(name[:2] + ".")
         assert "solution=True" in cell.source
+        assert cell.source.splitlines()[0].startswith("# Solution")  # a collapsed cell shows its first line only
         check, attempt = cells[i - 1], cells[i - 2]  # the student's check cell and attempt cell come before it
         assert EXERCISE_ID.search(check.source).group(1) == exercise and "solution=True" not in check.source
         assert attempt.cell_type == "code" and ("None" in attempt.source or "..." in attempt.source)

@@ -160,6 +160,27 @@ def train_cached(cfg: RunConfig, models_dir: str | Path, *, live: bool = False, 
     return model, saved, run_dir
 
 
+def trained_or_shipped(cfg: RunConfig, models_dir: str | Path, *, shipped: bool = False, live: bool = False):
+    """``(model, cfg, run_dir)`` for an MDC config, at once when possible: the finished run from the cache; else,
+    with `shipped`, the captioner shipped with the repository (:mod:`mdc_core.workbench.shipped`: no training,
+    and the notebook says so), its config given `cfg`'s data path so that evaluations read the notebook's data;
+    else `cfg` trained by :func:`train_cached`. The shipped model knows only the data it was trained on
+    (``shipped.data_params()``: the `easy` scenes, short captions, 64 px), so a notebook offers it on that data."""
+    import dataclasses
+
+    if shipped and cfg.objective.name != "mdc":
+        raise ValueError(f"the shipped captioner is an MDC model; it cannot stand in for {cfg.objective.name!r}")
+    if not shipped or _finished(cached_run_dir(models_dir, cfg), cfg.train.steps):
+        return train_cached(cfg, models_dir, live=live)
+    from mdc_core.workbench.shipped import SHIPPED_DIR, load_shipped
+
+    device = "cpu" if cfg.train.device == "auto" else cfg.train.device
+    model, saved = load_shipped(device)
+    print(f"using the captioner shipped with the repository ({SHIPPED_DIR.name}: tiny_lean, 1500 steps on the easy "
+          "scenes); nothing is trained here")
+    return model, dataclasses.replace(saved, data=dataclasses.replace(saved.data, path=cfg.data.path)), SHIPPED_DIR
+
+
 def read_train_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     """The run's ``metrics.jsonl`` records (one per logged step); [] when not written yet."""
     path = Path(run_dir) / "metrics.jsonl"
