@@ -9,7 +9,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mdc_core.workbench.cell_ids import VALID_ID, main, normalize, normalized_text
+from mdc_core.workbench.cell_ids import VALID_ID, kernel_language_info, main, normalize, normalized_text
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 
@@ -35,6 +35,7 @@ def test_normalize_adds_stable_ids_once_and_keeps_everything_else(tmp_path: Path
     ids = [c.id for c in after.cells]
     assert len(set(ids)) == 3 and all(VALID_ID.match(i) for i in ids)
     assert after.cells[1].metadata == {"tags": ["parameters"]}
+    assert after.metadata.language_info == kernel_language_info()  # what the kernel writes when it starts
     data = json.loads(path.read_text())
     data["cells"][2]["id"] = data["cells"][0]["id"]  # a duplicated id (a copied cell) is replaced, the first kept
     path.write_text(json.dumps(data))
@@ -54,4 +55,5 @@ def test_every_notebook_has_cell_ids_and_is_what_a_save_would_write(path: Path) 
     text = path.read_text(encoding="utf-8")
     nb = nbformat.reads(text, as_version=4)
     assert (nb.nbformat, nb.nbformat_minor) == (4, 5) and all("id" in c for c in nb.cells)
+    assert set(nb.metadata.language_info) >= set(kernel_language_info())  # nothing for the kernel to fill in
     assert normalized_text(text) == text, f"run: python -m mdc_core.workbench.cell_ids {path.name}"

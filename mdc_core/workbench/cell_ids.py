@@ -1,11 +1,13 @@
-"""Notebook files that JupyterLab leaves unchanged on open: nbformat 4.5, a stable id on every cell, and the bytes
-Jupyter's own writer produces.
+"""Notebook files that JupyterLab leaves unchanged on open: nbformat 4.5, a stable id on every cell, the kernel's
+``language_info``, and the bytes Jupyter's own writer produces.
 
 JupyterLab 4 upgrades a notebook without cell ids (nbformat 4.4) to 4.5 when it opens it and invents random ids,
-so the notebook is marked changed at once and a save rewrites the tracked file. :func:`normalize` writes what
-a save would write, once: nbformat 4.5, every cell with an id (existing valid, unique ids are kept; a missing or
-duplicate one gets ``<position>-<hash of the source>``, so running it again changes nothing), in
-``nbformat.write``'s layout.
+and it writes the kernel's full ``language_info`` into the metadata when the kernel starts; either marks the
+notebook changed at once, and a save rewrites the tracked file. :func:`normalize` writes what a save would write,
+once: nbformat 4.5, every cell with an id (existing valid, unique ids are kept; a missing or duplicate one gets
+``<position>-<hash of the source>``, so running it again changes nothing), a complete ``language_info`` (an
+incomplete one is filled in with ipykernel's, whose ``version`` is this interpreter's: on another Python version
+JupyterLab still updates that one field), in ``nbformat.write``'s layout.
 
     python -m mdc_core.workbench.cell_ids notebooks/*.ipynb        # rewrite; prints the files it changed
     python -m mdc_core.workbench.cell_ids --check notebooks/*.ipynb  # exit 1 naming the files it would change
@@ -38,8 +40,24 @@ def normalized_text(text: str) -> str:
                 cell_id = f"{cell_id}x"
             cell["id"] = cell_id
         seen.add(cell_id)
+    kernel = kernel_language_info()
+    if set(nb.metadata.get("language_info", {})) < set(kernel):  # incomplete: what the kernel will write
+        nb.metadata["language_info"] = kernel
     nbformat.validate(nb)
     return nbformat.writes(nb) + "\n"  # what nbformat.write (JupyterLab's save) puts on disk
+
+
+def kernel_language_info() -> dict:
+    """The ``language_info`` a Python kernel of this interpreter reports (ipykernel's)."""
+    try:
+        from ipykernel.ipkernel import IPythonKernel
+
+        return dict(IPythonKernel.language_info)
+    except ImportError:
+        return {"name": "python", "version": sys.version.split()[0], "mimetype": "text/x-python",
+                "codemirror_mode": {"name": "ipython", "version": sys.version_info[0]},
+                "pygments_lexer": f"ipython{sys.version_info[0]}", "nbconvert_exporter": "python",
+                "file_extension": ".py"}
 
 
 def normalize(path: str | Path) -> bool:
