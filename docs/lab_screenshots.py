@@ -1,5 +1,5 @@
-"""Browser check of the teaching notebooks: JupyterLab in headless Chromium runs notebooks 00 and 01 as a student
-would, interrupts a training cell and resumes it, and saves screenshots in docs/.
+"""Browser check of the teaching notebooks and the app: JupyterLab in headless Chromium runs notebooks 00 and 01 as
+a student would, interrupts a training cell and resumes it, the app is driven with a prompt; screenshots in docs/.
 
     python docs/lab_screenshots.py [--out docs] [--only lesson,pretraining,interrupt]
 
@@ -16,7 +16,10 @@ Needs the [lab] extra (JupyterLab) and Debian's ``chromium`` (``apt-get install 
    ``pretraining``: the same for 01 (its defaults: ``make demo``'s model is reused when it was trained);
    ``interrupt``: 01 with a fresh models folder, Kernel > Interrupt during training, checks that the cell says
    where training stopped and that running it again resumes from that checkpoint, then interrupts again;
-   ``clean``: opening any numbered notebook leaves it unchanged (nothing for JupyterLab to upgrade).
+   ``clean``: opening any numbered notebook leaves it unchanged (nothing for JupyterLab to upgrade);
+   ``app``: the app (``mdc app`` on the shipped model) with a prompt: the fixed words are written in the text
+   line above the chips and the attention label is whole; "new random scene" empties the prompt and its caption
+   has no fixed word.
 
 Every check is an assert: the script fails loudly when the browser shows something else.
 """
@@ -226,11 +229,63 @@ def clean(page: Page, workdir: Path) -> None:
         command(page, "application:close-all")
 
 
+APP_JS = """
+window.mdcBox = () => [...document.querySelectorAll('label')].find(l => l.textContent.includes('fix some words'))
+  .querySelector('textarea, input');
+window.mdcClick = (text) => [...document.querySelectorAll('button')].find(b => b.textContent.trim() === text).click();
+window.mdcCanvas = () => document.querySelector('.mdc-canvas');
+window.mdcType = (text) => {
+  const box = mdcBox(), proto = Object.getPrototypeOf(box);
+  Object.getOwnPropertyDescriptor(proto, 'value').set.call(box, text);
+  box.dispatchEvent(new Event('input', {bubbles: true}));
+};
+true
+"""
+
+
+def app(page: Page, out: Path) -> None:
+    """The app on the shipped model: fixed words in the text line above the chips, the prompt dropped by a new
+    scene, the attention label readable."""
+    from app.launch import serve
+
+    print("app: the shipped model, a prompt, a new scene")
+    port = _free_port()
+    demo = serve(None, root=None, port=port, block=False)
+    try:
+        page.call("Emulation.setDeviceMetricsOverride", width=1300, height=1750, deviceScaleFactor=1, mobile=False)
+        page.call("Page.navigate", url=f"http://127.0.0.1:{port}/")
+        _wait(lambda: page.js("!!document.querySelector('.mdc-canvas')"), 120, "the app's first caption")
+        page.js(APP_JS)
+        page.js("mdcType('a [MASK] [MASK] on a _ background')")
+        time.sleep(1)
+        page.js("mdcClick('unmask')")
+        _wait(lambda: page.js("mdcCanvas().querySelectorAll('[data-state=fixed]').length") == 4, 120,
+              "the caption with four fixed words")
+        time.sleep(2)
+        line = page.js("mdcCanvas().querySelector('span[style*=monospace]').textContent")
+        assert line.split()[0] == "a" and line.split()[3:5] == ["on", "a"] and line.split()[-1] == "background", line
+        assert "\u2581" not in line.split()[0], line  # the fixed words are written, not blanked
+        label = page.js("[...document.querySelectorAll('div')].find(d => d.textContent.startsWith('where the token "
+                        "just revealed looks')).textContent")
+        assert label.startswith("where the token just revealed looks: '"), label
+        page.screenshot(out / "app_prompt.png")
+        print(f"  fixed words shown: {line!r}; {label!r}")
+        page.js("mdcClick('new random scene')")
+        _wait(lambda: page.js("mdcBox().value") == "" and
+              page.js("mdcCanvas().querySelectorAll('[data-state=fixed]').length") == 0, 120,
+              "the new scene's caption without the old prompt")
+        time.sleep(2)
+        page.screenshot(out / "app_new_scene.png")
+        print(f"  new scene: prompt box empty, caption {page.js('mdcCanvas().dataset.step')} steps, no fixed word")
+    finally:
+        demo.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(ROOT / "docs"), help="folder for the screenshots")
-    parser.add_argument("--only", default="lesson,pretraining,interrupt,clean",
-                        help="comma-separated checks to run (lesson, pretraining, interrupt, clean)")
+    parser.add_argument("--only", default="lesson,pretraining,interrupt,clean,app",
+                        help="comma-separated checks to run (lesson, pretraining, interrupt, clean, app)")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -273,6 +328,8 @@ def main() -> None:
                 interrupt(page, out, workdir)
             if "clean" in checks:
                 clean(page, workdir)
+            if "app" in checks:
+                app(page, out)
             print("browser check passed")
         finally:
             chromium.terminate()
