@@ -332,10 +332,14 @@ def main() -> None:
                 app(page, out)
             print("browser check passed")
         finally:
-            chromium.terminate()
-            lab.terminate()
-            chromium.wait(30)
-            lab.wait(30)
+            for proc in (chromium, lab):  # JupyterLab shuts its kernels down on SIGTERM
+                proc.terminate()
+            for proc in (chromium, lab):
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(10)
 
 
 def _up(url: str) -> bool:

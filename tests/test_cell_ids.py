@@ -12,6 +12,7 @@ import pytest
 from mdc_core.workbench.cell_ids import VALID_ID, kernel_language_info, main, normalize, normalized_text
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+OLD_STYLE = pytest.mark.filterwarnings("ignore:Cell is missing an id field")  # nbformat warns about what is tested
 
 
 def _old_style(tmp_path: Path) -> Path:
@@ -26,6 +27,7 @@ def _old_style(tmp_path: Path) -> Path:
     return path
 
 
+@OLD_STYLE
 def test_normalize_adds_stable_ids_once_and_keeps_everything_else(tmp_path: Path) -> None:
     path = _old_style(tmp_path)
     before = nbformat.read(str(path), as_version=4)
@@ -44,6 +46,7 @@ def test_normalize_adds_stable_ids_once_and_keeps_everything_else(tmp_path: Path
     assert fixed[0] == ids[0] and len(set(fixed)) == 3
 
 
+@OLD_STYLE
 def test_the_command_line_checks_and_rewrites(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = _old_style(tmp_path)
     assert main(["--check", str(path)]) == 1 and "would change" in capsys.readouterr().out
