@@ -12,7 +12,8 @@ import pytest
 from mdc_core.workbench.cell_ids import VALID_ID, kernel_language_info, main, normalize, normalized_text
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
-OLD_STYLE = pytest.mark.filterwarnings("ignore:Cell is missing an id field")  # nbformat warns about what is tested
+OLD_STYLE = pytest.mark.filterwarnings("ignore:Cell is missing an id field",  # nbformat warns about what is tested
+                                       "ignore:Non-unique cell id")
 
 
 def _old_style(tmp_path: Path) -> Path:
