@@ -301,7 +301,7 @@ def main() -> None:
         port, debug_port, token = _free_port(), _free_port(), secrets.token_hex(16)
         lab_cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
                    f"--ServerApp.root_dir={workdir}", f"--IdentityProvider.token={token}",
-                   "--LabApp.expose_app_in_browser=True", "--ServerApp.disable_check_xsrf=False"]
+                   "--LabApp.expose_app_in_browser=True", f"--LabApp.workspaces_dir={Path(tmp) / 'workspaces'}"]
         if hasattr(os, "getuid") and os.getuid() == 0:
             lab_cmd.append("--allow-root")
         settings = Path(tmp) / "settings" / "@jupyterlab" / "apputils-extension"
@@ -319,6 +319,7 @@ def main() -> None:
             page.call("Page.navigate", url=f"http://127.0.0.1:{port}/lab?token={token}")
             _wait(lambda: page.js("!!window.jupyterapp && !!document.querySelector('.jp-LabShell')"), 120,
                   "JupyterLab's page")
+            page.js("jupyterapp.restored.then(() => true)", promise=True)  # the (empty) layout is restored
             checks = set(args.only.split(","))
             if "lesson" in checks:
                 lesson(page, out)
