@@ -46,7 +46,7 @@ def test_the_registry_and_the_result_lines() -> None:
     right, wrong, empty = ex.check("00.arc_signal", "b"), ex.check("00.arc_signal", "(a)"), ex.check("00.arc_signal",
                                                                                                     None)
     assert (right.ok, wrong.ok, empty.ok) == (True, False, None)
-    assert right._repr_markdown_().startswith("\u2705") and wrong._repr_markdown_().startswith("\u274c")
+    assert right._repr_markdown_().startswith("\u2714") and wrong._repr_markdown_().startswith("\u2718")
     assert "not answered yet" in str(empty) and "one of" in ex.check("00.arc_signal", "z").message
     with pytest.raises(AssertionError, match="fails its own check"):
         ex.check("00.arc_signal", "a", solution=True)

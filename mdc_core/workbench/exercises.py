@@ -46,8 +46,10 @@ class Result:
     def __str__(self) -> str:
         return f"{self.exercise}: {self.verdict}: {self.message}"
 
+    __repr__ = __str__  # what a plain-text frontend shows
+
     def _repr_markdown_(self) -> str:
-        icon = {True: "\u2705", False: "\u274c", None: "\u2b1c"}[self.ok]
+        icon = {True: "\u2714", False: "\u2718", None: "\u2610"}[self.ok]  # in common text fonts, unlike emoji
         return f"{icon} **{self.exercise}**, {self.verdict}: {self.message}"
 
 

@@ -134,7 +134,8 @@ def _finished(run_dir: Path, steps: int) -> bool:
 
 def train_cached(cfg: RunConfig, models_dir: str | Path, *, live: bool = False, progress: bool = False):
     """Train `cfg` into its cache folder (resuming a partial run) unless it is finished there; return
-    ``(model, cfg, run_dir)`` with the model loaded in eval mode on ``cfg.train.device``."""
+    ``(model, cfg, run_dir)`` with the model loaded in eval mode on ``cfg.train.device``. With `live`, the
+    notebook shows the loss curve: redrawn while it trains (:func:`live_train`), or at once for a finished run."""
     from mdc_core.checkpoint import latest_checkpoint, load_model
     from mdc_core.train import train
 
@@ -143,6 +144,10 @@ def train_cached(cfg: RunConfig, models_dir: str | Path, *, live: bool = False, 
         if _finished(run_dir, cfg.train.steps):
             print(f"reusing the trained run {run_dir.name} in {models_dir} (the same config and data; delete the "
                   "folder to train it again)")
+            rows = read_train_metrics(run_dir)
+            if live and rows and _display_slot() is not None:  # the cell shows its curve, trained now or before
+                show_figure(loss_figure(rows, title=f"{cfg.objective.name}: {rows[-1]['step']} / {cfg.train.steps} "
+                                                    "steps (trained before)"))
         else:
             resume = latest_checkpoint(run_dir) is not None
             if resume:
