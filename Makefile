@@ -25,7 +25,7 @@ demo: kernel  # summary: papermill_runs/cpu_demo/summary.md; then `make app`
 quick-demo: $(STAMP)  # one model, no notebooks: synthesize, train tiny MDC, caption held-out images (outputs/demo/)
 	$(PY) -m mdc_core demo
 
-app: $(STAMP)  # the Gradio app on 127.0.0.1, opened on the model of `make demo`
+app: $(STAMP)  # the Gradio app on 127.0.0.1, opened on the model of `make demo`, else on the shipped model
 	$(PY) -m mdc_core app
 
 kernel: $(STAMP)  # register this venv as the Jupyter kernel "mdc" (what the notebooks and `mdc runs` use)

@@ -14,7 +14,10 @@ __all__ = ["build_app", "serve"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
+    if name == "build_app":
         from app import mdc_app
-        return getattr(mdc_app, name)
+        return mdc_app.build_app
+    if name == "serve":
+        from app import launch
+        return launch.serve
     raise AttributeError(f"module 'app' has no attribute {name!r}")

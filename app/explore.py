@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 import json
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,12 @@ MAX_JSON_BYTES = 20 * 2**20
 def set_prompt(text: str | None, state: dict | None) -> dict:
     """Keep the "fix some words" prompt in the user's state ("" = no prompt: every position is generated)."""
     return {**(state or {}), "prompt": (text or "").strip()}
+
+
+def clear_prompt() -> str:
+    """Empty the prompt box: a new image drops the words fixed for the previous one (the state's prompt goes with
+    the image, see :func:`app.mdc_app.show_scene`)."""
+    return ""
 
 
 def prompt_ids(run: LoadedRun, state: dict | None) -> torch.Tensor | None:
@@ -70,12 +77,37 @@ def attention_view(step: float | None, layer: str | None, head: str | None, stat
     except (ValueError, IndexError) as err:
         raise gr.Error(f"no attention map for this choice: {err}") from None
     shown = animation.overlay(image, grid, 256)
-    text = f"attention of {html.escape(label, quote=False)}" if grid is not None else f"<i>{html.escape(label)}</i>"
+    text = (f"where the token just revealed looks: {html.escape(label, quote=False)}" if grid is not None
+            else f"<i>{html.escape(label)}</i>")
     return shown, f'<div style="font-size:13px;color:#4b5563">{text}</div>'
 
 
+_TEMP: tempfile.TemporaryDirectory | None = None  # the app's own temporary folder, removed when the process exits
+_TEMP_LOCK = threading.Lock()
+
+
+def temp_folder() -> Path:
+    """The process's ``mdc-app-*`` temporary folder (created on first use), deleted when the app stops
+    (:func:`cleanup_temp`) or, at the latest, when the process exits (TemporaryDirectory's finalizer)."""
+    global _TEMP
+    with _TEMP_LOCK:
+        if _TEMP is None:
+            _TEMP = tempfile.TemporaryDirectory(prefix="mdc-app-")
+        return Path(_TEMP.name)
+
+
 def _out_dir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="mdc-app-"))
+    """A new folder for one download (so that two users never overwrite each other's file) in :func:`temp_folder`."""
+    return Path(tempfile.mkdtemp(dir=temp_folder()))
+
+
+def cleanup_temp() -> None:
+    """Delete the app's temporary folder now (``serve`` calls it when the server stops)."""
+    global _TEMP
+    with _TEMP_LOCK:
+        if _TEMP is not None:
+            _TEMP.cleanup()
+            _TEMP = None
 
 
 def save_gif(state: dict | None, layer: str | None = LAST, head: str | None = MEAN) -> str:

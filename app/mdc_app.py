@@ -1,6 +1,6 @@
 """Gradio app: watch a caption being unmasked token by token, with per-token confidence.
 
-:func:`build_app` turns already loaded models into a ``gr.Blocks``; :func:`serve` (the CLI verb
+:func:`build_app` turns already loaded models into a ``gr.Blocks``; :func:`app.launch.serve` (the CLI verb
 ``mdc app --run RUN``) loads a run and launches it on 127.0.0.1. Every callback is a
 named module-level function of plain values, so tests call them without a server. Per-user data (the image and
 the last trajectory) lives in a ``gr.State`` dict; models live in a process-wide cache keyed by run folder.
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import html
-import json
 import os
 import random
 import time
@@ -26,30 +25,18 @@ from PIL import Image
 
 from app import explore, render
 from app.runs import LoadedRun, get_run, optional_module, register_run, run_choices, user_errors
-from mdc_core.checkpoint import load_model
 from mdc_core.config import SAMPLER_RANGES, RunConfig, SamplerConfig
 from mdc_core.data import make_example
 from mdc_core.data.transforms import eval_transform, open_image
 from mdc_core.sampler import trajectory
 
-DEMO_METRICS = "papermill_runs/cpu_demo/01_pretraining/metrics.json"  # names the model `make demo` trains
-DEFAULT_RUN = "outputs/demo/run"  # the run `mdc demo` trains
-DEFAULT_ROOT = "."  # run folders under it (4 levels deep, hidden folders skipped) are offered in the run menu
-
-
-def default_run() -> str:
-    """The run the app opens without ``--run``: the MDC model of `make demo`'s notebook 01 when that plan has
-    run, else the run of `mdc demo`."""
-    try:
-        run_dir = json.loads(Path(DEMO_METRICS).read_text())["run_dir"]
-    except (OSError, ValueError, KeyError):
-        return DEFAULT_RUN
-    return run_dir if Path(run_dir).is_dir() else DEFAULT_RUN
-SCENE_SEED, SCENE_SPLIT, INITIAL_SCENE = 0, "test", 3  # the demo data set's seed and held-out split
+SCENE_SEED, SCENE_SPLIT, INITIAL_SCENE = 0, "test", 3  # data seed (when the run's is unknown), held-out split
 COMPARE_LENGTHS = (10, 15, 20)
 UPLOAD_TYPES = (".png", ".jpg", ".jpeg", ".webp")
 MAX_UPLOAD_BYTES = 25 * 2**20
 PLAY_INTERVAL_S = 0.45  # seconds per step of the animation
+PRIVATE = "private"  # api_visibility of the callbacks that are no API endpoint (chained steps, timers, menus)
+DELETE_CACHE = (3600, 3600)  # gradio deletes its copies of uploads and downloads hourly, and all when it stops
 MAX_SCORED = 20  # captions per scoring request
 SCORE_METHODS = ["heuristic", "mc", "ar"]  # mdc_core.scoring.METHODS: greedy-order path, Monte Carlo ELBO, chain rule
 SAMPLER_FIELDS = (*SAMPLER_RANGES, "seed")  # the sampler inputs, in the order the callbacks take them
@@ -74,15 +61,20 @@ def _display(img: Image.Image) -> Image.Image:
 
 
 def show_scene(index: float | None, run_key: str, state: dict | None) -> tuple[dict, Image.Image, str]:
-    """Scene `index` of the embedded generator's held-out split, rendered at the run's image size."""
+    """Scene `index` of the embedded generator's held-out split, drawn with the settings of the run's training data
+    (difficulty, seed, caption style; the default ones when unknown) at the run's image size. A new image drops
+    the prompt's fixed words (they described the previous one)."""
     if index is None or index < 0 or index != int(index):
         raise gr.Error(f"scene number must be a whole number >= 0, got {index}")
     run = get_run(run_key)
-    ex = make_example(SCENE_SEED, SCENE_SPLIT, int(index), image_size=run.cfg.model.image_size)
+    data = run.scenes  # the scenes this run was trained on (its data's difficulty, seed and caption style)
+    ex = make_example(data.get("seed", SCENE_SEED), SCENE_SPLIT, int(index), image_size=run.cfg.model.image_size,
+                      captions=data.get("captions", "mixed"), difficulty=data.get("difficulty", "paper"))
     img = open_image(ex["jpg"], f"scene {int(index)}")
     info = (f"**scene #{int(index)}** ({SCENE_SPLIT} split, {img.width} px) &middot; reference: "
             f"*{html.escape(ex['txt'])}*")
-    return {**(state or {}), "image": img, "source": f"scene {int(index)}", "record": None}, _display(img), info
+    new = {**(state or {}), "image": img, "source": f"scene {int(index)}", "record": None, "prompt": ""}
+    return new, _display(img), info
 
 
 def new_scene(run_key: str, state: dict | None) -> tuple[int, dict, Image.Image, str]:
@@ -92,7 +84,8 @@ def new_scene(run_key: str, state: dict | None) -> tuple[int, dict, Image.Image,
 
 
 def load_upload(path: str | None, state: dict | None) -> tuple[dict, Image.Image, str]:
-    """An uploaded file, decoded with the workbench's own checks (empty, not an image, too large)."""
+    """An uploaded file, decoded with the workbench's own checks (empty, not an image, too large); the prompt is
+    dropped as for a new scene."""
     if not path:
         raise gr.Error("no file was uploaded")
     name = Path(path).name
@@ -102,7 +95,7 @@ def load_upload(path: str | None, state: dict | None) -> tuple[dict, Image.Image
     with user_errors():
         img = open_image(Path(path).read_bytes(), name)
     info = f"**{html.escape(name)}** &middot; {img.width} x {img.height} px (uploaded)"
-    return {**(state or {}), "image": img, "source": name, "record": None}, _display(img), info
+    return {**(state or {}), "image": img, "source": name, "record": None, "prompt": ""}, _display(img), info
 
 
 def _image_tokens(run: LoadedRun, state: dict | None) -> torch.Tensor:
@@ -333,12 +326,13 @@ def _initial_view(run_key: str, scene: int, cfg: SamplerConfig) -> dict[str, Any
 
 def build_app(models: Mapping[str, tuple[torch.nn.Module, RunConfig]], *, root: str | Path | None = None,
               default: str | None = None, initial_scene: int = INITIAL_SCENE) -> gr.Blocks:
-    """The app's Blocks from loaded models ``{name or run folder: (model, cfg)}``; run folders under `root` are
-    offered too (loaded on first use). `default` names the run selected at start (the first model if None)."""
+    """The app's Blocks from loaded models ``{name or run folder: (model, cfg)}`` (or ``(model, cfg, folder)``: the
+    folder a named model was loaded from); run folders under `root` are offered too (loaded on first use).
+    `default` names the run selected at start (the first model if None)."""
     shown = {}
-    for key, (model, cfg) in models.items():  # a run folder is named relative to the root (or working directory)
+    for key, (model, cfg, *folder) in models.items():  # a run folder is named relative to the root (or cwd)
         shown[key] = os.path.relpath(key, Path(root or os.getcwd()).resolve()) if Path(key).is_absolute() else key
-        register_run(shown[key], model, cfg)
+        register_run(shown[key], model, cfg, folder=folder[0] if folder else key if Path(key).is_dir() else None)
     default = shown.get(default, default) if default else None
     choices = run_choices(root)
     if not choices:
@@ -348,7 +342,7 @@ def build_app(models: Mapping[str, tuple[torch.nn.Module, RunConfig]], *, root: 
     defaults = dataclasses.replace(first.cfg.sampler) if not first.is_arc else SamplerConfig()
     max_length = first.cfg.model.context_length - 2
     init = _initial_view(default, initial_scene, defaults)
-    with gr.Blocks(title="MDC: watch a caption being unmasked") as demo:
+    with gr.Blocks(title="MDC: watch a caption being unmasked", delete_cache=DELETE_CACHE) as demo:
         state = gr.State(init.get("state"))  # per user: {"image", "source", "record" (last trajectory), "run"}
         root_state = gr.State(str(root) if root else None)
         gr.Markdown("## Masked diffusion captioning: watch a caption being unmasked\nThe decoder starts from "
@@ -381,8 +375,8 @@ def build_app(models: Mapping[str, tuple[torch.nn.Module, RunConfig]], *, root: 
                 with gr.Row():
                     chips = gr.HTML(init.get("chips", ""))
                     with gr.Column(scale=0, min_width=270):
-                        att_image = gr.Image(init.get("attention"), label="where the token just revealed looks",
-                                             type="pil", interactive=False, height=256, width=256)
+                        att_image = gr.Image(init.get("attention"), label="attention", type="pil",
+                                             interactive=False, height=256, width=256)
                         att_label = gr.HTML(init.get("attention_label", ""))
                         with gr.Row():
                             layer = gr.Dropdown(layers, value=explore.LAST, label="layer", min_width=80)
@@ -413,46 +407,32 @@ def build_app(models: Mapping[str, tuple[torch.nn.Module, RunConfig]], *, root: 
         att_in, att_out = [step, layer, head, state], [att_image, att_label]
 
         def captioned(event: Any) -> Any:  # after every caption: the attention of the step shown
-            return event.success(run_caption, cap_in, cap_out).success(explore.attention_view, att_in, att_out)
+            return event.success(run_caption, cap_in, cap_out, api_visibility=PRIVATE).success(
+                explore.attention_view, att_in, att_out, api_visibility=PRIVATE)
 
         captioned(scene_btn.click(new_scene, [run, state], [scene_index, *img_out], api_name="new_scene"))
         captioned(scene_index.submit(show_scene, [scene_index, run, state], img_out, api_name="show_scene"))
         captioned(upload.upload(load_upload, [upload, state], img_out, api_name="upload"))
-        caption_btn.click(explore.set_prompt, [prompt, state], [state], api_name=False).success(
-            run_caption, cap_in, cap_out, api_name="caption").success(explore.attention_view, att_in, att_out)
-        captioned(prompt.submit(explore.set_prompt, [prompt, state], [state], api_name=False))
-        captioned(run.change(on_run_change, [run], [settings[0]], api_name=False))
-        run.change(explore.reload_run, [run], [layer, head], api_name=False)
-        rescan_btn.click(rescan_runs, [root_state, run], [run], api_name=False)
+        for new_image in (scene_btn.click, scene_index.submit, upload.upload):  # the prompt went with the old image
+            new_image(explore.clear_prompt, None, [prompt], api_visibility=PRIVATE)
+        caption_btn.click(explore.set_prompt, [prompt, state], [state], api_visibility=PRIVATE).success(
+            run_caption, cap_in, cap_out, api_name="caption").success(explore.attention_view, att_in, att_out,
+                                                                      api_visibility=PRIVATE)
+        captioned(prompt.submit(explore.set_prompt, [prompt, state], [state], api_visibility=PRIVATE))
+        captioned(run.change(on_run_change, [run], [settings[0]], api_visibility=PRIVATE))
+        run.change(explore.reload_run, [run], [layer, head], api_visibility=PRIVATE)
+        rescan_btn.click(rescan_runs, [root_state, run], [run], api_visibility=PRIVATE)
         step.change(show_step, [step, state], [chips], api_name="step", show_progress="hidden")
-        step.change(explore.attention_view, att_in, att_out, api_name=False, show_progress="hidden")
-        layer.change(explore.attention_view, att_in, att_out, api_name=False)
-        head.change(explore.attention_view, att_in, att_out, api_name=False)
+        step.change(explore.attention_view, att_in, att_out, api_visibility=PRIVATE, show_progress="hidden")
+        layer.change(explore.attention_view, att_in, att_out, api_visibility=PRIVATE)
+        head.change(explore.attention_view, att_in, att_out, api_visibility=PRIVATE)
         gif_btn.click(explore.save_gif, [state, layer, head], [download], api_name="gif")
         json_btn.click(explore.save_json, [state], [download], api_name="save_json")
         replay.upload(explore.load_replay, [replay, state], [state, image, image_info, chips, step, heatmap, summary,
                                                             prompt], api_name="replay").success(
-            explore.attention_view, att_in, att_out)
-        play_btn.click(start_play, [state], [step, timer], api_name=False)
-        timer.tick(play_tick, [step, state], [step, timer], api_name=False, show_progress="hidden")
+            explore.attention_view, att_in, att_out, api_visibility=PRIVATE)
+        play_btn.click(start_play, [state], [step, timer], api_visibility=PRIVATE)
+        timer.tick(play_tick, [step, state], [step, timer], api_visibility=PRIVATE, show_progress="hidden")
         compare_btn.click(compare_lengths, [run, arc, state, *settings], [compare_out], api_name="compare")
         score_btn.click(score_own, [run, state, typed, methods, mc_samples], [score_out], api_name="score")
     return demo
-
-
-THEME = gr.themes.Default(primary_hue="orange")
-LAUNCH_KW: dict[str, Any] = {"max_file_size": MAX_UPLOAD_BYTES, "theme": THEME, "show_error": False}
-
-
-def serve(run: str | Path | None = None, *, root: str | Path | None = DEFAULT_ROOT, host: str = "127.0.0.1",
-          port: int | None = None, share: bool = False, block: bool = True) -> gr.Blocks:
-    """Load `run` (default: :func:`default_run`), build the app and launch it on `host` (loopback unless told
-    otherwise)."""
-    run = run or default_run()
-    model, cfg = load_model(run)
-    key = str(Path(run).resolve())
-    demo = build_app({key: (model, cfg)}, root=root if root and Path(root).is_dir() else None, default=key)
-    demo.queue(default_concurrency_limit=4)
-    demo.launch(server_name=host, server_port=port, share=share, prevent_thread_lock=not block, **LAUNCH_KW)
-    return demo
-

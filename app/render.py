@@ -94,7 +94,7 @@ def chips_html(record: dict[str, Any], step: int) -> str:
     """The canvas after `step` steps as a row of token chips, with a header line and a legend."""
     cells = canvas_at(record, step)
     n_steps, n_rev = len(record["steps"]), sum(c["state"] == "revealed" for c in cells)
-    text = " ".join(c["token"] if c["state"] == "revealed" else "\u2581" for c in cells)
+    text = " ".join(c["token"] if c["state"] in ("revealed", "fixed") else "\u2581" for c in cells)  # \u2581: masked
     head = (f'<div style="font-size:14px;color:#374151;margin-bottom:8px"><b>step {step} / {n_steps}</b> '
             f'&middot; {n_rev} of {len(cells)} tokens revealed &middot; <span style="font-family:monospace">'
             f'{html.escape(text)}</span></div>')

@@ -10,6 +10,7 @@ import dataclasses
 import importlib
 import json
 import os
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,6 +35,7 @@ class LoadedRun:
     model: Captioner
     cfg: RunConfig
     tokenizer: CaptionTokenizer
+    scenes: dict = dataclasses.field(default_factory=dict)  # generator parameters of its training data ({}: unknown)
 
     @property
     def is_arc(self) -> bool:
@@ -45,12 +47,15 @@ _FOLDERS: dict[str, tuple[Path, str]] = {}  # key -> (run folder not loaded yet,
 _LOCK = threading.Lock()
 
 
-def register_run(key: str, model: torch.nn.Module, cfg: RunConfig, label: str | None = None) -> LoadedRun:
-    """Put a loaded model in the cache under `key` (returns the cache entry)."""
+def register_run(key: str, model: torch.nn.Module, cfg: RunConfig, label: str | None = None,
+                 folder: str | Path | None = None) -> LoadedRun:
+    """Put a loaded model in the cache under `key` (returns the cache entry); `folder` is its run or checkpoint
+    folder, where a ``data_manifest.json`` may say which scenes it was trained on."""
     if not isinstance(model, Captioner):
         raise ValueError(f"run {label or key} holds a {type(model).__name__} (objective {cfg.objective.name!r}), "
                          "not a captioner: it has no caption decoder to show")
-    run = LoadedRun(key, label or key, model.eval(), cfg, CaptionTokenizer(cfg.model.context_length))
+    run = LoadedRun(key, label or key, model.eval(), cfg, CaptionTokenizer(cfg.model.context_length),
+                    training_scenes(cfg, folder))
     with _LOCK:
         _CACHE[key] = run
     return run
@@ -66,7 +71,23 @@ def get_run(key: str) -> LoadedRun:
     folder, label = _FOLDERS[key]
     with user_errors():
         model, cfg = load_model(folder)
-        return register_run(key, model, cfg, label=label)
+        return register_run(key, model, cfg, label=label, folder=folder)
+
+
+def training_scenes(cfg: RunConfig, folder: str | Path | None = None) -> dict:
+    """The embedded generator's parameters (``difficulty``, ``seed``, ``captions``, ...) of the data a run was
+    trained on: from the data folder's ``manifest.json``, else from ``data_manifest.json`` in the run's own folder
+    (the shipped model carries one); {} for real data or a data folder that is gone."""
+    places = [Path(cfg.data.path) / "manifest.json"] if cfg.data.path else []
+    places += [Path(folder) / "data_manifest.json"] if folder else []
+    for path in places:
+        try:
+            params = json.loads(path.read_text())["params"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(params, dict):
+            return params
+    return {}
 
 
 def discover_runs(root: str | Path, max_depth: int = 4) -> dict[str, Path]:
@@ -116,7 +137,23 @@ def user_errors() -> Iterator[None]:
     except gr.Error:
         raise
     except (ValueError, FileNotFoundError) as err:
-        raise gr.Error(str(err)) from err
+        raise gr.Error(scrub_paths(str(err))) from err
+
+
+_ABSOLUTE_PATH = re.compile(r"(?<![^\s(\[\"'=])/[^\s'\"(),;/]+(?:/[^\s'\"(),;/]*)+")  # /a/b... after a space
+
+
+def scrub_paths(message: str) -> str:
+    """`message` without the server's absolute paths: a path under the working directory becomes relative to it,
+    any other one its last component (a browser user learns nothing about the server's folders)."""
+    def short(match: re.Match[str]) -> str:
+        path = Path(match.group(0).rstrip(".:"))
+        tail = match.group(0)[len(str(path)):]  # a sentence's full stop or colon stays
+        try:
+            return str(path.relative_to(Path.cwd())) + tail
+        except ValueError:
+            return path.name + tail
+    return _ABSOLUTE_PATH.sub(short, message)
 
 
 def optional_module(module: str) -> ModuleType | None:

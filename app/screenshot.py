@@ -92,7 +92,7 @@ def shrink(path: str | Path, width: int = 900, colours: int = 128) -> Path:
 def screenshot(out: str | Path, *, run: str | Path | None = None, root: str | Path | None = None,
                width: int = 1200, height: int = 1600, budget_ms: int = 30000, small: int | None = None) -> Path:
     """Launch the app on a free loopback port, screenshot it after the first full unmasking, stop it."""
-    from app.mdc_app import serve
+    from app.launch import serve
     port = _free_port()
     demo = serve(run, root=root, port=port, block=False)
     try:
@@ -106,7 +106,7 @@ def screenshot(out: str | Path, *, run: str | Path | None = None, root: str | Pa
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m app.screenshot", description=__doc__.splitlines()[0])
-    p.add_argument("--run", default=None, help="run folder (default: the model of `make demo`, else outputs/demo/run)")
+    p.add_argument("--run", default=None, help="run folder (default: what `make app` opens, app.launch.default_run)")
     p.add_argument("--out", default="docs/app_screenshot.png", help="PNG to write")
     p.add_argument("--width", type=int, default=1200)
     p.add_argument("--height", type=int, default=1600)

@@ -15,6 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
+from app import launch as S
 from app import mdc_app as A
 from app import render
 from mdc_core.checkpoint import save_checkpoint
@@ -23,6 +24,7 @@ from mdc_core.data.transforms import eval_transform
 from mdc_core.model import Captioner
 from mdc_core.sampler import sample, trajectory
 from mdc_core.tokenizer import CaptionTokenizer, build_output_vocab
+from mdc_core.workbench.shipped import SHIPPED_DIR
 from tests.conftest import micro_config
 
 CHIP = re.compile(r'data-pos="(\d+)" data-state="(\w+)" data-token="([^"]*)"')
@@ -243,21 +245,23 @@ def test_loopback_by_default_and_no_analytics(app):
     from mdc_core.cli import build_parser
     args = build_parser().parse_args(["app"])
     assert (args.host, args.share, args.run) == ("127.0.0.1", False, None)  # None: serve() picks default_run()
-    assert A.serve.__kwdefaults__["host"] == "127.0.0.1" and A.serve.__kwdefaults__["share"] is False
+    assert S.serve.__kwdefaults__["host"] == "127.0.0.1" and S.serve.__kwdefaults__["share"] is False
     assert app["demo"].analytics_enabled is False
 
 
-def test_default_run_is_the_demo_plans_model(tmp_path, monkeypatch):
+def test_default_run_is_the_demo_plans_model_else_mdc_demos_else_the_shipped_one(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert A.default_run() == A.DEFAULT_RUN  # no plan has run: the `mdc demo` folder
-    metrics = tmp_path / A.DEMO_METRICS
+    assert S.default_run() == str(SHIPPED_DIR)  # nothing trained yet: the model shipped with the repository
+    (tmp_path / S.DEFAULT_RUN).mkdir(parents=True)
+    assert S.default_run() == S.DEFAULT_RUN  # `mdc demo` has run
+    metrics = tmp_path / S.DEMO_METRICS
     metrics.parent.mkdir(parents=True)
     metrics.write_text('{"run_dir": "models/mdc-abc"}')
-    assert A.default_run() == A.DEFAULT_RUN  # named but missing: not offered
+    assert S.default_run() == S.DEFAULT_RUN  # named but missing: not offered
     (tmp_path / "models" / "mdc-abc").mkdir(parents=True)
-    assert A.default_run() == "models/mdc-abc"
+    assert S.default_run() == "models/mdc-abc"
     metrics.write_text("{not json")
-    assert A.default_run() == A.DEFAULT_RUN
+    assert S.default_run() == S.DEFAULT_RUN
 
 
 def _free_port() -> int:
@@ -271,7 +275,7 @@ def test_end_to_end_through_gradio_client(app, tmp_path):
     port = _free_port()
     demo = app["demo"]
     demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                        **A.LAUNCH_KW)
+                        **S.LAUNCH_KW)
     try:
         client = Client(f"http://127.0.0.1:{port}/", verbose=False)
         client.predict(3, "micro", api_name="/show_scene")

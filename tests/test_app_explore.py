@@ -1,6 +1,8 @@
 """The app's "fix some words" box, attention overlay, GIF and JSON download, and replay (callbacks, no server)."""
 
 import json
+import re
+from pathlib import Path
 
 import gradio as gr
 import pytest
@@ -61,3 +63,49 @@ def test_gif_json_and_replay(app, tmp_path):  # noqa: F811
         explore.load_replay(str(bad), None)
     with pytest.raises(gr.Error, match="caption an image first"):
         explore.save_gif({})
+
+
+def test_the_text_line_above_the_chips_shows_the_fixed_words(app):  # noqa: F811
+    state = _caption("a [MASK] square on the _")[0]
+    line = re.search(r'<span style="font-family:monospace">([^<]*)</span>', A.show_step(0, state)).group(1)
+    assert line.split() == ["a", "\u2581", "square", "on", "the", "\u2581"]  # masked slots only are blanks
+
+
+def test_a_new_image_drops_the_prompt_of_the_previous_one(app):  # noqa: F811
+    state = explore.set_prompt("a [MASK] square on the _", A.show_scene(2, "micro", None)[0])
+    for fresh in (A.show_scene(5, "micro", state)[0], A.new_scene("micro", state)[1]):
+        assert fresh["prompt"] == ""
+        assert A.run_caption("micro", fresh, *GREEDY)[0]["record"]["fixed"] == []  # every word generated
+    assert explore.clear_prompt() == ""  # and the box is emptied (wired to the scene button, scene # and upload)
+    blocks = app["demo"]
+    cleared = {t for fn in blocks.fns.values() if fn.fn is explore.clear_prompt for t, _ in fn.targets}
+    assert len(cleared) == 3
+
+
+def test_downloads_live_in_one_temporary_folder_that_cleanup_removes(app):  # noqa: F811
+    state = _caption()[0]
+    first, second = Path(explore.save_json(state)), Path(explore.save_gif(state))
+    folder = Path(explore._TEMP.name)
+    assert folder.name.startswith("mdc-app-") and first.parent.parent == second.parent.parent == folder
+    assert first.parent != second.parent  # one sub-folder per download: users never overwrite each other
+    explore.cleanup_temp()
+    assert not folder.exists() and explore._TEMP is None
+
+
+def test_hidden_callbacks_are_no_api_endpoints(app):  # noqa: F811
+    public = {fn.api_name for fn in app["demo"].fns.values() if fn.api_visibility == "public"}
+    assert public == {"new_scene", "show_scene", "upload", "caption", "step", "gif", "save_json", "replay", "compare",
+                      "score"}
+    assert all(fn.api_name != "False" for fn in app["demo"].fns.values())
+
+
+def test_errors_name_no_absolute_server_path(tmp_path, monkeypatch):
+    from app.runs import scrub_paths, user_errors
+
+    monkeypatch.chdir(tmp_path)
+    message = f"checkpoint file {tmp_path}/runs/r/model.safetensors is corrupt; see /srv/secret/x.json."
+    assert scrub_paths(message) == "checkpoint file runs/r/model.safetensors is corrupt; see x.json."
+    assert scrub_paths("the 1/t weight and/or N'/k steps") == "the 1/t weight and/or N'/k steps"
+    with pytest.raises(gr.Error) as info, user_errors():
+        raise FileNotFoundError("trajectory file not found: /tmp/gradio/3f2a/trace.json")
+    assert "/tmp" not in str(info.value.message) and "trace.json" in str(info.value.message)

@@ -120,3 +120,11 @@ def test_input_errors(preds: dict, refs: dict, message: str) -> None:
 def test_unknown_metric() -> None:
     with pytest.raises(ValueError, match="unknown metric"):
         caption_metrics({1: "a"}, {1: ["a"]}, metrics=["BLEU", "BERTScore"])
+
+
+@pytest.mark.skipif(not has_java, reason="needs java")
+def test_the_ptb_tokenizer_writes_nothing_to_stderr(capfd: pytest.CaptureFixture[str]) -> None:
+    """Its Java program prints a progress line per call, which a notebook shows as a red error box."""
+    r = cm.caption_metrics({1: "a red circle"}, {1: ["a red circle on a gray background"]}, metrics=["BLEU"])
+    assert r["tokenizer"] == "ptb"
+    assert "PTBTokenizer" not in capfd.readouterr().err

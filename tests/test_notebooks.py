@@ -12,6 +12,7 @@ import nbformat
 import pytest
 
 from mdc_core.workbench.plans import ensure_kernel, notebook_parameters
+from tests.test_teaching_notebooks import assert_figures_shown_as_pictures
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NAMES = ["01_pretraining", "02_noise_schedule_ablation", "03_linear_probing", "04_compositionality", "05_captioning"]
@@ -106,6 +107,7 @@ def test_notebook_executes_with_tiny_parameters(name: str, shared: Path) -> None
     if name == "02_noise_schedule_ablation":  # probed on a held-out set: images no model was pretrained on
         assert record["probe_data"].endswith("data_short_probe")
     assert list((out / "figures").glob("*.png")), "every notebook saves figures"
+    assert_figures_shown_as_pictures(out / f"{name}.ipynb")  # never "<Figure size ...>" or "PosixPath(...)"
     if name == "05_captioning":  # Table 3's CIDEr carries per-image scores: a one-seed interval and a verdict
         items = record["tables"]["table3"]["items"]
         assert set(items) == set(record["tables"]["table3"]["values"]) and all(

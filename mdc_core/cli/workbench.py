@@ -15,7 +15,7 @@ from mdc_core.cli.common import flags
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     app = sub.add_parser("app", help="the gradio app: watch a caption being unmasked (binds 127.0.0.1)")
     app.add_argument("--run", help="run folder selected at start (default: the MDC model of `make demo`, "
-                     "else outputs/demo/run of `mdc demo`)")
+                     "else outputs/demo/run of `mdc demo`, else the model shipped in mdc_core/pretrained/)")
     app.add_argument("--root", default=".", help="run folders under it (4 levels deep) are offered in the run menu")
     app.add_argument("--host", default="127.0.0.1", help="interface to bind (other than loopback: on purpose only)")
     app.add_argument("--port", type=int, help="port (default: gradio's first free one from 7860)")
@@ -60,7 +60,7 @@ def cmd_app(args: argparse.Namespace) -> None:
     from pathlib import Path
     if not Path(args.root).is_dir():
         raise FileNotFoundError(f"--root {args.root} is not a folder (the run menu offers the run folders under it)")
-    from app.mdc_app import serve
+    from app.launch import serve
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"mdc app: binding {args.host}: anyone who can reach this machine can use the app", file=sys.stderr)
     serve(args.run, root=args.root, host=args.host, port=args.port, share=args.share)

@@ -18,11 +18,14 @@ An unavailable metric has the value ``None`` and its reason under ``result["unav
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import shutil
 import subprocess
-from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
+import types
+import unittest.mock
+from collections.abc import Callable, Collection, Hashable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -146,13 +149,27 @@ def _ptb_tokenize(keys: list[Hashable], predictions: Mapping[Hashable, str],
     """
     batch = {("res", i): [{"caption": " ".join(predictions[k].split())}] for i, k in enumerate(keys)}
     batch.update({("gts", i): [{"caption": " ".join(c.split())} for c in references[k]] for i, k in enumerate(keys)})
-    tok = PTBTokenizer().tokenize(batch)
+    with _quiet_java():
+        tok = PTBTokenizer().tokenize(batch)
     res = {k: tok.get(("res", i), []) for i, k in enumerate(keys)}
     gts = {k: tok.get(("gts", i), []) for i, k in enumerate(keys)}
     for k in keys:  # the wrapper zips ids with output lines, which would hide a short output
         if len(res[k]) != 1 or len(gts[k]) != len(references[k]):
             raise RuntimeError(f"PTB tokenizer lost captions for image {k!r}")
     return res, gts
+
+
+@contextlib.contextmanager
+def _quiet_java() -> Iterator[None]:
+    """Inside the block, the Java program pycocoevalcap's tokenizer starts writes nothing to this process's stderr
+    (it prints "PTBTokenizer tokenized N tokens at ..." on every call: a red box in a notebook that reads as an
+    error). Only the tokenizer module's view of ``subprocess.Popen`` changes."""
+    from pycocoevalcap.tokenizer import ptbtokenizer
+
+    quiet = types.SimpleNamespace(PIPE=subprocess.PIPE,
+                                  Popen=functools.partial(subprocess.Popen, stderr=subprocess.DEVNULL))
+    with unittest.mock.patch.object(ptbtokenizer, "subprocess", quiet):
+        yield
 
 
 def _bleu(gts: Captions, res: Captions) -> tuple[dict[str, float], list[float]]:

@@ -134,14 +134,24 @@ def _finished(run_dir: Path, steps: int) -> bool:
 
 def train_cached(cfg: RunConfig, models_dir: str | Path, *, live: bool = False, progress: bool = False):
     """Train `cfg` into its cache folder (resuming a partial run) unless it is finished there; return
-    ``(model, cfg, run_dir)`` with the model loaded in eval mode on ``cfg.train.device``."""
+    ``(model, cfg, run_dir)`` with the model loaded in eval mode on ``cfg.train.device``. With `live`, the
+    notebook shows the loss curve: redrawn while it trains (:func:`live_train`), or at once for a finished run."""
     from mdc_core.checkpoint import latest_checkpoint, load_model
     from mdc_core.train import train
 
     run_dir = cached_run_dir(models_dir, cfg)
     with cache_lock(run_dir, f"the model {run_dir.name}"):  # another notebook may be training this very run
-        if not _finished(run_dir, cfg.train.steps):
+        if _finished(run_dir, cfg.train.steps):
+            print(f"reusing the trained run {run_dir.name} in {models_dir} (the same config and data; delete the "
+                  "folder to train it again)")
+            rows = read_train_metrics(run_dir)
+            if live and rows and _display_slot() is not None:  # the cell shows its curve, trained now or before
+                show_figure(loss_figure(rows, title=f"{cfg.objective.name}: {rows[-1]['step']} / {cfg.train.steps} "
+                                                    "steps (trained before)"))
+        else:
             resume = latest_checkpoint(run_dir) is not None
+            if resume:
+                print(f"resuming {run_dir.name} from its checkpoint {latest_checkpoint(run_dir).name}")
             if not resume and run_dir.exists():  # a run killed before its first checkpoint: start it over
                 import shutil
                 shutil.rmtree(run_dir)
@@ -153,6 +163,27 @@ def train_cached(cfg: RunConfig, models_dir: str | Path, *, live: bool = False, 
     device = "cpu" if cfg.train.device == "auto" else cfg.train.device
     model, saved = load_model(run_dir, device=device)
     return model, saved, run_dir
+
+
+def trained_or_shipped(cfg: RunConfig, models_dir: str | Path, *, shipped: bool = False, live: bool = False):
+    """``(model, cfg, run_dir)`` for an MDC config, at once when possible: the finished run from the cache; else,
+    with `shipped`, the captioner shipped with the repository (:mod:`mdc_core.workbench.shipped`: no training,
+    and the notebook says so), its config given `cfg`'s data path so that evaluations read the notebook's data;
+    else `cfg` trained by :func:`train_cached`. The shipped model knows only the data it was trained on
+    (``shipped.data_params()``: the `easy` scenes, short captions, 64 px), so a notebook offers it on that data."""
+    import dataclasses
+
+    if shipped and cfg.objective.name != "mdc":
+        raise ValueError(f"the shipped captioner is an MDC model; it cannot stand in for {cfg.objective.name!r}")
+    if not shipped or _finished(cached_run_dir(models_dir, cfg), cfg.train.steps):
+        return train_cached(cfg, models_dir, live=live)
+    from mdc_core.workbench.shipped import SHIPPED_DIR, load_shipped
+
+    device = "cpu" if cfg.train.device == "auto" else cfg.train.device
+    model, saved = load_shipped(device)
+    print(f"using the captioner shipped with the repository ({SHIPPED_DIR.name}: tiny_lean, 1500 steps on the easy "
+          "scenes); nothing is trained here")
+    return model, dataclasses.replace(saved, data=dataclasses.replace(saved.data, path=cfg.data.path)), SHIPPED_DIR
 
 
 def read_train_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -170,47 +201,94 @@ def read_train_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def live_train(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, refresh_s: float = 3.0):
-    """Train in a background thread while the notebook shows the loss curve from ``metrics.jsonl``, redrawn
-    every `refresh_s` seconds in one display slot. Returns the :class:`~mdc_core.train.TrainResult`."""
-    import matplotlib.pyplot as plt
-    from IPython.display import display
+    """Train while the notebook shows the loss curve from ``metrics.jsonl``, redrawn every `refresh_s` seconds in
+    one display slot. Returns the :class:`~mdc_core.train.TrainResult`.
 
-    from mdc_core.train import train
+    Training runs in the calling (the notebook's main) thread and only the drawing in a background thread, so
+    Kernel > Interrupt reaches the training loop: it stops at the next step boundary, writes a checkpoint and
+    raises :class:`~mdc_core.train.TrainingInterrupted` (a KeyboardInterrupt) once training has really stopped;
+    running the cell again resumes from that checkpoint."""
+    from mdc_core.train import TrainingInterrupted, train
 
     run_dir = Path(run_dir)
     if target_set():  # under the runner the curve is only read afterwards: redraw rarely, leave the CPU to training
         refresh_s = max(refresh_s, RUNNER_REFRESH_S)
-    box: dict[str, Any] = {}
+    slot = _display_slot()
+    done = threading.Event()
 
-    def work() -> None:
-        try:
-            box["result"] = train(cfg, run_dir, resume=resume, progress=False)
-        except BaseException as err:  # re-raised in the notebook's thread below
-            box["error"] = err
-
-    thread = threading.Thread(target=work, daemon=True)
-    thread.start()
-    handle = display(None, display_id=True)
-    while True:
-        alive = thread.is_alive()
+    def redraw() -> None:
         rows = read_train_metrics(run_dir)
-        if rows:
-            fig = loss_figure(rows, title=f"{cfg.objective.name}: {rows[-1]['step']} / {cfg.train.steps} steps")
-            handle.update(fig)
-            plt.close(fig)
-        if not alive:
-            break
-        thread.join(timeout=refresh_s)  # wakes as soon as training ends
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
+        if rows and slot is not None:
+            slot.update(figure_png(loss_figure(rows, title=f"{cfg.objective.name}: {rows[-1]['step']} / "
+                                                             f"{cfg.train.steps} steps")))
+
+    def painter() -> None:
+        while not done.wait(refresh_s):
+            try:
+                redraw()
+            except Exception:  # noqa: BLE001 - a curve that cannot be drawn now must never stop the training
+                pass
+
+    thread = threading.Thread(target=painter, daemon=True, name="mdc-loss-curve")
+    thread.start()
+    try:
+        return train(cfg, run_dir, resume=resume, progress=False)
+    except TrainingInterrupted as err:
+        print(f"training stopped at step {err.step} of {cfg.train.steps} and saved its checkpoint "
+              f"({err.checkpoint.name if err.checkpoint else 'none'}); run this cell again to resume from there")
+        raise
+    finally:
+        done.set()
+        thread.join()
+        redraw()  # the curve up to the last step trained
+
+
+def _display_slot() -> Any:
+    """An updatable display slot in the running notebook (None outside IPython)."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        return None
+    return display(None, display_id=True) if get_ipython() is not None else None
+
+
+def figure_png(fig: Any) -> Any:
+    """`fig` (a matplotlib Figure, with or without pyplot) as an ``IPython.display.Image`` PNG; the figure is
+    closed when pyplot manages it, so it is not shown a second time at the end of the cell."""
+    import io
+
+    from IPython.display import Image
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    _close(fig)
+    return Image(data=buf.getvalue(), format="png")
+
+
+def show_figure(fig: Any) -> None:
+    """Show `fig` in the notebook as a picture. A Figure built without pyplot (the app's heatmap, the attention
+    grid) would otherwise print as ``<Figure size ...>`` when pyplot was never imported in the kernel."""
+    from IPython.display import display
+
+    display(figure_png(fig))
+
+
+def _close(fig: Any) -> None:
+    import sys
+
+    plt = sys.modules.get("matplotlib.pyplot")  # only a figure pyplot made is known to pyplot
+    if plt is not None and getattr(fig, "number", None) in plt.get_fignums():
+        plt.close(fig)
 
 
 def loss_figure(rows: list[dict[str, Any]], title: str = "training loss"):
-    """Loss and masked-token accuracy against the step, from ``metrics.jsonl`` records."""
-    import matplotlib.pyplot as plt
+    """Loss and masked-token accuracy against the step, from ``metrics.jsonl`` records (a Figure made without
+    pyplot, so a background thread may draw it)."""
+    from matplotlib.figure import Figure
 
-    fig, ax = plt.subplots(figsize=(6, 3.2))
+    fig = Figure(figsize=(6, 3.2), layout="constrained")
+    ax = fig.add_subplot()
     steps = [r["step"] for r in rows]
     ax.plot(steps, [r["loss"] for r in rows], label="loss")
     ax.set_xlabel("step")
@@ -219,25 +297,22 @@ def loss_figure(rows: list[dict[str, Any]], title: str = "training loss"):
     ax2.plot(steps, [r["acc_masked"] for r in rows], color="tab:orange", label="masked-token accuracy")
     ax2.set_ylabel("accuracy", color="tab:orange")
     ax.set_title(title)
-    fig.tight_layout()
     return fig
 
 
-def save_figure(fig: Any, output_dir: str | Path, name: str) -> Path:
-    """Save `fig` as ``<output_dir>/figures/<name>.png`` (the runner collects these) and return the path."""
-    path = output_folder(output_dir) / "figures" / f"{name}.png"
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    return path
+def save_figure(fig: Any, output_dir: str | Path, name: str) -> None:
+    """Save `fig` as ``<output_dir>/figures/<name>.png`` (the runner collects these). Returns nothing, so a cell
+    that ends with this call shows its figure and no ``PosixPath(...)`` line."""
+    fig.savefig(output_folder(output_dir) / "figures" / f"{name}.png", dpi=110, bbox_inches="tight")
 
 
 def write_metrics(output_dir: str | Path, notebook: str, metrics: dict[str, Any],
-                  tables: dict[str, dict[str, Any]] | None = None, **extra: Any) -> Path:
+                  tables: dict[str, dict[str, Any]] | None = None, **extra: Any) -> None:
     """Write ``<output_dir>/metrics.json`` in the layout :mod:`mdc_core.workbench.summary` reads: flat scalar
-    `metrics` and paper-style `tables` (name -> {"metric": str, "values": {row: number | {column: number}}})."""
+    `metrics` and paper-style `tables` (name -> {"metric": str, "values": {row: number | {column: number}}}).
+    Returns nothing (a notebook's last cell ends with it: no ``PosixPath(...)`` line)."""
     record = {"notebook": notebook, "metrics": metrics, "tables": tables or {}, **extra}
-    path = output_folder(output_dir) / "metrics.json"
-    path.write_text(json.dumps(record, indent=2, default=float) + "\n")
-    return path
+    (output_folder(output_dir) / "metrics.json").write_text(json.dumps(record, indent=2, default=float) + "\n")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -255,8 +330,9 @@ def to_pixels(images: Any) -> Any:
     return (images.detach().cpu().float() * std + mean).clamp(0, 1).permute(0, 2, 3, 1).numpy()
 
 
-def image_grid(images: Any, captions: list[str], cols: int = 4, width: int = 28):
-    """A grid of images (B, 3, S, S) with their captions wrapped underneath."""
+def image_grid(images: Any, captions: list[str], cols: int = 4, width: int = 28, numbered: bool = False):
+    """A grid of images (B, 3, S, S) with their captions wrapped underneath; `numbered` puts each image's index
+    (0, 1, ...) before its caption, for a menu that picks images by number."""
     import textwrap
 
     import matplotlib.pyplot as plt
@@ -266,7 +342,8 @@ def image_grid(images: Any, captions: list[str], cols: int = 4, width: int = 28)
     fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 3.3 * rows), squeeze=False)
     for ax in axes.ravel():
         ax.axis("off")
-    for ax, img, text in zip(axes.ravel(), pixels, captions, strict=False):
+    for i, (ax, img, text) in enumerate(zip(axes.ravel(), pixels, captions, strict=False)):
+        text = f"{i}: {text}" if numbered else text
         ax.imshow(img)
         ax.set_title("\n".join(textwrap.wrap(text, width)[:4]), fontsize=7)
     fig.tight_layout()
@@ -370,9 +447,39 @@ def confidence_heatmap(record: dict[str, Any], title: str = "") -> Any:
     fig = heatmap_figure(record, title)
     try:
         from IPython import get_ipython
-        from IPython.display import display
     except ImportError:
         return fig
     if get_ipython() is not None:
-        display(fig)
+        show_figure(fig)  # as a picture even before pyplot was imported (it would print "<Figure size ...>")
     return fig
+
+
+FUNCTION_WORDS = frozenset({"a", "an", "the", "on", "in", "of", "and", "with", "at", "to", "is", "are", "image",
+                            "picture", "photo", "background"})
+
+
+def infill_slots(words: list[str], infill_mask: list[str], tokenizer: Any, model: Any) -> tuple[list[int], list[str]]:
+    """The infilling example of notebook 05: which positions of a caption (`words`) to mask again, and the words to
+    rank for the first of them.
+
+    `infill_mask` ``["colour"]`` or ``["shape"]`` masks every colour (shape) word, anything else the words listed.
+    When the caption holds none of them, the first colour word is masked, else the first shape word, else the
+    first word that is not a function word ("a", "on", ...). The candidates are the words of the first slot's
+    kind (every colour for a colour word, every shape for a shape word; both otherwise) that the model can say
+    as one token; the slot's own word when none can be."""
+    from mdc_core.data import COLOURS, SHAPES
+
+    kinds = {"colour": set(COLOURS), "shape": set(SHAPES)}
+    wanted = kinds.get(infill_mask[0], set(infill_mask)) if len(infill_mask) == 1 else set(infill_mask)
+    slots = [i for i, w in enumerate(words) if w in wanted]
+    for group in (kinds["colour"], kinds["shape"]):
+        slots = slots or [i for i, w in enumerate(words) if w in group][:1]
+    slots = slots or [i for i, w in enumerate(words) if w not in FUNCTION_WORDS][:1] or [len(words) // 2]
+    first = words[slots[0]]
+    pool = next((sorted(g) for g in kinds.values() if first in g), sorted(kinds["colour"] | kinds["shape"]))
+
+    def sayable(word: str) -> bool:
+        ids = tokenizer.encode_text(word)
+        return len(ids) == 1 and int(model.output_index[ids[0]]) >= 0
+
+    return slots, [w for w in pool if sayable(w)] or [first]

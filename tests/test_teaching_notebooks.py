@@ -1,0 +1,104 @@
+"""The teaching material: the lesson notebook 00 runs with its own defaults at reduced size and every equation
+check in it passes (they are asserts); notebooks 00, 01 and 06 end with exercises built the same way (attempt,
+check, hidden solution that runs through the check); executed notebooks show figures as pictures."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from mdc_core.workbench import exercises as ex
+from mdc_core.workbench.plans import ensure_kernel, notebook_parameters
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+LESSON = NOTEBOOKS / "00_masked_diffusion_captioning.ipynb"
+WITH_EXERCISES = ["00_masked_diffusion_captioning", "01_pretraining", "06_mc_diffusion"]
+MICRO_64 = {"model.encoder_kwargs": {"patch_size": 16, "embed_dim": 32, "depth": 1, "num_heads": 2},
+            "model.text_width": 32, "model.text_layers": 1, "model.text_heads": 2, "train.batch_size": 16,
+            "train.warmup_steps": 2, "train.log_every": 2}
+EXERCISE_ID = re.compile(r'ex\.check\(\s*"([\w.]+)"')
+
+
+def assert_figures_shown_as_pictures(executed: str | Path) -> None:
+    """Every figure of an executed notebook came out as a PNG: no output is a bare ``<Figure size ...>`` repr or a
+    ``PosixPath(...)`` line, no stderr carries pycocoevalcap's tokenizer chatter, and there is at least one PNG."""
+    nb = nbformat.read(str(executed), as_version=4)
+    pictures = 0
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            text = out.get("text", "") + str(data.get("text/plain", ""))
+            if "image/png" in data:
+                pictures += 1
+                continue
+            assert "<Figure size" not in text, f"a figure printed as text: {text[:120]}"
+            assert "PosixPath(" not in text, f"a path printed after a figure: {text[:120]}"
+            assert not (out.get("name") == "stderr" and "PTBTokenizer" in text)
+    assert pictures, "no figure was shown"
+
+
+def test_the_lesson_is_thin_and_committed_without_outputs() -> None:
+    nb = nbformat.read(str(LESSON), as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code)
+    assert nb.metadata["kernelspec"]["name"] == "mdc"
+    assert [i for i, c in enumerate(code) if "parameters" in c.metadata.get("tags", [])] == [1]
+    assert all(isinstance(node, (ast.Import, ast.ImportFrom)) for node in ast.parse(code[0].source).body)
+    for cell in code:
+        tree = ast.parse(cell.source)
+        assert not any(isinstance(node, ast.ClassDef) for node in ast.walk(tree)) and "nn.Module" not in cell.source
+    for line in code[1].source.strip().splitlines():
+        assert re.fullmatch(r"\w+: (int|float|str|bool|list|dict) = .+  # .+", line), line
+    assert {"output_dir", "data_dir", "models_dir", "n_train", "steps", "overrides"} <= set(notebook_parameters(LESSON))
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    for equation in ("Eq. 2", "Eq. 5", "Eq. 6", "Eq. 7", "Eq. 8"):  # each equation of the method has its section
+        assert equation in text
+    asserts = sum(c.source.count("assert ") for c in code)
+    assert asserts >= 7  # one per equation checked against mdc_core, and the masks' wiring
+
+
+@pytest.mark.parametrize("name", WITH_EXERCISES)
+def test_exercises_have_an_attempt_a_check_and_a_hidden_solution(name: str) -> None:
+    cells = nbformat.read(str(NOTEBOOKS / f"{name}.ipynb"), as_version=4).cells
+    solutions = [i for i, c in enumerate(cells) if "solution" in c.metadata.get("tags", [])]
+    assert 2 <= len(solutions) <= 4
+    checked = set()
+    for i in solutions:
+        cell = cells[i]
+        assert cell.cell_type == "code" and cell.metadata["jupyter"]["source_hidden"] is True  # collapsed in the lab
+        exercise = EXERCISE_ID.search(cell.source).group(1)
+        assert exercise in ex.CHECKS and exercise.startswith(name[:2] + ".")
+        assert "solution=True" in cell.source
+        assert cell.source.splitlines()[0].startswith("# Solution")  # a collapsed cell shows its first line only
+        check, attempt = cells[i - 1], cells[i - 2]  # the student's check cell and attempt cell come before it
+        assert EXERCISE_ID.search(check.source).group(1) == exercise and "solution=True" not in check.source
+        assert attempt.cell_type == "code" and ("None" in attempt.source or "..." in attempt.source)
+        assert "solution" not in attempt.metadata.get("tags", []) + check.metadata.get("tags", [])
+        checked.add(exercise)
+    assert len(checked) == len(solutions)
+
+
+def test_the_lesson_runs_with_its_defaults_at_reduced_size_and_every_check_passes(tmp_path: Path) -> None:
+    import papermill
+
+    out = tmp_path / "out"
+    params = {"output_dir": str(out), "data_dir": str(tmp_path / "data"), "models_dir": str(tmp_path / "models"),
+              "n_train": 200, "steps": 60, "overrides": MICRO_64}
+    executed = tmp_path / "00.ipynb"
+    papermill.execute_notebook(str(LESSON), str(executed), parameters=params, kernel_name=ensure_kernel(),
+                               progress_bar=False, cwd=str(tmp_path))  # an assert that failed would raise here
+    record = json.loads((out / "metrics.json").read_text())
+    assert record["notebook"] == "00_masked_diffusion_captioning"
+    metrics = record["metrics"]
+    assert metrics["tiny_final_loss"] < metrics["tiny_first_loss"] and metrics["eq8_exact"] < 0
+    assert {p.name for p in (out / "figures").glob("*.png")} >= {"unmasking_steps.png", "attention_masks.png"}
+    assert_figures_shown_as_pictures(executed)
+    shown = "\n".join(str(o.get("data", {}).get("text/markdown", "")) + o.get("text", "")
+                      for c in nbformat.read(str(executed), as_version=4).cells for o in c.get("outputs", []))
+    assert shown.count("== mdc_core") >= 5 and "not answered yet" in shown  # checks seen pass; attempts open
+    assert shown.count("the hidden solution passes this check") == 3
