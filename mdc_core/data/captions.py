@@ -14,6 +14,14 @@ or whose result would be true for the scene, is left out rather than faked:
 ``order_shuffle``   the caption's words in a random different order (ARO COCO-order);
 ``replace``         one colour or shape word replaced by one that is in no object of the scene (SugarCrepe);
 ``add``             one more object whose shape is in no object of the scene (SugarCrepe add-obj).
+
+Two-clause captions (:func:`clause_caption`, caption style ``clauses``) test the paper's central argument: each
+names three of six facts about the primary object (size, colour, shape, row, column, background) in a first
+clause, then a second clause that either restates the same three facts (group ``predictable``, connector
+"again": every later word is determined by the earlier ones) or names the other three (group ``unpredictable``,
+connector "also": every later scene word is new visual information). Both clauses of both groups are uniformly
+drawn 3-subsets rendered in one fixed order, so which word types stand where is the same in both groups; only
+whether the later words are predictable from the earlier ones differs.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from mdc_core.data.scene import COLOURS, SHAPES, Scene, SceneObject
+from mdc_core.data.scene import COLOURS, COLS, ROWS, SHAPES, Scene, SceneObject
 
 NEGATIVE_TYPES: tuple[str, ...] = ("attribute_swap", "relation_swap", "order_shuffle", "replace", "add")
 RELATIONS: tuple[str, ...] = ("left of", "right of", "above", "below")
@@ -183,6 +191,62 @@ def long_caption(scene: Scene, rng: np.random.Generator) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------
+# two-clause captions (predictable vs unpredictable later words)
+
+CLAUSE_FACTS: tuple[str, ...] = ("size", "colour", "shape", "row", "column", "background")  # rendering order
+CLAUSE_GROUPS: tuple[str, ...] = ("predictable", "unpredictable")
+CLAUSE_CONNECTORS: dict[str, str] = {"predictable": "again", "unpredictable": "also"}
+
+
+def render_clause(obj: SceneObject, background: str, facts: tuple[str, ...]) -> str:
+    """The clause naming `facts` (a subset of :data:`CLAUSE_FACTS`) of `obj`, e.g. ``large red shape at top``
+    (``shape`` stands in when the shape is not among the facts, so every clause has a noun)."""
+    words = [w for f, w in (("size", obj.size), ("colour", obj.colour)) if f in facts]
+    words.append(obj.shape if "shape" in facts else "shape")
+    where = [w for f, w in (("row", ROWS[obj.row]), ("column", COLS[obj.col])) if f in facts]
+    if where:
+        words += ["at", *where]
+    if "background" in facts:
+        words += ["on", background]
+    return " ".join(words)
+
+
+def clause_caption(scene: Scene, rng: np.random.Generator) -> tuple[str, str, tuple[str, ...], tuple[str, ...]]:
+    """A two-clause caption of the primary object: (text, group, facts of the first clause, of the second).
+
+    The group is a fair coin; the first clause names a uniform 3-subset of :data:`CLAUSE_FACTS`; the second
+    restates it (``predictable``, e.g. "small red shape at top, again small red shape at top") or names the
+    complement (``unpredictable``, e.g. "small red shape at top, also circle at left on white")."""
+    group = CLAUSE_GROUPS[int(rng.integers(len(CLAUSE_GROUPS)))]
+    chosen = set(rng.choice(len(CLAUSE_FACTS), size=3, replace=False).tolist())
+    first = tuple(f for i, f in enumerate(CLAUSE_FACTS) if i in chosen)
+    second = first if group == "predictable" else tuple(f for f in CLAUSE_FACTS if f not in first)
+    obj = scene.objects[0]
+    text = (f"{render_clause(obj, scene.background, first)}, {CLAUSE_CONNECTORS[group]} "
+            f"{render_clause(obj, scene.background, second)}")
+    return text, group, first, second
+
+
+def parse_clause_caption(text: str, vocab: dict[str, list]) -> tuple[str, list[dict[str, str]]]:
+    """From the text alone: (group by its connector, [facts of clause 1, facts of clause 2]) with each clause's
+    facts as ``{fact: word}``; `vocab` is the data set's vocabularies (manifest ``vocab``)."""
+    found = [(g, *text.partition(f", {c} ")[::2]) for g, c in CLAUSE_CONNECTORS.items() if f", {c} " in text]
+    if not found:
+        raise ValueError(f"not a two-clause caption (no ', again ' or ', also '): {text!r}")
+    group, head, tail = found[0]
+    kinds = {**{w: "size" for w in vocab["size"]}, **{w: "colour" for w in vocab["colour"]},
+             **{w: "shape" for w in vocab["shape"]}, **{w: "row" for w in ROWS}, **{w: "column" for w in COLS}}
+    clauses = []
+    for clause in (head, tail):
+        words, _, background = clause.partition(" on ")
+        facts = {kinds[w]: w for w in words.split() if w in kinds}
+        if background:
+            facts["background"] = background
+        clauses.append(facts)
+    return group, clauses
+
+
+# ----------------------------------------------------------------------------------------------------------
 # negatives
 
 
@@ -255,5 +319,6 @@ def negatives(spec: ShortSpec, scene: Scene, rng: np.random.Generator,
     return out
 
 
-__all__ = ["Mention", "NEGATIVE_TYPES", "RELATIONS", "ShortSpec", "long_caption", "negatives",
+__all__ = ["CLAUSE_CONNECTORS", "CLAUSE_FACTS", "CLAUSE_GROUPS", "Mention", "NEGATIVE_TYPES", "RELATIONS",
+           "ShortSpec", "clause_caption", "long_caption", "negatives", "parse_clause_caption", "render_clause",
            "render_short", "short_caption", "spec_is_true"]
