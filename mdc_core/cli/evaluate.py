@@ -191,7 +191,7 @@ def cmd_eval_position_signal(args: argparse.Namespace) -> None:
 
 
 def cmd_eval_visual_reliance(args: argparse.Namespace) -> None:
-    from mdc_core.eval.visual_reliance import plot_visual_reliance, visual_reliance_runs
+    from mdc_core.eval.visual_reliance import interval_text, plot_visual_reliance, save_result, visual_reliance_runs
     if args.bins < 1 or args.n_boot < 100:
         raise ValueError(f"--bins must be >= 1 and --n-boot >= 100, got {args.bins} and {args.n_boot}")
     result = visual_reliance_runs(args.run, args.data, split=args.split, limit=args.limit, batch_size=args.batch_size,
@@ -199,8 +199,7 @@ def cmd_eval_visual_reliance(args: argparse.Namespace) -> None:
                                   ema=args.ema, images=args.images, blind=args.blind, bins=args.bins,
                                   n_boot=args.n_boot)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "visual_reliance.json").write_text(json.dumps(result) + "\n")
+    save_result(result, out / "visual_reliance.json")
     plot = plot_visual_reliance(result, out / "visual_reliance.png")
     if args.json:
         print(json.dumps(result))
@@ -212,24 +211,18 @@ def cmd_eval_visual_reliance(args: argparse.Namespace) -> None:
         for run, stats in zip(result["runs"], summary["runs"], strict=True):
             name = f"{run['objective']} ({ref})"
             if not stats["normalised"]:
-                print(f"{name:22s} mean reliance {stats['mean_reliance']:+.3f} nats <= 0: no normalised shape")
+                low, high = stats["mean_reliance_interval"]
+                print(f"{name:22s} mean reliance {stats['mean_reliance']:+.3f} nats [{low:+.3f}, {high:+.3f}] not "
+                      "above 0: no normalised shape")
                 continue
-            cells = "  ".join(f"{g} {_fmt_interval(stats['slope'][g])} (n={stats['slope'][g]['n']})"
+            cells = "  ".join(f"{g} {interval_text(stats['slope'][g])} (n={stats['slope'][g]['n']})"
                               for g in summary["groups"])
             print(f"{name:22s} mean reliance {stats['mean_reliance']:+.3f} nats; slope {cells}")
         for group, diffs in summary["differences"].items():
             for d in diffs:
                 print(f"  {result['runs'][d['run']]['objective']} - {result['runs'][d['minus']]['objective']} "
-                      f"({ref}, {group}): {_fmt_interval(d)}")
+                      f"({ref}, {group}): {interval_text(d)}")
     print(f"results: {out / 'visual_reliance.json'}  plot: {plot}")
-
-
-def _fmt_interval(est: dict) -> str:
-    if est["mean"] is None:
-        return "-"
-    if est.get("low") is None:
-        return f"{est['mean']:+.2f}"
-    return f"{est['mean']:+.2f} [{est['low']:+.2f}, {est['high']:+.2f}]"
 
 
 def _number_list(text: str, kind: type, flag: str) -> list:

@@ -10,8 +10,9 @@ central argument:
 
 * **Normalisation.** Each model's reliances are divided by its *mean reliance* ``m`` (over every scored token of
   every caption evaluated, all groups together), so two models whose overall visual signal differs compare on
-  the shape of their profile, not on raw nats. ``m <= 0`` (a model that does not use the image) has no shape:
-  its normalised values are None.
+  the shape of their profile, not on raw nats. A model whose mean reliance is not resolved above 0 (the lower
+  end of its 95% bootstrap interval <= 0: it does not measurably use the image) has no shape to compare: its
+  normalised values are None (dividing by a mean near 0 would blow its noise up to any size).
 * **Relative position.** Token i of a caption with K tokens stands at ``x = i / (K - 1)`` (0 = first, 1 = last).
 * **Per-caption slope.** The least-squares slope of the caption's normalised reliance against x over its scored
   tokens (units: the model's mean reliance per caption length; -1 = the reliance falls by the model's mean from
@@ -130,7 +131,8 @@ def summarise_runs(runs: Sequence[Sequence[Reliance]], groups: Sequence[str], *,
     """Normalised slopes and profiles of several runs scored on the same captions (module docstring).
 
     `runs`: per run, per caption its reliances; `groups`: each caption's group (e.g. ``predictable``). Returns
-    ``{"groups": [group names], "runs": [{"mean_reliance", "normalised" (bool), "slopes": per caption (normalised,
+    ``{"groups": [group names], "runs": [{"mean_reliance", "mean_reliance_interval", "normalised" (bool: the mean
+    is resolved above 0), "slopes": per caption (normalised,
     None where undefined), "slope": {group: {"mean", "low", "high", "n"}}, "profile": {group: {"mean", "low",
     "high", "n"}}} per run], "differences": {group: [{"run", "minus", "mean", "low", "high", "n"}]}, "bins",
     "bin_centres"}``; a difference is each later run minus the first, paired by caption.
@@ -150,10 +152,11 @@ def summarise_runs(runs: Sequence[Sequence[Reliance]], groups: Sequence[str], *,
     out_runs = []
     for arr in arrays:
         m = float(arr["sum"].sum() / arr["count"].sum()) if arr["count"].sum() else math.nan
-        ok = math.isfinite(m) and m > 0
         m_boot = arr["sum"][idx].sum(axis=1) / np.maximum(arr["count"][idx].sum(axis=1), 1)  # (n_boot,)
+        m_low, m_high = _interval(m_boot, confidence)
+        ok = math.isfinite(m) and m > 0 and m_low is not None and m_low > 0
         m_boot = np.where(m_boot > 0, m_boot, np.nan)
-        run: dict[str, Any] = {"mean_reliance": m, "normalised": ok,
+        run: dict[str, Any] = {"mean_reliance": m, "mean_reliance_interval": [m_low, m_high], "normalised": ok,
                                "slopes": [None if not ok or math.isnan(s) else float(s / m) for s in arr["slope"]],
                                "slope": {}, "profile": {}}
         per_group: dict[str, np.ndarray] = {}

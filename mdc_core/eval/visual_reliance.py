@@ -23,6 +23,7 @@ blank mean image (an all-zero input tensor: *blind*). The context is what the ob
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -269,3 +270,63 @@ def plot_visual_reliance(result: dict[str, Any], path: str | Path, labels: dict[
     axes[0][0].set_ylabel(f"reliance / model's mean ({reference} image)")
     fig.suptitle("visual reliance along the caption (95% bootstrap bands over captions)", fontsize=9)
     return save_png(fig, path)
+
+
+def save_result(result: dict[str, Any], path: str | Path) -> Path:
+    """Write :func:`visual_reliance_runs`'s result (per-token losses included) as JSON to `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result) + "\n")
+    return path
+
+
+def compact(result: dict[str, Any]) -> dict[str, Any]:
+    """`result` without the per-token losses (what a notebook's metrics.json keeps; the full result is its own
+    file)."""
+    return {**result, "runs": [{k: v for k, v in r.items() if not k.startswith("loss_")} for r in result["runs"]]}
+
+
+def reliance_markdown(result: dict[str, Any], labels: dict[str, str] | None = None) -> str:
+    """Markdown: per reference image, each run's mean reliance and its slope per caption group with the 95%
+    interval, the paired differences, then the text check of the caption split (when the data have one)."""
+    labels = labels or {}
+    names = [labels.get(r["objective"], r["objective"].upper()) for r in result["runs"]]
+    lines = []
+    for ref in result["references"]:
+        summary = result[ref]
+        groups = summary["groups"]
+        counts = {g: result["groups"].count(g) for g in groups}
+        head = " | ".join(f"{g} ({counts[g]} captions)" for g in groups)
+        lines += [f"**Reliance slope** against the {ref} image (normalised by each model's mean reliance; 95% "
+                  "bootstrap over captions; < 0: the reliance falls along the caption)", "",
+                  f"| model | mean reliance (nats) | {head} |", "|---" * (len(groups) + 2) + "|"]
+        for name, stats in zip(names, summary["runs"], strict=True):
+            cells = [interval_text(stats["slope"][g]) for g in groups]
+            lines.append(f"| {name} | {stats['mean_reliance']:+.3f} | " + " | ".join(cells) + " |")
+        pairs = {(d["run"], d["minus"]): {} for diffs in summary["differences"].values() for d in diffs}
+        for g, diffs in summary["differences"].items():
+            for d in diffs:
+                pairs[(d["run"], d["minus"])][g] = interval_text(d)
+        for (j, i), cells in pairs.items():
+            lines.append(f"| {names[j]} - {names[i]} (paired) | | " + " | ".join(cells.get(g, "-") for g in groups)
+                         + " |")
+        lines.append("")
+    check = result.get("text_check")
+    if check:
+        lines += ["**The caption split, from the text alone** (scene words of each clause: share restating the "
+                  "earlier clause; conditional entropy given the earlier clause's word for that fact):", "",
+                  "| group | clause | words | restated | entropy (bits) |", "|---|---|---|---|---|"]
+        for group, stats in check.items():
+            for clause in ("first", "second"):
+                c = stats[clause]
+                lines.append(f"| {group} | {clause} | {c['words']} | {c['restated']:.2f} | {c['entropy_bits']:.2f} |")
+    return "\n".join(lines)
+
+
+def interval_text(est: dict[str, Any]) -> str:
+    """``+m.mm [+l.ll, +h.hh]`` of a slope or difference dict (``-`` without a mean)."""
+    if est["mean"] is None:
+        return "-"
+    if est.get("low") is None:
+        return f"{est['mean']:+.2f}"
+    return f"{est['mean']:+.2f} [{est['low']:+.2f}, {est['high']:+.2f}]"
