@@ -3,6 +3,7 @@ split of the embedded generator, the reliance_slope table and the CLI."""
 
 import json
 import math
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -316,7 +317,7 @@ def test_clause_captions_restate_or_add_and_leave_the_other_styles_alone():
         ex = make_example(1, "train", i, image_size=32, captions="clauses", difficulty="easy")
         meta = json.loads(ex["json"])
         first, second = meta["clause_facts"]
-        assert len(first) == 3 and tuple(first) == tuple(f for f in CLAUSE_FACTS if f in first)
+        assert len(first) == 3 and len(set(first)) == 3 and set(first) <= set(CLAUSE_FACTS)
         if meta["clause_group"] == "predictable":
             assert second == first and ", again " in ex["txt"]
             head, tail = ex["txt"].split(", again ")
@@ -341,6 +342,18 @@ def test_clause_captions_restate_or_add_and_leave_the_other_styles_alone():
                 if fact in ("size", "colour", "shape", "background"):
                     assert word == truth[fact]
     assert 10 < groups.count("predictable") < 30  # a fair coin
+
+
+def test_every_fact_is_as_likely_at_every_place_in_both_groups():
+    places = {}  # (group, clause, slot) -> Counter of facts
+    for _, group, first, second in clause_examples(n=1200, seed=5):
+        for c, facts in enumerate((first, second)):
+            for slot, fact in enumerate(facts):
+                places.setdefault((group, c, slot), Counter())[fact] += 1
+    for counter in places.values():  # about 100 each of 6 facts per place and group
+        n = sum(counter.values())
+        assert set(counter) == set(CLAUSE_FACTS)
+        assert max(counter.values()) / n < 0.25 and min(counter.values()) / n > 0.09
 
 
 def test_text_check_confirms_the_split():

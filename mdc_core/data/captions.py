@@ -17,17 +17,18 @@ or whose result would be true for the scene, is left out rather than faked:
 
 Two-clause captions (:func:`clause_caption`, caption style ``clauses``) test the paper's central argument: each
 names three of six facts about the primary object (size, colour, shape, row, column, background) in a first
-clause, then a second clause that either restates the same three facts (group ``predictable``, connector
-"again": every later word is determined by the earlier ones) or names the other three (group ``unpredictable``,
-connector "also": every later scene word is new visual information). Both clauses of both groups are uniformly
-drawn 3-subsets rendered in one fixed order, so which word types stand where is the same in both groups; only
-whether the later words are predictable from the earlier ones differs.
+clause, then a second clause that either restates it word for word (group ``predictable``, connector "again":
+every later word is determined by the earlier ones) or names the other three facts (group ``unpredictable``,
+connector "also": every later scene word is new visual information). The facts of every clause come in a random
+order, so every fact (word type) is as likely at every place of a caption in both groups; only whether the
+later words are predictable from the earlier ones differs.
 """
 
 from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -193,34 +194,31 @@ def long_caption(scene: Scene, rng: np.random.Generator) -> str:
 # ----------------------------------------------------------------------------------------------------------
 # two-clause captions (predictable vs unpredictable later words)
 
-CLAUSE_FACTS: tuple[str, ...] = ("size", "colour", "shape", "row", "column", "background")  # rendering order
+CLAUSE_FACTS: tuple[str, ...] = ("size", "colour", "shape", "row", "column", "background")
 CLAUSE_GROUPS: tuple[str, ...] = ("predictable", "unpredictable")
 CLAUSE_CONNECTORS: dict[str, str] = {"predictable": "again", "unpredictable": "also"}
 
 
-def render_clause(obj: SceneObject, background: str, facts: tuple[str, ...]) -> str:
-    """The clause naming `facts` (a subset of :data:`CLAUSE_FACTS`) of `obj`, e.g. ``large red shape at top``
-    (``shape`` stands in when the shape is not among the facts, so every clause has a noun)."""
-    words = [w for f, w in (("size", obj.size), ("colour", obj.colour)) if f in facts]
-    words.append(obj.shape if "shape" in facts else "shape")
-    where = [w for f, w in (("row", ROWS[obj.row]), ("column", COLS[obj.col])) if f in facts]
-    if where:
-        words += ["at", *where]
-    if "background" in facts:
-        words += ["on", background]
-    return " ".join(words)
+def render_clause(obj: SceneObject, background: str, facts: Sequence[str]) -> str:
+    """The clause naming `facts` (in :data:`CLAUSE_FACTS`) of `obj` in the order given, one phrase per fact: its
+    size, colour, shape, row (top / middle / bottom) or column (left / center / right) word, or ``on`` and the
+    background, e.g. ``top on white red``."""
+    words = {"size": obj.size, "colour": obj.colour, "shape": obj.shape, "row": ROWS[obj.row],
+             "column": COLS[obj.col], "background": f"on {background}"}
+    return " ".join(words[f] for f in facts)
 
 
 def clause_caption(scene: Scene, rng: np.random.Generator) -> tuple[str, str, tuple[str, ...], tuple[str, ...]]:
     """A two-clause caption of the primary object: (text, group, facts of the first clause, of the second).
 
-    The group is a fair coin; the first clause names a uniform 3-subset of :data:`CLAUSE_FACTS`; the second
-    restates it (``predictable``, e.g. "small red shape at top, again small red shape at top") or names the
-    complement (``unpredictable``, e.g. "small red shape at top, also circle at left on white")."""
+    The group is a fair coin; the first clause names three of :data:`CLAUSE_FACTS` in a random order (a uniform
+    3-permutation); the second restates it word for word (``predictable``, e.g. "top on white red, again top on
+    white red") or names the other three facts in a random order (``unpredictable``, e.g. "top on white red,
+    also circle left large"). Every fact is as likely at every place of either clause, in both groups."""
     group = CLAUSE_GROUPS[int(rng.integers(len(CLAUSE_GROUPS)))]
-    chosen = set(rng.choice(len(CLAUSE_FACTS), size=3, replace=False).tolist())
-    first = tuple(f for i, f in enumerate(CLAUSE_FACTS) if i in chosen)
-    second = first if group == "predictable" else tuple(f for f in CLAUSE_FACTS if f not in first)
+    order = [CLAUSE_FACTS[int(i)] for i in rng.permutation(len(CLAUSE_FACTS))]  # drawn for both groups
+    first = tuple(order[:3])
+    second = first if group == "predictable" else tuple(order[3:])
     obj = scene.objects[0]
     text = (f"{render_clause(obj, scene.background, first)}, {CLAUSE_CONNECTORS[group]} "
             f"{render_clause(obj, scene.background, second)}")
@@ -236,12 +234,20 @@ def parse_clause_caption(text: str, vocab: dict[str, list]) -> tuple[str, list[d
     group, head, tail = found[0]
     kinds = {**{w: "size" for w in vocab["size"]}, **{w: "colour" for w in vocab["colour"]},
              **{w: "shape" for w in vocab["shape"]}, **{w: "row" for w in ROWS}, **{w: "column" for w in COLS}}
+    backgrounds = sorted(vocab["background"], key=lambda b: -len(b.split()))  # "light blue" before "blue"
     clauses = []
     for clause in (head, tail):
-        words, _, background = clause.partition(" on ")
-        facts = {kinds[w]: w for w in words.split() if w in kinds}
-        if background:
-            facts["background"] = background
+        words, facts = clause.split(), {}
+        while words:
+            word = words.pop(0)
+            if word == "on":  # the background: one name, possibly of two words
+                name = next((b for b in backgrounds if b.split() == words[: len(b.split())]), None)
+                if name is None:
+                    raise ValueError(f"no background name after 'on' in {text!r}")
+                facts["background"] = name
+                words = words[len(name.split()):]
+            elif word in kinds:
+                facts[kinds[word]] = word
         clauses.append(facts)
     return group, clauses
 
