@@ -43,7 +43,7 @@ EXPECTED = {  # what each notebook's metrics.json must hold: metric keys and pap
 }
 
 OPTIONAL_TABLES = {  # written when the models show it: a reliance slope needs a mean reliance resolved above 0
-    "03_linear_probing": {"reliance_slope"}}
+    "03_linear_probing": {"reliance_slope", "reliance_slope_blind"}}
 
 
 def test_the_five_notebooks_are_there() -> None:
@@ -128,9 +128,9 @@ def test_linear_probing_notebook_measures_only_the_position_signal_of_its_own_pa
                                kernel_name="mdc", progress_bar=False, cwd=str(shared))
     record = json.loads((out / "metrics.json").read_text())
     reliance = record["visual_reliance"]
-    normalised = [r["normalised"] for r in reliance["mismatched"]["runs"]]  # 6 steps: the image is barely used
-    assert set(record["tables"]) == {"position_signal", "position_repeat"} | ({"reliance_slope"} if any(normalised)
-                                                                              else set())
+    optional = {name for ref, name in (("mismatched", "reliance_slope"), ("blind", "reliance_slope_blind"))
+                if any(r["normalised"] for r in reliance[ref]["runs"])}  # 6 steps: the image is barely used
+    assert set(record["tables"]) == {"position_signal", "position_repeat"} | optional
     assert record["runs"] == {} and record["position_captions"] == "clauses"
     assert [r["objective"] for r in record["position_signal"]["runs"]] == ["arc", "mdc"]
     assert [r["objective"] for r in reliance["runs"]] == ["arc", "mdc"] and reliance["runs"][1]["ratios"] == [

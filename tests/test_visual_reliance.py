@@ -67,6 +67,19 @@ def test_summary_normalises_by_the_model_mean_and_pairs_the_difference():
     assert s["groups"] == ["p", "u"] and s["bin_centres"] == [pytest.approx(1 / 6), 0.5, pytest.approx(5 / 6)]
 
 
+def test_group_contrast_and_interaction_by_hand():
+    # run A falls on group p only (3 -> 1; flat 2 on u: mean 2, normalised slopes -1 and 0); run B is flat on both
+    a = [[3.0, 2.0, 1.0]] * 10 + [[2.0, 2.0, 2.0]] * 10
+    b = [[1.0, 1.0, 1.0]] * 20
+    s = summarise_runs([a, b], ["p"] * 10 + ["u"] * 10, n_boot=200, contrast=("p", "u"))
+    own_a, own_b, inter = s["contrasts"]
+    assert (own_a["run"], own_a["minus"], own_a["mean"]) == (0, None, pytest.approx(-1.0))
+    assert own_a["low"] == pytest.approx(-1.0) and own_a["high"] == pytest.approx(-1.0)
+    assert (own_b["run"], own_b["mean"]) == (1, pytest.approx(0.0))
+    assert (inter["run"], inter["minus"], inter["mean"]) == (1, 0, pytest.approx(1.0))
+    assert "contrasts" not in summarise_runs([a], ["p"] * 20, n_boot=100, contrast=("p", "u"))
+
+
 def test_a_model_without_a_resolved_positive_mean_reliance_is_not_normalised():
     s = summarise_runs([[[-1.0, 0.5]] * 3], ["all"] * 3, n_boot=100)
     (run,) = s["runs"]

@@ -127,7 +127,8 @@ def _nanmean(a: np.ndarray, axis: int) -> np.ndarray:
 
 
 def summarise_runs(runs: Sequence[Sequence[Reliance]], groups: Sequence[str], *, bins: int = DEFAULT_BINS,
-                   n_boot: int = N_BOOT, seed: int = 0, confidence: float = CONFIDENCE) -> dict[str, Any]:
+                   n_boot: int = N_BOOT, seed: int = 0, confidence: float = CONFIDENCE,
+                   contrast: tuple[str, str] | None = None) -> dict[str, Any]:
     """Normalised slopes and profiles of several runs scored on the same captions (module docstring).
 
     `runs`: per run, per caption its reliances; `groups`: each caption's group (e.g. ``predictable``). Returns
@@ -135,7 +136,10 @@ def summarise_runs(runs: Sequence[Sequence[Reliance]], groups: Sequence[str], *,
     is resolved above 0), "slopes": per caption (normalised,
     None where undefined), "slope": {group: {"mean", "low", "high", "n"}}, "profile": {group: {"mean", "low",
     "high", "n"}}} per run], "differences": {group: [{"run", "minus", "mean", "low", "high", "n"}]}, "bins",
-    "bin_centres"}``; a difference is each later run minus the first, paired by caption.
+    "bin_centres"}``; a difference is each later run minus the first, paired by caption. With ``contrast = (a, b)``
+    (two group names) also ``"contrasts"``: per run its slope on group a minus on group b, and per later run that
+    contrast minus the first run's (the interaction: is the fall specific to group a more for one model?), each
+    ``{"run", "minus" (None for a run's own contrast), "groups", "mean", "low", "high"}``.
     """
     n = len(groups)
     if not runs or any(len(r) != n for r in runs):
@@ -193,8 +197,23 @@ def summarise_runs(runs: Sequence[Sequence[Reliance]], groups: Sequence[str], *,
             low, high = _interval(boot_slopes[j][g] - boot_slopes[0][g], confidence)
             differences[g].append({"run": j, "minus": 0, "mean": a - b, "low": low, "high": high,
                                    "n": int((labels == g).sum())})
-    return {"groups": names, "runs": out_runs, "differences": differences, "bins": bins,
-            "bin_centres": bin_centres(bins), "confidence": confidence, "n_boot": n_boot}
+    out = {"groups": names, "runs": out_runs, "differences": differences, "bins": bins,
+           "bin_centres": bin_centres(bins), "confidence": confidence, "n_boot": n_boot}
+    if contrast is not None and all(g in names for g in contrast):
+        a, b = contrast
+        own = [boot[a] - boot[b] for boot in boot_slopes]
+        means = [None if r["slope"][a]["mean"] is None or r["slope"][b]["mean"] is None
+                 else r["slope"][a]["mean"] - r["slope"][b]["mean"] for r in out_runs]
+        rows = []
+        for j, mean in enumerate(means):
+            if mean is not None:
+                rows.append({"run": j, "minus": None, "groups": [a, b], "mean": mean,
+                             **dict(zip(("low", "high"), _interval(own[j], confidence), strict=True))})
+            if j and mean is not None and means[0] is not None:
+                rows.append({"run": j, "minus": 0, "groups": [a, b], "mean": mean - means[0],
+                             **dict(zip(("low", "high"), _interval(own[j] - own[0], confidence), strict=True))})
+        out["contrasts"] = rows
+    return out
 
 
 def slope_table(slopes: Sequence[Sequence[float | None]], groups: Sequence[str], rows: Sequence[str]

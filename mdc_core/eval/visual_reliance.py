@@ -213,7 +213,8 @@ def visual_reliance_runs(runs: Sequence[str | Path], data: str | Path, *, split:
                            "definition": DEFINITION, "slope_units": SLOPE_UNITS, "groups": groups,
                            "references": references, "runs": out_runs}
     for ref in references:
-        out[ref] = summarise_runs([s.reliance(ref) for s in scores], groups, bins=bins, n_boot=n_boot, seed=seed)
+        out[ref] = summarise_runs([s.reliance(ref) for s in scores], groups, bins=bins, n_boot=n_boot, seed=seed,
+                                  contrast=CLAUSE_GROUPS)
     if set(groups) <= set(CLAUSE_GROUPS):  # the embedded two-clause captions: check the split on their text
         vocab = read_manifest(data)["vocab"]
         out["text_check"] = clause_text_check([parse_clause_caption(t, vocab) for t in texts])
@@ -233,43 +234,53 @@ def reliance_table(result: dict[str, Any], labels: dict[str, str] | None = None,
 
 
 def plot_visual_reliance(result: dict[str, Any], path: str | Path, labels: dict[str, str] | None = None,
-                         reference: str = "mismatched") -> Path:
-    """Normalised reliance vs relative caption position, one panel per caption group, one line per run with its
-    95% band (bootstrap over captions); a PNG."""
+                         references: Sequence[str] | None = None) -> Path:
+    """Normalised reliance vs relative caption position: one row of panels per reference image (default: every
+    one the result has), one panel per caption group, one line per run with its 95% band (bootstrap over
+    captions); a PNG."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    summary = result[reference]
     labels = labels or {}
-    groups = summary["groups"]
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.6), sharey=True, squeeze=False)
-    xs = summary["bin_centres"]
-    for ax, group in zip(axes[0], groups, strict=True):
-        for run, stats in zip(result["runs"], summary["runs"], strict=True):
-            name = labels.get(run["objective"], run["objective"].upper())
-            prof, slope = stats["profile"][group], stats["slope"][group]
-            if slope["mean"] is None:
-                continue
-            pts = [(x, m, lo, hi) for x, m, lo, hi in zip(xs, prof["mean"], prof["low"], prof["high"], strict=True)
-                   if m is not None]
-            line = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3,
-                           label=f"{name}: slope {slope['mean']:+.2f} [{slope['low']:+.2f}, {slope['high']:+.2f}]"
-                           if slope["low"] is not None else f"{name}: slope {slope['mean']:+.2f}")[0]
-            band = [p for p in pts if p[2] is not None]
-            ax.fill_between([p[0] for p in band], [p[2] for p in band], [p[3] for p in band],
-                            color=line.get_color(), alpha=0.2)
-        ax.axhline(1.0, color="grey", lw=0.8, ls=":")
-        ax.axhline(0.0, color="grey", lw=0.8)
-        ax.set_title(f"{group} captions")
+    references = list(references or result["references"])
+    groups = result[references[0]]["groups"]
+    fig, axes = plt.subplots(len(references), len(groups), figsize=(4.2 * len(groups), 3.3 * len(references)),
+                             sharey="row", squeeze=False)
+    for row, reference in zip(axes, references, strict=True):
+        summary = result[reference]
+        for ax, group in zip(row, groups, strict=True):
+            _reliance_panel(ax, result["runs"], summary, group, labels)
+            ax.set_title(f"{group} captions, {reference} image", fontsize=9)
+        row[0].set_ylabel("reliance / model's mean")
+    for ax in axes[-1]:
         ax.set_xlabel("relative caption position (0 = first token, 1 = last)")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-        else:
-            ax.text(0.5, 0.5, "no run with a positive mean reliance", ha="center", transform=ax.transAxes)
-    axes[0][0].set_ylabel(f"reliance / model's mean ({reference} image)")
-    fig.suptitle("visual reliance along the caption (95% bootstrap bands over captions)", fontsize=9)
+    fig.suptitle("visual reliance along the caption: log p(true image) - log p(reference image), normalised "
+                 "(95% bootstrap bands over captions)", fontsize=9)
     return save_png(fig, path)
+
+
+def _reliance_panel(ax: Any, runs: list[dict[str, Any]], summary: dict[str, Any], group: str,
+                    labels: dict[str, str]) -> None:
+    xs = summary["bin_centres"]
+    for run, stats in zip(runs, summary["runs"], strict=True):
+        name = labels.get(run["objective"], run["objective"].upper())
+        prof, slope = stats["profile"][group], stats["slope"][group]
+        if slope["mean"] is None:
+            continue
+        pts = [(x, m, lo, hi) for x, m, lo, hi in zip(xs, prof["mean"], prof["low"], prof["high"], strict=True)
+               if m is not None]
+        line = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3,
+                       label=f"{name}: slope {interval_text(slope)}")[0]
+        band = [p for p in pts if p[2] is not None]
+        ax.fill_between([p[0] for p in band], [p[2] for p in band], [p[3] for p in band], color=line.get_color(),
+                        alpha=0.2)
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    ax.axhline(0.0, color="grey", lw=0.8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no run with a mean reliance above 0", ha="center", transform=ax.transAxes)
 
 
 def save_result(result: dict[str, Any], path: str | Path) -> Path:
@@ -310,6 +321,11 @@ def reliance_markdown(result: dict[str, Any], labels: dict[str, str] | None = No
         for (j, i), cells in pairs.items():
             lines.append(f"| {names[j]} - {names[i]} (paired) | | " + " | ".join(cells.get(g, "-") for g in groups)
                          + " |")
+        lines.append("")
+        for c in summary.get("contrasts", []):
+            who = names[c["run"]] if c["minus"] is None else f"{names[c['run']]} minus {names[c['minus']]}"
+            lines.append(f"- {who}: slope on {c['groups'][0]} minus on {c['groups'][1]} captions "
+                         f"{interval_text(c)}")
         lines.append("")
     check = result.get("text_check")
     if check:
