@@ -1,4 +1,5 @@
-"""``mdc eval compositionality | captioning | position-signal | parallel-decoding | objects`` and ``mdc probe``.
+"""``mdc eval compositionality | captioning | position-signal | visual-reliance | parallel-decoding | objects`` and
+``mdc probe``.
 
 Each handler calls one evaluation of :mod:`mdc_core.eval`, writes its JSON (and figure) into ``--out`` and
 prints a table; :func:`mdc_core.cli.main` turns the user errors they raise into one ``mdc: error:`` line.
@@ -70,10 +71,28 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         out={"default": "outputs/eval", "required": False, "help": "folder for position_signal.json and .png"},
         json="print the result JSON")])
     sig.add_argument("--images", help="image folder of a caption json/CSV (default: beside it, or the COCO layout)")
-    sig.add_argument("--ratios", default="0.25,0.5,0.75,1.0", help="masking ratios of masked-mode runs")
+    sig.add_argument("--ratios", default="", help="masking ratios of masked-mode runs, e.g. 0.5,0.75,1 (default: "
+                     "each run's training range, MDC: 0.5,0.75,1)")
     sig.add_argument("--draws", type=int, default=4, help="mask draws per batch and ratio")
     sig.add_argument("--words", help="comma-separated words the repeat fade follows, each one token (e.g. "
                      "red,blue,circle,square; default: every caption token)")
+
+    rel = verbs.add_parser("visual-reliance", help="the central claim: per token log p(true image) - log p(mismatched "
+                           "image), normalised, its slope along the caption per caption group", parents=[flags(
+        runs="captioner run folder (repeatable: ARC, MDC, ...; the same captions for all)",
+        data="image-caption data (the embedded clauses style gives predictable / unpredictable groups)", split=True,
+        limit={"default": 512, "help": "captions scored (the first N of the split)"},
+        batch_size={"default": 32, "help": "the mismatched image comes from the same batch"}, seed=True,
+        device=True, ema=True,
+        out={"default": "outputs/eval", "required": False, "help": "folder for visual_reliance.json and .png"},
+        json="print the result JSON")])
+    rel.add_argument("--images", help="image folder of a caption json/CSV (default: beside it, or the COCO layout)")
+    rel.add_argument("--ratios", default="", help="masking ratios of masked runs (default: each run's training "
+                     "range, MDC: 0.5,0.75,1)")
+    rel.add_argument("--draws", type=int, default=4, help="mask draws per batch and ratio")
+    rel.add_argument("--blind", action="store_true", help="also measure against the blank mean image")
+    rel.add_argument("--bins", type=int, default=5, help="bins of relative position in the profile")
+    rel.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples of the intervals")
 
     par = verbs.add_parser("parallel-decoding", help="caption quality and speed vs denoising steps (k per step, "
                            "confidence threshold)", parents=[flags(
@@ -145,12 +164,16 @@ def cmd_eval_captioning(args: argparse.Namespace) -> None:
     print(f"results: {out / 'captioning.json'}  ({result['n_images']} test images)")
 
 
+def _ratios(text: str) -> list[float] | None:
+    try:
+        return [float(r) for r in text.split(",") if r.strip()] or None
+    except ValueError as err:
+        raise ValueError(f"--ratios must be comma-separated numbers, got {text!r}") from err
+
+
 def cmd_eval_position_signal(args: argparse.Namespace) -> None:
     from mdc_core.eval.position_signal import plot_position_signal, position_signal_runs
-    try:
-        ratios = [float(r) for r in args.ratios.split(",") if r.strip()]
-    except ValueError as err:
-        raise ValueError(f"--ratios must be comma-separated numbers, got {args.ratios!r}") from err
+    ratios = _ratios(args.ratios)
     result = position_signal_runs(args.run, args.data, split=args.split, limit=args.limit, batch_size=args.batch_size,
                                   ratios=ratios, draws=args.draws, seed=args.seed, device=args.device, ema=args.ema,
                                   images=args.images,
@@ -172,6 +195,41 @@ def cmd_eval_position_signal(args: argparse.Namespace) -> None:
             print(f"{run['objective']:9s} repeat minus first mention {sum(repeats) / len(repeats):+.3f} nats "
                   f"({len(repeats)} captions name a word again)")
     print(f"results: {out / 'position_signal.json'}  plot: {plot}")
+
+
+def cmd_eval_visual_reliance(args: argparse.Namespace) -> None:
+    from mdc_core.eval.visual_reliance import interval_text, plot_visual_reliance, save_result, visual_reliance_runs
+    if args.bins < 1 or args.n_boot < 100:
+        raise ValueError(f"--bins must be >= 1 and --n-boot >= 100, got {args.bins} and {args.n_boot}")
+    result = visual_reliance_runs(args.run, args.data, split=args.split, limit=args.limit, batch_size=args.batch_size,
+                                  ratios=_ratios(args.ratios), draws=args.draws, seed=args.seed, device=args.device,
+                                  ema=args.ema, images=args.images, blind=args.blind, bins=args.bins,
+                                  n_boot=args.n_boot)
+    out = Path(args.out)
+    save_result(result, out / "visual_reliance.json")
+    plot = plot_visual_reliance(result, out / "visual_reliance.png")
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"per-caption slope of normalised reliance along the caption (95% bootstrap over {len(result['groups'])} "
+          "captions; < 0: the reliance falls)")
+    for ref in result["references"]:
+        summary = result[ref]
+        for run, stats in zip(result["runs"], summary["runs"], strict=True):
+            name = f"{run['objective']} ({ref})"
+            if not stats["normalised"]:
+                low, high = stats["mean_reliance_interval"]
+                print(f"{name:22s} mean reliance {stats['mean_reliance']:+.3f} nats [{low:+.3f}, {high:+.3f}] not "
+                      "above 0: no normalised shape")
+                continue
+            cells = "  ".join(f"{g} {interval_text(stats['slope'][g])} (n={stats['slope'][g]['n']})"
+                              for g in summary["groups"])
+            print(f"{name:22s} mean reliance {stats['mean_reliance']:+.3f} nats; slope {cells}")
+        for group, diffs in summary["differences"].items():
+            for d in diffs:
+                print(f"  {result['runs'][d['run']]['objective']} - {result['runs'][d['minus']]['objective']} "
+                      f"({ref}, {group}): {interval_text(d)}")
+    print(f"results: {out / 'visual_reliance.json'}  plot: {plot}")
 
 
 def _number_list(text: str, kind: type, flag: str) -> list:
@@ -220,7 +278,7 @@ def cmd_eval_objects(args: argparse.Namespace) -> None:
 
 EVAL_HANDLERS = {"compositionality": cmd_eval_compositionality, "captioning": cmd_eval_captioning,
                  "position-signal": cmd_eval_position_signal, "parallel-decoding": cmd_eval_parallel_decoding,
-                 "objects": cmd_eval_objects}
+                 "objects": cmd_eval_objects, "visual-reliance": cmd_eval_visual_reliance}
 
 
 def cmd_eval(args: argparse.Namespace) -> None:

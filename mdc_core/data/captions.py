@@ -14,17 +14,26 @@ or whose result would be true for the scene, is left out rather than faked:
 ``order_shuffle``   the caption's words in a random different order (ARO COCO-order);
 ``replace``         one colour or shape word replaced by one that is in no object of the scene (SugarCrepe);
 ``add``             one more object whose shape is in no object of the scene (SugarCrepe add-obj).
+
+Two-clause captions (:func:`clause_caption`, caption style ``clauses``) test the paper's central argument: each
+names three of six facts about the primary object (size, colour, shape, row, column, background) in a first
+clause, then a second clause that either restates it word for word (group ``predictable``, connector "again":
+every later word is determined by the earlier ones) or names the other three facts (group ``unpredictable``,
+connector "also": every later scene word is new visual information). The facts of every clause come in a random
+order, so every fact (word type) is as likely at every place of a caption in both groups; only whether the
+later words are predictable from the earlier ones differs.
 """
 
 from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from mdc_core.data.scene import COLOURS, SHAPES, Scene, SceneObject
+from mdc_core.data.scene import COLOURS, COLS, ROWS, SHAPES, Scene, SceneObject
 
 NEGATIVE_TYPES: tuple[str, ...] = ("attribute_swap", "relation_swap", "order_shuffle", "replace", "add")
 RELATIONS: tuple[str, ...] = ("left of", "right of", "above", "below")
@@ -183,6 +192,67 @@ def long_caption(scene: Scene, rng: np.random.Generator) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------
+# two-clause captions (predictable vs unpredictable later words)
+
+CLAUSE_FACTS: tuple[str, ...] = ("size", "colour", "shape", "row", "column", "background")
+CLAUSE_GROUPS: tuple[str, ...] = ("predictable", "unpredictable")
+CLAUSE_CONNECTORS: dict[str, str] = {"predictable": "again", "unpredictable": "also"}
+
+
+def render_clause(obj: SceneObject, background: str, facts: Sequence[str]) -> str:
+    """The clause naming `facts` (in :data:`CLAUSE_FACTS`) of `obj` in the order given, one phrase per fact: its
+    size, colour, shape, row (top / middle / bottom) or column (left / center / right) word, or ``on`` and the
+    background, e.g. ``top on white red``."""
+    words = {"size": obj.size, "colour": obj.colour, "shape": obj.shape, "row": ROWS[obj.row],
+             "column": COLS[obj.col], "background": f"on {background}"}
+    return " ".join(words[f] for f in facts)
+
+
+def clause_caption(scene: Scene, rng: np.random.Generator) -> tuple[str, str, tuple[str, ...], tuple[str, ...]]:
+    """A two-clause caption of the primary object: (text, group, facts of the first clause, of the second).
+
+    The group is a fair coin; the first clause names three of :data:`CLAUSE_FACTS` in a random order (a uniform
+    3-permutation); the second restates it word for word (``predictable``, e.g. "top on white red, again top on
+    white red") or names the other three facts in a random order (``unpredictable``, e.g. "top on white red,
+    also circle left large"). Every fact is as likely at every place of either clause, in both groups."""
+    group = CLAUSE_GROUPS[int(rng.integers(len(CLAUSE_GROUPS)))]
+    order = [CLAUSE_FACTS[int(i)] for i in rng.permutation(len(CLAUSE_FACTS))]  # drawn for both groups
+    first = tuple(order[:3])
+    second = first if group == "predictable" else tuple(order[3:])
+    obj = scene.objects[0]
+    text = (f"{render_clause(obj, scene.background, first)}, {CLAUSE_CONNECTORS[group]} "
+            f"{render_clause(obj, scene.background, second)}")
+    return text, group, first, second
+
+
+def parse_clause_caption(text: str, vocab: dict[str, list]) -> tuple[str, list[dict[str, str]]]:
+    """From the text alone: (group by its connector, [facts of clause 1, facts of clause 2]) with each clause's
+    facts as ``{fact: word}``; `vocab` is the data set's vocabularies (manifest ``vocab``)."""
+    found = [(g, *text.partition(f", {c} ")[::2]) for g, c in CLAUSE_CONNECTORS.items() if f", {c} " in text]
+    if not found:
+        raise ValueError(f"not a two-clause caption (no ', again ' or ', also '): {text!r}")
+    group, head, tail = found[0]
+    kinds = {**{w: "size" for w in vocab["size"]}, **{w: "colour" for w in vocab["colour"]},
+             **{w: "shape" for w in vocab["shape"]}, **{w: "row" for w in ROWS}, **{w: "column" for w in COLS}}
+    backgrounds = sorted(vocab["background"], key=lambda b: -len(b.split()))  # "light blue" before "blue"
+    clauses = []
+    for clause in (head, tail):
+        words, facts = clause.split(), {}
+        while words:
+            word = words.pop(0)
+            if word == "on":  # the background: one name, possibly of two words
+                name = next((b for b in backgrounds if b.split() == words[: len(b.split())]), None)
+                if name is None:
+                    raise ValueError(f"no background name after 'on' in {text!r}")
+                facts["background"] = name
+                words = words[len(name.split()):]
+            elif word in kinds:
+                facts[kinds[word]] = word
+        clauses.append(facts)
+    return group, clauses
+
+
+# ----------------------------------------------------------------------------------------------------------
 # negatives
 
 
@@ -255,5 +325,6 @@ def negatives(spec: ShortSpec, scene: Scene, rng: np.random.Generator,
     return out
 
 
-__all__ = ["Mention", "NEGATIVE_TYPES", "RELATIONS", "ShortSpec", "long_caption", "negatives",
+__all__ = ["CLAUSE_CONNECTORS", "CLAUSE_FACTS", "CLAUSE_GROUPS", "Mention", "NEGATIVE_TYPES", "RELATIONS",
+           "ShortSpec", "clause_caption", "long_caption", "negatives", "parse_clause_caption", "render_clause",
            "render_short", "short_caption", "spec_is_true"]

@@ -10,6 +10,10 @@ KEY is 9 digits, ``<split id><index:08d>`` (train 0, val 1, test 2, compgen 3), 
 KEY.json holds ``caption`` (= KEY.txt), ``caption_style``, ``short_caption``, ``long_caption``, ``labels``
 (probe labels, see :data:`~mdc_core.data.scene.LABEL_NAMES`), ``objects`` (all objects, primary first),
 ``negatives`` (category -> text, see :mod:`mdc_core.data.captions`) and ``heldout`` (has a held-out pair).
+With caption style ``clauses`` the caption is a two-clause caption (:func:`~mdc_core.data.captions.clause_caption`)
+and KEY.json also holds ``clause_group`` (``predictable`` | ``unpredictable``) and ``clause_facts`` (the facts of
+each clause); it is drawn after everything else, so the images, other captions and negatives of a seed are those
+of the other styles, and the other styles' bytes do not change.
 
 Shards are written as ``NNNNNN.tar.part`` and renamed when complete, and ``manifest.json`` is written last
 (temp file + ``os.replace``) after any old one is removed, so a crash never leaves a dataset that looks complete.
@@ -29,7 +33,7 @@ from typing import Any
 import webdataset as wds
 from tqdm import tqdm
 
-from mdc_core.data.captions import NEGATIVE_TYPES, long_caption, negatives, short_caption
+from mdc_core.data.captions import NEGATIVE_TYPES, clause_caption, long_caption, negatives, short_caption
 from mdc_core.data.scene import (
     LABEL_NAMES,
     SPLITS,
@@ -44,7 +48,7 @@ from mdc_core.data.scene import (
     vocabularies,
 )
 
-CAPTION_STYLES = ("short", "long", "mixed")
+CAPTION_STYLES = ("short", "long", "mixed", "clauses")
 _SHARD_RE = re.compile(r"\d{6}\.tar(\.part)?")
 
 
@@ -52,10 +56,11 @@ def make_example(seed: int, split: str, index: int, image_size: int = 64, captio
                  heldout: list[tuple[str, str]] | None = None, difficulty: str = "paper") -> dict[str, Any]:
     """Example `index` of `split` as a WebDataset sample ``{"__key__", "jpg": bytes, "txt": str, "json": bytes}``.
 
-    `captions` is ``short``, ``long`` or ``mixed`` (a seeded coin per image). Both caption styles, the labels,
-    the object list and the negatives are always in the JSON; the scene depends on neither `captions` nor
-    `image_size`. `heldout` defaults to :func:`heldout_combos` of `seed`; `difficulty` names the scene settings
-    (:data:`~mdc_core.data.scene.DIFFICULTIES`).
+    `captions` is ``short``, ``long``, ``mixed`` (a seeded coin per image) or ``clauses`` (two-clause captions,
+    half of them with a predictable second clause: :func:`~mdc_core.data.captions.clause_caption`). The short
+    and long captions, the labels, the object list and the negatives are always in the JSON; the scene depends
+    on neither `captions` nor `image_size`. `heldout` defaults to :func:`heldout_combos` of `seed`; `difficulty`
+    names the scene settings (:data:`~mdc_core.data.scene.DIFFICULTIES`).
     """
     if captions not in CAPTION_STYLES:
         raise ValueError(f"captions must be one of {', '.join(CAPTION_STYLES)}, got {captions!r}")
@@ -69,16 +74,19 @@ def make_example(seed: int, split: str, index: int, image_size: int = 64, captio
     style = ("short", "long")[int(rng.integers(2))]  # always drawn, so `captions` never shifts later choices
     style = style if captions == "mixed" else captions
     negs = negatives(short_spec, scene, rng, forbidden=None if split == "compgen" else held_set, shapes=diff.shapes)
+    clause = clause_caption(scene, rng) if captions == "clauses" else None  # drawn last: other styles unchanged
     key = f"{split_id(split)}{index:08d}"
     meta = {
         "key": key, "split": split, "index": index, "seed": seed,
-        "caption_style": style, "caption": short if style == "short" else long,
+        "caption_style": style, "caption": clause[0] if clause else short if style == "short" else long,
         "short_caption": short, "long_caption": long,
         "labels": scene.labels(),
         "objects": [o.to_json() for o in scene.objects],
         "negatives": negs,
         "heldout": any((o.colour, o.shape) in held_set for o in scene.objects),
     }
+    if clause:
+        meta.update(clause_group=clause[1], clause_facts=[list(clause[2]), list(clause[3])])
     return {"__key__": key, "jpg": encode_jpeg(img), "txt": meta["caption"],
             "json": json.dumps(meta, ensure_ascii=False, sort_keys=True).encode("utf-8")}
 
@@ -172,7 +180,8 @@ def write_synthetic_dataset(out: str | Path, n: int, seed: int = 0, image_size: 
         "generator": "mdc_core.data.synth", "version": SYNTH_VERSION, "params": params,
         "counts": {split: counts[split] for split in SPLITS}, "splits": splits,
         "vocab": vocabularies(difficulty), "label_names": list(LABEL_NAMES), "negative_types": list(NEGATIVE_TYPES),
-        "heldout_combos": [list(p) for p in held], "caption_styles": ["short", "long"],
+        "heldout_combos": [list(p) for p in held],
+        "caption_styles": ["short", "long"] + (["clauses"] if captions == "clauses" else []),
         "members": {"jpg": "RGB JPEG (quality 95)", "txt": "caption, UTF-8", "json": "metadata, UTF-8 JSON"},
     }
     tmp = out / "manifest.json.tmp"

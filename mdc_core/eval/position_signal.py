@@ -12,7 +12,8 @@ masks are unchanged, and CE is the loss the objective trains on:
 * ``teacher_forcing`` (ARC runs): CE of token i given ``<sot>`` and tokens < i (causal decoder).
 * ``masked`` (MDC, MDC without 1/t, BERT, parallel runs): each caption token masked with probability r, CE at the
   masked positions given the unmasked ones (bidirectional decoder); one curve per ratio r, averaged over
-  `draws` mask draws (one draw at r = 1, where every draw is the same).
+  `draws` mask draws (one draw at r = 1, where every draw is the same). :func:`position_signal_runs` takes the
+  ratios from each run's training range (:func:`training_ratios`; MDC: 0.5, 0.75, 1) unless given.
 
 ``<eot>`` is not a caption position (ARC also predicts it; left out so both modes score the same tokens). The
 expectation is over the captions that have a token at position i (and, for masked mode, where it was masked);
@@ -25,10 +26,13 @@ later half), averaged over the settings that scored at least two of its position
 the test items behind a paired bootstrap of "MDC's fade minus ARC's" (:mod:`mdc_core.eval.claims`).
 
 The fade compares different words (a caption's later half holds other words than its earlier half), so word
-type and position are confounded. The *repeat fade* (``repeat_fades``) holds the word fixed: for every word that
-a caption names twice or more (optionally only the `content_words`, e.g. colours and shapes), the signal at its
-later mentions minus that at its first mention, averaged over the caption's repeated words and the settings (None
-for a caption without a scored repeat). The paper's mechanism predicts it: a causal decoder can copy a repeated
+type and position are confounded; :mod:`mdc_core.eval.visual_reliance` is the direct test (normalised per model,
+captions whose later words are or are not predictable).
+
+The *repeat fade* (``repeat_fades``; exploratory) holds the word fixed: for every word that a caption names twice
+or more (optionally only the `content_words`, e.g. colours and shapes), the signal at its later mentions minus
+that at its first mention, averaged over the caption's repeated words and the settings (None for a caption
+without a scored repeat). The paper's mechanism predicts it: a causal decoder can copy a repeated
 word from the prefix and stops needing the image there, so ARC's repeat fade is negative; a masked decoder sees
 either mention from the other side as often, so MDC's stays near 0.
 """
@@ -46,15 +50,27 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mdc_core.checkpoint import load_model
-from mdc_core.config import DataConfig
+from mdc_core.config import DataConfig, RunConfig
 from mdc_core.data import build_loader
 from mdc_core.eval.figures import save_png
 from mdc_core.objectives import apply_mask, maskable_positions, objective_spec, trim_padding
 from mdc_core.tokenizer import MASK_ID, CaptionTokenizer
 
 MODES = ("teacher_forcing", "masked")
-DEFAULT_RATIOS = (0.25, 0.5, 0.75, 1.0)
+DEFAULT_RATIOS = (0.5, 0.75, 1.0)  # MDC's training range t ~ U[0.5, 1]
 SIGNAL_DEFINITION = "loss with a mismatched image (batch rolled by one) minus loss with the true image, in nats"
+
+
+def training_ratios(cfg: RunConfig) -> tuple[float, ...]:
+    """Masking ratios inside the range a masked run was trained on: its fixed ratio (BERT; 1 for parallel), else
+    three evenly spaced ratios of [t_low, t_high] (ratio 0, which masks nothing, left out)."""
+    obj = cfg.objective
+    if obj.name == "parallel":
+        return (1.0,)
+    if obj.name == "bert":
+        return (float(obj.mask_ratio),)
+    steps = [obj.t_low + k * (obj.t_high - obj.t_low) / 2 for k in range(3)]
+    return tuple(round(r, 4) for r in steps if r > 0)
 
 
 @dataclass
@@ -299,7 +315,7 @@ def _batches(data: str | Path, split: str, image_size: int, context_length: int,
 
 
 def position_signal_runs(runs: Sequence[str | Path], data: str | Path, *, split: str = "test", limit: int = 256,
-                         batch_size: int = 32, ratios: Sequence[float] = DEFAULT_RATIOS, draws: int = 4,
+                         batch_size: int = 32, ratios: Sequence[float] | None = None, draws: int = 4,
                          seed: int = 0, device: str = "cpu", ema: bool = False,
                          images: str | Path | None = None, content_words: Sequence[str] | None = None
                          ) -> dict[str, Any]:
@@ -328,7 +344,8 @@ def position_signal_runs(runs: Sequence[str | Path], data: str | Path, *, split:
             raise ValueError(f"{run} is a {cfg.objective.name} run: position signal needs a captioner (a CLIP run "
                              "has no per-token loss)")
         batches = _batches(data, split, cfg.model.image_size, cfg.model.context_length, batch_size, limit, images)
-        result = position_signal(model, batches, ratios=ratios, draws=draws, seed=seed, content_words=word_ids)
+        result = position_signal(model, batches, ratios=ratios or training_ratios(cfg), draws=draws, seed=seed,
+                                 content_words=word_ids)
         out.append({"run": str(run), "objective": cfg.objective.name, **result.to_dict()})
     return {"data": str(data), "split": split, "limit": limit, "seed": seed, "draws": draws,
             "signal_definition": SIGNAL_DEFINITION,
