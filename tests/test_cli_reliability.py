@@ -106,9 +106,9 @@ def test_score_names_the_out_of_vocabulary_word_and_long_prompts_are_cut(setup, 
 
 
 def test_app_with_a_missing_root_is_one_line(setup, capsys, monkeypatch):
-    import app.mdc_app
+    import app.launch
     _, run, _ = setup
-    monkeypatch.setattr(app.mdc_app, "serve", lambda *a, **k: None)  # never start a server here
+    monkeypatch.setattr(app.launch, "serve", lambda *a, **k: None)  # never start a server here
     assert main(["app", "--run", str(run), "--root", "/nonexistent/runs"]) == 2
     assert "--root /nonexistent/runs is not a folder" in _one_line(capsys)
 
