@@ -66,7 +66,8 @@ class DiskFullError(OSError):
         return self.strerror
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 hex digest of a file, read in 4 MiB blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 22), b""):
@@ -116,7 +117,7 @@ def save_checkpoint(run_dir: str | Path, step: int, cfg: RunConfig, model: torch
         files = sorted(p.name for p in tmp.iterdir())
         (tmp / "meta.json").write_text(json.dumps({"step": step, "complete": True, "files": files,
                                                    "bytes": {f: (tmp / f).stat().st_size for f in files},
-                                                   "sha256": {f: _sha256(tmp / f) for f in files}}))
+                                                   "sha256": {f: file_sha256(tmp / f) for f in files}}))
         for p in tmp.iterdir():
             with open(p, "rb") as fh:
                 os.fsync(fh.fileno())
@@ -252,7 +253,7 @@ def diagnose(ckpt: str | Path, files: tuple[str, ...] | None = None, *, digests:
         if not digests or name == "config.json" or name not in sha:
             continue
         size = path.stat().st_size
-        if size != sizes.get(name, size) or _sha256(path) != sha[name]:
+        if size != sizes.get(name, size) or file_sha256(path) != sha[name]:
             return (f"checkpoint file {path} is corrupt ({size} bytes; its SHA-256 or size differs from meta.json: "
                     "truncated or overwritten)")
     return ""

@@ -41,14 +41,6 @@ from .runlock import RunFolderBusy, RunLock
 FINGERPRINT_FILE = "data_fingerprint.json"
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def source_fingerprint(source: Source) -> dict[str, Any] | None:
     """A content fingerprint of a resolved training source (None for remote shards, which cannot be listed):
     ``{"kind", "items", "digest"}`` where the digest covers each shard's name and size (or the caption table's
@@ -65,11 +57,11 @@ def source_fingerprint(source: Source) -> dict[str, Any] | None:
         table = Path(source.location)
         if not table.is_file():
             return None
-        parts.append(_sha256_file(table))
+        parts.append(ckpt_io.file_sha256(table))
         items = len(source.rows)
     manifest = source.root / "manifest.json" if source.root is not None else None
     if manifest is not None and manifest.is_file():
-        parts.append(_sha256_file(manifest))
+        parts.append(ckpt_io.file_sha256(manifest))
     return {"kind": source.kind, "items": items, "digest": hashlib.sha256("\n".join(parts).encode()).hexdigest()}
 
 

@@ -31,6 +31,7 @@ from mdc_core.factory import create_model
 from mdc_core.tokenizer import EMBED_SIZE, EOT_ID, MASK_ID, PAD_ID, SOT_ID, CaptionTokenizer, build_output_vocab
 
 from .conftest import micro_config
+from .test_position_signal import ImageScoresTokenOne
 
 # ----------------------------------------------------------------------------------------------------------
 # the statistics, by hand
@@ -125,22 +126,6 @@ def test_slope_table_format_pairs_captions_across_rows():
 # the measure on constructed models
 
 
-class ImageScoresTokenOne(nn.Module):
-    """A 4-token 'captioner' whose logits ignore the text: logit[1] = the image's mean pixel, the rest 0."""
-
-    def __init__(self, causal: bool):
-        super().__init__()
-        self.causal = causal
-        self.dummy = nn.Parameter(torch.zeros(()))
-        self.register_buffer("output_index", torch.arange(EMBED_SIZE))
-
-    def encode_image(self, images):
-        return images.mean(dim=(1, 2, 3))[:, None, None]  # (B, 1, 1)
-
-    def decode(self, tokens, image_tokens, select=None, causal=None):
-        logits = torch.zeros(*tokens.shape, 4)
-        logits[..., 1] = image_tokens[:, 0, 0][:, None]
-        return logits if select is None else logits[select]
 
 
 def ce(a: float, target: int) -> float:

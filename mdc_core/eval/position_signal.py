@@ -111,6 +111,23 @@ class PositionSignal:
         return out
 
 
+def scoring_settings(model: torch.nn.Module, mode: str | None, ratios: Sequence[float],
+                     draws: int) -> tuple[str, list[tuple[float | None, int]]]:
+    """The scoring mode (default from the model: a causal decoder is scored by teacher forcing) and its settings:
+    ``[(None, 1)]`` for teacher forcing, else ``(ratio, mask draws)`` per ratio (one draw at ratio 1, where the
+    mask is certain). Raises ValueError naming a bad mode, ratio or draw count."""
+    mode = mode or ("teacher_forcing" if getattr(model, "causal", False) else "masked")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "masked" and (not ratios or any(not 0.0 < r <= 1.0 for r in ratios)):
+        raise ValueError(f"masking ratios must lie in (0, 1], got {list(ratios)}")
+    if draws < 1:
+        raise ValueError(f"draws must be >= 1, got {draws}")
+    if mode == "teacher_forcing":
+        return mode, [(None, 1)]
+    return mode, [(float(r), 1 if r == 1.0 else draws) for r in ratios]
+
+
 def token_losses(model: torch.nn.Module, image_tokens: Tensor, tokens: Tensor, mask: Tensor | None) -> Tensor:
     """Per-token cross-entropy at the scored positions, (n,) in row-major order of :func:`scored_positions`.
 
@@ -244,15 +261,8 @@ def position_signal(model: torch.nn.Module, batches: Iterable[tuple[Tensor, Tens
         ratios: masking ratios r of the masked mode. draws: mask draws per batch and ratio (seeded by `seed`).
         content_words: token ids the repeat fade is restricted to (None: every caption token).
     """
-    mode = mode or ("teacher_forcing" if getattr(model, "causal", False) else "masked")
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    if mode == "masked" and (not ratios or any(not 0.0 < r <= 1.0 for r in ratios)):
-        raise ValueError(f"masking ratios must lie in (0, 1], got {list(ratios)}")
-    if draws < 1:
-        raise ValueError(f"draws must be >= 1, got {draws}")
+    mode, settings = scoring_settings(model, mode, ratios, draws)
     device = next(model.parameters()).device
-    settings = [(None, 1)] if mode == "teacher_forcing" else [(float(r), 1 if r == 1.0 else draws) for r in ratios]
     accs = [_Accumulator() for _ in settings]
     gen = torch.Generator().manual_seed(seed)  # masks are drawn on the CPU: the same on every device
     n_captions = 0

@@ -38,7 +38,7 @@ from mdc_core.config import DataConfig
 from mdc_core.data import build_loader, read_manifest
 from mdc_core.data.captions import CLAUSE_GROUPS, parse_clause_caption
 from mdc_core.eval.figures import save_png
-from mdc_core.eval.position_signal import MODES, token_losses, training_ratios
+from mdc_core.eval.position_signal import scoring_settings, token_losses, training_ratios
 from mdc_core.eval.reliance import (
     DEFAULT_BINS,
     N_BOOT,
@@ -94,15 +94,8 @@ def token_reliance(model: torch.nn.Module, batches: Iterable[tuple[Tensor, Tenso
         ratios, draws, seed: the masked mode's masking ratios, mask draws per ratio (seeded).
         blind: also score with the blank mean image (``loss_ref["blind"]``).
     """
-    mode = mode or ("teacher_forcing" if getattr(model, "causal", False) else "masked")
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    if mode == "masked" and (not ratios or any(not 0.0 < r <= 1.0 for r in ratios)):
-        raise ValueError(f"masking ratios must lie in (0, 1], got {list(ratios)}")
-    if draws < 1:
-        raise ValueError(f"draws must be >= 1, got {draws}")
+    mode, settings = scoring_settings(model, mode, ratios, draws)
     device = next(model.parameters()).device
-    settings = [(None, 1)] if mode == "teacher_forcing" else [(float(r), 1 if r == 1.0 else draws) for r in ratios]
     refs = ["mismatched", "blind"] if blind else ["mismatched"]
     out = RelianceScores(mode, [] if mode == "teacher_forcing" else [float(r) for r in ratios],
                          loss_ref={r: [] for r in refs})

@@ -21,7 +21,6 @@ loader downstream code needs, :func:`mdc_core.load_encoder`, lives in the core.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -34,6 +33,7 @@ from safetensors.torch import save_file
 
 from mdc_core.checkpoint import (
     CKPT_DIR,
+    file_sha256,
     list_checkpoints,
     load_model,
     load_weights,
@@ -170,14 +170,6 @@ def _staging(out: Path, force: bool) -> Iterator[Path]:
         raise
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _probe_image(cfg: RunConfig) -> torch.Tensor:
     """A fixed random batch (2, 3, S, S) for comparing features."""
     return torch.randn(2, 3, cfg.model.image_size, cfg.model.image_size, generator=torch.Generator().manual_seed(0))
@@ -192,7 +184,7 @@ def _write_hf(source: Source, tmp: Path, final: Path) -> str:
     files = ["config.json", WEIGHTS]
     (tmp / "meta.json").write_text(json.dumps({
         "step": source.step, "complete": True, "files": files, "bytes": {f: (tmp / f).stat().st_size for f in files},
-        "sha256": {f: _sha256(tmp / f) for f in files}, "exported_from": str(source.checkpoint.resolve()),
+        "sha256": {f: file_sha256(tmp / f) for f in files}, "exported_from": str(source.checkpoint.resolve()),
         "weights": "ema" if source.ema else "raw"}, indent=1) + "\n")
     reloaded, _ = load_model(tmp)  # what a user's load_model does: verifies, rebuilds, loads strictly
     images = _probe_image(source.cfg)

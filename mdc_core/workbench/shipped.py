@@ -13,10 +13,11 @@ and :func:`single_object_accuracy` measure what the README promises on the held-
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
+
+from mdc_core.checkpoint import file_sha256
 
 SHIPPED_NAME = "mdc_tiny_lean_easy"
 SHIPPED_DIR = Path(__file__).resolve().parents[1] / "pretrained" / SHIPPED_NAME
@@ -37,11 +38,8 @@ def shipped_model_dir() -> Path:
 
 
 def sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    """The SHA-256 hex digest of a file (the shipped weights' checksum)."""
+    return file_sha256(path)
 
 
 def data_params() -> dict[str, Any]:
