@@ -127,3 +127,12 @@ def test_evidence_plans_carry_the_budget_curve_sweep_parity_and_claims(name: str
     assert sum(rid.startswith("02_noise") for rid in by_id) == 3
     assert any(p.get("captions") == "long" and p.get("objectives", ["clip"]) for p in by_id.values())
     assert any(p.get("position_captions") == "clauses" for p in by_id.values())
+
+
+def test_notebook_03_declares_the_evidence_parameters_off_by_default() -> None:
+    """budgets, lrs and parity exist (the evidence plans set them) and cost nothing unless set (make demo)."""
+    from mdc_core.workbench.plans import notebook_parameters
+
+    params = notebook_parameters(ROOT / "notebooks" / "03_linear_probing.ipynb")
+    assert {k: params[k]["default"] for k in ("budgets", "lrs", "parity")} == {
+        "budgets": "[]", "lrs": "[]", "parity": "False"}
