@@ -1,5 +1,6 @@
 # Two commands for a fresh clone; each bootstraps the virtual environment .venv on first use.
 #   make demo   the main job: notebooks 01-05 on the embedded data through papermill (plans/cpu_demo.yaml)
+#   make evidence  the comparisons with 3 training seeds, budget curves, LR sweep, parity (plans/cpu_evidence.yaml)
 #   make test   the test suite (what CI runs)
 #   make lab    JupyterLab on the notebooks (127.0.0.1), with the project's kernel "mdc"
 PYTHON ?= python3
@@ -9,7 +10,7 @@ STAMP := $(VENV)/.installed
 KERNEL := mdc# the Jupyter kernel the notebooks name (their metadata.kernelspec.name; mdc_core.workbench.plans)
 EXTRAS := dev,app,notebooks,eval,bench,vqgan,tensorboard# everything but [lab] (pyproject.toml's optional-dependencies)
 
-.PHONY: demo test test-all lint setup clean-outputs kernel quick-demo app lab
+.PHONY: demo evidence test test-all lint setup clean-outputs kernel quick-demo app lab
 
 setup: $(STAMP)
 
@@ -21,6 +22,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: kernel  # summary: papermill_runs/cpu_demo/summary.md; then `make app`
 	$(PY) -m mdc_core runs plans/cpu_demo.yaml
+
+evidence: kernel  # summary: papermill_runs/cpu_evidence/summary.md (about an hour on 2 cores; docs/results.md)
+	$(PY) -m mdc_core runs plans/cpu_evidence.yaml
 
 quick-demo: $(STAMP)  # one model, no notebooks: synthesize, train tiny MDC, caption held-out images (outputs/demo/)
 	$(PY) -m mdc_core demo

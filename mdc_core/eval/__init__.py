@@ -17,6 +17,9 @@ Run-level evaluations (they load runs and data themselves; import the module to 
 * :mod:`mdc_core.eval.report`: the held-out caption report of ``mdc demo`` and notebook 01.
 * :mod:`mdc_core.eval.repetition`: the repetition rate (a metric of ``mdc eval captioning``);
   :mod:`mdc_core.eval.remasking`: greedy vs remasking (``python -m mdc_core.eval.remasking``, notebook 05).
+* :mod:`mdc_core.eval.budget_curve`: probe gain at several training budgets (checkpoints of one run per method);
+  :mod:`mdc_core.eval.parity`: parameters, FLOPs and supervised tokens per training step (notebook 03, ``make
+  evidence``).
 Note: ``mdc_core.eval.caption_metrics`` names the function here; the module is
 ``sys.modules["mdc_core.eval.caption_metrics"]`` (or ``importlib.import_module``).
 

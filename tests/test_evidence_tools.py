@@ -1,0 +1,138 @@
+"""The evidence plan's tools against hand-computed values: training-budget curves (mdc_core.eval.budget_curve),
+the parity table (mdc_core.eval.parity) and the learning-rate choice (mdc_core.workbench.tuning)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from mdc_core.config import ObjectiveConfig
+from mdc_core.eval import budget_curve as bc
+from mdc_core.eval.parity import expected_supervised_tokens, measured_supervised_tokens, parameter_count, step_flops
+from mdc_core.objectives import maskable_positions
+from mdc_core.tokenizer import EMBED_SIZE, CaptionTokenizer
+from mdc_core.workbench.plans import load_plan
+from mdc_core.workbench.tuning import best_learning_rates
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _probe(gains: dict[str, list[float]]) -> dict:
+    """A probe_models-shaped result whose rows have the given per-image gain items (top-1 = 50 + mean gain)."""
+    return {"gain_items": {r: {"mean": v} for r, v in gains.items()},
+            "scores": {r: {"mean": 50.0 + sum(v) / len(v)} for r, v in gains.items()}}
+
+
+def test_curve_from_probe_means_intervals_and_paired_differences() -> None:
+    mdc_400, mdc_800 = [10.0, 20.0] * 10, [30.0, 40.0] * 10  # means 15 and 35
+    arc_400, arc_800 = [5.0, 15.0] * 10, [40.0, 40.0] * 10  # means 10 and 40
+    probe = _probe({"MDC @ 400": mdc_400, "MDC @ 800": mdc_800, "ARC @ 400": arc_400, "ARC @ 800": arc_800})
+    curve = bc.curve_from_probe(probe, ["MDC", "ARC"], [400, 800])
+    assert curve["budgets"] == [400, 800]
+    assert curve["methods"]["MDC"]["gain"] == pytest.approx([15.0, 35.0])
+    assert curve["methods"]["ARC"]["gain"] == pytest.approx([10.0, 40.0])
+    assert curve["methods"]["MDC"]["top1"] == pytest.approx([65.0, 85.0])
+    for line in curve["methods"].values():
+        assert all(lo <= g <= hi for lo, g, hi in zip(line["low"], line["gain"], line["high"], strict=True))
+    assert curve["methods"]["ARC"]["low"][1] == curve["methods"]["ARC"]["high"][1] == 40.0  # no spread, no width
+    diffs = bc.curve_differences(curve, "MDC", "ARC")
+    assert [d["mean"] for d in diffs] == pytest.approx([5.0, -5.0])
+    # paired per image: MDC - ARC at 400 is exactly +5 on every image, so the interval is the point
+    assert diffs[0]["low"] == pytest.approx(5.0) and diffs[0]["high"] == pytest.approx(5.0)
+    assert diffs[1]["high"] < 0  # at 800: -10 or 0 per image, mean -5, interval below 0
+    table = bc.budget_table(curve, "gain")
+    assert table["values"]["MDC"] == pytest.approx({"gain @ 400": 15.0, "gain @ 800": 35.0})
+    assert table["items"]["ARC"]["gain @ 800"] == arc_800
+    md = bc.budget_markdown(curve)
+    assert "| MDC - ARC | 5.0 [5.0, 5.0] |" in md and "gain @ 800 steps" in md
+
+
+def test_curve_needs_a_gain_for_every_point() -> None:
+    with pytest.raises(ValueError, match="no gain for 'MDC @ 800'"):
+        bc.curve_from_probe(_probe({"MDC @ 400": [1.0] * 10}), ["MDC"], [400, 800])
+
+
+def test_check_budgets() -> None:
+    assert bc.check_budgets([800, 400], 800) == [400, 800]
+    for bad in ([], [0, 400], [400, 1200], [400, 400]):
+        with pytest.raises(ValueError, match="budgets must be"):
+            bc.check_budgets(bad, 800)
+
+
+def test_checkpoint_at_finds_the_step_or_names_those_present(tmp_path: Path) -> None:
+    for step in (400, 800):
+        folder = tmp_path / "checkpoints" / f"step_{step:08d}"
+        folder.mkdir(parents=True)
+        (folder / "meta.json").write_text(json.dumps({"step": step, "complete": True, "files": []}))
+    assert bc.checkpoint_at(tmp_path, 800).name == "step_00000800"
+    with pytest.raises(ValueError, match=r"no checkpoint at step 1200 \(it has: 400, 800\).*keep_last"):
+        bc.checkpoint_at(tmp_path, 1200)
+
+
+def test_plot_budget_curve_writes_a_png(tmp_path: Path) -> None:
+    curve = bc.curve_from_probe(_probe({"MDC @ 1": [1.0, 2.0] * 5, "MDC @ 2": [2.0, 3.0] * 5}), ["MDC"], [1, 2])
+    path = bc.plot_budget_curve(curve, tmp_path / "f" / "curve.png")
+    assert path.is_file() and path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_parameters_and_flops_of_a_linear_layer_by_hand() -> None:
+    layer = torch.nn.Linear(3, 4)
+    assert parameter_count(layer) == 3 * 4 + 4
+    x = torch.randn(5, 3)
+    # forward x @ W^T: 2 * 5 * 3 * 4 = 120; backward: the weight's gradient only (x needs none): another 120
+    assert step_flops(lambda: layer(x).sum()) == 240
+    assert layer.weight.grad is not None
+
+
+def test_expected_supervised_tokens_by_hand() -> None:
+    lengths = [3, 5]  # 8 caption tokens in two captions
+    assert expected_supervised_tokens(lengths, ObjectiveConfig(name="arc")) == 10  # + one <eot> each
+    assert expected_supervised_tokens(lengths, ObjectiveConfig(name="mdc", t_low=0.5, t_high=1.0)) == 6.0
+    assert expected_supervised_tokens(lengths, ObjectiveConfig(name="bert", mask_ratio=0.25)) == 2.0
+    assert expected_supervised_tokens(lengths, ObjectiveConfig(name="parallel")) == 8
+    assert expected_supervised_tokens(lengths, ObjectiveConfig(name="clip")) == 0
+
+
+def test_measured_supervised_tokens_match_the_objectives() -> None:
+    captions = ["a red circle on a blue background", "two small green squares", "one big yellow triangle"] * 20
+    tokens, _ = CaptionTokenizer(32).tokenize_batch(captions)
+    n = int(maskable_positions(tokens).sum())  # caption tokens (no <sot>, <eot>, padding)
+    index = torch.arange(EMBED_SIZE)
+    assert measured_supervised_tokens(tokens, ObjectiveConfig(name="arc"), index) == n + len(captions)
+    assert measured_supervised_tokens(tokens, ObjectiveConfig(name="parallel"), index) == n
+    mdc = measured_supervised_tokens(tokens, ObjectiveConfig(name="mdc", t_low=0.5, t_high=1.0), index, draws=64)
+    assert mdc == pytest.approx(0.75 * n, rel=0.05)
+    assert measured_supervised_tokens(tokens, ObjectiveConfig(name="clip"), None) == 0.0
+
+
+def test_best_learning_rate_is_the_lowest_validation_loss_smaller_on_ties() -> None:
+    losses = {"arc": {1e-3: 2.0, 2e-3: 1.5, 5e-4: 1.5}, "mdc": {1e-3: 3.0, 2e-3: 3.5, 5e-4: 3.2}, "clip": {}}
+    assert best_learning_rates(losses) == {"arc": 5e-4, "mdc": 1e-3}
+
+
+@pytest.mark.parametrize("name", ["cpu_evidence", "gpu_evidence"])
+def test_evidence_plans_carry_the_budget_curve_sweep_parity_and_claims(name: str) -> None:
+    plan = load_plan(ROOT / "plans" / f"{name}.yaml")
+    by_id = {r.run_id: r.parameters for r in plan.runs}
+    budget = next(p for rid, p in by_id.items() if rid.startswith("03_budget"))
+    assert len(budget["budgets"]) >= 4 and max(budget["budgets"]) == budget["steps"]
+    every = budget["overrides"]["train.ckpt_every"]
+    assert all(b % every == 0 for b in budget["budgets"])
+    assert budget["overrides"]["train.keep_last"] >= len(budget["budgets"])
+    main = [p for rid, p in by_id.items() if rid.startswith("03_linear_probing")]
+    assert len(main) == 3 and all(len(p["lrs"]) == 3 and p["parity"] for p in main)
+    assert sum(rid.startswith("02_noise") for rid in by_id) == 3
+    assert any(p.get("captions") == "long" and p.get("objectives", ["clip"]) for p in by_id.values())
+    assert any(p.get("position_captions") == "clauses" for p in by_id.values())
+
+
+def test_notebook_03_declares_the_evidence_parameters_off_by_default() -> None:
+    """budgets, lrs and parity exist (the evidence plans set them) and cost nothing unless set (make demo)."""
+    from mdc_core.workbench.plans import notebook_parameters
+
+    params = notebook_parameters(ROOT / "notebooks" / "03_linear_probing.ipynb")
+    assert {k: params[k]["default"] for k in ("budgets", "lrs", "parity")} == {
+        "budgets": "[]", "lrs": "[]", "parity": "False"}
