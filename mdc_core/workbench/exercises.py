@@ -320,3 +320,6 @@ def _cfg_is_mcs(answer: Any) -> Verdict:
                       "MCS with p_mask = 1, so the two strategies differ only in how much of the image they hide")
     return False, (f"with p_mask = {p:g} some image tokens stay visible; CFG replaces the whole condition by the null "
                    "token (here the same token as MCS's [MASK])")
+
+
+from mdc_core.workbench import exercises_tables  # noqa: E402, F401 - registers the checks of notebooks 02-05
