@@ -19,6 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from mdc_core.workbench.exercises_tables import CHECKS as TABLE_CHECKS
+from mdc_core.workbench.exercises_tables import NotAnswered as _NotAnswered
+
 Verdict = tuple[bool, str]  # (right?, what to tell the student)
 CHECKS: dict[str, Callable[..., Verdict]] = {}
 
@@ -80,10 +83,6 @@ def check(name: str, answer: Any, *, solution: bool = False, **context: Any) -> 
             raise AssertionError(f"the solution of {name} fails its own check: {result.message}")
         return Result(name, True, "the hidden solution passes this check")
     return result
-
-
-class _NotAnswered(Exception):
-    """A function answer returned None."""
 
 
 def _call(fn: Callable[..., Any], *args: Any) -> Any:
@@ -322,4 +321,4 @@ def _cfg_is_mcs(answer: Any) -> Verdict:
                    "token (here the same token as MCS's [MASK])")
 
 
-from mdc_core.workbench import exercises_tables  # noqa: E402, F401 - registers the checks of notebooks 02-05
+CHECKS.update(TABLE_CHECKS)  # notebooks 02-05 (mdc_core/workbench/exercises_tables.py)
