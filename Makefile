@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 KERNEL := mdc# the Jupyter kernel the notebooks name (their metadata.kernelspec.name; mdc_core.workbench.plans)
 EXTRAS := dev,app,notebooks,eval,bench,vqgan,tensorboard# everything but [lab] (pyproject.toml's optional-dependencies)
 
-.PHONY: demo evidence test test-all lint setup clean-outputs kernel quick-demo app lab
+.PHONY: demo evidence test test-all lint setup clean-outputs kernel quick-demo app lab notebooks-html
 
 setup: $(STAMP)
 
@@ -39,6 +39,9 @@ lab: kernel  # install the [lab] extra, then JupyterLab in notebooks/ on 127.0.0
 	$(PY) -m pip install --progress-bar off -c constraints.txt -e ".[lab]"
 	$(PY) -m jupyterlab --notebook-dir=notebooks --ip=127.0.0.1 --no-browser \
 		$$(if [ "$$(id -u)" = 0 ]; then echo --allow-root; fi)
+
+notebooks-html: kernel  # every notebook run with its defaults (papermill_runs/notebooks/), as pages in docs/notebooks_html/
+	$(PY) docs/notebooks_html.py
 
 test: $(STAMP)
 	$(PY) -m pytest -m "not slow" -q

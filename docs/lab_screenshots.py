@@ -1,7 +1,7 @@
 """Browser check of the teaching notebooks and the app: JupyterLab in headless Chromium runs notebooks 00 and 01 as
 a student would, interrupts a training cell and resumes it, the app is driven with a prompt; screenshots in docs/.
 
-    python docs/lab_screenshots.py [--out docs] [--only lesson,pretraining,interrupt]
+    python docs/lab_screenshots.py [--out docs] [--only lesson,pretraining,interrupt,explorer]
 
 Needs the [lab] extra (JupyterLab) and Debian's ``chromium`` (``apt-get install -y chromium``). What it does:
 
@@ -16,6 +16,10 @@ Needs the [lab] extra (JupyterLab) and Debian's ``chromium`` (``apt-get install 
    ``pretraining``: the same for 01 (its defaults: ``make demo``'s model is reused when it was trained);
    ``interrupt``: 01 with a fresh models folder, Kernel > Interrupt during training, checks that the cell says
    where training stopped and that running it again resumes from that checkpoint, then interrupts again;
+   ``explorer``: 05 with its defaults (the models of ``make demo`` or of 02-04 when trained, else the shipped
+   captioner and an ARC trained there), no cell failed, both hidden solutions passed, then the trajectory
+   explorer driven as a student would: another image chosen in its menu, the step slider's value typed in its
+   readout; the canvas under it must show that image's caption at that step;
    ``clean``: opening any numbered notebook leaves it unchanged (nothing for JupyterLab to upgrade);
    ``app``: the app (``mdc app`` on the shipped model) with a prompt: the fixed words are written in the text
    line above the chips and the attention label is whole; "new random scene" empties the prompt and its caption
@@ -177,6 +181,39 @@ def pretraining(page: Page, out: Path) -> None:
     page.screenshot(out / "lab_pretraining_captions.png")
 
 
+EXPLORER_CELL = "widgets.interact(show"
+
+
+def explorer(page: Page, out: Path) -> None:
+    print("05: run all cells with the defaults, then drive the trajectory explorer")
+    open_notebook(page, "05_captioning.ipynb")
+    start = time.monotonic()
+    state = run_all(page, 3600)
+    print(f"  ran in {time.monotonic() - start:.0f} s in the browser; {state['pictures']} pictures")
+    assert "<Figure size" not in state["text"] and "PosixPath(" not in state["text"], state["text"][-2000:]
+    assert state["text"].count("\u2714") == 2, state["text"][-1500:]  # the two hidden solutions passed
+    index = show_cell(page, EXPLORER_CELL, offset=-1)
+    show_cell(page, EXPLORER_CELL)
+    cell = f"{NB}.content.widgets[{index}].node"
+    canvas = f"{cell}.querySelector('.widget-output .mdc-canvas, .jp-OutputArea-output .mdc-canvas')"
+    _wait(lambda: page.js(f"!!{cell}.querySelector('.widget-dropdown select') && !!{canvas}"), 120,
+          "the explorer's menu, slider and canvas")
+    first = page.js(f"{canvas}.outerHTML")
+    page.js(f"""(() => {{ const s = {cell}.querySelector('.widget-dropdown select');
+        s.value = s.options[1].value; s.dispatchEvent(new Event('change', {{bubbles: true}})); return true; }})()""")
+    _wait(lambda: page.js(f"{canvas}?.outerHTML") not in (None, first), 60, "the canvas of the second image")
+    page.js(f"""(() => {{ const r = {cell}.querySelector('.widget-slider .widget-readout');
+        r.focus(); r.textContent = '3';
+        r.dispatchEvent(new KeyboardEvent('keydown', {{key: 'Enter', keyCode: 13, which: 13, bubbles: true}}));
+        r.blur(); return true; }})()""")
+    _wait(lambda: page.js(f"{canvas}?.dataset.step") == "3", 60, "the canvas at step 3")
+    time.sleep(1.5)
+    revealed = page.js(f"{canvas}.querySelectorAll('[data-state=revealed]').length")
+    assert revealed == 3, revealed  # one token per step (Eq. 6)
+    page.screenshot(out / "lab_explorer.png")
+    print(f"  explorer: image 1 chosen, step 3 shows {revealed} revealed tokens")
+
+
 def interrupt(page: Page, out: Path, workdir: Path) -> None:
     print("01: Kernel > Interrupt during training, then resume")
     nb = json.loads((workdir / "01_pretraining.ipynb").read_text())
@@ -286,8 +323,8 @@ def app(page: Page, out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(ROOT / "docs"), help="folder for the screenshots")
-    parser.add_argument("--only", default="lesson,pretraining,interrupt,clean,app",
-                        help="comma-separated checks to run (lesson, pretraining, interrupt, clean, app)")
+    parser.add_argument("--only", default="lesson,pretraining,interrupt,explorer,clean,app",
+                        help="comma-separated checks to run (lesson, pretraining, interrupt, explorer, clean, app)")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -329,6 +366,8 @@ def main() -> None:
                 pretraining(page, out)
             if "interrupt" in checks:
                 interrupt(page, out, workdir)
+            if "explorer" in checks:
+                explorer(page, out)
             if "clean" in checks:
                 clean(page, workdir)
             if "app" in checks:

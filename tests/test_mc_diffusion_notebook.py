@@ -35,7 +35,7 @@ def test_notebook_runs_with_tiny_parameters(tmp_path):  # about 15 s: runs in CI
     params = {**TINY, "output_dir": str(tmp_path / "out"), "data_dir": str(tmp_path / "data"),
               "models_dir": str(tmp_path / "models")}
     pm.execute_notebook(str(NOTEBOOK), str(tmp_path / "executed.ipynb"), parameters=params, kernel_name=_kernel(),
-                        cwd=str(ROOT), progress_bar=False)
+                        cwd=str(ROOT), progress_bar=False, execution_timeout=600)  # a hung cell fails
     record = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert record["notebook"] == "06_mc_diffusion"
     rows = record["rows"]

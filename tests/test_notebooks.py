@@ -22,14 +22,16 @@ MICRO = {"model.encoder_kwargs": {"patch_size": 8, "embed_dim": 32, "depth": 1, 
          "model.text_width": 32, "model.text_layers": 1, "model.text_heads": 2, "train.batch_size": 16,
          "train.warmup_steps": 2, "train.log_every": 2}
 COMMON = {"n_train": 200, "n_eval": 32, "image_size": 32, "steps": 6, "overrides": MICRO}
+PAPER_DATA = {"preset": "tiny", "difficulty": "paper"}  # 02-05 default to make demo's `easy` data and `tiny_fast`
 TINY = {  # per notebook: parameters on top of COMMON
     "01_pretraining": {"n_show": 4},
     "02_noise_schedule_ablation": {"schedules": [[0.0, 1.0], [0.5, 1.0]], "bert_ratios": [1.0], "variance_draws": 3,
-                                   "probe_tasks": ["shape", "colour"]},
-    "03_linear_probing": {"position_limit": 8, "probe_tasks": ["shape", "colour"]},
-    "04_compositionality": {"limit": 6, "samples": 4},
+                                   "probe_tasks": ["shape", "colour"], "probe_limit": 0, **PAPER_DATA},
+    "03_linear_probing": {"position_limit": 8, "probe_tasks": ["shape", "colour"], "probe_limit": 0,
+                          "captions": "mixed", **PAPER_DATA},
+    "04_compositionality": {"limit": 6, "samples": 4, "captions": "mixed", **PAPER_DATA},
     "05_captioning": {"limit": 6, "n_explore": 2, "beam": 2, "lengths": [4, 6, "median", "oracle", "auto"],
-                      "auto_range": "2-6", "explore_length": 4},
+                      "auto_range": "2-6", "explore_length": 4, "captions": "mixed", **PAPER_DATA},
 }
 EXPECTED = {  # what each notebook's metrics.json must hold: metric keys and paper tables
     "01_pretraining": ({"final_loss", "final_masked_acc", "single_object_accuracy"}, set()),
@@ -44,6 +46,8 @@ EXPECTED = {  # what each notebook's metrics.json must hold: metric keys and pap
     "05_captioning": ({"MDC-4/BLEU@4", "MDC-6/CIDEr", "ARC/ROUGE-L", "MDC (median length)/CIDEr",
                        "MDC (oracle length)/length", "MDC (auto length)/repetition"}, {"table3"}),
 }
+
+CELL_TIMEOUT_S = 600  # papermill fails a cell that runs longer: a hung cell fails its test instead of CI
 
 OPTIONAL_TABLES = {  # written when the models show it: a reliance slope needs a mean reliance resolved above 0
     "03_linear_probing": {"reliance_slope", "reliance_slope_blind"}}
@@ -92,7 +96,8 @@ def test_notebook_executes_with_tiny_parameters(name: str, shared: Path) -> None
     params = {**COMMON, **TINY[name], "output_dir": str(out), "models_dir": str(shared / "models"),
               "data_dir": str(shared / ("data_short" if name.startswith("02") else "data_mixed"))}
     papermill.execute_notebook(str(NOTEBOOK_DIR / f"{name}.ipynb"), str(out / f"{name}.ipynb"), parameters=params,
-                               kernel_name="mdc", progress_bar=False, cwd=str(shared))
+                               kernel_name="mdc", progress_bar=False, cwd=str(shared),
+                               execution_timeout=CELL_TIMEOUT_S)
     record = json.loads((out / "metrics.json").read_text())
     keys, tables = EXPECTED[name]
     assert record["notebook"] == name
@@ -111,6 +116,11 @@ def test_notebook_executes_with_tiny_parameters(name: str, shared: Path) -> None
         assert record["probe_data"].endswith("data_short_probe")
     assert list((out / "figures").glob("*.png")), "every notebook saves figures"
     assert_figures_shown_as_pictures(out / f"{name}.ipynb")  # never "<Figure size ...>" or "PosixPath(...)"
+    cells = nbformat.read(str(out / f"{name}.ipynb"), as_version=4).cells
+    shown = "\n".join(str(o.get("data", {}).get("text/markdown", "")) + o.get("text", "")
+                      for c in cells for o in c.get("outputs", []))
+    solutions = 3 if name == "01_pretraining" else 2  # each hidden solution ran through its check
+    assert shown.count("the hidden solution passes this check") == solutions
     if name == "05_captioning":  # Table 3's CIDEr carries per-image scores: a one-seed interval and a verdict
         items = record["tables"]["table3"]["items"]
         assert set(items) == set(record["tables"]["table3"]["values"]) and all(
@@ -133,7 +143,8 @@ def test_linear_probing_notebook_measures_only_the_position_signal_of_its_own_pa
               "data_dir": str(shared / "data_mixed"), "position_captions": "clauses", "position_limit": 8,
               "position_data_dir": str(shared / "data_clauses")}
     papermill.execute_notebook(str(NOTEBOOK_DIR / f"{name}.ipynb"), str(out / f"{name}.ipynb"), parameters=params,
-                               kernel_name="mdc", progress_bar=False, cwd=str(shared))
+                               kernel_name="mdc", progress_bar=False, cwd=str(shared),
+                               execution_timeout=CELL_TIMEOUT_S)
     record = json.loads((out / "metrics.json").read_text())
     reliance = record["visual_reliance"]
     optional = {name for ref, name in (("mismatched", "reliance_slope"), ("blind", "reliance_slope_blind"))

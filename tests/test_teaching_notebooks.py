@@ -1,6 +1,7 @@
 """The teaching material: the lesson notebook 00 runs with its own defaults at reduced size and every equation
 check in it passes (they are asserts); notebooks 00, 01 and 06 end with exercises built the same way (attempt,
-check, hidden solution that runs through the check); executed notebooks show figures as pictures."""
+check, hidden solution that runs through the check), and so do 02-05 (tests/test_notebooks.py executes them);
+executed notebooks show figures as pictures; 04 and 05 open on the shipped captioner when nothing is trained."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from mdc_core.workbench.plans import ensure_kernel, notebook_parameters
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 LESSON = NOTEBOOKS / "00_masked_diffusion_captioning.ipynb"
-WITH_EXERCISES = ["00_masked_diffusion_captioning", "01_pretraining", "06_mc_diffusion"]
+WITH_EXERCISES = ["00_masked_diffusion_captioning", "01_pretraining", "02_noise_schedule_ablation",
+                  "03_linear_probing", "04_compositionality", "05_captioning", "06_mc_diffusion"]
 MICRO_64 = {"model.encoder_kwargs": {"patch_size": 16, "embed_dim": 32, "depth": 1, "num_heads": 2},
             "model.text_width": 32, "model.text_layers": 1, "model.text_heads": 2, "train.batch_size": 16,
             "train.warmup_steps": 2, "train.log_every": 2}
@@ -91,7 +93,7 @@ def test_the_lesson_runs_with_its_defaults_at_reduced_size_and_every_check_passe
               "n_train": 200, "steps": 60, "overrides": MICRO_64}
     executed = tmp_path / "00.ipynb"
     papermill.execute_notebook(str(LESSON), str(executed), parameters=params, kernel_name=ensure_kernel(),
-                               progress_bar=False, cwd=str(tmp_path))  # an assert that failed would raise here
+                               progress_bar=False, cwd=str(tmp_path), execution_timeout=600)  # a failed assert raises
     record = json.loads((out / "metrics.json").read_text())
     assert record["notebook"] == "00_masked_diffusion_captioning"
     metrics = record["metrics"]
@@ -102,3 +104,25 @@ def test_the_lesson_runs_with_its_defaults_at_reduced_size_and_every_check_passe
                       for c in nbformat.read(str(executed), as_version=4).cells for o in c.get("outputs", []))
     assert shown.count("== mdc_core") >= 5 and "not answered yet" in shown  # checks seen pass; attempts open
     assert shown.count("the hidden solution passes this check") == 3
+
+
+@pytest.mark.parametrize("name", ["04_compositionality", "05_captioning"])
+def test_scorers_and_captioning_open_on_the_shipped_model_when_nothing_is_trained(name: str, tmp_path: Path) -> None:
+    """With their own data defaults (the shipped model's scenes) and an empty model cache, 04 and 05 take the shipped
+    captioner for MDC (and say so); only the other models are trained (here micro-sized, a few steps)."""
+    import papermill
+
+    out = tmp_path / "out"
+    params = {"output_dir": str(out), "data_dir": str(tmp_path / "data"), "models_dir": str(tmp_path / "models"),
+              "n_train": 200, "n_eval": 32, "steps": 6, "overrides": MICRO_64, "limit": 6}
+    params.update({"objectives": ["arc", "mdc"], "samples": 4} if name.startswith("04") else
+                  {"n_explore": 2, "beam": 2, "lengths": [4, "median"], "auto_range": "2-6", "explore_length": 4})
+    executed = tmp_path / f"{name}.ipynb"
+    papermill.execute_notebook(str(NOTEBOOKS / f"{name}.ipynb"), str(executed), parameters=params,
+                               kernel_name=ensure_kernel(), progress_bar=False, cwd=str(tmp_path),
+                               execution_timeout=600)
+    shown = "\n".join(o.get("text", "") for c in nbformat.read(str(executed), as_version=4).cells
+                      for o in c.get("outputs", []))
+    assert "using the captioner shipped with the repository" in shown and "MDC is the shipped captioner" in shown
+    assert not any((tmp_path / "models").glob("mdc-*")), "MDC was trained although the shipped model fits"
+    assert json.loads((out / "metrics.json").read_text())["notebook"] == name

@@ -19,6 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from mdc_core.workbench.exercises_tables import CHECKS as TABLE_CHECKS
+from mdc_core.workbench.exercises_tables import NotAnswered as _NotAnswered
+
 Verdict = tuple[bool, str]  # (right?, what to tell the student)
 CHECKS: dict[str, Callable[..., Verdict]] = {}
 
@@ -80,10 +83,6 @@ def check(name: str, answer: Any, *, solution: bool = False, **context: Any) -> 
             raise AssertionError(f"the solution of {name} fails its own check: {result.message}")
         return Result(name, True, "the hidden solution passes this check")
     return result
-
-
-class _NotAnswered(Exception):
-    """A function answer returned None."""
 
 
 def _call(fn: Callable[..., Any], *args: Any) -> Any:
@@ -320,3 +319,6 @@ def _cfg_is_mcs(answer: Any) -> Verdict:
                       "MCS with p_mask = 1, so the two strategies differ only in how much of the image they hide")
     return False, (f"with p_mask = {p:g} some image tokens stay visible; CFG replaces the whole condition by the null "
                    "token (here the same token as MCS's [MASK])")
+
+
+CHECKS.update(TABLE_CHECKS)  # notebooks 02-05 (mdc_core/workbench/exercises_tables.py)

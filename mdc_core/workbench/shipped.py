@@ -48,6 +48,14 @@ def data_params() -> dict[str, Any]:
     return json.loads((shipped_model_dir() / "data_manifest.json").read_text())["params"]
 
 
+def knows_data(*, difficulty: str, captions: str, image_size: int, seed: int) -> bool:
+    """Whether embedded data written with these generator parameters are the scenes the shipped model was trained
+    on (its training images when `seed` matches), so that a notebook may use it in place of a model of its own."""
+    p = data_params()
+    return (difficulty, captions, image_size, seed) == (p.get("difficulty", "paper"), p["captions"],
+                                                        p["image_size"], p["seed"])
+
+
 def load_shipped(device: str = "cpu") -> tuple[Any, Any]:
     """``(model, cfg)`` of the shipped captioner in eval mode, after checking its weights' SHA-256."""
     from mdc_core.checkpoint import CheckpointError, load_model
