@@ -25,7 +25,6 @@ host-device synchronisation; :func:`compute_loss` without a prepared batch calls
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -33,51 +32,12 @@ import torch
 import torch.nn.functional as F
 
 from .clip_model import contrastive_loss
-from .config import ObjectiveConfig, resolve_ref
+from .config import ObjectiveConfig
 from .model import Captioner, lookup_rows, padding_mask
+from .registry import condition_transforms, objective_spec
 from .tokenizer import EOT_ID, MASK_ID, SOT_ID
 
 T_MIN = 1e-3  # t is clamped here so that 1/t stays finite for a schedule starting at 0 (MDLM uses eps=1e-3)
-
-
-@dataclass(frozen=True)
-class ObjectiveSpec:
-    """One row of the objective table."""
-
-    causal: bool  # decoder self-attention is causal (teacher forcing) instead of bidirectional
-    masking: str  # "time": t ~ U[t_low, t_high] per caption; "fixed": t = mask_ratio; "all": t = 1; "none";
-    # "d3pm": mask-and-replace noise at t ~ U{1..T} (mdc_core.masked_conditional.diffusion)
-    inv_t_weight: bool  # weight each caption's masked CE by 1/t (the diffusion ELBO weight)
-    loss: str  # "module:function" of the batch loss, (model, images, tokens, cfg, generator) -> LossOutput;
-    # a string so that the table names the MC-Diffusion extension without importing it (resolved on use)
-    model: str = "captioner"  # model family (mdc_core.factory.MODELS): "captioner" or "clip" (contrastive loss)
-    prepared: bool = True  # the loss takes a PreparedBatch (prepare_batch, on the host in the trainer); False: it
-    # draws its noise on the device itself (the d3pm extension)
-
-    def loss_fn(self) -> Callable[..., LossOutput]:
-        return resolve_ref(self.loss)
-
-
-_MASKED, _AR = "mdc_core.objectives:masked_token_loss", "mdc_core.objectives:autoregressive_loss"
-OBJECTIVES: dict[str, ObjectiveSpec] = {  # keys: config.OBJECTIVE_NAMES in that order (tests/test_objectives.py)
-    "mdc": ObjectiveSpec(causal=False, masking="time", inv_t_weight=True, loss=_MASKED),  # masked diffusion captioning
-    "mdc_no_t": ObjectiveSpec(causal=False, masking="time", inv_t_weight=False, loss=_MASKED),  # = CMLM (Table 4)
-    "bert": ObjectiveSpec(causal=False, masking="fixed", inv_t_weight=False, loss=_MASKED),  # image-cond. BERT, r
-    "parallel": ObjectiveSpec(causal=False, masking="all", inv_t_weight=False, loss=_MASKED),  # r = 1, CapPa parallel
-    "arc": ObjectiveSpec(causal=True, masking="none", inv_t_weight=False, loss=_AR),  # autoregressive captioning
-    "clip": ObjectiveSpec(causal=True, masking="none", inv_t_weight=False, model="clip",  # contrastive baseline
-                          loss="mdc_core.objectives:clip_loss"),
-    "d3pm": ObjectiveSpec(causal=False, masking="d3pm", inv_t_weight=False,  # MC-Diffusion mask-and-replace D3PM
-                          loss="mdc_core.masked_conditional.diffusion:d3pm_objective", prepared=False),
-}
-# training-time condition corruption for guided sampling (objective.guidance = cfg | mcs; MC-Diffusion's guidance)
-CONDITION_CORRUPTION = "mdc_core.masked_conditional.guidance:corrupt_training_condition"
-
-
-def objective_spec(name: str) -> ObjectiveSpec:
-    if name not in OBJECTIVES:
-        raise ValueError(f"unknown objective {name!r}; choose one of {', '.join(OBJECTIVES)}")
-    return OBJECTIVES[name]
 
 
 @dataclass
@@ -249,7 +209,7 @@ def compute_loss(model: Captioner, images: torch.Tensor, tokens: torch.Tensor, c
     """Loss of one batch: images (B, 3, H, W), tokens (B, L) from :class:`CaptionTokenizer`; the objective's
     row of :data:`OBJECTIVES` names the loss function. `prepared`: the batch's :func:`prepare_batch` on this
     device (then `tokens` are its trimmed tokens and `generator` only serves draws the loss makes itself, such as
-    guidance's condition dropping); None prepares it here from `generator`."""
+    a condition transform's); None prepares it here from `generator`."""
     fn = objective_spec(cfg.name).loss_fn()
     if prepared is None:
         return fn(model, images, trim_padding(tokens), cfg, generator)
@@ -264,11 +224,11 @@ def _prepare_for(model: Any, tokens: torch.Tensor, cfg: ObjectiveConfig, generat
 
 def encode_condition(model: Captioner, images: torch.Tensor, cfg: ObjectiveConfig,
                      generator: torch.Generator | None = None) -> torch.Tensor:
-    """Image tokens (B, M, D) the decoder cross-attends to; with ``cfg.guidance`` = cfg | mcs, corrupted for
-    guided sampling by :data:`CONDITION_CORRUPTION`."""
+    """Image tokens (B, M, D) the decoder cross-attends to, passed through the plug-ins' condition transforms
+    (:func:`mdc_core.registry.register_condition_transform`; each leaves them unchanged unless `cfg` asks)."""
     image_tokens = model.encode_image(images)  # (B, M, D)
-    if cfg.guidance != "none":
-        image_tokens = resolve_ref(CONDITION_CORRUPTION)(model, image_tokens, cfg, generator)
+    for transform in condition_transforms():
+        image_tokens = transform(model, image_tokens, cfg, generator)
     return image_tokens
 
 

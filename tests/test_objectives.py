@@ -6,9 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mdc_core.config import OBJECTIVE_NAMES, ObjectiveConfig
+from mdc_core.config import ObjectiveConfig
 from mdc_core.objectives import (
-    OBJECTIVES,
     T_MIN,
     apply_mask,
     compute_loss,
@@ -19,6 +18,7 @@ from mdc_core.objectives import (
     sample_t,
     trim_padding,
 )
+from mdc_core.registry import CORE_OBJECTIVES, OBJECTIVES, objective_names
 from mdc_core.tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID
 
 
@@ -148,12 +148,13 @@ def test_fixed_ratio_and_parallel_rates():
 
 
 def test_objective_table_rows_are_the_config_names_and_name_their_loss_functions():
-    """config.OBJECTIVE_NAMES (torch-free, used by the CLI and config validation) is the table's key list, and
-    every row's "module:function" loss resolves to a function."""
-    assert tuple(OBJECTIVES) == OBJECTIVE_NAMES
+    """registry.objective_names (torch-free, used by the CLI and config validation) is the table's key list, the
+    core's rows first, then the plug-ins'; every row's "module:function" loss resolves to a function."""
+    assert objective_names() == tuple(OBJECTIVES) and objective_names()[:len(CORE_OBJECTIVES)] == CORE_OBJECTIVES
+    assert CORE_OBJECTIVES == ("mdc", "mdc_no_t", "bert", "parallel", "arc", "clip")
     for name, spec in OBJECTIVES.items():
         assert callable(spec.loss_fn()), name
-    assert OBJECTIVES["d3pm"].loss_fn().__module__ == "mdc_core.masked_conditional.diffusion"
+    assert OBJECTIVES["d3pm"].loss_fn().__module__ == "mdc_core.masked_conditional.diffusion"  # the plug-in's row
 
 
 def test_compute_loss_mdc_matches_manual(tiny_model):

@@ -27,7 +27,7 @@ from typing import Any
 
 from mdc_core.config import RunConfig, list_presets, load_preset
 
-OBJECTIVES = {  # one line per row of mdc_core.objectives.OBJECTIVES
+OBJECTIVES = {  # one line per row of mdc_core.registry.OBJECTIVES
     "mdc": "masked diffusion captioning (Feng, Wei, Owens 2025): each caption token masked with probability "
            "t ~ U[{t_low}, {t_high}], the masked tokens predicted from the image, the loss weighted by 1/t",
     "mdc_no_t": "masked diffusion captioning without the 1/t weight (CMLM): t ~ U[{t_low}, {t_high}]",
