@@ -4,7 +4,8 @@
 ``mdc app --run RUN``) loads a run and launches it on 127.0.0.1. Every callback is a
 named module-level function of plain values, so tests call them without a server. Per-user data (the image and
 the last trajectory) lives in a ``gr.State`` dict; models live in a process-wide cache keyed by run folder.
-Rendering (chips, heatmap, tables) is in :mod:`app.render`, the model cache in :mod:`app.runs`.
+The trajectory's chips and heatmap are :mod:`mdc_core.workbench.trajectory_view`'s (the notebooks draw with it
+too), the other rendering (captions, tables) is in :mod:`app.render`, the model cache in :mod:`app.runs`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from mdc_core.config import SAMPLER_RANGES, RunConfig, SamplerConfig
 from mdc_core.data import make_example
 from mdc_core.data.transforms import eval_transform, open_image
 from mdc_core.sampler import trajectory
+from mdc_core.workbench import trajectory_view
 
 SCENE_SEED, SCENE_SPLIT, INITIAL_SCENE = 0, "test", 3  # data seed (when the run's is unknown), held-out split
 COMPARE_LENGTHS = (10, 15, 20)
@@ -145,8 +147,9 @@ def run_caption(run_key: str, state: dict | None, *settings: Any) -> tuple[dict,
                f"{n_steps} steps of k = {cfg.tokens_per_step}{explore.unmask_prompt_summary(record)} &middot; "
                f"sampling {record['latency_s'] * 1000:.0f} ms, with image encoding {total * 1000:.0f} ms (CPU)")
     state = {**state, "record": record, "run": run_key}
-    return (state, render.chips_html(record, n_steps), gr.Slider(minimum=0, maximum=n_steps, value=n_steps, step=1),
-            render.heatmap_figure(record), summary)
+    return (state, trajectory_view.chips_html(record, n_steps),
+            gr.Slider(minimum=0, maximum=n_steps, value=n_steps, step=1), trajectory_view.heatmap_figure(record),
+            summary)
 
 
 def show_step(step: float | None, state: dict | None) -> str:
@@ -154,7 +157,7 @@ def show_step(step: float | None, state: dict | None) -> str:
     record = (state or {}).get("record")
     if record is None:
         return ""
-    return render.chips_html(record, min(max(int(step or 0), 0), len(record["steps"])))
+    return trajectory_view.chips_html(record, min(max(int(step or 0), 0), len(record["steps"])))
 
 
 def start_play(state: dict | None) -> tuple[Any, Any]:
@@ -220,7 +223,7 @@ def compare_lengths(run_key: str, arc_key: str | None, state: dict | None, *sett
                 continue
             rec = _unmask(run, image_tokens, dataclasses.replace(cfg, length=length))
             confs = [0.0] * length
-            for r in render.reveal_order(rec):
+            for r in trajectory_view.reveal_order(rec):
                 confs[r["position"]] = r["confidence"]
             rows.append([f"MDC N' = {length}", render.mini_caption_html(rec["tokens"], confs),
                          f"{sum(confs) / length:.3f}", f"{rec['latency_s'] * 1000:.0f}"])

@@ -84,14 +84,6 @@ class TrainResult:
     start_step: int = 0  # the step this call started from (> 0: resumed; == steps: nothing was left to train)
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"train.device={name!r} but CUDA is not available on this machine")
-    return torch.device(name)
-
-
 def use_bf16(precision: str, device: torch.device) -> bool:
     """bf16 autocast on CUDA by default; fp32 on CPU (bf16 matmul there is ~250x slower)."""
     return precision == "bf16" or (precision == "auto" and device.type == "cuda")

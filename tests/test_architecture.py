@@ -191,3 +191,34 @@ def test_the_core_names_no_extension_and_no_key_a_plug_in_registers():
     files = module_files()
     found = {name: naming_problems(files[name].read_text(), words) for name in core_modules() if name != "mdc_core"}
     assert {name: problems for name, problems in found.items() if problems} == {}
+
+
+LAYERS = {  # docs/design.md "Core and extensions": what each part may import besides the core (and itself)
+    "mdc_core.cli": {"app", "mdc_core.workbench", "mdc_core.bench", "mdc_core.masked_conditional", "mdc_core.eval"},
+    "app": {"mdc_core.workbench"},
+    "mdc_core.workbench": {"mdc_core.masked_conditional", "mdc_core.eval"},
+    "mdc_core.bench": {"mdc_core.eval"},
+    "mdc_core.masked_conditional": {"mdc_core.eval"},
+    "mdc_core.eval": set(),
+}
+
+
+def part(name: str) -> str:
+    return next((ext for ext in EXTENSIONS if name == ext or name.startswith(ext + ".")), "core")
+
+
+def test_the_parts_import_as_the_picture_in_design_md_draws():
+    graph = import_graph()
+    arrows = {(part(a), part(b)) for a, deps in graph.items() for b in deps if a != "mdc_core.__main__"}
+    assert {(a, b) for a, b in arrows if a != b and b != "core" and b not in LAYERS.get(a, set())} == set()
+    assert ("app", "mdc_core.workbench") in arrows  # the app draws trajectories with the workbench's code
+
+
+def test_the_app_builds_on_the_workbench_never_the_reverse():
+    """The app imports the workbench's drawings (trajectory_view, animation); no extension below the command line
+    imports the app (only ``mdc app`` in mdc_core.cli launches it)."""
+    graph = import_graph()
+    assert "mdc_core.workbench.trajectory_view" in graph["app.mdc_app"]
+    upward = {name: sorted(t for t in deps if t == "app" or t.startswith("app."))
+              for name, deps in graph.items() if name.startswith("mdc_core.") and not name.startswith("mdc_core.cli")}
+    assert {k: v for k, v in upward.items() if v} == {}
