@@ -159,7 +159,7 @@ def contrastive_loss(model: CLIPModel, images: torch.Tensor, tokens: torch.Tenso
 
     Under torch.distributed the features of all ranks are gathered (with gradients; each rank scores its own
     rows against all, open_clip's ``local_loss``), so the negatives are the global batch as in CLIP.
-    Returns (loss, metrics); ``acc_masked`` is the in-batch retrieval accuracy (mean of image->text and
+    Returns (loss, metrics); ``acc_retrieval`` is the in-batch retrieval accuracy (mean of image->text and
     text->image top-1), named like the captioners' token accuracy so the trainer logs it in the same column.
     `rows`: the tokens' embedding rows, checked by the caller (see :meth:`CLIPModel.encode_text`).
     """
@@ -176,6 +176,6 @@ def contrastive_loss(model: CLIPModel, images: torch.Tensor, tokens: torch.Tenso
         target = torch.arange(len(logits), device=logits.device)
         i2t = (logits.argmax(dim=1) == target).float().mean()
         t2i = (logits.argmax(dim=0) == target).float().mean()
-    metrics = {"loss": loss.detach(), "acc_masked": (i2t + t2i) / 2, "acc_i2t": i2t, "acc_t2i": t2i,
+    metrics = {"loss": loss.detach(), "acc_retrieval": (i2t + t2i) / 2, "acc_i2t": i2t, "acc_t2i": t2i,
                "logit_scale": scale.detach()}
     return loss, metrics

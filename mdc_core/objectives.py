@@ -38,6 +38,17 @@ from .registry import condition_transforms, objective_spec
 from .tokenizer import EOT_ID, MASK_ID, SOT_ID
 
 T_MIN = 1e-3  # t is clamped here so that 1/t stays finite for a schedule starting at 0 (MDLM uses eps=1e-3)
+# the accuracy each loss logs, one name per meaning: of the masked tokens (the masked objectives, D3PM's x_0), of
+# the next token (ARC), of in-batch image-text retrieval (CLIP); runs logged before the split call all three
+# "acc_masked", which logged_accuracy still reads
+ACCURACY_KEYS = {"acc_masked": "masked-token accuracy", "acc_next": "next-token accuracy",
+                 "acc_retrieval": "retrieval accuracy"}
+
+
+def logged_accuracy(record: dict[str, Any]) -> tuple[str, float] | None:
+    """(what it measures, value) of the accuracy a metrics record carries (:data:`ACCURACY_KEYS`), or None."""
+    key = next((k for k in ACCURACY_KEYS if k in record), None)
+    return None if key is None else (ACCURACY_KEYS[key], float(record[key]))
 
 
 @dataclass
@@ -117,12 +128,13 @@ def apply_mask(tokens: torch.Tensor, t: torch.Tensor, *, generator: torch.Genera
     return tokens.masked_fill(mask, MASK_ID), mask
 
 
-def masked_diffusion_loss(ce: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor, n_valid: torch.Tensor,
+def normalized_token_loss(ce: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor, n_valid: torch.Tensor,
                           normalization: str = "per_token", owner: torch.Tensor | None = None) -> torch.Tensor:
-    """Weighted masked cross-entropy, normalised as described in the module docstring.
+    """Weighted cross-entropy of the loss positions, normalised as described in the module docstring: the masked
+    tokens of the masked objectives, every next token of ARC (weight 1).
 
-    ce: (n,) cross-entropy at the masked positions in row-major order of `mask` (B, L);
-    weight: (B,) per-caption weight (1/t or 1); n_valid: (B,) maskable tokens per caption;
+    ce: (n,) cross-entropy at the loss positions in row-major order of `mask` (B, L);
+    weight: (B,) per-caption weight (1/t or 1); n_valid: (B,) tokens per caption that may carry a loss term;
     owner: (n,) the caption of each masked position when known (else found from `mask`, a sync on CUDA).
     """
     row = mask.nonzero()[:, 0] if owner is None else owner  # (n,) caption index of each masked token
@@ -250,7 +262,7 @@ def masked_token_loss(model: Captioner, images: torch.Tensor, tokens: torch.Tens
     ce = F.cross_entropy(logits.float(), targets, reduction="none")  # (n,)
     weight = 1.0 / t if spec.inv_t_weight else torch.ones_like(t)
     n_valid = maskable_positions(p.tokens).sum(dim=1)  # (B,)
-    loss = masked_diffusion_loss(ce, mask, weight, n_valid, cfg.normalization, owner=p.owner)
+    loss = normalized_token_loss(ce, mask, weight, n_valid, cfg.normalization, owner=p.owner)
     n_masked = mask.sum()
     metrics = {
         "loss": loss.detach(),
@@ -271,12 +283,12 @@ def autoregressive_loss(model: Captioner, images: torch.Tensor, tokens: torch.Te
     logits = model.decode(p.inputs, image_tokens, select=p.index, causal=True, rows=p.rows)  # (n, V_out)
     ce = F.cross_entropy(logits.float(), target_rows, reduction="none")  # (n,)
     n_valid = valid.sum(dim=1)
-    loss = masked_diffusion_loss(ce, valid, torch.ones(p.tokens.shape[0], device=ce.device), n_valid,
+    loss = normalized_token_loss(ce, valid, torch.ones(p.tokens.shape[0], device=ce.device), n_valid,
                                  cfg.normalization, owner=p.owner)
     metrics = {
         "loss": loss.detach(),
         "ce_masked": ce.detach().mean(),
-        "acc_masked": (logits.detach().argmax(-1) == target_rows).float().mean(),
+        "acc_next": (logits.detach().argmax(-1) == target_rows).float().mean(),
         "masked_frac": torch.ones((), device=ce.device),
         "t_mean": torch.ones((), device=ce.device),
     }

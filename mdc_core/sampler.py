@@ -43,7 +43,7 @@ Reading order: :func:`sample` is the loop of Eq. 6 (remask, predict, propose, re
 small object chosen once from the settings: the proposed token (:func:`greedy` or :class:`TemperatureDraw`), which
 proposals to reveal (:class:`ConfidenceReveal`), which revealed tokens to revise (:class:`NoRemasking` or
 :class:`Remasking`); :class:`Recorder` keeps the trajectory apart from the decisions, and :func:`trajectory` turns it
-into the JSON record that :func:`mdc_core.workbench.animation.canvas_at` replays.
+into the JSON record that the app, the notebooks and the GIFs replay.
 """
 
 from __future__ import annotations

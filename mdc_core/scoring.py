@@ -159,8 +159,10 @@ def _score_heuristic(model: Any, images: _Images, tokens: torch.Tensor, free: to
     return ScoreOutput(token_lp.sum(dim=1), None, token_lp, order)
 
 
-def _score_ar(model: Any, images: _Images, tokens: torch.Tensor, free: torch.Tensor, *, batch_size: int,
-              **_: Any) -> ScoreOutput:
+def _score_left_to_right(model: Any, images: _Images, tokens: torch.Tensor, free: torch.Tensor, *,
+                         batch_size: int, **_: Any) -> ScoreOutput:
+    """The ``ar`` score: every token's log-probability given those to its left (ARC's chain rule, Eq. 7), or, for a
+    bidirectional model, along a fixed left-to-right reveal order."""
     B, L = tokens.shape
     device = tokens.device
     token_lp = torch.zeros(B, L, device=device)
@@ -200,7 +202,8 @@ class ScoreMethod:
 METHODS: dict[str, ScoreMethod] = {
     "mc": ScoreMethod(_score_mc, ("mdc",), "Monte Carlo ELBO of Eq. 8, stratified mask counts, with its stderr"),
     "heuristic": ScoreMethod(_score_heuristic, ("mdc",), "greedy confidence order, sum of ground-truth log-probs"),
-    "ar": ScoreMethod(_score_ar, ("arc", "mdc"), "chain rule (Eq. 7) for ARC; fixed left-to-right order for MDC"),
+    "ar": ScoreMethod(_score_left_to_right, ("arc", "mdc"),
+                      "chain rule (Eq. 7) for ARC; fixed left-to-right order for MDC"),
 }
 
 

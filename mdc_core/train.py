@@ -54,7 +54,7 @@ from .data import SKIP_REASONS, iter_captions
 from .data.loaders import BatchStream
 from .factory import create_model
 from .model import padding_mask
-from .objectives import PreparedBatch, compute_loss, maskable_positions, objective_spec
+from .objectives import PreparedBatch, compute_loss, logged_accuracy, maskable_positions, objective_spec
 from .resume import resolve_data_paths  # noqa: F401 - part of this module's interface
 from .runlock import RunLock
 from .tensorboard_log import TensorBoardLog
@@ -439,7 +439,8 @@ class _Trainer:
         self.metrics_file.flush()
         if self.tensorboard is not None:
             self.tensorboard.write(record)
-        self.bar.set_postfix(loss=f"{stats.loss:.3f}", acc=f"{record.get('acc_masked', float('nan')):.2f}")
+        accuracy = logged_accuracy(record)
+        self.bar.set_postfix(loss=f"{stats.loss:.3f}", acc=f"{float('nan') if accuracy is None else accuracy[1]:.2f}")
         self.window_start, self.window_samples = time.perf_counter(), 0.0
 
     def _reduce_pending(self) -> None:

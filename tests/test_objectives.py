@@ -11,9 +11,10 @@ from mdc_core.objectives import (
     T_MIN,
     apply_mask,
     compute_loss,
+    logged_accuracy,
     mask_rates,
     maskable_positions,
-    masked_diffusion_loss,
+    normalized_token_loss,
     prepare_batch,
     sample_t,
     trim_padding,
@@ -103,11 +104,11 @@ def test_loss_hand_computed_per_token_and_per_sequence():
     t = torch.tensor([0.5, 0.8])
     n_valid = torch.tensor([3, 2])
     # per-token: (1/0.5 * (1 + 2) + 1/0.8 * 4) / (3 + 2) = (6 + 5) / 5 = 2.2
-    assert masked_diffusion_loss(ce, mask, 1 / t, n_valid, "per_token").item() == pytest.approx(2.2)
+    assert normalized_token_loss(ce, mask, 1 / t, n_valid, "per_token").item() == pytest.approx(2.2)
     # per-sequence: mean(6 / 3, 5 / 2) = 2.25
-    assert masked_diffusion_loss(ce, mask, 1 / t, n_valid, "per_sequence").item() == pytest.approx(2.25)
+    assert normalized_token_loss(ce, mask, 1 / t, n_valid, "per_sequence").item() == pytest.approx(2.25)
     # no 1/t weight (CMLM): (3 + 4) / 5
-    assert masked_diffusion_loss(ce, mask, torch.ones(2), n_valid, "per_token").item() == pytest.approx(1.4)
+    assert normalized_token_loss(ce, mask, torch.ones(2), n_valid, "per_token").item() == pytest.approx(1.4)
 
 
 @pytest.mark.parametrize("normalization", ["per_token", "per_sequence"])
@@ -127,7 +128,7 @@ def test_estimator_expectation_is_mean_token_ce(normalization):
     for _ in range(20_000):
         t = mask_rates(cfg, 4, g, "cpu")
         _, mask = apply_mask(tokens, t, generator=g)
-        losses.append(masked_diffusion_loss(table[mask], mask, 1 / t, n_valid, normalization))
+        losses.append(normalized_token_loss(table[mask], mask, 1 / t, n_valid, normalization))
     losses = torch.stack(losses)
     stderr = losses.std() / math.sqrt(len(losses))
     assert abs(losses.mean() - expected) < 4 * stderr
@@ -188,6 +189,15 @@ def test_compute_loss_arc_is_teacher_forced_ce(tiny_model):
     valid = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)  # 3 tokens + eot, 1 token + eot
     expected = F.cross_entropy(logits[valid], targets[valid])
     assert out.loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    accuracy = (logits[valid].argmax(-1) == targets[valid]).float().mean()
+    assert "acc_masked" not in out.metrics and out.metrics["acc_next"].item() == pytest.approx(accuracy.item())
+
+
+def test_each_accuracy_has_its_own_name_and_old_records_still_read():
+    assert logged_accuracy({"loss": 1.0, "acc_next": 0.25}) == ("next-token accuracy", 0.25)
+    assert logged_accuracy({"acc_retrieval": 0.5}) == ("retrieval accuracy", 0.5)
+    assert logged_accuracy({"acc_masked": 0.75}) == ("masked-token accuracy", 0.75)  # also ARC/CLIP runs logged before
+    assert logged_accuracy({"loss": 1.0}) is None
 
 
 def test_prepare_batch_hand_example():

@@ -22,8 +22,8 @@ from mdc_core.data import write_synthetic_dataset
 from tests.conftest import MICRO
 
 # logged values that must agree between runs (samples_per_s is a timing)
-COMPARED = ("step", "epoch", "lr", "grad_norm", "loss", "acc_masked", "ce_masked", "masked_frac", "t_mean",
-            "skipped", "truncated", "nonfinite_skipped")
+COMPARED = ("step", "epoch", "lr", "grad_norm", "loss", "acc_masked", "acc_next", "acc_retrieval", "ce_masked",
+            "masked_frac", "t_mean", "skipped", "truncated", "nonfinite_skipped")
 
 
 @pytest.fixture

@@ -44,7 +44,7 @@ _SPICE_JARS = ("stanford-corenlp-3.6.0.jar", "stanford-corenlp-3.6.0-models.jar"
 _TOKEN = re.compile(r"'?[^\W_]+")  # a run of letters/digits, optionally with its leading apostrophe ('s, 're)
 
 
-def caption_metrics(
+def score_captions(
     predictions: Mapping[Hashable, str],
     references: Mapping[Hashable, Sequence[str]],
     *,

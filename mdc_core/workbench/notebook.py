@@ -294,7 +294,10 @@ def loss_figure(rows: list[dict[str, Any]], title: str = "training loss"):
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax2 = ax.twinx()
-    ax2.plot(steps, [r["acc_masked"] for r in rows], color="tab:orange", label="masked-token accuracy")
+    from mdc_core.objectives import logged_accuracy
+    accuracy = [logged_accuracy(r) for r in rows]
+    if all(accuracy):
+        ax2.plot(steps, [a[1] for a in accuracy], color="tab:orange", label=accuracy[-1][0])
     ax2.set_ylabel("accuracy", color="tab:orange")
     ax.set_title(title)
     return fig
