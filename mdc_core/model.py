@@ -60,14 +60,20 @@ def select_positions(x: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
     return x[select] if select.dtype == torch.bool else x.flatten(0, 1).index_select(0, select)
 
 
+def unknown_ids(index: torch.Tensor, token_ids: torch.Tensor) -> list[int]:
+    """The distinct ids among `token_ids` (any shape) that the id table `index` (EMBED_SIZE,) has no row for (-1),
+    ascending: the one check behind every "word not in this model's vocabulary" error (inputs, targets, scores)."""
+    missing = index[token_ids] < 0
+    return token_ids[missing].unique().tolist() if bool(missing.any()) else []
+
+
 def lookup_rows(input_index: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Embedding rows (B, L) of token ids `tokens` (B, L); ValueError naming ids outside the corpus table."""
-    rows = input_index[tokens]
-    if bool((rows < 0).any()):
-        unknown = tokens[rows < 0].unique()[:5].tolist()
-        raise ValueError(f"token ids {unknown} are not in this model's corpus vocabulary (it was trained with "
+    unknown = unknown_ids(input_index, tokens)
+    if unknown:
+        raise ValueError(f"token ids {unknown[:5]} are not in this model's corpus vocabulary (it was trained with "
                          "model.output_vocab='corpus'); such words cannot be represented by this model")
-    return rows
+    return input_index[tokens]
 
 
 @dataclass

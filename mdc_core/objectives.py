@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from .clip_model import contrastive_loss
 from .config import ObjectiveConfig
-from .model import Captioner, lookup_rows, padding_mask
+from .model import Captioner, lookup_rows, padding_mask, unknown_ids
 from .registry import condition_transforms, objective_spec
 from .tokenizer import EOT_ID, MASK_ID, SOT_ID
 
@@ -165,12 +165,11 @@ def mask_rates(cfg: ObjectiveConfig, batch: int, generator: torch.Generator | No
 def output_rows(output_index: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """Output-head rows (n,) of target ids (n,) by the table `output_index` (EMBED_SIZE,); ValueError naming ids
     the head has no row for."""
-    rows = output_index[token_ids]
-    if bool((rows < 0).any()):
-        missing = token_ids[rows < 0].unique()[:5].tolist()
-        raise ValueError(f"target token ids {missing} have no row in the model's output vocabulary; the "
+    missing = unknown_ids(output_index, token_ids)
+    if missing:
+        raise ValueError(f"target token ids {missing[:5]} have no row in the model's output vocabulary; the "
                          "corpus vocabulary was built from other captions (rebuild it, or use output_vocab=full)")
-    return rows
+    return output_index[token_ids]
 
 
 def id_tables(model: Any) -> dict[str, torch.Tensor | None]:

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .model import padding_mask
+from .model import padding_mask, unknown_ids
 from .objectives import maskable_positions, trim_padding
 from .precision import inference_autocast
 from .sampler import allowed_rows
@@ -245,9 +245,8 @@ def _check(model: Any, image_tokens: torch.Tensor, tokens: torch.Tensor, method:
         raise ValueError("a caption has no tokens")
     if bool((tokens[caption] == MASK_ID).any()):
         raise ValueError("captions to score may not contain [MASK]")
-    missing = model.output_index[tokens[caption]] < 0
-    if bool(missing.any()):
-        unknown = tokens[caption][missing].unique().tolist()
+    unknown = unknown_ids(model.output_index, tokens[caption])
+    if unknown:
         words = ", ".join(repr(CaptionTokenizer().token_string(i)) for i in unknown[:5])
         more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
         raise ValueError(f"the caption words {words}{more} are not in this model's output vocabulary (it predicts "
