@@ -1,6 +1,6 @@
 """The MDC app (gradio): ``build_app(models) -> gr.Blocks``; run it with ``mdc app --run RUN``.
 
-``app.render`` (chips, heatmap) imports without gradio; ``build_app``/``serve`` import it on first use. Analytics
+``app.render`` (captions, tables) imports without gradio; ``build_app``/``serve`` import it on first use. Analytics
 and telemetry are switched off here, before any submodule imports gradio (no network access is needed).
 """
 

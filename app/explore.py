@@ -22,11 +22,10 @@ import gradio as gr
 import torch
 from PIL import Image
 
-from app import render
 from app.runs import LoadedRun, get_run, user_errors
 from mdc_core.config import SamplerConfig
 from mdc_core.infill import parse_prompt
-from mdc_core.workbench import animation
+from mdc_core.workbench import animation, trajectory_view
 
 MEAN, LAST = "mean", "last"
 MAX_JSON_BYTES = 20 * 2**20
@@ -159,8 +158,8 @@ def load_replay(path: str | None, state: dict | None) -> tuple[dict, Image.Image
     state = {**(state or {}), "record": record, "image": image, "source": f"replay of {name}",
              "prompt": record.get("prompt") or ""}
     info = f"**{html.escape(name)}** (replayed trajectory)" + ("" if image is not None else " &middot; no image inside")
-    return (state, image, info, render.chips_html(record, n), gr.Slider(minimum=0, maximum=n, value=n, step=1),
-            render.heatmap_figure(record), summary, record.get("prompt") or "")
+    return (state, image, info, trajectory_view.chips_html(record, n), gr.Slider(minimum=0, maximum=n, value=n, step=1),
+            trajectory_view.heatmap_figure(record), summary, record.get("prompt") or "")
 
 
 def unmask_prompt_summary(record: dict[str, Any]) -> str:

@@ -4,7 +4,8 @@
 ``mdc app --run RUN``) loads a run and launches it on 127.0.0.1. Every callback is a
 named module-level function of plain values, so tests call them without a server. Per-user data (the image and
 the last trajectory) lives in a ``gr.State`` dict; models live in a process-wide cache keyed by run folder.
-Rendering (chips, heatmap, tables) is in :mod:`app.render`, the model cache in :mod:`app.runs`.
+The trajectory's chips and heatmap are :mod:`mdc_core.workbench.trajectory_view`'s (the notebooks draw with it
+too), the other rendering (captions, tables) is in :mod:`app.render`, the model cache in :mod:`app.runs`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 import typing
 from collections.abc import Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import gradio as gr
@@ -29,6 +31,7 @@ from mdc_core.config import SAMPLER_RANGES, RunConfig, SamplerConfig
 from mdc_core.data import make_example
 from mdc_core.data.transforms import eval_transform, open_image
 from mdc_core.sampler import trajectory
+from mdc_core.workbench import trajectory_view
 
 SCENE_SEED, SCENE_SPLIT, INITIAL_SCENE = 0, "test", 3  # data seed (when the run's is unknown), held-out split
 COMPARE_LENGTHS = (10, 15, 20)
@@ -145,8 +148,9 @@ def run_caption(run_key: str, state: dict | None, *settings: Any) -> tuple[dict,
                f"{n_steps} steps of k = {cfg.tokens_per_step}{explore.unmask_prompt_summary(record)} &middot; "
                f"sampling {record['latency_s'] * 1000:.0f} ms, with image encoding {total * 1000:.0f} ms (CPU)")
     state = {**state, "record": record, "run": run_key}
-    return (state, render.chips_html(record, n_steps), gr.Slider(minimum=0, maximum=n_steps, value=n_steps, step=1),
-            render.heatmap_figure(record), summary)
+    return (state, trajectory_view.chips_html(record, n_steps),
+            gr.Slider(minimum=0, maximum=n_steps, value=n_steps, step=1), trajectory_view.heatmap_figure(record),
+            summary)
 
 
 def show_step(step: float | None, state: dict | None) -> str:
@@ -154,7 +158,7 @@ def show_step(step: float | None, state: dict | None) -> str:
     record = (state or {}).get("record")
     if record is None:
         return ""
-    return render.chips_html(record, min(max(int(step or 0), 0), len(record["steps"])))
+    return trajectory_view.chips_html(record, min(max(int(step or 0), 0), len(record["steps"])))
 
 
 def start_play(state: dict | None) -> tuple[Any, Any]:
@@ -220,7 +224,7 @@ def compare_lengths(run_key: str, arc_key: str | None, state: dict | None, *sett
                 continue
             rec = _unmask(run, image_tokens, dataclasses.replace(cfg, length=length))
             confs = [0.0] * length
-            for r in render.reveal_order(rec):
+            for r in trajectory_view.reveal_order(rec):
                 confs[r["position"]] = r["confidence"]
             rows.append([f"MDC N' = {length}", render.mini_caption_html(rec["tokens"], confs),
                          f"{sum(confs) / length:.3f}", f"{rec['latency_s'] * 1000:.0f}"])
@@ -329,6 +333,27 @@ def build_app(models: Mapping[str, tuple[torch.nn.Module, RunConfig]], *, root: 
     """The app's Blocks from loaded models ``{name or run folder: (model, cfg)}`` (or ``(model, cfg, folder)``: the
     folder a named model was loaded from); run folders under `root` are offered too (loaded on first use).
     `default` names the run selected at start (the first model if None)."""
+    default, choices = _register_models(models, root, default)
+    first = get_run(default)
+    defaults = dataclasses.replace(first.cfg.sampler) if not first.is_arc else SamplerConfig()
+    init = _initial_view(default, initial_scene, defaults)
+    with gr.Blocks(title="MDC: watch a caption being unmasked", delete_cache=DELETE_CACHE) as demo:
+        ui = SimpleNamespace(state=gr.State(init.get("state")),  # per user: {"image", "source", "record", "run"}
+                             root_state=gr.State(str(root) if root else None))
+        gr.Markdown("## Masked diffusion captioning: watch a caption being unmasked\nThe decoder starts from "
+                    "`[MASK] x N'` and, at every step, reveals the masked position it is most confident about.")
+        _input_panel(ui, init, choices, default, defaults, first.cfg.model.context_length - 2, initial_scene)
+        with gr.Tabs():
+            _unmasking_tab(ui, init, first, defaults.length)
+            _compare_tab(ui, choices)
+            _score_tab(ui)
+        _wire_events(ui)
+    return demo
+
+
+def _register_models(models: Mapping[str, tuple[Any, ...]], root: str | Path | None,
+                     default: str | None) -> tuple[str, list[tuple[str, str]]]:
+    """Register the loaded models in the run cache; (the run selected at start, the run menu's choices)."""
     shown = {}
     for key, (model, cfg, *folder) in models.items():  # a run folder is named relative to the root (or cwd)
         shown[key] = os.path.relpath(key, Path(root or os.getcwd()).resolve()) if Path(key).is_absolute() else key
@@ -337,102 +362,111 @@ def build_app(models: Mapping[str, tuple[torch.nn.Module, RunConfig]], *, root: 
     choices = run_choices(root)
     if not choices:
         raise ValueError("the app needs at least one run: pass a loaded model or a root with run folders")
-    default = default or (next(iter(models)) if models else choices[0][1])
-    first = get_run(default)
-    defaults = dataclasses.replace(first.cfg.sampler) if not first.is_arc else SamplerConfig()
-    max_length = first.cfg.model.context_length - 2
-    init = _initial_view(default, initial_scene, defaults)
-    with gr.Blocks(title="MDC: watch a caption being unmasked", delete_cache=DELETE_CACHE) as demo:
-        state = gr.State(init.get("state"))  # per user: {"image", "source", "record" (last trajectory), "run"}
-        root_state = gr.State(str(root) if root else None)
-        gr.Markdown("## Masked diffusion captioning: watch a caption being unmasked\nThe decoder starts from "
-                    "`[MASK] x N'` and, at every step, reveals the masked position it is most confident about.")
+    return default or (next(iter(models)) if models else choices[0][1]), choices
+
+
+def _input_panel(ui: SimpleNamespace, init: dict[str, Any], choices: list[tuple[str, str]], default: str,
+                 defaults: SamplerConfig, max_length: int, initial_scene: int) -> None:
+    """The image (scene or upload) on the left; the run, the sampler settings and the prompt on the right."""
+    with gr.Row():
+        with gr.Column(scale=2, min_width=260):
+            ui.image = gr.Image(init.get("image"), label="image", type="pil", interactive=False, height=256)
+            ui.image_info = gr.Markdown(init.get("info", ""))
+            with gr.Row():
+                ui.scene_btn = gr.Button("new random scene")
+                ui.scene_index = gr.Number(value=initial_scene, precision=0, minimum=0, label="scene #")
+            ui.upload = gr.File(label="or upload an image (PNG, JPEG, WebP)", file_types=list(UPLOAD_TYPES),
+                                type="filepath", height=120)
+        with gr.Column(scale=3):
+            with gr.Row():
+                ui.run = gr.Dropdown(choices, value=default, label="trained run", scale=4)
+                ui.rescan_btn = gr.Button("rescan", scale=1, size="sm")
+            ui.settings = _sampler_inputs(defaults, max_length)
+            ui.prompt = gr.Textbox(label="fix some words (optional): [MASK] or _ marks a word to generate; the "
+                                   "prompt sets N'", placeholder="a [MASK] square on the _", max_lines=1)
+            ui.caption_btn = gr.Button("unmask", variant="primary")
+
+
+def _unmasking_tab(ui: SimpleNamespace, init: dict[str, Any], first: LoadedRun, length: int) -> None:
+    """The step slider and player, the token chips, the attention map, the confidence heatmap, GIF and JSON."""
+    with gr.Tab("Step-by-step unmasking"):
+        ui.summary = gr.Markdown(init.get("summary", ""))
         with gr.Row():
-            with gr.Column(scale=2, min_width=260):
-                image = gr.Image(init.get("image"), label="image", type="pil", interactive=False, height=256)
-                image_info = gr.Markdown(init.get("info", ""))
+            ui.play_btn = gr.Button("\u25b6 play", scale=1, min_width=90)
+            n_steps = init.get("steps", length)
+            ui.step = gr.Slider(0, n_steps, value=n_steps, step=1, label="step", scale=8)
+        layers, heads = explore.layer_choices(first) if not first.is_arc else ([explore.LAST], [explore.MEAN])
+        with gr.Row():
+            ui.chips = gr.HTML(init.get("chips", ""))
+            with gr.Column(scale=0, min_width=270):
+                ui.att_image = gr.Image(init.get("attention"), label="attention", type="pil",
+                                        interactive=False, height=256, width=256)
+                ui.att_label = gr.HTML(init.get("attention_label", ""))
                 with gr.Row():
-                    scene_btn = gr.Button("new random scene")
-                    scene_index = gr.Number(value=initial_scene, precision=0, minimum=0, label="scene #")
-                upload = gr.File(label="or upload an image (PNG, JPEG, WebP)", file_types=list(UPLOAD_TYPES),
-                                 type="filepath", height=120)
-            with gr.Column(scale=3):
-                with gr.Row():
-                    run = gr.Dropdown(choices, value=default, label="trained run", scale=4)
-                    rescan_btn = gr.Button("rescan", scale=1, size="sm")
-                settings = _sampler_inputs(defaults, max_length)
-                prompt = gr.Textbox(label="fix some words (optional): [MASK] or _ marks a word to generate; the "
-                                    "prompt sets N'", placeholder="a [MASK] square on the _", max_lines=1)
-                caption_btn = gr.Button("unmask", variant="primary")
-        with gr.Tabs():
-            with gr.Tab("Step-by-step unmasking"):
-                summary = gr.Markdown(init.get("summary", ""))
-                with gr.Row():
-                    play_btn = gr.Button("\u25b6 play", scale=1, min_width=90)
-                    n_steps = init.get("steps", defaults.length)
-                    step = gr.Slider(0, n_steps, value=n_steps, step=1, label="step", scale=8)
-                layers, heads = explore.layer_choices(first) if not first.is_arc else ([explore.LAST], [explore.MEAN])
-                with gr.Row():
-                    chips = gr.HTML(init.get("chips", ""))
-                    with gr.Column(scale=0, min_width=270):
-                        att_image = gr.Image(init.get("attention"), label="attention", type="pil",
-                                             interactive=False, height=256, width=256)
-                        att_label = gr.HTML(init.get("attention_label", ""))
-                        with gr.Row():
-                            layer = gr.Dropdown(layers, value=explore.LAST, label="layer", min_width=80)
-                            head = gr.Dropdown(heads, value=explore.MEAN, label="head", min_width=80)
-                heatmap = gr.Plot(init.get("heatmap"), label="confidence heatmap: steps x positions", show_label=False)
-                with gr.Row():
-                    gif_btn = gr.Button("GIF of this unmasking", size="sm")
-                    json_btn = gr.Button("save trajectory (JSON)", size="sm")
-                    download = gr.File(label="download", interactive=False, height=80)
-                    replay = gr.File(label="replay a saved trajectory (JSON)", file_types=[".json"], type="filepath",
-                                     height=80)
-                timer = gr.Timer(PLAY_INTERVAL_S, active=False)
-            with gr.Tab("Compare"):
-                arc = gr.Dropdown([("(none)", "")] + choices, value="", label="ARC run (optional)")
-                compare_btn = gr.Button("compare N' = 10 / 15 / 20")
-                compare_out = gr.HTML()
-            with gr.Tab("Score your own captions"):
-                typed = gr.Textbox(lines=4, label="captions, one per line",
-                                   placeholder="a small red circle in the top left\na big blue square")
-                with gr.Row():
-                    methods = gr.CheckboxGroup(SCORE_METHODS, value=["heuristic"], label="scores")
-                    mc_samples = gr.Slider(4, 256, value=32, step=4, label="Monte Carlo samples")
-                score_btn = gr.Button("score")
-                score_out = gr.HTML()
+                    ui.layer = gr.Dropdown(layers, value=explore.LAST, label="layer", min_width=80)
+                    ui.head = gr.Dropdown(heads, value=explore.MEAN, label="head", min_width=80)
+        ui.heatmap = gr.Plot(init.get("heatmap"), label="confidence heatmap: steps x positions", show_label=False)
+        with gr.Row():
+            ui.gif_btn = gr.Button("GIF of this unmasking", size="sm")
+            ui.json_btn = gr.Button("save trajectory (JSON)", size="sm")
+            ui.download = gr.File(label="download", interactive=False, height=80)
+            ui.replay = gr.File(label="replay a saved trajectory (JSON)", file_types=[".json"], type="filepath",
+                                height=80)
+        ui.timer = gr.Timer(PLAY_INTERVAL_S, active=False)
 
-        cap_in, cap_out = [run, state, *settings], [state, chips, step, heatmap, summary]
-        img_out = [state, image, image_info]
-        att_in, att_out = [step, layer, head, state], [att_image, att_label]
 
-        def captioned(event: Any) -> Any:  # after every caption: the attention of the step shown
-            return event.success(run_caption, cap_in, cap_out, api_visibility=PRIVATE).success(
-                explore.attention_view, att_in, att_out, api_visibility=PRIVATE)
+def _compare_tab(ui: SimpleNamespace, choices: list[tuple[str, str]]) -> None:
+    with gr.Tab("Compare"):
+        ui.arc = gr.Dropdown([("(none)", "")] + choices, value="", label="ARC run (optional)")
+        ui.compare_btn = gr.Button("compare N' = 10 / 15 / 20")
+        ui.compare_out = gr.HTML()
 
-        captioned(scene_btn.click(new_scene, [run, state], [scene_index, *img_out], api_name="new_scene"))
-        captioned(scene_index.submit(show_scene, [scene_index, run, state], img_out, api_name="show_scene"))
-        captioned(upload.upload(load_upload, [upload, state], img_out, api_name="upload"))
-        for new_image in (scene_btn.click, scene_index.submit, upload.upload):  # the prompt went with the old image
-            new_image(explore.clear_prompt, None, [prompt], api_visibility=PRIVATE)
-        caption_btn.click(explore.set_prompt, [prompt, state], [state], api_visibility=PRIVATE).success(
-            run_caption, cap_in, cap_out, api_name="caption").success(explore.attention_view, att_in, att_out,
-                                                                      api_visibility=PRIVATE)
-        captioned(prompt.submit(explore.set_prompt, [prompt, state], [state], api_visibility=PRIVATE))
-        captioned(run.change(on_run_change, [run], [settings[0]], api_visibility=PRIVATE))
-        run.change(explore.reload_run, [run], [layer, head], api_visibility=PRIVATE)
-        rescan_btn.click(rescan_runs, [root_state, run], [run], api_visibility=PRIVATE)
-        step.change(show_step, [step, state], [chips], api_name="step", show_progress="hidden")
-        step.change(explore.attention_view, att_in, att_out, api_visibility=PRIVATE, show_progress="hidden")
-        layer.change(explore.attention_view, att_in, att_out, api_visibility=PRIVATE)
-        head.change(explore.attention_view, att_in, att_out, api_visibility=PRIVATE)
-        gif_btn.click(explore.save_gif, [state, layer, head], [download], api_name="gif")
-        json_btn.click(explore.save_json, [state], [download], api_name="save_json")
-        replay.upload(explore.load_replay, [replay, state], [state, image, image_info, chips, step, heatmap, summary,
-                                                            prompt], api_name="replay").success(
+
+def _score_tab(ui: SimpleNamespace) -> None:
+    with gr.Tab("Score your own captions"):
+        ui.typed = gr.Textbox(lines=4, label="captions, one per line",
+                              placeholder="a small red circle in the top left\na big blue square")
+        with gr.Row():
+            ui.methods = gr.CheckboxGroup(SCORE_METHODS, value=["heuristic"], label="scores")
+            ui.mc_samples = gr.Slider(4, 256, value=32, step=4, label="Monte Carlo samples")
+        ui.score_btn = gr.Button("score")
+        ui.score_out = gr.HTML()
+
+
+def _wire_events(ui: SimpleNamespace) -> None:
+    """Connect every control to its callback (the module-level functions above and :mod:`app.explore`)."""
+    cap_in, cap_out = [ui.run, ui.state, *ui.settings], [ui.state, ui.chips, ui.step, ui.heatmap, ui.summary]
+    img_out = [ui.state, ui.image, ui.image_info]
+    att_in, att_out = [ui.step, ui.layer, ui.head, ui.state], [ui.att_image, ui.att_label]
+
+    def captioned(event: Any) -> Any:  # after every caption: the attention of the step shown
+        return event.success(run_caption, cap_in, cap_out, api_visibility=PRIVATE).success(
             explore.attention_view, att_in, att_out, api_visibility=PRIVATE)
-        play_btn.click(start_play, [state], [step, timer], api_visibility=PRIVATE)
-        timer.tick(play_tick, [step, state], [step, timer], api_visibility=PRIVATE, show_progress="hidden")
-        compare_btn.click(compare_lengths, [run, arc, state, *settings], [compare_out], api_name="compare")
-        score_btn.click(score_own, [run, state, typed, methods, mc_samples], [score_out], api_name="score")
-    return demo
+
+    captioned(ui.scene_btn.click(new_scene, [ui.run, ui.state], [ui.scene_index, *img_out], api_name="new_scene"))
+    captioned(ui.scene_index.submit(show_scene, [ui.scene_index, ui.run, ui.state], img_out, api_name="show_scene"))
+    captioned(ui.upload.upload(load_upload, [ui.upload, ui.state], img_out, api_name="upload"))
+    for new_image in (ui.scene_btn.click, ui.scene_index.submit, ui.upload.upload):  # the prompt went with the image
+        new_image(explore.clear_prompt, None, [ui.prompt], api_visibility=PRIVATE)
+    ui.caption_btn.click(explore.set_prompt, [ui.prompt, ui.state], [ui.state], api_visibility=PRIVATE).success(
+        run_caption, cap_in, cap_out, api_name="caption").success(explore.attention_view, att_in, att_out,
+                                                                  api_visibility=PRIVATE)
+    captioned(ui.prompt.submit(explore.set_prompt, [ui.prompt, ui.state], [ui.state], api_visibility=PRIVATE))
+    captioned(ui.run.change(on_run_change, [ui.run], [ui.settings[0]], api_visibility=PRIVATE))
+    ui.run.change(explore.reload_run, [ui.run], [ui.layer, ui.head], api_visibility=PRIVATE)
+    ui.rescan_btn.click(rescan_runs, [ui.root_state, ui.run], [ui.run], api_visibility=PRIVATE)
+    ui.step.change(show_step, [ui.step, ui.state], [ui.chips], api_name="step", show_progress="hidden")
+    ui.step.change(explore.attention_view, att_in, att_out, api_visibility=PRIVATE, show_progress="hidden")
+    ui.layer.change(explore.attention_view, att_in, att_out, api_visibility=PRIVATE)
+    ui.head.change(explore.attention_view, att_in, att_out, api_visibility=PRIVATE)
+    ui.gif_btn.click(explore.save_gif, [ui.state, ui.layer, ui.head], [ui.download], api_name="gif")
+    ui.json_btn.click(explore.save_json, [ui.state], [ui.download], api_name="save_json")
+    ui.replay.upload(explore.load_replay, [ui.replay, ui.state], [ui.state, ui.image, ui.image_info, ui.chips, ui.step,
+                                                                  ui.heatmap, ui.summary, ui.prompt],
+                     api_name="replay").success(explore.attention_view, att_in, att_out, api_visibility=PRIVATE)
+    ui.play_btn.click(start_play, [ui.state], [ui.step, ui.timer], api_visibility=PRIVATE)
+    ui.timer.tick(play_tick, [ui.step, ui.state], [ui.step, ui.timer], api_visibility=PRIVATE, show_progress="hidden")
+    ui.compare_btn.click(compare_lengths, [ui.run, ui.arc, ui.state, *ui.settings], [ui.compare_out],
+                         api_name="compare")
+    ui.score_btn.click(score_own, [ui.run, ui.state, ui.typed, ui.methods, ui.mc_samples], [ui.score_out],
+                       api_name="score")

@@ -142,12 +142,13 @@ def cmd_profile(args: argparse.Namespace) -> None:
     from mdc_core.data import build_loader
     from mdc_core.objectives import compute_loss
     from mdc_core.tokenizer import CaptionTokenizer
-    from mdc_core.train import build_model, param_groups
+    from mdc_core.train import init_model, param_groups
 
     torch.set_num_threads(args.threads)
     cfg = load_preset(args.preset, [f"data.path={args.data}", *args.set])
     torch.manual_seed(0)
-    model = build_model(cfg).train()
+    model, cfg = init_model(cfg)
+    model.train()
     opt = torch.optim.AdamW(param_groups(model, cfg.train.weight_decay), lr=cfg.train.lr)
     tok, gen = CaptionTokenizer(cfg.model.context_length), torch.Generator().manual_seed(0)
     batches = iter(build_loader(cfg.data, split="train", image_size=cfg.model.image_size,
@@ -213,7 +214,7 @@ def cmd_probe(args: argparse.Namespace) -> None:
     from mdc_core.checkpoint import list_checkpoints, load_model
     from mdc_core.config import RunConfig
     from mdc_core.eval.probe_data import extract_features, open_probe_dataset
-    from mdc_core.train import build_model
+    from mdc_core.train import init_model
 
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", category=UserWarning)
@@ -222,7 +223,7 @@ def cmd_probe(args: argparse.Namespace) -> None:
     for run in map(Path, args.run):
         cfg = RunConfig.load(run / "config.json")
         torch.manual_seed(cfg.train.seed + 1000)  # an untrained model of the same architecture
-        models = [(0, build_model(cfg).eval())]
+        models = [(0, init_model(cfg)[0].eval())]
         ckpts = list_checkpoints(run)
         chosen = ckpts if not args.steps else [c for c in ckpts if int(c.name.split("_")[-1]) in args.steps]
         models += [(int(c.name.split("_")[-1]), c) for c in chosen]

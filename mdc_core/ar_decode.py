@@ -14,7 +14,7 @@ by ``length ** length_penalty`` (0 = raw sum, the default; 1 = mean per token), 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -84,6 +84,30 @@ def _lengths(tokens: torch.Tensor) -> torch.Tensor:
     return torch.where(is_eot.any(dim=1), is_eot.int().argmax(dim=1), tokens.shape[1])
 
 
+@dataclass
+class _Finished:
+    """The finished hypotheses of one image, at most W kept, best first, as (normalised score, ids, log-probs);
+    `done` once none of the image's live beams can beat the worst of W finished ones."""
+
+    width: int
+    length_penalty: float
+    best: list[tuple[float, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    done: bool = False
+
+    def norm(self, score: float, length: int) -> float:
+        return score / length ** self.length_penalty
+
+    def add(self, score: float, length: int, ids: torch.Tensor, lps: torch.Tensor) -> None:
+        self.best.append((self.norm(score, length), ids, lps))
+
+    def trim_and_close(self, best_live: float, length: int) -> None:
+        """Keep the W best; done when W are finished and the best live beam (score `best_live`) cannot beat them."""
+        self.best.sort(key=lambda h: -h[0])
+        del self.best[self.width:]
+        if not self.done and len(self.best) == self.width:
+            self.done = best_live == float("-inf") or self.norm(best_live, length) <= self.best[-1][0]
+
+
 @torch.no_grad()
 def beam_search(model: Captioner, image_tokens: torch.Tensor, *, beam_size: int = 6, length_penalty: float = 0.0,
                 max_tokens: int | None = None) -> ARDecodeOutput:
@@ -106,62 +130,57 @@ def beam_search(model: Captioner, image_tokens: torch.Tensor, *, beam_size: int 
     hist_lp = torch.zeros(B * W, 0, device=device)  # (B*W, t) and their log-probs
     beam_score = torch.full((B, W), float("-inf"), device=device)
     beam_score[:, 0] = 0.0  # one live beam at the start, so the first step does not pick W copies
-    finished: list[list[tuple[float, torch.Tensor, torch.Tensor]]] = [[] for _ in range(B)]
-    done = [False] * B
-
-    def norm(score: float, length: int) -> float:
-        return score / length ** length_penalty
-
+    finished = [_Finished(W, length_penalty) for _ in range(B)]
     for t in range(max_tokens):
         logp = _next_logprobs(model, last, cache, past)  # (B*W, V)
-        V = logp.shape[-1]
-        total = (beam_score.view(-1, 1) + logp).view(B, W * V)  # (B, W*V)
-        top_score, top_idx = total.topk(min(2 * W, W * V), dim=-1)  # (B, 2W)
-        src, row = top_idx // V, top_idx % V  # beam within the image, head row
-        tok = model.output_ids[row]
-        new_src = torch.zeros(B, W, dtype=torch.long, device=device)
-        new_tok = torch.full((B, W), PAD_ID, dtype=torch.long, device=device)
-        new_score = torch.full((B, W), float("-inf"), device=device)
-        top_score_l, src_l, row_l, tok_l = top_score.tolist(), src.tolist(), row.tolist(), tok.tolist()
-        for b in range(B):
-            kept = 0
-            for j in range(len(tok_l[b])):
-                score, beam = top_score_l[b][j], b * W + src_l[b][j]
-                if score == float("-inf") or kept == W:
-                    break
-                if done[b]:
-                    break
-                step_lp = logp[beam, row_l[b][j]]
-                if tok_l[b][j] == EOT_ID:
-                    if j < W:  # an <eot> below the W best extensions never beats those
-                        finished[b].append((norm(score, t + 1), torch.cat([hist[beam], hist.new_tensor([EOT_ID])]),
-                                            torch.cat([hist_lp[beam], step_lp.view(1)])))
-                    continue
-                new_src[b, kept], new_tok[b, kept], new_score[b, kept] = src_l[b][j], tok_l[b][j], score
-                kept += 1
-            finished[b].sort(key=lambda h: -h[0])
-            del finished[b][W:]
-            if not done[b] and len(finished[b]) == W:
-                best_live = float(new_score[b].max())
-                done[b] = best_live == float("-inf") or norm(best_live, t + 1) <= finished[b][-1][0]
+        new_src, new_tok, beam_score = _extend(model, logp, beam_score, finished, hist, hist_lp, t)  # (B, W) each
         beams = (torch.arange(B, device=device)[:, None] * W + new_src).view(-1)  # (B*W,) source beam rows
         rows = model.output_index[new_tok.view(-1)].clamp(min=0)
         hist = torch.cat([hist[beams], new_tok.view(-1, 1)], dim=1)
         hist_lp = torch.cat([hist_lp[beams], logp[beams, rows].view(-1, 1)], dim=1)
-        beam_score = new_score
-        if all(done):
+        if all(f.done for f in finished):
             break
         for layer_past in past:
             layer_past[:] = [layer_past[0][beams], layer_past[1][beams]]
         last = new_tok.view(-1, 1)
-    for b in range(B):  # beams still live at the length limit finish without <eot>
-        if not done[b]:
+    for b, f in enumerate(finished):  # beams still live at the length limit finish without <eot>
+        if not f.done:
             for w in range(W):
-                score = float(beam_score[b, w])
-                if score > float("-inf"):
-                    finished[b].append((norm(score, hist.shape[1]), hist[b * W + w], hist_lp[b * W + w]))
-            finished[b].sort(key=lambda h: -h[0])
-    return _pack([finished[b][0] for b in range(B)], device)
+                if float(beam_score[b, w]) > float("-inf"):
+                    f.add(float(beam_score[b, w]), hist.shape[1], hist[b * W + w], hist_lp[b * W + w])
+            f.best.sort(key=lambda h: -h[0])
+    return _pack([f.best[0] for f in finished], device)
+
+
+def _extend(model: Captioner, logp: torch.Tensor, beam_score: torch.Tensor, finished: list[_Finished],
+            hist: torch.Tensor, hist_lp: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One beam-search step: of the 2W best extensions of each image's live beams (log-probs `logp` (B*W, V),
+    scores `beam_score` (B, W)), those ending in ``<eot>`` finish (among the W best only), the W best others live
+    on. Returns their source beam, token and score, each (B, W) (-inf score for empty slots)."""
+    (B, W), V, device = beam_score.shape, logp.shape[-1], logp.device
+    total = (beam_score.view(-1, 1) + logp).view(B, W * V)  # (B, W*V)
+    top_score, top_idx = total.topk(min(2 * W, W * V), dim=-1)  # (B, 2W)
+    src, row = top_idx // V, top_idx % V  # beam within the image, head row
+    tok = model.output_ids[row]
+    new_src = torch.zeros(B, W, dtype=torch.long, device=device)
+    new_tok = torch.full((B, W), PAD_ID, dtype=torch.long, device=device)
+    new_score = torch.full((B, W), float("-inf"), device=device)
+    top_score_l, src_l, row_l, tok_l = top_score.tolist(), src.tolist(), row.tolist(), tok.tolist()
+    for b, f in enumerate(finished):
+        kept = 0
+        for j in range(len(tok_l[b])):
+            score, beam = top_score_l[b][j], b * W + src_l[b][j]
+            if score == float("-inf") or kept == W or f.done:
+                break
+            if tok_l[b][j] == EOT_ID:
+                if j < W:  # an <eot> below the W best extensions never beats those
+                    f.add(score, t + 1, torch.cat([hist[beam], hist.new_tensor([EOT_ID])]),
+                          torch.cat([hist_lp[beam], logp[beam, row_l[b][j]].view(1)]))
+                continue
+            new_src[b, kept], new_tok[b, kept], new_score[b, kept] = src_l[b][j], tok_l[b][j], score
+            kept += 1
+        f.trim_and_close(float(new_score[b].max()), t + 1)
+    return new_src, new_tok, new_score
 
 
 def _pack(best: list[tuple[float, torch.Tensor, torch.Tensor]], device: torch.device) -> ARDecodeOutput:

@@ -26,8 +26,8 @@ from torch import nn
 
 from .config import ModelConfig
 from .encoders import ImageEncoder
-from .model import corpus_input_index, lookup_rows
-from .tokenizer import EMBED_SIZE, EOT_ID, VOCAB_SIZE
+from .model import corpus_input_index, lookup_rows, vocabulary_ids
+from .tokenizer import EMBED_SIZE, EOT_ID
 
 LOGIT_SCALE_INIT = math.log(1 / 0.07)  # CLIP's initial temperature 0.07
 LOGIT_SCALE_MAX = math.log(100.0)  # CLIP clips the learned scale exp(s) at 100
@@ -48,15 +48,8 @@ class CLIPModel(nn.Module):
                              "TextTransformer has no dropout); set model.dropout=0 for objective 'clip'")
         self.cfg = cfg
         self.restricted = cfg.output_vocab == "corpus"
-        if vocab_ids is None:
-            if self.restricted:
-                if cfg.output_vocab_size <= 0:
-                    raise ValueError("model.output_vocab='corpus' needs vocab_ids (or output_vocab_size to "
-                                     "allocate them before loading a checkpoint)")
-                vocab_ids = torch.zeros(cfg.output_vocab_size, dtype=torch.long)  # filled by load_state_dict
-            else:
-                vocab_ids = torch.arange(VOCAB_SIZE)
-        self.register_buffer("vocab_ids", vocab_ids.clone().long())  # (V,) corpus token ids (saved)
+        vocab_ids = vocabulary_ids(cfg, vocab_ids, "vocab_ids")
+        self.register_buffer("vocab_ids", vocab_ids)  # (V,) corpus token ids (saved)
         self._refresh_input_index()
         self.encoder = ImageEncoder(cfg)
         n_rows = len(vocab_ids) + 3 if self.restricted else EMBED_SIZE
@@ -166,7 +159,7 @@ def contrastive_loss(model: CLIPModel, images: torch.Tensor, tokens: torch.Tenso
 
     Under torch.distributed the features of all ranks are gathered (with gradients; each rank scores its own
     rows against all, open_clip's ``local_loss``), so the negatives are the global batch as in CLIP.
-    Returns (loss, metrics); ``acc_masked`` is the in-batch retrieval accuracy (mean of image->text and
+    Returns (loss, metrics); ``acc_retrieval`` is the in-batch retrieval accuracy (mean of image->text and
     text->image top-1), named like the captioners' token accuracy so the trainer logs it in the same column.
     `rows`: the tokens' embedding rows, checked by the caller (see :meth:`CLIPModel.encode_text`).
     """
@@ -183,6 +176,6 @@ def contrastive_loss(model: CLIPModel, images: torch.Tensor, tokens: torch.Tenso
         target = torch.arange(len(logits), device=logits.device)
         i2t = (logits.argmax(dim=1) == target).float().mean()
         t2i = (logits.argmax(dim=0) == target).float().mean()
-    metrics = {"loss": loss.detach(), "acc_masked": (i2t + t2i) / 2, "acc_i2t": i2t, "acc_t2i": t2i,
+    metrics = {"loss": loss.detach(), "acc_retrieval": (i2t + t2i) / 2, "acc_i2t": i2t, "acc_t2i": t2i,
                "logit_scale": scale.detach()}
     return loss, metrics

@@ -7,34 +7,29 @@ the dataclass defaults, which are the paper's ViT-B/32 settings (appendix A, Tab
 
 Loading is strict: an unknown key, a value of the wrong type or a cross-field contradiction raises
 :class:`ConfigError` (a ``ValueError``) naming the key. Nothing is silently ignored.
+
+Plug-ins add keys to the objective section (:func:`mdc_core.registry.register_settings`): the loader knows them
+once the plug-ins are loaded (on first use), reads and writes them among the section's own keys, and a key no
+loaded plug-in owns is unknown like any other.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib
 import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import registry
+
 PRESET_DIR = Path(__file__).parent / "presets"
 
 # Name tables (torch-free, so the command line imports them instead of copying them)
-OBJECTIVE_NAMES = ("mdc", "mdc_no_t", "bert", "parallel", "arc", "clip", "d3pm")  # rows of objectives.OBJECTIVES
-GUIDANCE_TRAINING_MODES = ("none", "cfg", "mcs")  # objective.guidance: condition corruption while training
-GUIDANCE_MODES = ("none", "cfg", "mcs", "mcs_cfg")  # sampling: "none" + masked_conditional.guidance.GUIDANCE_FORMS
 SCORE_METHODS = ("heuristic", "mc", "ar")  # caption likelihood scores: the rows of scoring.METHODS
 PRECISIONS = ("auto", "fp32", "bf16")  # train.precision and inference --precision (mdc_core.precision)
-
-
-def resolve_ref(ref: str) -> Any:
-    """The object a ``"package.module:attribute"`` string names, importing the module on first use: how the
-    core's tables name extension code (the VQ encoders, the D3PM loss) without importing it."""
-    module, _, attr = ref.partition(":")
-    return getattr(importlib.import_module(module), attr)
 
 
 class ConfigError(ValueError):
@@ -78,36 +73,43 @@ class ModelConfig:
 class ObjectiveConfig:
     """Training objective. `name` picks a row of the objective table in `mdc_core.objectives`."""
 
-    name: str = "mdc"  # mdc | mdc_no_t | bert | parallel | arc | clip | d3pm
+    name: str = "mdc"  # a row of the objective table: mdc | mdc_no_t | bert | parallel | arc | clip | a plug-in's
     t_low: float = 0.5  # MDC: lower end w_l of t ~ U[w_l, w_u] (paper default 0.5)
     t_high: float = 1.0  # MDC: upper end w_u
     mask_ratio: float = 0.15  # bert: fixed masking ratio r (parallel forces r = 1)
     normalization: str = "per_token"  # per_token (MDLM NELBO / all valid tokens) | per_sequence (CapPa-style)
     antithetic_t: bool = False  # stratified (low-discrepancy) t across the batch, as MDLM's _sample_t
     min_one_masked: bool = False  # force >= 1 masked token per caption (biased; default keeps the estimator unbiased)
-    d3pm_steps: int = 100  # d3pm: T, discrete diffusion steps of the mask-and-replace process (MC-Diffusion: 100)
-    d3pm_aux_weight: float = 0.01  # d3pm: weight lambda of the auxiliary x_0 cross-entropy added to the VLB term
-    guidance: str = "none"  # train for guided sampling: none | cfg (drop the whole image condition) | mcs (mask)
-    p_cond: float = 0.1  # cfg/mcs: fraction of examples whose condition is dropped (cfg) or partially masked (mcs)
-    p_mask: float = 0.1  # mcs: probability that each image token of such an example is masked
+    # the keys plug-ins add to this section (registry.register_settings): one settings object per plug-in, read as
+    # attributes of the section (cfg.objective.<key>) and saved among its keys; not a key itself
+    plugins: dict[str, Any] = field(default_factory=lambda: _plugin_settings("objective"), repr=False,
+                                    metadata={"plugin_settings": "objective"})
+
+    def __getattr__(self, name: str) -> Any:  # only called for names that are not fields: a plug-in's keys
+        if not name.startswith("_"):
+            for settings in self.__dict__.get("plugins", {}).values():
+                if name in settings.__dataclass_fields__:
+                    return getattr(settings, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ObjectiveConfig:
+        """The validated section from its keys (plug-ins' keys included), as a config file spells them."""
+        section: ObjectiveConfig = _build(cls, data, "objective.")
+        section.validate()
+        return section
 
     def validate(self) -> None:
-        _choice(self, "name", OBJECTIVE_NAMES)
-        _choice(self, "guidance", GUIDANCE_TRAINING_MODES)
-        if self.guidance != "none" and self.name == "clip":
-            raise ConfigError("objective.guidance applies to captioners; the clip objective has no image condition")
-        _positive(self, "d3pm_steps")
-        if self.d3pm_aux_weight < 0:
-            raise ConfigError(f"objective.d3pm_aux_weight must be >= 0, got {self.d3pm_aux_weight}")
-        if not (0.0 <= self.p_cond <= 1.0 and 0.0 <= self.p_mask <= 1.0):
-            raise ConfigError(f"objective.p_cond and objective.p_mask must be in [0, 1], got {self.p_cond}, "
-                              f"{self.p_mask}")
+        _choice(self, "name", registry.objective_names())
         _choice(self, "normalization", ("per_token", "per_sequence"))
         if not 0.0 <= self.t_low < self.t_high <= 1.0:
             raise ConfigError(f"objective.t_low/t_high must satisfy 0 <= t_low < t_high <= 1, "
                               f"got [{self.t_low}, {self.t_high}]")
         if not 0.0 < self.mask_ratio <= 1.0:
             raise ConfigError(f"objective.mask_ratio must be in (0, 1], got {self.mask_ratio}")
+        for settings in self.plugins.values():
+            if hasattr(settings, "validate"):
+                settings.validate(self)
 
 
 @dataclass
@@ -236,7 +238,8 @@ class RunConfig:
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return json.loads(json.dumps(dataclasses.asdict(self)))  # tuples -> lists, a plain JSON tree
+        """A plain JSON tree (tuples as lists), the plug-ins' keys among those of their section."""
+        return json.loads(json.dumps(_plain(self)))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
@@ -305,19 +308,54 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
 # strict construction
 
 
+def _plugin_settings(section: str) -> dict[str, Any]:
+    """One default settings object per dataclass the plug-ins registered for config section `section`."""
+    return {_settings_key(cls): cls() for cls in registry.settings_for(section)}
+
+
+def _settings_key(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _plain(obj: Any) -> Any:
+    """``dataclasses.asdict`` of a config, with each section's plug-in settings merged into its keys."""
+    if not dataclasses.is_dataclass(obj):
+        return obj
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if "plugin_settings" in f.metadata:
+            for settings in value.values():
+                out.update(dataclasses.asdict(settings))
+        else:
+            out[f.name] = _plain(value)
+    return out
+
+
 def _build(cls: type, data: Any, prefix: str) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or 'config'} must be a JSON object, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    fields = dataclasses.fields(cls)
+    names = [f.name for f in fields if "plugin_settings" not in f.metadata]
+    plugins: dict[type, dict[str, Any]] = {settings: {} for f in fields if "plugin_settings" in f.metadata
+                                           for settings in registry.settings_for(f.metadata["plugin_settings"])}
+    owner = {name: settings for settings in plugins for name in settings.__dataclass_fields__}
     kwargs = {}
     for key, value in data.items():
         where = f"{prefix}{key}"
+        if key in owner:
+            plugins[owner[key]][key] = value
+            continue
         if key not in names:
-            close = difflib.get_close_matches(key, names, n=1)
-            hint = f"; did you mean {prefix}{close[0]!r}?" if close else f"; known keys: {', '.join(names)}"
+            known = [*names, *owner]
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean {prefix}{close[0]!r}?" if close else f"; known keys: {', '.join(known)}"
             raise ConfigError(f"unknown config key {where!r}{hint}")
         kwargs[key] = _coerce(hints[key], value, where)
+    for f in fields:
+        if "plugin_settings" in f.metadata:
+            kwargs[f.name] = {_settings_key(s): _build(s, keys, prefix) for s, keys in plugins.items()}
     return cls(**kwargs)
 
 

@@ -1,7 +1,7 @@
 """The trained encoder outside the workbench: its description for plain timm, and :func:`load_encoder`.
 
 Downstream code (a probe, a detector, a retrieval index) wants the encoder, not the captioner. Two folder formats
-carry it out (``mdc export``, :mod:`mdc_core.workbench.export` writes them):
+carry it out (``mdc export`` writes them):
 
 * **timm** (``--format timm``): ``model.safetensors`` with timm's own key names and a ``config.json`` in timm's hub
   layout (``architecture``, ``model_args``, ``pretrained_cfg``). Plain timm rebuilds it with no project code:
@@ -62,10 +62,11 @@ def timm_spec(cfg: ModelConfig, pool: str, trunk: Any) -> TimmSpec:
     tells whether it is a ViT, whose timm pooling can be set to the probe feature.
 
     Raises ValueError (one line, pointing to ``--format hf``) for an encoder that is not a timm architecture: the
-    early-convolution stem (``model.encoder_kwargs.conv_stem``) or a row of :data:`mdc_core.encoders.ENCODERS`.
+    early-convolution stem (``model.encoder_kwargs.conv_stem``) or a plug-in's encoder
+    (:data:`mdc_core.registry.ENCODERS`).
     """
-    from .encoders import ENCODERS
-    if cfg.encoder in ENCODERS:
+    from .registry import encoder_builder
+    if encoder_builder(cfg.encoder) is not None:
         raise ValueError(f"encoder {cfg.encoder!r} is not a timm model, so plain timm cannot load it; export with "
                          "--format hf instead (loads with mdc_core.load_encoder)")
     stem = [k for k in STEM_KEYS if k in cfg.encoder_kwargs]
@@ -154,8 +155,8 @@ def load_encoder(path: str | Path, *, device: str = "cpu", ema: bool | None = No
         ema = (resolve_checkpoint(path) / "ema.safetensors").is_file()
     model, run = load_model(path, device=device, ema=ema)
     if not isinstance(model.encoder, ImageEncoder):
-        raise ValueError(f"{path}: encoder {run.model.encoder!r} is not a timm image encoder (a frozen tokenizer of "
-                         "MC-Diffusion); load_encoder returns learned timm encoders only")
+        raise ValueError(f"{path}: encoder {run.model.encoder!r} is not a timm image encoder (a plug-in's encoder); "
+                         "load_encoder returns learned timm encoders only")
     trunk = model.encoder.trunk
     pooling = pool_args(trunk, probe_pool(run.objective.name))
     if pooling:

@@ -1,9 +1,8 @@
 """Image encoders: any timm model as a token-sequence encoder, the optional early-convolution stem, local weights.
 
 :class:`ImageEncoder` is a thin adapter around ``timm.create_model`` (as open_clip's ``TimmModel``): images
-(B, 3, H, W) -> tokens (B, M, D). :data:`ENCODERS` names the non-timm encoders (the VQ encoders of MC-Diffusion)
-as ``"module:attr"`` strings, resolved only when a config asks for one, so importing the core never imports the
-extension.
+(B, 3, H, W) -> tokens (B, M, D). Other encoders are rows plug-ins add to :data:`mdc_core.registry.ENCODERS`
+(:func:`~mdc_core.registry.register_encoder`), chosen by ``model.encoder`` like a timm name.
 """
 
 from __future__ import annotations
@@ -18,7 +17,8 @@ import torch
 from timm.models.vision_transformer_hybrid import HybridEmbed
 from torch import nn
 
-from .config import ModelConfig, resolve_ref
+from . import registry
+from .config import ModelConfig
 
 
 class ConvStem(nn.Sequential):
@@ -108,19 +108,10 @@ class ImageEncoder(nn.Module):
         return tokens[:, self.num_prefix_tokens:].mean(dim=1)
 
 
-# encoder options besides timm (the default for any other model.encoder value): name -> "module:class", the class
-# built from ModelConfig; resolved on use (the VQ encoders belong to the MC-Diffusion extension)
-ENCODERS: dict[str, str] = {
-    "vqvae": "mdc_core.masked_conditional.vqvae:VQImageEncoder",  # discrete image tokens of a frozen VQ-VAE
-    "vqgan": "mdc_core.masked_conditional.vqgan:DiffusersVQEncoder",  # the same from a local diffusers VQModel
-}
-
-
 def build_image_encoder(cfg: ModelConfig) -> nn.Module:
-    """The image encoder of `cfg`: a row of :data:`ENCODERS`, else the timm model named ``cfg.encoder``."""
-    if cfg.encoder in ENCODERS:
-        return resolve_ref(ENCODERS[cfg.encoder])(cfg)
-    return ImageEncoder(cfg)
+    """The image encoder of `cfg`: a plug-in's encoder of that name, else the timm model named ``cfg.encoder``."""
+    build = registry.encoder_builder(cfg.encoder)
+    return ImageEncoder(cfg) if build is None else build(cfg)
 
 
 def load_encoder_weights(trunk: nn.Module, path: str | Path) -> None:

@@ -1,7 +1,7 @@
 """One place that turns (model config, objective) into a model: the trainer and the checkpoint loader both call
 :func:`create_model`, so every objective's run saves and loads the same way (safetensors + ``config.json``).
 
-The objective table (:data:`mdc_core.objectives.OBJECTIVES`) names each objective's model family; the families
+The objective table (:data:`mdc_core.registry.OBJECTIVES`) names each objective's model family; the families
 are the rows of :data:`MODELS`.
 """
 
@@ -15,7 +15,7 @@ from torch import nn
 from .clip_model import CLIPModel
 from .config import ModelConfig, RunConfig
 from .model import Captioner
-from .objectives import ObjectiveSpec, objective_spec
+from .registry import ObjectiveSpec, objective_spec
 
 MODELS: dict[str, Callable[[ModelConfig, ObjectiveSpec, torch.Tensor | None], nn.Module]] = {
     "captioner": lambda cfg, spec, ids: Captioner(cfg, causal=spec.causal, output_ids=ids),

@@ -30,6 +30,19 @@ def padding_mask(tokens: torch.Tensor) -> torch.Tensor:
     return (torch.cumsum(is_eot.int(), dim=1) - is_eot.int()) > 0
 
 
+def vocabulary_ids(cfg: ModelConfig, ids: torch.Tensor | None, name: str) -> torch.Tensor:
+    """The (V,) token ids a model's vocabulary table holds: `ids` as given, else every id (``output_vocab="full"``),
+    else zeros of ``output_vocab_size`` for a checkpoint to fill. `name` is the argument that passes `ids`."""
+    if ids is not None:
+        return ids.clone().long()
+    if cfg.output_vocab != "corpus":
+        return torch.arange(VOCAB_SIZE)
+    if cfg.output_vocab_size <= 0:
+        raise ValueError(f"model.output_vocab='corpus' needs {name} (or output_vocab_size to allocate them before "
+                         "loading a checkpoint)")
+    return torch.zeros(cfg.output_vocab_size, dtype=torch.long)  # filled by load_state_dict
+
+
 def corpus_input_index(ids: torch.Tensor) -> torch.Tensor:
     """(EMBED_SIZE,) token id -> embedding row for a corpus-restricted table: rows ``ids`` in order, then
     ``<sot>``, ``[MASK]``, pad; -1 for ids the model never saw."""
@@ -47,14 +60,20 @@ def select_positions(x: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
     return x[select] if select.dtype == torch.bool else x.flatten(0, 1).index_select(0, select)
 
 
+def unknown_ids(index: torch.Tensor, token_ids: torch.Tensor) -> list[int]:
+    """The distinct ids among `token_ids` (any shape) that the id table `index` (EMBED_SIZE,) has no row for (-1),
+    ascending: the one check behind every "word not in this model's vocabulary" error (inputs, targets, scores)."""
+    missing = index[token_ids] < 0
+    return token_ids[missing].unique().tolist() if bool(missing.any()) else []
+
+
 def lookup_rows(input_index: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Embedding rows (B, L) of token ids `tokens` (B, L); ValueError naming ids outside the corpus table."""
-    rows = input_index[tokens]
-    if bool((rows < 0).any()):
-        unknown = tokens[rows < 0].unique()[:5].tolist()
-        raise ValueError(f"token ids {unknown} are not in this model's corpus vocabulary (it was trained with "
+    unknown = unknown_ids(input_index, tokens)
+    if unknown:
+        raise ValueError(f"token ids {unknown[:5]} are not in this model's corpus vocabulary (it was trained with "
                          "model.output_vocab='corpus'); such words cannot be represented by this model")
-    return rows
+    return input_index[tokens]
 
 
 @dataclass
@@ -228,15 +247,8 @@ class Captioner(nn.Module):
         cfg.validate()
         self.cfg = cfg
         self.causal = causal
-        if output_ids is None:
-            if cfg.output_vocab == "corpus":
-                if cfg.output_vocab_size <= 0:
-                    raise ValueError("model.output_vocab='corpus' needs output_ids (or output_vocab_size to "
-                                     "allocate them before loading a checkpoint)")
-                output_ids = torch.zeros(cfg.output_vocab_size, dtype=torch.long)  # filled by load_state_dict
-            else:
-                output_ids = torch.arange(VOCAB_SIZE)
-        self.register_buffer("output_ids", output_ids.clone().long())  # (V_out,) head row -> token id
+        output_ids = vocabulary_ids(cfg, output_ids, "output_ids")
+        self.register_buffer("output_ids", output_ids)  # (V_out,) head row -> token id
         self.restricted = cfg.output_vocab == "corpus"
         self._refresh_output_index()
         self.encoder = build_image_encoder(cfg)

@@ -25,7 +25,6 @@ host-device synchronisation; :func:`compute_loss` without a prepared batch calls
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -33,51 +32,23 @@ import torch
 import torch.nn.functional as F
 
 from .clip_model import contrastive_loss
-from .config import ObjectiveConfig, resolve_ref
-from .model import Captioner, lookup_rows, padding_mask
+from .config import ObjectiveConfig
+from .model import Captioner, lookup_rows, padding_mask, unknown_ids
+from .registry import condition_transforms, objective_spec
 from .tokenizer import EOT_ID, MASK_ID, SOT_ID
 
 T_MIN = 1e-3  # t is clamped here so that 1/t stays finite for a schedule starting at 0 (MDLM uses eps=1e-3)
+# the accuracy each loss logs, one name per meaning: of the masked tokens (the masked objectives, D3PM's x_0), of
+# the next token (ARC), of in-batch image-text retrieval (CLIP); runs logged before the split call all three
+# "acc_masked", which logged_accuracy still reads
+ACCURACY_KEYS = {"acc_masked": "masked-token accuracy", "acc_next": "next-token accuracy",
+                 "acc_retrieval": "retrieval accuracy"}
 
 
-@dataclass(frozen=True)
-class ObjectiveSpec:
-    """One row of the objective table."""
-
-    causal: bool  # decoder self-attention is causal (teacher forcing) instead of bidirectional
-    masking: str  # "time": t ~ U[t_low, t_high] per caption; "fixed": t = mask_ratio; "all": t = 1; "none";
-    # "d3pm": mask-and-replace noise at t ~ U{1..T} (mdc_core.masked_conditional.diffusion)
-    inv_t_weight: bool  # weight each caption's masked CE by 1/t (the diffusion ELBO weight)
-    loss: str  # "module:function" of the batch loss, (model, images, tokens, cfg, generator) -> LossOutput;
-    # a string so that the table names the MC-Diffusion extension without importing it (resolved on use)
-    model: str = "captioner"  # model family (mdc_core.factory.MODELS): "captioner" or "clip" (contrastive loss)
-    prepared: bool = True  # the loss takes a PreparedBatch (prepare_batch, on the host in the trainer); False: it
-    # draws its noise on the device itself (the d3pm extension)
-
-    def loss_fn(self) -> Callable[..., LossOutput]:
-        return resolve_ref(self.loss)
-
-
-_MASKED, _AR = "mdc_core.objectives:masked_token_loss", "mdc_core.objectives:autoregressive_loss"
-OBJECTIVES: dict[str, ObjectiveSpec] = {  # keys: config.OBJECTIVE_NAMES in that order (tests/test_objectives.py)
-    "mdc": ObjectiveSpec(causal=False, masking="time", inv_t_weight=True, loss=_MASKED),  # masked diffusion captioning
-    "mdc_no_t": ObjectiveSpec(causal=False, masking="time", inv_t_weight=False, loss=_MASKED),  # = CMLM (Table 4)
-    "bert": ObjectiveSpec(causal=False, masking="fixed", inv_t_weight=False, loss=_MASKED),  # image-cond. BERT, r
-    "parallel": ObjectiveSpec(causal=False, masking="all", inv_t_weight=False, loss=_MASKED),  # r = 1, CapPa parallel
-    "arc": ObjectiveSpec(causal=True, masking="none", inv_t_weight=False, loss=_AR),  # autoregressive captioning
-    "clip": ObjectiveSpec(causal=True, masking="none", inv_t_weight=False, model="clip",  # contrastive baseline
-                          loss="mdc_core.objectives:clip_loss"),
-    "d3pm": ObjectiveSpec(causal=False, masking="d3pm", inv_t_weight=False,  # MC-Diffusion mask-and-replace D3PM
-                          loss="mdc_core.masked_conditional.diffusion:d3pm_objective", prepared=False),
-}
-# training-time condition corruption for guided sampling (objective.guidance = cfg | mcs; MC-Diffusion's guidance)
-CONDITION_CORRUPTION = "mdc_core.masked_conditional.guidance:corrupt_training_condition"
-
-
-def objective_spec(name: str) -> ObjectiveSpec:
-    if name not in OBJECTIVES:
-        raise ValueError(f"unknown objective {name!r}; choose one of {', '.join(OBJECTIVES)}")
-    return OBJECTIVES[name]
+def logged_accuracy(record: dict[str, Any]) -> tuple[str, float] | None:
+    """(what it measures, value) of the accuracy a metrics record carries (:data:`ACCURACY_KEYS`), or None."""
+    key = next((k for k in ACCURACY_KEYS if k in record), None)
+    return None if key is None else (ACCURACY_KEYS[key], float(record[key]))
 
 
 @dataclass
@@ -157,12 +128,13 @@ def apply_mask(tokens: torch.Tensor, t: torch.Tensor, *, generator: torch.Genera
     return tokens.masked_fill(mask, MASK_ID), mask
 
 
-def masked_diffusion_loss(ce: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor, n_valid: torch.Tensor,
+def normalized_token_loss(ce: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor, n_valid: torch.Tensor,
                           normalization: str = "per_token", owner: torch.Tensor | None = None) -> torch.Tensor:
-    """Weighted masked cross-entropy, normalised as described in the module docstring.
+    """Weighted cross-entropy of the loss positions, normalised as described in the module docstring: the masked
+    tokens of the masked objectives, every next token of ARC (weight 1).
 
-    ce: (n,) cross-entropy at the masked positions in row-major order of `mask` (B, L);
-    weight: (B,) per-caption weight (1/t or 1); n_valid: (B,) maskable tokens per caption;
+    ce: (n,) cross-entropy at the loss positions in row-major order of `mask` (B, L);
+    weight: (B,) per-caption weight (1/t or 1); n_valid: (B,) tokens per caption that may carry a loss term;
     owner: (n,) the caption of each masked position when known (else found from `mask`, a sync on CUDA).
     """
     row = mask.nonzero()[:, 0] if owner is None else owner  # (n,) caption index of each masked token
@@ -193,12 +165,11 @@ def mask_rates(cfg: ObjectiveConfig, batch: int, generator: torch.Generator | No
 def output_rows(output_index: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """Output-head rows (n,) of target ids (n,) by the table `output_index` (EMBED_SIZE,); ValueError naming ids
     the head has no row for."""
-    rows = output_index[token_ids]
-    if bool((rows < 0).any()):
-        missing = token_ids[rows < 0].unique()[:5].tolist()
-        raise ValueError(f"target token ids {missing} have no row in the model's output vocabulary; the "
+    missing = unknown_ids(output_index, token_ids)
+    if missing:
+        raise ValueError(f"target token ids {missing[:5]} have no row in the model's output vocabulary; the "
                          "corpus vocabulary was built from other captions (rebuild it, or use output_vocab=full)")
-    return rows
+    return output_index[token_ids]
 
 
 def id_tables(model: Any) -> dict[str, torch.Tensor | None]:
@@ -249,7 +220,7 @@ def compute_loss(model: Captioner, images: torch.Tensor, tokens: torch.Tensor, c
     """Loss of one batch: images (B, 3, H, W), tokens (B, L) from :class:`CaptionTokenizer`; the objective's
     row of :data:`OBJECTIVES` names the loss function. `prepared`: the batch's :func:`prepare_batch` on this
     device (then `tokens` are its trimmed tokens and `generator` only serves draws the loss makes itself, such as
-    guidance's condition dropping); None prepares it here from `generator`."""
+    a condition transform's); None prepares it here from `generator`."""
     fn = objective_spec(cfg.name).loss_fn()
     if prepared is None:
         return fn(model, images, trim_padding(tokens), cfg, generator)
@@ -264,11 +235,11 @@ def _prepare_for(model: Any, tokens: torch.Tensor, cfg: ObjectiveConfig, generat
 
 def encode_condition(model: Captioner, images: torch.Tensor, cfg: ObjectiveConfig,
                      generator: torch.Generator | None = None) -> torch.Tensor:
-    """Image tokens (B, M, D) the decoder cross-attends to; with ``cfg.guidance`` = cfg | mcs, corrupted for
-    guided sampling by :data:`CONDITION_CORRUPTION`."""
+    """Image tokens (B, M, D) the decoder cross-attends to, passed through the plug-ins' condition transforms
+    (:func:`mdc_core.registry.register_condition_transform`; each leaves them unchanged unless `cfg` asks)."""
     image_tokens = model.encode_image(images)  # (B, M, D)
-    if cfg.guidance != "none":
-        image_tokens = resolve_ref(CONDITION_CORRUPTION)(model, image_tokens, cfg, generator)
+    for transform in condition_transforms():
+        image_tokens = transform(model, image_tokens, cfg, generator)
     return image_tokens
 
 
@@ -290,7 +261,7 @@ def masked_token_loss(model: Captioner, images: torch.Tensor, tokens: torch.Tens
     ce = F.cross_entropy(logits.float(), targets, reduction="none")  # (n,)
     weight = 1.0 / t if spec.inv_t_weight else torch.ones_like(t)
     n_valid = maskable_positions(p.tokens).sum(dim=1)  # (B,)
-    loss = masked_diffusion_loss(ce, mask, weight, n_valid, cfg.normalization, owner=p.owner)
+    loss = normalized_token_loss(ce, mask, weight, n_valid, cfg.normalization, owner=p.owner)
     n_masked = mask.sum()
     metrics = {
         "loss": loss.detach(),
@@ -311,12 +282,12 @@ def autoregressive_loss(model: Captioner, images: torch.Tensor, tokens: torch.Te
     logits = model.decode(p.inputs, image_tokens, select=p.index, causal=True, rows=p.rows)  # (n, V_out)
     ce = F.cross_entropy(logits.float(), target_rows, reduction="none")  # (n,)
     n_valid = valid.sum(dim=1)
-    loss = masked_diffusion_loss(ce, valid, torch.ones(p.tokens.shape[0], device=ce.device), n_valid,
+    loss = normalized_token_loss(ce, valid, torch.ones(p.tokens.shape[0], device=ce.device), n_valid,
                                  cfg.normalization, owner=p.owner)
     metrics = {
         "loss": loss.detach(),
         "ce_masked": ce.detach().mean(),
-        "acc_masked": (logits.detach().argmax(-1) == target_rows).float().mean(),
+        "acc_next": (logits.detach().argmax(-1) == target_rows).float().mean(),
         "masked_frac": torch.ones((), device=ce.device),
         "t_mean": torch.ones((), device=ce.device),
     }

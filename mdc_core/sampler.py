@@ -38,6 +38,12 @@ reused by every step; the result equals the uncached computation.
 
 Precision (``precision``): the decoder runs under bf16 autocast on CUDA and in fp32 on the CPU by default
 (:mod:`mdc_core.precision`); confidences and the softmax are always taken in fp32.
+
+Reading order: :func:`sample` is the loop of Eq. 6 (remask, predict, propose, reveal, record); each decision is a
+small object chosen once from the settings: the proposed token (:func:`greedy` or :class:`TemperatureDraw`), which
+proposals to reveal (:class:`ConfidenceReveal`), which revealed tokens to revise (:class:`NoRemasking` or
+:class:`Remasking`); :class:`Recorder` keeps the trajectory apart from the decisions, and :func:`trajectory` turns it
+into the JSON record that the app, the notebooks and the GIFs replay.
 """
 
 from __future__ import annotations
@@ -136,111 +142,208 @@ def sample(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig, *, 
         precision: ``auto`` (bf16 autocast on CUDA, fp32 on the CPU), ``fp32`` or ``bf16``; None: the current
             default (:func:`mdc_core.precision.default_inference_precision`, normally ``auto``).
     """
-    cfg.validate()
-    if model.causal:
-        raise ValueError("this model is autoregressive (ARC); unmasking sampling needs a bidirectional model")
-    B, k = image_tokens.shape[0], cfg.tokens_per_step
-    device = image_tokens.device
-    if prompt is None:
-        x, fixed = canvas(B, cfg.length, device), torch.zeros(B, cfg.length, dtype=torch.bool, device=device)
-    else:
-        x, fixed = _prompt_canvas(prompt, fixed, B, model, device)
-    N = x.shape[1] - 2
-    if N + 2 > model.cfg.context_length:
-        raise ValueError(f"caption length {N} exceeds the model's context ({model.cfg.context_length - 2} tokens)")
+    x, fixed = _start(model, image_tokens, cfg, prompt, fixed)  # (B, N+2) canvas, (B, N) fixed positions
+    B, N, device = fixed.shape[0], fixed.shape[1], image_tokens.device
     free = int((~fixed).sum(dim=1).max())  # most slots any row fills
-    max_steps = math.ceil(free / k) + (cfg.remask_steps if cfg.remasking else 0)
-    allowed = allowed_rows(model)
+    max_steps = math.ceil(free / cfg.tokens_per_step) + (cfg.remask_steps if cfg.remasking else 0)
     autocast = inference_autocast(precision, device)  # around each forward call
     if cache is None:
         with autocast:
             cache = model.image_cache(image_tokens)  # cross-attention keys/values, once for all steps
-    gen = torch.Generator(device=device).manual_seed(cfg.seed) if cfg.temperature > 0 else None
-
-    reveal_step = torch.full((B, N), -1, dtype=torch.long, device=device)
-    reveal_conf = torch.zeros(B, N, device=device)
-    S = max_steps
-    top_tok, cur_tok = torch.zeros(S, B, N, dtype=torch.long, device=device), torch.zeros(S, B, N, dtype=torch.long,
-                                                                                          device=device)
-    top_conf, cur_conf = torch.zeros(S, B, N, device=device), torch.zeros(S, B, N, device=device)
-    was_masked, revealed_at, remasked_at = (torch.zeros(S, B, N, dtype=torch.bool, device=device) for _ in range(3))
-    att_steps: list[torch.Tensor | None] = [None] * S
-    remask = _Remasking(cfg, fixed) if cfg.remasking else None
+    choose = candidate_rule(cfg, device)  # the token proposed at each masked position: argmax or a draw
+    reveal_rule = ConfidenceReveal(cfg.tokens_per_step, cfg.threshold)  # which proposals to place (Eq. 6)
+    remask = Remasking(cfg, fixed) if cfg.remasking else NoRemasking(fixed)  # which revealed tokens to revise
+    record = Recorder(max_steps, B, N, device)
     steps = max_steps
     for s in range(max_steps):
+        before = x[:, 1:-1].clone()
+        again = remask.pick(before == MASK_ID, cfg.tokens_per_step)  # (B, N) revealed tokens masked again
+        x[:, 1:-1] = before.masked_fill(again, MASK_ID)
         masked = x[:, 1:-1] == MASK_ID  # (B, N)
-        if remask is not None:
-            again = remask.pick(masked, reveal_conf, k)  # (B, N) rows with nothing masked revise their tokens
-            before = x[:, 1:-1].clone()
-            x[:, 1:-1] = x[:, 1:-1].masked_fill(again, MASK_ID)
-            masked, remasked_at[s] = masked | again, again
         if not bool(masked.any()):  # every row finished early
             steps = s
             break
-        select = F.pad(masked, (1, 1))  # (B, N+2): the output head runs at masked positions only
-        att: list | None = [] if attention else None
         with autocast:
-            logits = model.decode(x, None, cache=cache, select=select, attention=att) if attention else \
-                model.decode(x, None, cache=cache, select=select)
-        logits = logits.float().masked_fill(~allowed, float("-inf"))  # (n, V_out)
+            logits, att = _predict(model, x, cache, masked, attention)  # (n, V_out) at the masked positions
+        logits = logits.float().masked_fill(~allowed_rows(model), float("-inf"))
         probs = logits.softmax(dim=-1)
-        conf_n, best_n = probs.max(dim=-1)  # (n,)
-        cand_n = best_n if gen is None else _sample_rows(logits, cfg.temperature, cfg.top_k, gen)
-        cand_conf_n = conf_n if gen is None else probs.gather(-1, cand_n[..., None])[..., 0]
+        conf, best = probs.max(dim=-1)  # (n,) Eq. 6: a position's confidence is its top-1 probability
+        cand, cand_conf = choose(logits, probs, best, conf)  # (n,) the proposed rows and their probabilities
         conf, best, cand, cand_conf = (torch.zeros(B, N, dtype=v.dtype, device=device).masked_scatter(masked, v)
-                                       for v in (conf_n, best_n, cand_n, cand_conf_n))  # (B, N), 0 where revealed
-        top_tok[s], top_conf[s], was_masked[s] = torch.where(masked, model.output_ids[best], 0), conf, masked
-
-        reveal = _reveal_mask(cand_conf, masked, k, cfg.threshold)  # (B, N)
-        new = model.output_ids[cand]  # (B, N)
-        if remask is not None:
-            remask.update(reveal, again, new, before)
+                                       for v in (conf, best, cand, cand_conf))  # (B, N), 0 where not masked
+        reveal = reveal_rule(cand_conf, masked)  # (B, N)
+        new = model.output_ids[cand]  # (B, N) token ids
+        remask.update(reveal, again, new, before, cand_conf)
         x[:, 1:-1] = torch.where(reveal, new, x[:, 1:-1])
-        reveal_step[reveal] = s
-        reveal_conf[reveal] = cand_conf[reveal]
-        revealed_at[s], cur_tok[s], cur_conf[s] = reveal, torch.where(reveal, new, 0), torch.where(reveal, cand_conf, 0)
-        if att is not None:
-            grid = torch.stack(att, dim=1).float()  # (n, Ly, h, M) for the masked positions, in row-major order
-            full = grid.new_zeros(B, N, *grid.shape[1:]).masked_scatter_(masked[..., None, None, None], grid)
-            att_steps[s] = full * reveal[..., None, None, None]  # (B, N, Ly, h, M), revealed positions only
-
-    settings = {"length": N, "tokens_per_step": k, "temperature": cfg.temperature, "top_k": cfg.top_k,
-                "seed": cfg.seed, "threshold": cfg.threshold, "remask_threshold": cfg.remask_threshold,
-                "remask_steps": cfg.remask_steps, "steps": steps}
+        record.step(s, masked, again, model.output_ids[best], conf, reveal, new, cand_conf, att)
+    settings = {"length": N, "tokens_per_step": cfg.tokens_per_step, "temperature": cfg.temperature,
+                "top_k": cfg.top_k, "seed": cfg.seed, "threshold": cfg.threshold,
+                "remask_threshold": cfg.remask_threshold, "remask_steps": cfg.remask_steps, "steps": steps}
     if attention:
         settings["attention_prefix_tokens"] = int(getattr(getattr(model, "encoder", None), "num_prefix_tokens", 0))
-    step_attention = torch.stack(att_steps[:steps]) if attention and steps else None
-    return SampleOutput(x[:, 1:-1].clone(), reveal_step, reveal_conf, top_tok[:steps], top_conf[:steps],
-                        was_masked[:steps], settings, fixed, revealed_at[:steps], cur_tok[:steps], cur_conf[:steps],
-                        remasked_at[:steps], step_attention)
+    return record.output(x[:, 1:-1].clone(), fixed, steps, settings)
 
 
-class _Remasking:
-    """Per-row bookkeeping of the revisable-token loop (see the module docstring)."""
+def _start(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig, prompt: torch.Tensor | None,
+           fixed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The starting canvas (B, N+2) and its fixed positions (B, N), after checking the settings and the model."""
+    cfg.validate()
+    if model.causal:
+        raise ValueError("this model is autoregressive (ARC); unmasking sampling needs a bidirectional model")
+    B, device = image_tokens.shape[0], image_tokens.device
+    if prompt is None:
+        x, fixed = canvas(B, cfg.length, device), torch.zeros(B, cfg.length, dtype=torch.bool, device=device)
+    else:
+        x, fixed = _prompt_canvas(prompt, fixed, B, model, device)
+    if x.shape[1] > model.cfg.context_length:
+        raise ValueError(f"caption length {x.shape[1] - 2} exceeds the model's context "
+                         f"({model.cfg.context_length - 2} tokens)")
+    return x, fixed
+
+
+def _predict(model: Captioner, x: torch.Tensor, cache: Any, masked: torch.Tensor,
+             attention: bool) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    """Decoder logits (n, V_out) at the n masked positions of canvas x (B, N+2), and with `attention` the
+    cross-attention weights per layer (each (n, h, M)); the plain call otherwise (any model with ``decode``)."""
+    select = F.pad(masked, (1, 1))  # (B, N+2): the output head runs at masked positions only
+    if not attention:
+        return model.decode(x, None, cache=cache, select=select), None
+    att: list[torch.Tensor] = []
+    return model.decode(x, None, cache=cache, select=select, attention=att), att
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the decisions of a step: the proposed token, which proposals to reveal, which revealed tokens to revise
+
+
+def candidate_rule(cfg: SamplerConfig, device: torch.device | str) -> Any:
+    """The token proposed at each masked position: the argmax (temperature 0) or a seeded draw."""
+    if cfg.temperature > 0:
+        return TemperatureDraw(cfg.temperature, cfg.top_k, torch.Generator(device=device).manual_seed(cfg.seed))
+    return greedy
+
+
+def greedy(logits: torch.Tensor, probs: torch.Tensor, best: torch.Tensor,
+           conf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Propose the most probable row, with its probability (paper Eq. 6): (n,), (n,)."""
+    return best, conf
+
+
+@dataclass
+class TemperatureDraw:
+    """Propose a row drawn from softmax(logits / temperature), among the top_k when top_k > 0; its confidence is
+    its untempered probability. One generator for the whole call, so a batch shares its draws."""
+
+    temperature: float
+    top_k: int
+    generator: torch.Generator
+
+    def __call__(self, logits: torch.Tensor, probs: torch.Tensor, best: torch.Tensor,
+                 conf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cand = _sample_rows(logits, self.temperature, self.top_k, self.generator)  # (n,)
+        return cand, probs.gather(-1, cand[..., None])[..., 0]
+
+
+@dataclass
+class ConfidenceReveal:
+    """Reveal the k most confident masked positions of each row (fewer if fewer are masked), plus, with
+    threshold > 0, every masked position whose confidence is >= threshold (Fast-dLLM's parallel decoding)."""
+
+    k: int
+    threshold: float = 0.0
+
+    def __call__(self, conf: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+        """conf, masked: (B, N) -> (B, N) bool."""
+        return _reveal_mask(conf, masked, self.k, self.threshold)
+
+
+class NoRemasking:
+    """Revealed tokens never change (the paper's sampler)."""
+
+    def __init__(self, fixed: torch.Tensor) -> None:
+        self.none = torch.zeros_like(fixed)  # (B, N) bool
+
+    def pick(self, masked: torch.Tensor, k: int) -> torch.Tensor:
+        return self.none
+
+    def update(self, reveal: torch.Tensor, again: torch.Tensor, new: torch.Tensor, before: torch.Tensor,
+               conf: torch.Tensor) -> None:
+        pass
+
+
+class Remasking:
+    """Revisable tokens (see the module docstring): per row, once nothing is masked, mask again the k least
+    confident revealed tokens below the threshold, for at most ``remask_steps`` extra steps."""
 
     def __init__(self, cfg: SamplerConfig, fixed: torch.Tensor) -> None:
         self.threshold, self.budget = cfg.remask_threshold, cfg.remask_steps
         self.fixed = fixed  # (B, N)
         self.used = torch.zeros(fixed.shape[0], dtype=torch.long, device=fixed.device)  # (B,) extra steps taken
         self.checked = torch.zeros_like(fixed)  # (B, N) re-predicted from the present context, came back unchanged
-        self.previous: torch.Tensor | None = None
+        self.conf = torch.zeros(fixed.shape, device=fixed.device)  # (B, N) each token's confidence when revealed
 
-    def pick(self, masked: torch.Tensor, conf: torch.Tensor, k: int) -> torch.Tensor:
+    def pick(self, masked: torch.Tensor, k: int) -> torch.Tensor:
         """(B, N) bool: the tokens to mask again this step, in rows that have no mask left and budget to spend."""
         rows = ~masked.any(dim=1) & (self.used < self.budget)  # (B,)
-        cand = rows[:, None] & ~self.fixed & ~masked & (conf < self.threshold) & ~self.checked  # (B, N)
-        score = conf.masked_fill(~cand, float("inf"))
+        cand = rows[:, None] & ~self.fixed & ~masked & (self.conf < self.threshold) & ~self.checked  # (B, N)
+        score = self.conf.masked_fill(~cand, float("inf"))
         low = (-score).topk(min(k, score.shape[1]), dim=-1).indices  # (B, k) least confident first
         again = torch.zeros_like(cand).scatter_(1, low, True) & cand
         self.used += again.any(dim=1).long()
         return again
 
-    def update(self, reveal: torch.Tensor, again: torch.Tensor, new: torch.Tensor, before: torch.Tensor) -> None:
-        """After a step (all (B, N); `before`: the tokens before remasking): re-predicted tokens are checked; in a
-        row where one of them changed, the context of the others changed, so they may be revised again."""
+    def update(self, reveal: torch.Tensor, again: torch.Tensor, new: torch.Tensor, before: torch.Tensor,
+               conf: torch.Tensor) -> None:
+        """After a step (all (B, N); `before`: the tokens before remasking, `conf`: the proposals' confidences):
+        re-predicted tokens are checked; in a row where one of them changed, the context of the others changed,
+        so they may be revised again."""
         redone = again & reveal
         changed = (redone & (new != before)).any(dim=1, keepdim=True)  # (B, 1)
         self.checked = (self.checked & ~changed) | redone
+        self.conf = torch.where(reveal, conf, self.conf)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the record of what each step did, apart from the decisions
+
+
+class Recorder:
+    """Fills the per-step tensors of :class:`SampleOutput` (at most S steps, B rows, N positions)."""
+
+    def __init__(self, steps: int, batch: int, length: int, device: torch.device | str) -> None:
+        shape = (steps, batch, length)
+        self.reveal_step = torch.full((batch, length), -1, dtype=torch.long, device=device)
+        self.reveal_confidence = torch.zeros(batch, length, device=device)
+        self.top_token = torch.zeros(shape, dtype=torch.long, device=device)
+        self.token = torch.zeros(shape, dtype=torch.long, device=device)
+        self.top_confidence, self.confidence = torch.zeros(shape, device=device), torch.zeros(shape, device=device)
+        self.masked, self.revealed, self.remasked = (torch.zeros(shape, dtype=torch.bool, device=device)
+                                                     for _ in range(3))
+        self.attention: list[torch.Tensor] = []
+
+    def step(self, s: int, masked: torch.Tensor, again: torch.Tensor, top: torch.Tensor, top_conf: torch.Tensor,
+             reveal: torch.Tensor, new: torch.Tensor, conf: torch.Tensor, att: list[torch.Tensor] | None) -> None:
+        """Step s (all (B, N)): the masked positions with their top guess and its confidence, the positions
+        masked again, the reveals with their tokens and confidences, and with `att` the reveals' attention."""
+        self.masked[s], self.remasked[s] = masked, again
+        self.top_token[s], self.top_confidence[s] = torch.where(masked, top, 0), top_conf
+        self.revealed[s], self.token[s] = reveal, torch.where(reveal, new, 0)
+        self.confidence[s] = torch.where(reveal, conf, 0)
+        self.reveal_step[reveal] = s
+        self.reveal_confidence[reveal] = conf[reveal]
+        if att is not None:
+            grid = torch.stack(att, dim=1).float()  # (n, Ly, h, M) for the masked positions, in row-major order
+            full = grid.new_zeros(*masked.shape, *grid.shape[1:]).masked_scatter_(masked[..., None, None, None], grid)
+            self.attention.append(full * reveal[..., None, None, None])  # (B, N, Ly, h, M), revealed positions only
+
+    def output(self, tokens: torch.Tensor, fixed: torch.Tensor, steps: int, settings: dict[str, Any]) -> SampleOutput:
+        return SampleOutput(
+            tokens=tokens, reveal_step=self.reveal_step, reveal_confidence=self.reveal_confidence,
+            step_top_token=self.top_token[:steps], step_top_confidence=self.top_confidence[:steps],
+            step_masked=self.masked[:steps], settings=settings, fixed=fixed, step_revealed=self.revealed[:steps],
+            step_token=self.token[:steps], step_confidence=self.confidence[:steps],
+            step_remasked=self.remasked[:steps],
+            step_attention=torch.stack(self.attention) if self.attention else None)
 
 
 def _reveal_mask(conf: torch.Tensor, masked: torch.Tensor, k: int, threshold: float) -> torch.Tensor:

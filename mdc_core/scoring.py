@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .model import padding_mask
+from .model import padding_mask, unknown_ids
 from .objectives import maskable_positions, trim_padding
 from .precision import inference_autocast
 from .sampler import allowed_rows
@@ -159,8 +159,10 @@ def _score_heuristic(model: Any, images: _Images, tokens: torch.Tensor, free: to
     return ScoreOutput(token_lp.sum(dim=1), None, token_lp, order)
 
 
-def _score_ar(model: Any, images: _Images, tokens: torch.Tensor, free: torch.Tensor, *, batch_size: int,
-              **_: Any) -> ScoreOutput:
+def _score_left_to_right(model: Any, images: _Images, tokens: torch.Tensor, free: torch.Tensor, *,
+                         batch_size: int, **_: Any) -> ScoreOutput:
+    """The ``ar`` score: every token's log-probability given those to its left (ARC's chain rule, Eq. 7), or, for a
+    bidirectional model, along a fixed left-to-right reveal order."""
     B, L = tokens.shape
     device = tokens.device
     token_lp = torch.zeros(B, L, device=device)
@@ -200,7 +202,8 @@ class ScoreMethod:
 METHODS: dict[str, ScoreMethod] = {
     "mc": ScoreMethod(_score_mc, ("mdc",), "Monte Carlo ELBO of Eq. 8, stratified mask counts, with its stderr"),
     "heuristic": ScoreMethod(_score_heuristic, ("mdc",), "greedy confidence order, sum of ground-truth log-probs"),
-    "ar": ScoreMethod(_score_ar, ("arc", "mdc"), "chain rule (Eq. 7) for ARC; fixed left-to-right order for MDC"),
+    "ar": ScoreMethod(_score_left_to_right, ("arc", "mdc"),
+                      "chain rule (Eq. 7) for ARC; fixed left-to-right order for MDC"),
 }
 
 
@@ -242,9 +245,8 @@ def _check(model: Any, image_tokens: torch.Tensor, tokens: torch.Tensor, method:
         raise ValueError("a caption has no tokens")
     if bool((tokens[caption] == MASK_ID).any()):
         raise ValueError("captions to score may not contain [MASK]")
-    missing = model.output_index[tokens[caption]] < 0
-    if bool(missing.any()):
-        unknown = tokens[caption][missing].unique().tolist()
+    unknown = unknown_ids(model.output_index, tokens[caption])
+    if unknown:
         words = ", ".join(repr(CaptionTokenizer().token_string(i)) for i in unknown[:5])
         more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
         raise ValueError(f"the caption words {words}{more} are not in this model's output vocabulary (it predicts "

@@ -1,7 +1,7 @@
 """TensorBoard events beside ``metrics.jsonl`` (``train.tensorboard=true``): its scalars, one event per logged step.
 
 The trainer (rank 0 only) hands each ``metrics.jsonl`` record to :meth:`TensorBoardLog.write`: every number in it
-becomes the scalar ``train/<key>`` at global step ``record["step"]`` (loss, acc_masked, lr, grad_norm,
+becomes the scalar ``train/<key>`` at global step ``record["step"]`` (loss, the accuracy, lr, grad_norm,
 samples_per_s, ...). The event files (``events.out.tfevents.*``) lie in the run folder itself, so
 ``tensorboard --logdir papermill_runs/`` names each run by its folder.
 

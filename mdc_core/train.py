@@ -26,6 +26,7 @@ host, and the loss, metrics, gradient norm and the non-finite check are read at 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import random
@@ -53,7 +54,7 @@ from .data import SKIP_REASONS, iter_captions
 from .data.loaders import BatchStream
 from .factory import create_model
 from .model import padding_mask
-from .objectives import PreparedBatch, compute_loss, maskable_positions, objective_spec
+from .objectives import PreparedBatch, compute_loss, logged_accuracy, maskable_positions, objective_spec
 from .resume import resolve_data_paths  # noqa: F401 - part of this module's interface
 from .runlock import RunLock
 from .tensorboard_log import TensorBoardLog
@@ -84,14 +85,6 @@ class TrainResult:
     start_step: int = 0  # the step this call started from (> 0: resumed; == steps: nothing was left to train)
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"train.device={name!r} but CUDA is not available on this machine")
-    return torch.device(name)
-
-
 def use_bf16(precision: str, device: torch.device) -> bool:
     """bf16 autocast on CUDA by default; fp32 on CPU (bf16 matmul there is ~250x slower)."""
     return precision == "bf16" or (precision == "auto" and device.type == "cuda")
@@ -116,18 +109,19 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_model(cfg: RunConfig, progress: bool = False) -> torch.nn.Module:
-    """A fresh model for `cfg` (a captioner, or CLIP for objective "clip"; see :mod:`mdc_core.factory`); for
-    ``output_vocab="corpus"`` the id table is built from the training captions and its size is written into
-    ``cfg.model.output_vocab_size`` (so ``config.json`` rebuilds the same shape)."""
-    output_ids = None
-    if cfg.model.output_vocab == "corpus":
-        captions = iter_captions(cfg.data, split="train")
-        if progress:
-            captions = tqdm(captions, desc="corpus vocabulary", unit=" captions", leave=False)
-        output_ids = build_output_vocab(captions, CaptionTokenizer(cfg.model.context_length))
-        cfg.model.output_vocab_size = len(output_ids)
-    return create_model(cfg, cfg.objective.name, output_ids)
+def init_model(cfg: RunConfig, progress: bool = False) -> tuple[torch.nn.Module, RunConfig]:
+    """A freshly initialised model for the run `cfg` (a captioner, or CLIP for objective "clip"; built by
+    :func:`mdc_core.factory.create_model`) and the run's config as it must be saved: with ``output_vocab="corpus"``
+    the id table is built from the training captions and the returned config is a copy with its size in
+    ``model.output_vocab_size`` (so ``config.json`` rebuilds the same shape); `cfg` itself is never changed."""
+    if cfg.model.output_vocab != "corpus":
+        return create_model(cfg, cfg.objective.name), cfg
+    captions = iter_captions(cfg.data, split="train")
+    if progress:
+        captions = tqdm(captions, desc="corpus vocabulary", unit=" captions", leave=False)
+    output_ids = build_output_vocab(captions, CaptionTokenizer(cfg.model.context_length))
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, output_vocab_size=len(output_ids)))
+    return create_model(cfg, cfg.objective.name, output_ids), cfg
 
 
 def step_seed(seed: int, step: int, index: int, stream: int = 0) -> int:
@@ -230,8 +224,11 @@ class _Trainer:
         random.seed(t.seed)
         np.random.seed(t.seed)
         self.bf16 = use_bf16(t.precision, self.device)
-        model = build_model(cfg, progress=progress and self.main) if start_ckpt is None else \
-            ckpt_io.load_model(start_ckpt)[0]
+        if start_ckpt is None:
+            model, cfg = init_model(cfg, progress=progress and self.main)  # cfg: with the corpus vocabulary's size
+            self.cfg = cfg
+        else:
+            model = ckpt_io.load_model(start_ckpt)[0]
         self.model = model.to(self.device).train()
         if self.main:
             out.mkdir(parents=True, exist_ok=True)
@@ -442,7 +439,8 @@ class _Trainer:
         self.metrics_file.flush()
         if self.tensorboard is not None:
             self.tensorboard.write(record)
-        self.bar.set_postfix(loss=f"{stats.loss:.3f}", acc=f"{record.get('acc_masked', float('nan')):.2f}")
+        accuracy = logged_accuracy(record)
+        self.bar.set_postfix(loss=f"{stats.loss:.3f}", acc=f"{float('nan') if accuracy is None else accuracy[1]:.2f}")
         self.window_start, self.window_samples = time.perf_counter(), 0.0
 
     def _reduce_pending(self) -> None:

@@ -121,7 +121,7 @@ class HostBatches:
     Calling it with CPU tokens (B, L) and the micro-batch's seed gives (tokens, prepared batch) on the device:
     :func:`~mdc_core.objectives.prepare_batch` with a CPU generator seeded by `seed` and CPU copies of the model's
     id tables (made once); the prepared batch is None for an objective that draws its noise on the device itself.
-    :attr:`device_gen`, seeded alike, serves the draws a loss makes on the device (guidance's condition dropping).
+    :attr:`device_gen`, seeded alike, serves the draws a loss makes on the device (a condition transform's).
     """
 
     def __init__(self, model: torch.nn.Module, cfg: ObjectiveConfig, device: torch.device) -> None:

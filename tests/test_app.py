@@ -17,13 +17,13 @@ from PIL import Image
 
 from app import launch as S
 from app import mdc_app as A
-from app import render
 from mdc_core.checkpoint import save_checkpoint
 from mdc_core.config import SAMPLER_RANGES, RunConfig, SamplerConfig
 from mdc_core.data.transforms import eval_transform
 from mdc_core.model import Captioner
 from mdc_core.sampler import sample, trajectory
 from mdc_core.tokenizer import CaptionTokenizer, build_output_vocab
+from mdc_core.workbench import animation, trajectory_view
 from mdc_core.workbench.shipped import SHIPPED_DIR
 from tests.conftest import micro_config
 
@@ -105,20 +105,20 @@ def test_canvas_and_heatmap_by_hand():
         step(0, [(2, "dot", 0.9)], [(0, "a", 0.5), (1, "big", 0.2), (2, "dot", 0.9)]),
         step(1, [(0, "a", 0.6)], [(0, "a", 0.6), (1, "blue", 0.3)]),
         step(2, [(1, "red", 0.7)], [(1, "red", 0.7)])]}
-    assert render.reveal_steps(record) == [1, 2, 0]
-    assert [r["position"] for r in render.reveal_order(record)] == [2, 0, 1]
-    cells = render.canvas_at(record, 1)
+    assert trajectory_view.reveal_steps(record) == [1, 2, 0]
+    assert [r["position"] for r in trajectory_view.reveal_order(record)] == [2, 0, 1]
+    cells = animation.canvas_at(record, 1)
     assert cells[2] | {} == {"position": 2, "state": "revealed", "token": "dot", "confidence": 0.9, "order": 1,
                              "step": 0, "just": True}
     assert cells[0] == {"position": 0, "state": "masked", "token": "a", "confidence": 0.6, "next": True}
     assert cells[1] == {"position": 1, "state": "masked", "token": "blue", "confidence": 0.3, "next": False}
-    assert [c["state"] for c in render.canvas_at(record, 3)] == ["revealed"] * 3
+    assert [c["state"] for c in animation.canvas_at(record, 3)] == ["revealed"] * 3
     with pytest.raises(ValueError, match="step must be in"):
-        render.canvas_at(record, 4)
+        animation.canvas_at(record, 4)
     nan = float("nan")
-    grid = render.heatmap_matrix(record)
+    grid = trajectory_view.heatmap_matrix(record)
     assert str(grid) == str([[0.5, 0.2, 0.9], [0.6, 0.3, nan], [nan, 0.7, nan]])
-    assert [t for _, _, t in _chips(render.chips_html(record, 1))] == ["a", "blue", "dot"]
+    assert [t for _, _, t in _chips(trajectory_view.chips_html(record, 1))] == ["a", "blue", "dot"]
 
 
 def test_tokens_are_escaped():
@@ -127,7 +127,7 @@ def test_tokens_are_escaped():
         {"step": 0, "revealed": [{"position": 0, "token": bad, "confidence": 1.0}],
          "masked": [{"position": 0, "top_token": bad, "top_confidence": 1.0}]}]}
     for step in (0, 1):
-        shown = render.chips_html(record, step)
+        shown = trajectory_view.chips_html(record, step)
         assert "<img" not in shown and html.escape(bad) in shown
 
 

@@ -4,10 +4,16 @@ The core is every module at the top level of ``mdc_core`` (except ``__main__``) 
 extensions are the other subpackages (``eval``, ``bench``, ``masked_conditional``, ``workbench``, ``cli``) and the
 top-level ``app``. The import graph is read with ``ast`` from every ``import`` statement, also those inside
 functions (a cycle dodged by a lazy import is still a cycle).
+
+Not importing an extension is not enough: the core's text (code, strings, docstrings, comments) must not name one
+either, neither by module path nor by anything a plug-in registers (objective and encoder names, config keys), so a
+config field or a ``"module:function"`` string pointing into an extension fails here too. The package's front page
+(``mdc_core/__init__.py``) is exempt: it is the map of the whole house.
 """
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -142,3 +148,77 @@ def test_importing_the_core_loads_no_extension_nor_the_notebook_and_app_stacks()
     assert "mdc_core.train" in loaded and "torch" in loaded
     assert [m for m in loaded if is_extension(m)] == []
     assert [m for m in loaded if m.split(".")[0] in HEAVY_OPTIONAL or m in HEAVY_OPTIONAL] == []
+
+
+def extension_words() -> set[str]:
+    """What naming an extension means: its module paths (with and without ``mdc_core.``) and every name its
+    plug-in registers with the core (objectives, encoders, config keys)."""
+    from mdc_core import registry
+    registry.load_plugins()
+    words = {name for name in module_files() if is_extension(name)}
+    words |= {name.removeprefix("mdc_core.") for name in words}
+    words |= {name for name in registry.OBJECTIVES if name not in registry.CORE_OBJECTIVES} | set(registry.ENCODERS)
+    words |= {key for rows in registry.SETTINGS.values() for settings in rows for key in settings.__dataclass_fields__}
+    return words - {"app", "cli", "eval", "bench", "workbench"}  # plain words (the last is also the project name);
+    # their dotted module paths still count
+
+
+def naming_problems(source: str, words: set[str]) -> list[str]:
+    """``line: word`` for each place `source` names one of `words` (whole words; dotted paths as a whole)."""
+    pattern = re.compile(r"(?<!\w)(" + "|".join(sorted(map(re.escape, words), key=len, reverse=True)) + r")(?![\w])")
+    return [f"{n}: {m.group(1)}" for n, line in enumerate(source.splitlines(), 1) for m in pattern.finditer(line)]
+
+
+def test_the_name_check_fails_on_a_core_string_or_config_field_naming_an_extension():
+    words = extension_words()
+    assert {"d3pm", "vqvae", "guidance", "p_mask", "mdc_core.masked_conditional", "masked_conditional.guidance",
+            "mdc_core.eval.probe", "app.render"} <= words
+    leaky = (
+        "@dataclass\n"
+        "class ObjectiveConfig:\n"
+        "    d3pm_steps: int = 100  # a plug-in's key as a core config field\n"
+        "ENCODERS = {'vq': 'mdc_core.masked_conditional.vqvae:VQImageEncoder'}  # a string into an extension\n"
+        "def f(cfg):\n"
+        "    return cfg.guidance\n"
+    )
+    assert naming_problems(leaky, words) == ["3: d3pm_steps", "4: mdc_core.masked_conditional.vqvae", "6: guidance"]
+    clean = "def loss(model, tokens):\n    return model.eval()  # mdc eval captioning; d3pmx, my_guidance_x\n"
+    assert naming_problems(clean, words) == []
+
+
+def test_the_core_names_no_extension_and_no_key_a_plug_in_registers():
+    words = extension_words()
+    files = module_files()
+    found = {name: naming_problems(files[name].read_text(), words) for name in core_modules() if name != "mdc_core"}
+    assert {name: problems for name, problems in found.items() if problems} == {}
+
+
+LAYERS = {  # docs/design.md "Core and extensions": what each part may import besides the core (and itself)
+    "mdc_core.cli": {"app", "mdc_core.workbench", "mdc_core.bench", "mdc_core.masked_conditional", "mdc_core.eval"},
+    "app": {"mdc_core.workbench"},
+    "mdc_core.workbench": {"mdc_core.masked_conditional", "mdc_core.eval"},
+    "mdc_core.bench": {"mdc_core.eval"},
+    "mdc_core.masked_conditional": {"mdc_core.eval"},
+    "mdc_core.eval": set(),
+}
+
+
+def part(name: str) -> str:
+    return next((ext for ext in EXTENSIONS if name == ext or name.startswith(ext + ".")), "core")
+
+
+def test_the_parts_import_as_the_picture_in_design_md_draws():
+    graph = import_graph()
+    arrows = {(part(a), part(b)) for a, deps in graph.items() for b in deps if a != "mdc_core.__main__"}
+    assert {(a, b) for a, b in arrows if a != b and b != "core" and b not in LAYERS.get(a, set())} == set()
+    assert ("app", "mdc_core.workbench") in arrows  # the app draws trajectories with the workbench's code
+
+
+def test_the_app_builds_on_the_workbench_never_the_reverse():
+    """The app imports the workbench's drawings (trajectory_view, animation); no extension below the command line
+    imports the app (only ``mdc app`` in mdc_core.cli launches it)."""
+    graph = import_graph()
+    assert "mdc_core.workbench.trajectory_view" in graph["app.mdc_app"]
+    upward = {name: sorted(t for t in deps if t == "app" or t.startswith("app."))
+              for name, deps in graph.items() if name.startswith("mdc_core.") and not name.startswith("mdc_core.cli")}
+    assert {k: v for k, v in upward.items() if v} == {}

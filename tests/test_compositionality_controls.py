@@ -9,7 +9,7 @@ import torch
 from mdc_core.checkpoint import load_model
 from mdc_core.cli import main
 from mdc_core.eval import compositionality as comp
-from mdc_core.eval.benchmarks import load_benchmark
+from mdc_core.eval.composition_sets import load_benchmark
 from mdc_core.tokenizer import CaptionTokenizer
 from tests.test_eval_compositionality import make_run, sugarcrepe_dir  # noqa: F401 - a fixture
 

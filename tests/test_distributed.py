@@ -19,6 +19,7 @@ from mdc_core.train import train
 from tests.train_helpers import (
     assert_same_metrics,
     free_port,
+    join_all,
     micro_run,
     one_thread,  # noqa: F401 - a fixture
     read_metrics,
@@ -50,24 +51,13 @@ def test_ranks_and_workers_read_disjoint_shares_covering_the_epoch(data):
         build_loader(DataConfig(path=str(data)), image_size=32, batch_size=4, rank=0, world=16)
 
 
-def _wait(procs, timeout: float = 120.0) -> list[int | None]:
-    end = time.monotonic() + timeout
-    for p in procs:
-        p.join(max(0.1, end - time.monotonic()))
-    codes = [p.exitcode for p in procs]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    return codes
-
-
 def test_two_gloo_ranks_match_one_process_with_the_same_global_batch(data, tmp_path):
     # 2 ranks x batch 4 x accumulation 1 == 1 process x batch 4 x accumulation 2 with 2 readers (workers):
     # same samples per step, same masking draws, loss normalised by the global token count
     ddp_cfg = micro_run(data, steps=5, batch_size=4, grad_accum=1, ckpt_every=5, seed=3)
     port = free_port()
     procs = [start_training(ddp_cfg, tmp_path / "ddp", rank=r, world=2, port=port) for r in (0, 1)]
-    codes = _wait([p for p, _ in procs])
+    codes = join_all([p for p, _ in procs])
     errors = [e.read_text() for _, e in procs if e.exists()]
     assert codes == [0, 0], errors
 
@@ -95,7 +85,7 @@ def test_a_dead_rank_stops_the_job_with_a_clear_message(data, tmp_path):
         time.sleep(0.05)
     assert p0.is_alive() and p1.is_alive()
     os.kill(p1.pid, signal.SIGKILL)
-    assert _wait([p0, p1], timeout=60) == [1, -signal.SIGKILL]
+    assert join_all([p0, p1], timeout_s=60) == [1, -signal.SIGKILL]
     message = err0.read_text()
     assert message.startswith("RankFailure") and "Another rank probably died" in message
 

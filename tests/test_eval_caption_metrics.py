@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
 import math
 from typing import Any
 
 import pytest
 
-cm = importlib.import_module("mdc_core.eval.caption_metrics")  # the package re-exports the function under this name
-caption_metrics = cm.caption_metrics
+from mdc_core.eval import caption_metrics as cm
+from mdc_core.eval.caption_metrics import score_captions
+
 has_java = cm._java_missing_reason() is None
 
 # distinct captions per image: CIDEr's idf weights vanish for n-grams that every image shares
@@ -27,7 +27,7 @@ def identical() -> dict[str, Any]:
     """All metrics with Java, predictions equal to the references (METEOR start-up ~10 s, paid once)."""
     if not has_java:
         pytest.skip("needs java")
-    return caption_metrics(CAPTIONS, IDENTICAL_REFS, per_image_cider=True)
+    return score_captions(CAPTIONS, IDENTICAL_REFS, per_image_cider=True)
 
 
 def test_identical_captions_score_near_perfect(identical: dict[str, Any]) -> None:
@@ -54,10 +54,10 @@ def test_spice_marked_unavailable_without_raising(identical: dict[str, Any]) -> 
 
 def test_bleu1_by_hand() -> None:
     # 5 of 6 unigrams clip-match ("the" x2, cat, on, mat); equal lengths -> no brevity penalty
-    r = caption_metrics({1: "the cat sat on the mat"}, {1: ["the cat is on the mat"]}, metrics=["BLEU"])
+    r = score_captions({1: "the cat sat on the mat"}, {1: ["the cat is on the mat"]}, metrics=["BLEU"])
     assert r["BLEU@1"] == pytest.approx(5 / 6, abs=1e-6)
     # all 2 unigrams match, but the closest reference has 6 tokens: brevity penalty exp(1 - 6/2)
-    r = caption_metrics({1: "The cat."}, {1: ["the cat sat on the mat"]}, metrics=["BLEU"])
+    r = score_captions({1: "The cat."}, {1: ["the cat sat on the mat"]}, metrics=["BLEU"])
     assert r["BLEU@1"] == pytest.approx(math.exp(-2), abs=1e-6)
     assert set(r) == {"BLEU@1", "BLEU@2", "BLEU@3", "BLEU@4", "unavailable", "tokenizer", "n_images"}
 
@@ -69,7 +69,7 @@ def test_without_java_falls_back_to_simple_tokenizer(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(cm, "_java_missing_reason", lambda: "no `java` executable on PATH (test)")
     monkeypatch.setattr(cm.PTBTokenizer, "tokenize", must_not_run)
     monkeypatch.setattr(cm, "Meteor", must_not_run)
-    r = caption_metrics(CAPTIONS, IDENTICAL_REFS)
+    r = score_captions(CAPTIONS, IDENTICAL_REFS)
     assert r["tokenizer"] == "simple" and "java" in r["unavailable"]["PTBTokenizer"]
     assert r["BLEU@4"] == pytest.approx(1.0, abs=1e-6) and r["CIDEr"] > 5.0
     assert r["METEOR"] is None and "Java" in r["unavailable"]["METEOR"]
@@ -82,7 +82,7 @@ def test_ptb_failure_falls_back_and_says_why(monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.setattr(cm, "_java_missing_reason", lambda: None)
     monkeypatch.setattr(cm.PTBTokenizer, "tokenize", broken)
-    r = caption_metrics(CAPTIONS, IDENTICAL_REFS, metrics=["BLEU"])
+    r = score_captions(CAPTIONS, IDENTICAL_REFS, metrics=["BLEU"])
     assert r["tokenizer"] == "simple" and "read-only" in r["unavailable"]["PTBTokenizer"]
     assert r["BLEU@1"] == pytest.approx(1.0, abs=1e-6)
 
@@ -96,7 +96,7 @@ def test_spice_failure_does_not_sink_other_metrics(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(cm.PTBTokenizer, "tokenize", lambda self, caps: {
         k: [" ".join(cm.simple_tokenize(c["caption"])) for c in v] for k, v in caps.items()})
     monkeypatch.setitem(cm._SCORERS, "SPICE", crash)
-    r = caption_metrics(CAPTIONS, IDENTICAL_REFS, metrics=["CIDEr", "SPICE"])
+    r = score_captions(CAPTIONS, IDENTICAL_REFS, metrics=["CIDEr", "SPICE"])
     assert r["SPICE"] is None and "OutOfMemoryError" in r["unavailable"]["SPICE"]
     assert r["CIDEr"] > 5.0
 
@@ -114,17 +114,17 @@ def test_simple_tokenize() -> None:
 ])
 def test_input_errors(preds: dict, refs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        caption_metrics(preds, refs, metrics=["BLEU"])
+        score_captions(preds, refs, metrics=["BLEU"])
 
 
 def test_unknown_metric() -> None:
     with pytest.raises(ValueError, match="unknown metric"):
-        caption_metrics({1: "a"}, {1: ["a"]}, metrics=["BLEU", "BERTScore"])
+        score_captions({1: "a"}, {1: ["a"]}, metrics=["BLEU", "BERTScore"])
 
 
 @pytest.mark.skipif(not has_java, reason="needs java")
 def test_the_ptb_tokenizer_writes_nothing_to_stderr(capfd: pytest.CaptureFixture[str]) -> None:
     """Its Java program prints a progress line per call, which a notebook shows as a red error box."""
-    r = cm.caption_metrics({1: "a red circle"}, {1: ["a red circle on a gray background"]}, metrics=["BLEU"])
+    r = cm.score_captions({1: "a red circle"}, {1: ["a red circle on a gray background"]}, metrics=["BLEU"])
     assert r["tokenizer"] == "ptb"
     assert "PTBTokenizer" not in capfd.readouterr().err

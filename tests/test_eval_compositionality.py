@@ -13,7 +13,7 @@ from mdc_core.clip_model import CLIPModel
 from mdc_core.config import ObjectiveConfig, RunConfig
 from mdc_core.data import write_synthetic_dataset
 from mdc_core.eval import compositionality as comp
-from mdc_core.eval.benchmarks import (
+from mdc_core.eval.composition_sets import (
     Example,
     example_pixels,
     load_benchmark,

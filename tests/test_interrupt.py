@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from tests.train_helpers import (
     one_thread,  # noqa: F401 - a fixture
     read_metrics,
     start_training,
+    wait_for,
     write_micro_data,
 )
 
@@ -32,13 +32,6 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
     return write_micro_data(tmp_path_factory.mktemp("interrupt_data"), 48)
-
-
-def _wait_for(predicate, timeout_s: float = 120.0) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end and not predicate():
-        time.sleep(0.05)
-    assert predicate(), "timed out"
 
 
 def _cli_sets(cfg) -> list[str]:
@@ -57,7 +50,7 @@ def test_a_signal_to_mdc_train_checkpoints_the_step_and_resume_matches_an_uninte
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(lambda: len(read_metrics(run)) >= 3 or proc.poll() is not None)
+        wait_for(lambda: len(read_metrics(run)) >= 3 or proc.poll() is not None)
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=120)
     finally:
@@ -79,7 +72,7 @@ def test_ranks_agree_to_stop_when_only_one_rank_gets_the_signal(data, tmp_path):
     cfg = micro_run(data, steps=100_000, batch_size=4, ckpt_every=100_000)
     run, port = tmp_path / "ddp", free_port()
     procs = [start_training(cfg, run, rank=r, world=2, port=port, delay_s=0.05) for r in range(2)]
-    _wait_for(lambda: len(read_metrics(run)) >= 2)
+    wait_for(lambda: len(read_metrics(run)) >= 2)
     os.kill(procs[1][0].pid, signal.SIGTERM)  # as a scheduler pre-empting one node would
     for proc, err in procs:  # each rank raised TrainingInterrupted (the helper reports it and exits 1)
         proc.join(120)
@@ -102,7 +95,7 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_from_scratch(data, tmp
     cfg = micro_run(data, steps=4, batch_size=4, ckpt_every=4)
     run = tmp_path / "run"
     proc, err = start_training(cfg, run, delay_s=0.3)
-    _wait_for(lambda: len(read_metrics(run)) >= 1)
+    wait_for(lambda: len(read_metrics(run)) >= 1)
     os.kill(proc.pid, signal.SIGKILL)
     proc.join(30)
     assert ck.latest_checkpoint(run) is None and read_metrics(run)

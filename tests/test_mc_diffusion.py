@@ -179,7 +179,8 @@ def test_d3pm_loss_trains_through_compute_loss_with_mcs(tiny_model):
     tokens = tok(captions)
     ids = torch.tensor(sorted({i for c in captions for i in tok.encode_text(c)} | {EOT_ID}))
     model = _vq_captioner(tiny_model, ids).train()
-    cfg = ObjectiveConfig(name="d3pm", d3pm_steps=10, guidance="mcs", p_cond=0.5, p_mask=0.5)
+    cfg = ObjectiveConfig.from_dict({"name": "d3pm", "d3pm_steps": 10, "guidance": "mcs", "p_cond": 0.5,
+                                     "p_mask": 0.5})
     out = compute_loss(model, torch.randn(3, 3, 32, 32), tokens, cfg, torch.Generator().manual_seed(0))
     assert torch.isfinite(out.loss) and out.loss > 0
     assert {"vb", "vlb", "ce_masked", "acc_masked"} <= set(out.metrics)

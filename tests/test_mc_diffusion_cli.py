@@ -76,8 +76,8 @@ def test_parser_tables_match_the_library_and_do_not_import_torch():
     import sys
 
     from mdc_core.cli.masked_conditional import VQVAE_OPTIONS
-    from mdc_core.config import GUIDANCE_MODES
     from mdc_core.masked_conditional.guidance import GUIDANCE_FORMS
+    from mdc_core.masked_conditional.plugin import GUIDANCE_MODES
     from mdc_core.masked_conditional.vqvae import VQVAEConfig
 
     assert GUIDANCE_MODES == ("none", *GUIDANCE_FORMS)

@@ -6,19 +6,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mdc_core.config import OBJECTIVE_NAMES, ObjectiveConfig
+from mdc_core.config import ObjectiveConfig
 from mdc_core.objectives import (
-    OBJECTIVES,
     T_MIN,
     apply_mask,
     compute_loss,
+    logged_accuracy,
     mask_rates,
     maskable_positions,
-    masked_diffusion_loss,
+    normalized_token_loss,
     prepare_batch,
     sample_t,
     trim_padding,
 )
+from mdc_core.registry import CORE_OBJECTIVES, OBJECTIVES, objective_names
 from mdc_core.tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID
 
 
@@ -103,11 +104,11 @@ def test_loss_hand_computed_per_token_and_per_sequence():
     t = torch.tensor([0.5, 0.8])
     n_valid = torch.tensor([3, 2])
     # per-token: (1/0.5 * (1 + 2) + 1/0.8 * 4) / (3 + 2) = (6 + 5) / 5 = 2.2
-    assert masked_diffusion_loss(ce, mask, 1 / t, n_valid, "per_token").item() == pytest.approx(2.2)
+    assert normalized_token_loss(ce, mask, 1 / t, n_valid, "per_token").item() == pytest.approx(2.2)
     # per-sequence: mean(6 / 3, 5 / 2) = 2.25
-    assert masked_diffusion_loss(ce, mask, 1 / t, n_valid, "per_sequence").item() == pytest.approx(2.25)
+    assert normalized_token_loss(ce, mask, 1 / t, n_valid, "per_sequence").item() == pytest.approx(2.25)
     # no 1/t weight (CMLM): (3 + 4) / 5
-    assert masked_diffusion_loss(ce, mask, torch.ones(2), n_valid, "per_token").item() == pytest.approx(1.4)
+    assert normalized_token_loss(ce, mask, torch.ones(2), n_valid, "per_token").item() == pytest.approx(1.4)
 
 
 @pytest.mark.parametrize("normalization", ["per_token", "per_sequence"])
@@ -127,7 +128,7 @@ def test_estimator_expectation_is_mean_token_ce(normalization):
     for _ in range(20_000):
         t = mask_rates(cfg, 4, g, "cpu")
         _, mask = apply_mask(tokens, t, generator=g)
-        losses.append(masked_diffusion_loss(table[mask], mask, 1 / t, n_valid, normalization))
+        losses.append(normalized_token_loss(table[mask], mask, 1 / t, n_valid, normalization))
     losses = torch.stack(losses)
     stderr = losses.std() / math.sqrt(len(losses))
     assert abs(losses.mean() - expected) < 4 * stderr
@@ -148,12 +149,13 @@ def test_fixed_ratio_and_parallel_rates():
 
 
 def test_objective_table_rows_are_the_config_names_and_name_their_loss_functions():
-    """config.OBJECTIVE_NAMES (torch-free, used by the CLI and config validation) is the table's key list, and
-    every row's "module:function" loss resolves to a function."""
-    assert tuple(OBJECTIVES) == OBJECTIVE_NAMES
+    """registry.objective_names (torch-free, used by the CLI and config validation) is the table's key list, the
+    core's rows first, then the plug-ins'; every row's "module:function" loss resolves to a function."""
+    assert objective_names() == tuple(OBJECTIVES) and objective_names()[:len(CORE_OBJECTIVES)] == CORE_OBJECTIVES
+    assert CORE_OBJECTIVES == ("mdc", "mdc_no_t", "bert", "parallel", "arc", "clip")
     for name, spec in OBJECTIVES.items():
         assert callable(spec.loss_fn()), name
-    assert OBJECTIVES["d3pm"].loss_fn().__module__ == "mdc_core.masked_conditional.diffusion"
+    assert OBJECTIVES["d3pm"].loss_fn().__module__ == "mdc_core.masked_conditional.diffusion"  # the plug-in's row
 
 
 def test_compute_loss_mdc_matches_manual(tiny_model):
@@ -187,6 +189,15 @@ def test_compute_loss_arc_is_teacher_forced_ce(tiny_model):
     valid = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)  # 3 tokens + eot, 1 token + eot
     expected = F.cross_entropy(logits[valid], targets[valid])
     assert out.loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    accuracy = (logits[valid].argmax(-1) == targets[valid]).float().mean()
+    assert "acc_masked" not in out.metrics and out.metrics["acc_next"].item() == pytest.approx(accuracy.item())
+
+
+def test_each_accuracy_has_its_own_name_and_old_records_still_read():
+    assert logged_accuracy({"loss": 1.0, "acc_next": 0.25}) == ("next-token accuracy", 0.25)
+    assert logged_accuracy({"acc_retrieval": 0.5}) == ("retrieval accuracy", 0.5)
+    assert logged_accuracy({"acc_masked": 0.75}) == ("masked-token accuracy", 0.75)  # also ARC/CLIP runs logged before
+    assert logged_accuracy({"loss": 1.0}) is None
 
 
 def test_prepare_batch_hand_example():

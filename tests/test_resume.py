@@ -4,7 +4,6 @@ import json
 import os
 import shutil
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from tests.train_helpers import (
     one_thread,  # noqa: F401 - a fixture
     read_metrics,
     start_training,
+    wait_for,
     write_micro_data,
 )
 
@@ -43,9 +43,7 @@ def test_sigkill_then_resume_continues_like_an_uninterrupted_run(data, tmp_path)
 
     run = tmp_path / "killed"
     proc, err = start_training(cfg, run, delay_s=0.15)
-    end = time.monotonic() + 90
-    while time.monotonic() < end and not (ck.latest_checkpoint(run) and len(read_metrics(run)) >= 6):
-        time.sleep(0.02)
+    wait_for(lambda: ck.latest_checkpoint(run) and len(read_metrics(run)) >= 6, timeout_s=90, poll_s=0.02)
     os.kill(proc.pid, signal.SIGKILL)
     proc.join(30)
     assert proc.exitcode == -signal.SIGKILL, err.read_text() if err.exists() else ""

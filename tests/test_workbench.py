@@ -1,4 +1,4 @@
-"""The notebook support draws with the app's code and takes the paper's numbers from the one table."""
+"""The notebook support draws with the same code as the app and takes the paper's numbers from the one table."""
 
 import ast
 import json
@@ -6,8 +6,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from app import render
 from mdc_core.workbench import notebook as wb
+from mdc_core.workbench import trajectory_view
 from mdc_core.workbench.paper import PAPER
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +26,7 @@ def _record() -> dict:
 def test_notebook_trajectory_and_heatmap_are_the_apps():
     record = _record()
     for step in range(3):
-        assert wb.trajectory_html(record, step) == render.chips_html(record, step)
+        assert wb.trajectory_html(record, step) == trajectory_view.chips_html(record, step)
     fig = wb.confidence_heatmap(record, title="t")
     assert isinstance(fig, Figure)
     image = fig.axes[0].images[0].get_array()

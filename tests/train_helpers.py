@@ -11,7 +11,9 @@ import json
 import multiprocessing as mp
 import os
 import socket
+import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,8 +24,8 @@ from mdc_core.data import write_synthetic_dataset
 from tests.conftest import MICRO
 
 # logged values that must agree between runs (samples_per_s is a timing)
-COMPARED = ("step", "epoch", "lr", "grad_norm", "loss", "acc_masked", "ce_masked", "masked_frac", "t_mean",
-            "skipped", "truncated", "nonfinite_skipped")
+COMPARED = ("step", "epoch", "lr", "grad_norm", "loss", "acc_masked", "acc_next", "acc_retrieval", "ce_masked",
+            "masked_frac", "t_mean", "skipped", "truncated", "nonfinite_skipped")
 
 
 @pytest.fixture
@@ -104,3 +106,23 @@ def start_training(cfg: RunConfig, out: str | Path, *, rank: int = 0, world: int
                                                                str(err_file)))
     proc.start()
     return proc, err_file
+
+
+def wait_for(predicate: Callable[[], object], timeout_s: float = 120.0, poll_s: float = 0.05) -> None:
+    """Poll `predicate` until it is true (a training child got far enough); AssertionError after `timeout_s`."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end and not predicate():
+        time.sleep(poll_s)
+    assert predicate(), "timed out"
+
+
+def join_all(procs: list[mp.Process], timeout_s: float = 120.0) -> list[int | None]:
+    """Wait for the training children together (`timeout_s` for all), kill any still alive; their exit codes."""
+    end = time.monotonic() + timeout_s
+    for p in procs:
+        p.join(max(0.1, end - time.monotonic()))
+    codes = [p.exitcode for p in procs]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    return codes

@@ -22,7 +22,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     """``mdc eval <verb>`` (one sub-parser per evaluation; its handler goes into EVAL_HANDLERS) and ``mdc probe``."""
     verbs = sub.add_parser("eval", help="evaluate runs (compositionality, captioning, ...)").add_subparsers(
         dest="eval_verb", required=True)
+    # further `mdc eval` verbs: a function here that adds the parser, the handler in EVAL_HANDLERS
+    for add in (_add_compositionality, _add_captioning, _add_position_signal, _add_visual_reliance,
+                _add_parallel_decoding, _add_objects):
+        add(verbs)
+    _add_probe_parser(sub)
 
+
+def _add_compositionality(verbs: argparse._SubParsersAction) -> None:
     comp = verbs.add_parser("compositionality", help="pick-the-true-caption accuracy (paper Table 2)", parents=[flags(
         runs=True, data="benchmark data: folder or json (see README)",
         limit="at most N examples (per task file for SugarCrepe)", split="split of the embedded data (synth)",
@@ -40,6 +47,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     comp.add_argument("--length-norm", action="store_true",
                       help="add per-token rows: likelihood scores divided by the caption's token count")
 
+
+def _add_captioning(verbs: argparse._SubParsersAction) -> None:
     cap = verbs.add_parser("captioning", help="fine-tune (optional) and caption a test split (paper Table 3)",
                            parents=[flags(
         runs="run folder, MDC-family or ARC (repeatable)",
@@ -62,6 +71,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                      help="pycocoevalcap metrics (METEOR and SPICE need Java)")
     cap.add_argument("--max-length", type=int, help="ARC: most tokens generated, <eot> included (default: the context)")
 
+
+def _add_position_signal(verbs: argparse._SubParsersAction) -> None:
     sig = verbs.add_parser("position-signal", help="loss(mismatched image) - loss(true image) per caption position",
                            parents=[flags(
         runs="captioner run folder (repeatable: ARC, MDC...)", data="image-caption data (as for train)", split=True,
@@ -77,6 +88,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sig.add_argument("--words", help="comma-separated words the repeat fade follows, each one token (e.g. "
                      "red,blue,circle,square; default: every caption token)")
 
+
+def _add_visual_reliance(verbs: argparse._SubParsersAction) -> None:
     rel = verbs.add_parser("visual-reliance", help="the central claim: per token log p(true image) - log p(mismatched "
                            "image), normalised, its slope along the caption per caption group", parents=[flags(
         runs="captioner run folder (repeatable: ARC, MDC, ...; the same captions for all)",
@@ -94,6 +107,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     rel.add_argument("--bins", type=int, default=5, help="bins of relative position in the profile")
     rel.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples of the intervals")
 
+
+def _add_parallel_decoding(verbs: argparse._SubParsersAction) -> None:
     par = verbs.add_parser("parallel-decoding", help="caption quality and speed vs denoising steps (k per step, "
                            "confidence threshold)", parents=[flags(
         run="MDC-family run folder", data="embedded data folder (single-object labels give the accuracies)",
@@ -106,6 +121,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     par.add_argument("--length", type=int, help="caption length N' (default: the run's sampler.length)")
     par.add_argument("--timing-repeats", type=int, default=3, help="time each batch this often, keep the fastest")
 
+
+def _add_objects(verbs: argparse._SubParsersAction) -> None:
     obj = verbs.add_parser("objects", help="single-object colour+shape accuracy at every checkpoint of a run "
                            "(embedded data): when did the run learn to name shapes?", parents=[flags(
         runs="MDC-family run folder (repeatable: one line each in the plot)",
@@ -115,9 +132,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         out={"default": "outputs/eval", "required": False, "help": "folder for objects.json and objects.png"},
         json="print the result JSON instead of the tables", quiet="no progress bars")])
     obj.add_argument("--lengths", type=int, nargs="+", help="caption lengths N' (default: the run's sampler.length)")
-    # further `mdc eval` verbs: add their parser here and their handler to EVAL_HANDLERS
-
-    _add_probe_parser(sub)
 
 
 def cmd_eval_compositionality(args: argparse.Namespace) -> None:

@@ -7,7 +7,8 @@
 ``mdc eval ... | probe``    :mod:`mdc_core.cli.evaluate`
 ``mdc vqvae ...``           :mod:`mdc_core.cli.masked_conditional` (MC-Diffusion)
 ``mdc bench``               :mod:`mdc_core.cli.bench`
-``mdc runs | app``          :mod:`mdc_core.cli.workbench`
+``mdc runs``                :mod:`mdc_core.cli.runs`
+``mdc app``                 :mod:`mdc_core.cli.app`
 ``mdc export``              :mod:`mdc_core.cli.export`
 ==========================  ===============================================================
 
@@ -31,11 +32,11 @@ import threading
 import warnings
 from collections.abc import Iterator
 
-from mdc_core.cli import bench, data, evaluate, export, masked_conditional, sample, train, workbench
+from mdc_core.cli import app, bench, data, evaluate, export, masked_conditional, runs, sample, train
 from mdc_core.cli.checks import check_numeric_args
 from mdc_core.cli.common import USER_ERRORS
 
-GROUPS = (data, train, sample, evaluate, export, workbench, bench, masked_conditional)
+GROUPS = (data, train, sample, evaluate, export, app, runs, bench, masked_conditional)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,7 +16,8 @@ from typing import Any
 
 from mdc_core.cli import trajectory
 from mdc_core.cli.common import flags
-from mdc_core.config import GUIDANCE_MODES, SAMPLER_RANGES, SCORE_METHODS, apply_overrides
+from mdc_core.config import SAMPLER_RANGES, SCORE_METHODS, apply_overrides
+from mdc_core.masked_conditional.plugin import GUIDANCE_MODES
 
 # ``mdc sample`` options of MDC's confidence sampler that the D3PM sampler has no use for: (dest, flag)
 MDC_ONLY_ARGS = (("tokens_per_step", "--tokens-per-step"), ("threshold", "--threshold"), ("top_k", "--top-k"))

@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 from mdc_core.cli.common import flags
-from mdc_core.config import OBJECTIVE_NAMES, RunConfig, apply_overrides, list_presets, load_preset
+from mdc_core.config import RunConfig, apply_overrides, list_presets, load_preset
+from mdc_core.registry import objective_names
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -18,7 +19,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                                 "JSON)"}, out="run folder", set=True, quiet=True)])
     train.add_argument("--preset", help=f"one of: {', '.join(list_presets())} (default tiny; with --resume: the "
                        "run's own config.json, to which the other flags apply)")
-    train.add_argument("--objective", choices=OBJECTIVE_NAMES)
+    train.add_argument("--objective", choices=objective_names())
     train.add_argument("--steps", type=int, help="optimizer steps")
     train.add_argument("--images", help="image folder of a caption json/CSV (default: beside it, or the COCO "
                        "layout annotations/ + train2017/)")

@@ -9,7 +9,7 @@ Both take plain tensors / strings; loading models and data is the caller's job.
 
 Run-level evaluations (they load runs and data themselves; import the module to use them):
 
-* :mod:`mdc_core.eval.compositionality` (+ :mod:`mdc_core.eval.benchmarks`): ``mdc eval compositionality``.
+* :mod:`mdc_core.eval.compositionality` (+ :mod:`mdc_core.eval.composition_sets`): ``mdc eval compositionality``.
 * :mod:`mdc_core.eval.captioning`: ``mdc eval captioning``.
 * :mod:`mdc_core.eval.object_curve`: ``mdc eval objects`` (single-object accuracy at every checkpoint).
 * :mod:`mdc_core.eval.position_signal`: ``mdc eval position-signal``; :mod:`mdc_core.eval.parallel_decoding`:
@@ -33,12 +33,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from mdc_core.eval.caption_metrics import ALL_METRICS, caption_metrics, simple_tokenize
+from mdc_core.eval.caption_metrics import ALL_METRICS, score_captions, simple_tokenize
 
 _LAZY = ("CLIP_BENCHMARK_WD_GRID", "ProbeResult", "cached_features", "linear_probe")  # from mdc_core.eval.probe
 
 __all__ = [
-    "ALL_METRICS", "CLIP_BENCHMARK_WD_GRID", "ProbeResult", "cached_features", "caption_metrics", "linear_probe",
+    "ALL_METRICS", "CLIP_BENCHMARK_WD_GRID", "ProbeResult", "cached_features", "score_captions", "linear_probe",
     "simple_tokenize",
 ]
 

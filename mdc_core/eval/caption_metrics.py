@@ -44,7 +44,7 @@ _SPICE_JARS = ("stanford-corenlp-3.6.0.jar", "stanford-corenlp-3.6.0-models.jar"
 _TOKEN = re.compile(r"'?[^\W_]+")  # a run of letters/digits, optionally with its leading apostrophe ('s, 're)
 
 
-def caption_metrics(
+def score_captions(
     predictions: Mapping[Hashable, str],
     references: Mapping[Hashable, Sequence[str]],
     *,
@@ -83,41 +83,16 @@ def caption_metrics(
     unavailable: dict[str, str] = {}
 
     java_reason = _java_missing_reason()
-    tokenizer = "simple"
-    if java_reason is None:
-        try:
-            res, gts = _ptb_tokenize(keys, predictions, references)
-            tokenizer = "ptb"
-        except Exception as err:  # e.g. a read-only site-packages (the wrapper writes a temp file there)
-            unavailable["PTBTokenizer"] = f"the PTB tokenizer failed: {type(err).__name__}: {err}"
-    else:
-        unavailable["PTBTokenizer"] = java_reason
-    if tokenizer == "simple":
-        res = {k: [" ".join(simple_tokenize(predictions[k]))] for k in keys}
-        gts = {k: [" ".join(simple_tokenize(c)) for c in references[k]] for k in keys}
-
+    res, gts, tokenizer = _tokenize(keys, predictions, references, java_reason, unavailable)
     out: dict[str, Any] = {}
     wanted = set(per_image) | ({"CIDEr"} if per_image_cider else set())
     per_image_scores: dict[str, dict[Hashable, float]] = {}
     for name in ALL_METRICS:  # fixed order, so output keys are stable
         if name not in metrics:
             continue
-        if name in _NEEDS_JAVA and java_reason is not None:
-            reason = f"needs Java: {java_reason}"
-        elif name == "SPICE":
-            reason = _spice_missing_reason()
-        else:
-            reason = None
-        if reason is None:
-            try:
-                scores, per = _SCORERS[name](gts, res)
-            except Exception as err:
-                if name not in _NEEDS_JAVA:  # pure-Python scorers failing is a bug: surface it
-                    raise
-                reason = f"{name} failed: {type(err).__name__}: {err}"
+        scores, per, reason = _score_one(name, gts, res, java_reason)
         if reason is not None:
             unavailable[name] = reason
-            scores, per = {name: None}, None
         out.update(scores)
         if name in wanted and per is not None:
             per_image_scores[name] = {k: float(s) for k, s in zip(keys, per, strict=True)}
@@ -128,6 +103,44 @@ def caption_metrics(
     if wanted:
         out["per_image"] = per_image_scores
     return out
+
+
+def _tokenize(keys: list[Hashable], predictions: Mapping[Hashable, str], references: Mapping[Hashable, Sequence[str]],
+              java_reason: str | None, unavailable: dict[str, str]) -> tuple[Captions, Captions, str]:
+    """(tokenized predictions, tokenized references, "ptb" or "simple"): pycocoevalcap's PTB tokenizer when Java
+    runs, else :func:`simple_tokenize` (the reason goes into `unavailable["PTBTokenizer"]`)."""
+    if java_reason is None:
+        try:
+            res, gts = _ptb_tokenize(keys, predictions, references)
+            return res, gts, "ptb"
+        except Exception as err:  # e.g. a read-only site-packages (the wrapper writes a temp file there)
+            unavailable["PTBTokenizer"] = f"the PTB tokenizer failed: {type(err).__name__}: {err}"
+    else:
+        unavailable["PTBTokenizer"] = java_reason
+    res = {k: [" ".join(simple_tokenize(predictions[k]))] for k in keys}
+    gts = {k: [" ".join(simple_tokenize(c)) for c in references[k]] for k in keys}
+    return res, gts, "simple"
+
+
+def _score_one(name: str, gts: Captions, res: Captions, java_reason: str | None
+               ) -> tuple[dict[str, float | None], Any, str | None]:
+    """(scores, per-image scores or None, why the metric is unavailable or None) of metric `name`. A Java metric
+    that cannot run or fails is unavailable; a pure-Python scorer failing is a bug and raises."""
+    if name in _NEEDS_JAVA and java_reason is not None:
+        reason = f"needs Java: {java_reason}"
+    elif name == "SPICE":
+        reason = _spice_missing_reason()
+    else:
+        reason = None
+    if reason is None:
+        try:
+            scores, per = _SCORERS[name](gts, res)
+            return scores, per, None
+        except Exception as err:
+            if name not in _NEEDS_JAVA:
+                raise
+            reason = f"{name} failed: {type(err).__name__}: {err}"
+    return {name: None}, None, reason
 
 
 def simple_tokenize(text: str) -> list[str]:

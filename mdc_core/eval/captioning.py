@@ -41,8 +41,8 @@ from tqdm.auto import tqdm
 
 from mdc_core.config import RunConfig, SamplerConfig, apply_overrides
 from mdc_core.data.sources import iter_shard_records, resolve_source
-from mdc_core.eval.benchmarks import image_pixels
-from mdc_core.eval.caption_metrics import ALL_METRICS, MeteorSession, caption_metrics
+from mdc_core.eval.caption_metrics import ALL_METRICS, MeteorSession, score_captions
+from mdc_core.eval.composition_sets import image_pixels
 from mdc_core.eval.repetition import repeated_words, repetition_rate
 from mdc_core.tokenizer import EOT_ID, SOT_ID, CaptionTokenizer
 
@@ -456,7 +456,7 @@ def _caption_runs(plans: list[tuple[Any, list[str]]], items: list[CaptionItem], 
                                 auto_range=auto_range)
         for d in decoders:
             captions = decoded[d]["captions"]
-            scores = caption_metrics(captions, references, metrics=metrics,
+            scores = score_captions(captions, references, metrics=metrics,
                                      per_image=[m for m in ITEM_METRICS if m in metrics])
             per_image = {name: [per[k] for k in captions] for name, per in scores.get("per_image", {}).items()}
             per_image["repetition"] = [100.0 * bool(repeated_words(c)) for c in captions.values()]

@@ -1,6 +1,6 @@
 """Compositionality as pick-the-true-caption accuracy (paper Sec. 4.2, Table 2).
 
-For every example (:class:`~mdc_core.eval.benchmarks.Example`) the image is encoded once and all its candidate
+For every example (:class:`~mdc_core.eval.composition_sets.Example`) the image is encoded once and all its candidate
 captions (the true one and every false one) are scored in one batch; the example is correct for a task when the
 true caption scores strictly higher than each false caption of that task (ties count as wrong).
 
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from mdc_core.config import RunConfig
-from mdc_core.eval.benchmarks import COLUMN_ORDER, COLUMNS, Example, example_pixels, load_benchmark
+from mdc_core.eval.composition_sets import COLUMN_ORDER, COLUMNS, Example, example_pixels, load_benchmark
 from mdc_core.tokenizer import CaptionTokenizer
 
 MASKED_METHODS = ("mc", "heuristic", "ar")

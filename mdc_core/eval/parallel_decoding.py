@@ -29,7 +29,7 @@ from mdc_core.checkpoint import load_model
 from mdc_core.config import DataConfig, SamplerConfig
 from mdc_core.data import build_loader
 from mdc_core.distributed import sync
-from mdc_core.eval.caption_metrics import caption_metrics
+from mdc_core.eval.caption_metrics import score_captions
 from mdc_core.eval.figures import save_png
 from mdc_core.eval.report import names_object
 from mdc_core.objectives import objective_spec
@@ -133,7 +133,7 @@ def decoding_curve(run: str | Path, data: str | Path, *, thresholds: Sequence[fl
                          f"{timing_repeats}")
     model, cfg = load_model(run, device=device)
     spec = objective_spec(cfg.objective.name)
-    if spec.model != "captioner" or spec.causal or spec.masking == "d3pm":
+    if spec.model != "captioner" or spec.causal or spec.masking == "custom":
         raise ValueError(f"{run} is a {cfg.objective.name} run: parallel decoding needs a masked-diffusion "
                          "captioner (mdc, mdc_no_t, bert, parallel)")
     length = cfg.sampler.length if length is None else length
@@ -160,7 +160,7 @@ def decoding_curve(run: str | Path, data: str | Path, *, thresholds: Sequence[fl
         seconds = run_["encode_seconds"] + run_["sample_seconds"]
         colour = [_names_colour(captions[i], objects[i][0]) for i in single]
         both = [names_object(captions[i], *objects[i]) for i in single]
-        cider = caption_metrics(dict(zip(keys, captions, strict=True)), references, metrics=["CIDEr"])
+        cider = score_captions(dict(zip(keys, captions, strict=True)), references, metrics=["CIDEr"])
         results.append({
             "setting": label, "tokens_per_step": k, "threshold": threshold,
             "mean_steps": sum(steps) / len(steps), "max_steps": max(steps),

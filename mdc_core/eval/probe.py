@@ -139,21 +139,12 @@ def linear_probe(
     """
     train_x, train_y = _check_split("train", train_x, train_y)
     test_x, test_y = _check_split("test", test_x, test_y)
-    if train_x.shape[1] != test_x.shape[1]:
-        raise ValueError(f"feature sizes differ: train_x has D={train_x.shape[1]}, test_x has D={test_x.shape[1]}")
-    classes = torch.unique(train_y)  # sorted distinct labels; probe output j <-> label classes[j]
-    if len(classes) < 2:
-        raise ValueError(f"train_y has {len(classes)} distinct class(es); a probe needs at least 2")
-    unseen = sorted(set(torch.unique(test_y).tolist()) - set(classes.tolist()))
-    if unseen:
-        raise ValueError(f"test labels {unseen[:10]}{' ...' if len(unseen) > 10 else ''} never occur in train_y; "
-                         "a probe trained on train_y cannot predict them")
+    classes = _check_labels(train_x, train_y, test_x, test_y)  # sorted distinct labels; output j <-> classes[j]
     if epochs < 1 or batch_size < 1 or lr <= 0:
         raise ValueError(f"need epochs >= 1, batch_size >= 1, lr > 0; got {epochs}, {batch_size}, {lr}")
     grid = CLIP_BENCHMARK_WD_GRID if wd_grid is None else tuple(float(w) for w in wd_grid)
     if not grid or any(w < 0 or not math.isfinite(w) for w in grid):
         raise ValueError(f"wd_grid must hold finite non-negative values, got {list(grid)}")
-
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown probe protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
     if normalize:
@@ -167,6 +158,21 @@ def linear_probe(
     with _cpu_threads(cpu_threads if hp["device"].type == "cpu" else None):
         return _probe(train_x, train_t, test_x, test_y, test_t, classes, grid, wd_grid is None, val_fraction, hp,
                       progress)
+
+
+def _check_labels(train_x: Tensor, train_y: Tensor, test_x: Tensor, test_y: Tensor) -> Tensor:
+    """The sorted distinct training labels; ValueError when the feature sizes differ, fewer than two classes are
+    trained, or a test label never occurs in training."""
+    if train_x.shape[1] != test_x.shape[1]:
+        raise ValueError(f"feature sizes differ: train_x has D={train_x.shape[1]}, test_x has D={test_x.shape[1]}")
+    classes = torch.unique(train_y)
+    if len(classes) < 2:
+        raise ValueError(f"train_y has {len(classes)} distinct class(es); a probe needs at least 2")
+    unseen = sorted(set(torch.unique(test_y).tolist()) - set(classes.tolist()))
+    if unseen:
+        raise ValueError(f"test labels {unseen[:10]}{' ...' if len(unseen) > 10 else ''} never occur in train_y; "
+                         "a probe trained on train_y cannot predict them")
+    return classes
 
 
 def _probe(train_x: Tensor, train_t: Tensor, test_x: Tensor, test_y: Tensor, test_t: Tensor, classes: Tensor,

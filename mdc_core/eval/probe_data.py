@@ -318,16 +318,7 @@ def probe_run(run: str | Path, data: str | Path, *, task: str | Sequence[str] = 
     ckpt = resolve_checkpoint(run)
     train_set = open_probe_dataset(data, "train", fmt, limit)
     test_set = open_probe_dataset(data, "test", train_set.format, limit)
-    tasks = list(train_set.classes) if task == "all" else [task] if isinstance(task, str) else list(task)
-    unknown = [t for t in tasks if t not in train_set.classes]
-    if unknown or not tasks:
-        raise ValueError(f"unknown task {(unknown or [task])[0]!r} for {train_set.format} data; choose all or one "
-                         f"of {', '.join(train_set.classes)}")
-    if init not in INITS:
-        raise ValueError(f"unknown probe init {init!r}; choose one of {', '.join(INITS)}")
-    if (protocol == "lbfgs" and weight_decay is not None) or (protocol != "lbfgs" and c is not None):
-        raise ValueError("a fixed weight decay belongs to the clip_benchmark protocol and a fixed C to lbfgs; "
-                         f"got protocol={protocol!r} with weight_decay={weight_decay}, C={c}")
+    tasks = _probe_tasks(train_set, task, init, protocol, weight_decay, c)
     model, cfg = load_model(ckpt, device=device, ema=ema)
     seen = seen_in_pretraining(cfg.data.path, train_set.root)
     if heldout and seen:
@@ -339,34 +330,11 @@ def probe_run(run: str | Path, data: str | Path, *, task: str | Sequence[str] = 
         model = random_init_model(cfg, device)
     elif init == "pixels":
         model, pool = PixelFeatures(), "pixels"
-    weights = ckpt / ("ema.safetensors" if ema else "model.safetensors")
     run_root = ckpt.parent.parent if ckpt.parent.name == CKPT_DIR else ckpt  # RUN/checkpoints/step_N -> RUN
-    cache = Path(cache_dir) if cache_dir is not None else run_root / "probe_features"
-    tag = hashlib.sha1(str(train_set.root.resolve()).encode()).hexdigest()[:8]
-
-    def split_features(ds: ProbeDataset) -> dict[str, tuple[Tensor, Tensor]]:
-        memo: dict[str, Any] = {}
-
-        def compute(t: str) -> tuple[Tensor, Tensor]:
-            if "out" not in memo:  # one pass over the images serves every task
-                memo["out"] = extract_features(model, ds, pool=pool, image_size=cfg.model.image_size,
-                                               batch_size=batch_size, device=device, progress=progress)
-            feats, labels = memo["out"]
-            return feats, labels[t]
-
-        out = {}
-        for t in tasks:
-            fingerprint = {"version": CACHE_VERSION, "checkpoint": str(ckpt.resolve()), "weights": weights.name,
-                           "weights_size": weights.stat().st_size, "weights_mtime_ns": weights.stat().st_mtime_ns,
-                           "data": str(ds.root.resolve()), "format": ds.format, "split": ds.split, "task": t,
-                           "data_stamp": ds.stamp(), "pool": pool, "image_size": cfg.model.image_size,
-                           "limit": limit, "init": init, "train_seed": cfg.train.seed}
-            kind = {"trained": "-ema" if ema else "", "random": "-random", "pixels": "-pixels"}[init]
-            name = f"{ds.format}-{ds.root.name}-{tag}-{ckpt.name}{kind}-{ds.split}-{t}.safetensors"
-            out[t] = cached_features(cache / name, lambda t=t: compute(t), fingerprint)
-        return out
-
-    train_feats, test_feats = split_features(train_set), split_features(test_set)
+    source = _FeatureSource(model, pool, cfg, ckpt, init, ema, limit, batch_size, device, progress,
+                            Path(cache_dir) if cache_dir is not None else run_root / "probe_features",
+                            hashlib.sha1(str(train_set.root.resolve()).encode()).hexdigest()[:8])
+    train_feats, test_feats = source.features(train_set, tasks), source.features(test_set, tasks)
     results = {}
     for t in tasks:
         (tx, ty), (vx, vy) = train_feats[t], test_feats[t]
@@ -378,6 +346,66 @@ def probe_run(run: str | Path, data: str | Path, *, task: str | Sequence[str] = 
             "pool": pool, "init": init, "protocol": protocol, "data": str(data), "format": train_set.format,
             "ema": ema, "seen_in_pretraining": seen, "tasks": results,
             "skipped": {"train": len(train_set.skipped), "test": len(test_set.skipped)}}  # unreadable images
+
+
+def _probe_tasks(train_set: ProbeDataset, task: str | Sequence[str], init: str, protocol: str,
+                 weight_decay: float | None, c: float | None) -> list[str]:
+    """The labels to probe (`task` resolved against the data set's), after checking the probe's settings."""
+    tasks = list(train_set.classes) if task == "all" else [task] if isinstance(task, str) else list(task)
+    unknown = [t for t in tasks if t not in train_set.classes]
+    if unknown or not tasks:
+        raise ValueError(f"unknown task {(unknown or [task])[0]!r} for {train_set.format} data; choose all or one "
+                         f"of {', '.join(train_set.classes)}")
+    if init not in INITS:
+        raise ValueError(f"unknown probe init {init!r}; choose one of {', '.join(INITS)}")
+    if (protocol == "lbfgs" and weight_decay is not None) or (protocol != "lbfgs" and c is not None):
+        raise ValueError("a fixed weight decay belongs to the clip_benchmark protocol and a fixed C to lbfgs; "
+                         f"got protocol={protocol!r} with weight_decay={weight_decay}, C={c}")
+    return tasks
+
+
+@dataclass
+class _FeatureSource:
+    """The features one probe reads: which model and pooling made them, and the cache they are kept in (one file
+    per split and task, keyed by everything that changes them)."""
+
+    model: Any
+    pool: str
+    cfg: Any  # the run's RunConfig
+    ckpt: Path
+    init: str
+    ema: bool
+    limit: int | None
+    batch_size: int
+    device: str
+    progress: bool
+    cache: Path
+    tag: str  # short hash of the probe data folder
+
+    def features(self, ds: ProbeDataset, tasks: list[str]) -> dict[str, tuple[Tensor, Tensor]]:
+        """task -> (features (N, D), labels (N,)) of split `ds`, from the cache or one pass over its images."""
+        memo: dict[str, Any] = {}
+
+        def compute(t: str) -> tuple[Tensor, Tensor]:
+            if "out" not in memo:  # one pass over the images serves every task
+                memo["out"] = extract_features(self.model, ds, pool=self.pool, image_size=self.cfg.model.image_size,
+                                               batch_size=self.batch_size, device=self.device,
+                                               progress=self.progress)
+            feats, labels = memo["out"]
+            return feats, labels[t]
+
+        weights = self.ckpt / ("ema.safetensors" if self.ema else "model.safetensors")
+        kind = {"trained": "-ema" if self.ema else "", "random": "-random", "pixels": "-pixels"}[self.init]
+        out = {}
+        for t in tasks:
+            fingerprint = {"version": CACHE_VERSION, "checkpoint": str(self.ckpt.resolve()), "weights": weights.name,
+                           "weights_size": weights.stat().st_size, "weights_mtime_ns": weights.stat().st_mtime_ns,
+                           "data": str(ds.root.resolve()), "format": ds.format, "split": ds.split, "task": t,
+                           "data_stamp": ds.stamp(), "pool": self.pool, "image_size": self.cfg.model.image_size,
+                           "limit": self.limit, "init": self.init, "train_seed": self.cfg.train.seed}
+            name = f"{ds.format}-{ds.root.name}-{self.tag}-{self.ckpt.name}{kind}-{ds.split}-{t}.safetensors"
+            out[t] = cached_features(self.cache / name, lambda t=t: compute(t), fingerprint)
+        return out
 
 
 def seen_in_pretraining(pretraining_data: str | Path, probe_root: str | Path) -> bool:

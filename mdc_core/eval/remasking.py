@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from mdc_core.config import SamplerConfig
-from mdc_core.eval.caption_metrics import caption_metrics
+from mdc_core.eval.caption_metrics import score_captions
 from mdc_core.eval.repetition import repeated_words
 from mdc_core.eval.report import caption_report
 
@@ -68,7 +68,7 @@ def compare_samplers(model: Any, cfg: Any, samplers: Mapping[str, SamplerConfig]
     rows: dict[str, dict[str, Any]] = {}
     for name, rep in reports.items():
         caps = {r["key"]: r["caption"] for r in rep["captions"]}
-        cider = caption_metrics(caps, refs, metrics=("CIDEr",), per_image_cider=True)
+        cider = score_captions(caps, refs, metrics=("CIDEr",), per_image_cider=True)
         values = {"repetition_rate": np.array([bool(repeated_words(caps[k])) for k in keys], dtype=float),
                   "cider": np.array([cider["per_image"]["CIDEr"][k] for k in keys]),
                   "single_object_accuracy": np.array([float(r.get("correct", False)) for r in rep["captions"]])}

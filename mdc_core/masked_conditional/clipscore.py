@@ -97,18 +97,6 @@ def clip_scores(scorer: CLIPScorer, images: torch.Tensor, texts: Sequence[str], 
     return torch.cat(out)
 
 
-def ref_clip_scores(scorer: CLIPScorer, images: torch.Tensor, texts: Sequence[str],
-                    references: Sequence[Sequence[str]]) -> torch.Tensor:
-    """(B,) RefCLIPScore (Hessel et al.): harmonic mean of CLIPScore and ``max(max_r cos(caption, reference_r), 0)``."""
-    clip = clip_scores(scorer, images, texts)
-    cand = F.normalize(scorer.embed_texts(texts).float(), dim=-1).cpu()
-    ref = torch.stack([
-        (F.normalize(scorer.embed_texts(list(refs)).float(), dim=-1).cpu() @ cand[b]).max().clamp(min=0)
-        for b, refs in enumerate(references)
-    ])
-    return 2 * clip * ref / (clip + ref).clamp_min(1e-12)
-
-
 def load_clip_scorer(path: str | Path, open_clip_model: str = "", device: str = "cpu") -> CLIPScorer:
     """A workbench CLIP run folder (or checkpoint folder), or with `open_clip_model` a local open_clip file."""
     if open_clip_model:

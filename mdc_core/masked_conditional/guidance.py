@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from mdc_core.config import GUIDANCE_TRAINING_MODES
+from mdc_core.masked_conditional.plugin import GUIDANCE_TRAINING_MODES
 
 TRAINING_MODES = GUIDANCE_TRAINING_MODES
 # sampling: mode -> (weight of log p(x | y), weight of log p(x | reference)) as functions of the scale w
@@ -80,7 +80,7 @@ def corrupt_condition(image_tokens: torch.Tensor, mode: str, p_cond: float, p_ma
 def corrupt_training_condition(model: Any, image_tokens: torch.Tensor, cfg: Any,
                                generator: torch.Generator | None = None) -> torch.Tensor:
     """:func:`corrupt_condition` with the settings of ObjectiveConfig `cfg` and `model`'s null token: the hook
-    the core's losses call (``mdc_core.objectives.CONDITION_CORRUPTION``) when ``objective.guidance`` is set."""
+    the core's losses call (through the plug-in's condition transform) when ``objective.guidance`` is set."""
     return corrupt_condition(image_tokens, cfg.guidance, cfg.p_cond, cfg.p_mask, condition_mask_value(model),
                              generator)
 

@@ -23,7 +23,7 @@ import torch
 from mdc_core.config import SamplerConfig
 from mdc_core.data.captions import short_caption
 from mdc_core.data.scene import example_rng, heldout_combos, sample_scene, split_id
-from mdc_core.eval.caption_metrics import caption_metrics
+from mdc_core.eval.caption_metrics import score_captions
 from mdc_core.masked_conditional.clipscore import CLIPScorer, clip_scores
 from mdc_core.masked_conditional.diffusion import d3pm_sample
 from mdc_core.masked_conditional.guidance import GuidanceConfig, GuidedCaptioner
@@ -101,7 +101,7 @@ def guidance_sweep(runs: Sequence[SweepRun], images: torch.Tensor, references: S
             for w in scales:
                 texts = caption_images(run, images, GuidanceConfig(mode, float(w), run.p_mask, seed), length=length,
                                        seed=seed, stride=stride, batch_size=batch_size)
-                scores = caption_metrics(dict(enumerate(texts)), refs, metrics=metrics)
+                scores = score_captions(dict(enumerate(texts)), refs, metrics=metrics)
                 row = {"model": run.name, "sampler": run.sampler, "mode": mode, "scale": float(w),
                        **{k: v for k, v in scores.items() if isinstance(v, float) or v is None},
                        "CLIPScore": float(clip_scores(scorer, images, texts).mean()),

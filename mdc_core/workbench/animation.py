@@ -25,9 +25,16 @@ import numpy as np
 from matplotlib import font_manager
 from PIL import Image, ImageDraw, ImageFont
 
-CONFIDENCE_CMAP = matplotlib.colormaps["viridis"]  # the app's chip colours
+CONFIDENCE_CMAP = matplotlib.colormaps["viridis"]  # confidence 0..1 in the app's chips, the heatmaps, the GIFs
 ATTENTION_CMAP = matplotlib.colormaps["inferno"]
 RECORD_KEYS = ("tokens", "token_ids", "steps", "settings")
+
+
+def confidence_colour(p: float) -> tuple[tuple[float, float, float], bool]:
+    """(r, g, b) in [0, 1] of confidence p on :data:`CONFIDENCE_CMAP`, and whether it is light (then dark text goes
+    on it; by perceived luminance). Every drawing of a confidence takes its colour from here."""
+    r, g, b, _ = CONFIDENCE_CMAP(min(max(p, 0.0), 1.0))
+    return (r, g, b), 0.299 * r + 0.587 * g + 0.114 * b > 0.55
 
 
 def canvas_at(record: dict[str, Any], step: int) -> list[dict[str, Any]]:
@@ -72,16 +79,6 @@ def canvas_at(record: dict[str, Any], step: int) -> list[dict[str, Any]]:
 
 # ------------------------------------------------------------------------------------------------------------
 # attention
-
-
-def attention_layout(record: dict[str, Any]) -> tuple[int, int, int] | None:
-    """(layers, heads, M) of the record's attention, or None when it was sampled without attention."""
-    for st in record["steps"]:
-        for r in st["revealed"]:
-            if "attention" in r:
-                a = np.asarray(r["attention"])
-                return a.shape  # type: ignore[return-value]
-    return None
 
 
 def attention_map(attention: Any, prefix: int = 0, layer: int | str = -1, head: int | str = "mean") -> np.ndarray:
@@ -148,9 +145,9 @@ def _hex(rgb: tuple[float, ...]) -> tuple[int, int, int]:
 def _chip_colours(cell: dict[str, Any]) -> tuple[tuple[int, int, int], tuple[int, int, int], str, str]:
     """(background, text colour, main text, small text) of one canvas cell."""
     if cell.get("state") == "revealed":
-        r, g, b, _ = CONFIDENCE_CMAP(min(max(cell["confidence"], 0.0), 1.0))
-        text = (17, 24, 39) if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else (255, 255, 255)
-        return _hex((r, g, b)), text, cell["token"], f"#{cell['order']} {cell['confidence']:.2f}"
+        rgb, light = confidence_colour(cell["confidence"])
+        text = (17, 24, 39) if light else (255, 255, 255)
+        return _hex(rgb), text, cell["token"], f"#{cell['order']} {cell['confidence']:.2f}"
     if cell.get("state") == "fixed":
         return (255, 255, 255), (17, 24, 39), cell["token"], "fixed"
     guess = cell.get("token", "")

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from mdc_core.workbench.animation import CONFIDENCE_CMAP, canvas_at
+from mdc_core.workbench.animation import canvas_at, confidence_colour
 
 
 def unmasking_figure(record: dict[str, Any], image: Any = None, title: str = "") -> Any:
@@ -37,8 +37,7 @@ def unmasking_figure(record: dict[str, Any], image: Any = None, title: str = "")
         for cell in canvas_at(record, s):
             x, y = cell["position"], s
             if cell.get("state") == "revealed":
-                colour = CONFIDENCE_CMAP(min(max(cell["confidence"], 0.0), 1.0))
-                light = 0.299 * colour[0] + 0.587 * colour[1] + 0.114 * colour[2] > 0.55
+                colour, light = confidence_colour(cell["confidence"])
                 ax.add_patch(Rectangle((x - 0.47, y - 0.42), 0.94, 0.84, facecolor=colour,
                                        edgecolor="#f97316" if cell.get("just") else "none", linewidth=2.2))
                 ax.text(x, y, cell["token"], ha="center", va="center", fontsize=8,

@@ -27,7 +27,7 @@ from typing import Any
 
 from mdc_core.config import RunConfig, list_presets, load_preset
 
-OBJECTIVES = {  # one line per row of mdc_core.objectives.OBJECTIVES
+OBJECTIVES = {  # one line per row of mdc_core.registry.OBJECTIVES
     "mdc": "masked diffusion captioning (Feng, Wei, Owens 2025): each caption token masked with probability "
            "t ~ U[{t_low}, {t_high}], the masked tokens predicted from the image, the loss weighted by 1/t",
     "mdc_no_t": "masked diffusion captioning without the 1/t weight (CMLM): t ~ U[{t_low}, {t_high}]",
@@ -239,7 +239,10 @@ def render_card(*, cfg: RunConfig, run_dir: Path, step: int, ema: bool, fmt: str
         except (json.JSONDecodeError, AttributeError):
             pass
     record = training_record(run_dir, step)
-    logged = ", ".join(f"{k} {_number(record[k])}" for k in ("loss", "acc_masked") if k in record)
+    from mdc_core.objectives import logged_accuracy
+    accuracy = logged_accuracy(record)
+    logged = ", ".join(([f"loss {_number(record['loss'])}"] if "loss" in record else []) +
+                       ([f"{accuracy[0]} {_number(accuracy[1])}"] if accuracy else []))
     weights = f"EMA of the weights (decay {t.ema_decay})" if ema else "the trained weights" + (
         " (the run also kept an EMA; exported without it)" if t.ema_decay > 0 else " (the run kept no EMA)")
     rows = [("objective", f"`{o.name}`: {objective}"), ("preset", f"`{cfg.preset or '(none)'}`"),

@@ -294,7 +294,10 @@ def loss_figure(rows: list[dict[str, Any]], title: str = "training loss"):
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax2 = ax.twinx()
-    ax2.plot(steps, [r["acc_masked"] for r in rows], color="tab:orange", label="masked-token accuracy")
+    from mdc_core.objectives import logged_accuracy
+    accuracy = [logged_accuracy(r) for r in rows]
+    if all(accuracy):
+        ax2.plot(steps, [a[1] for a in accuracy], color="tab:orange", label=accuracy[-1][0])
     ax2.set_ylabel("accuracy", color="tab:orange")
     ax.set_title(title)
     return fig
@@ -409,13 +412,6 @@ def loss_draws(model: Any, cfg: RunConfig, images: Any, captions: list[str], dra
     return out
 
 
-def probe_summary(result: dict[str, Any], tasks: list[str]) -> dict[str, float]:
-    """Top-1 accuracy in % per task of a :func:`mdc_core.eval.probe_data.probe_run` result, plus ``mean``
-    over `tasks` (the single number the tables report)."""
-    per_task = {t: 100.0 * result["tasks"][t]["top1"] for t in tasks}
-    return {**per_task, "mean": sum(per_task.values()) / len(per_task)}
-
-
 def markdown_table(rows: dict[str, dict[str, Any]], first: str = "", digits: int = 1) -> str:
     """A markdown table: one row per key of `rows`, one column per key of the inner dicts (in first-seen order);
     numbers rounded to `digits`. Show it with ``IPython.display.Markdown``."""
@@ -433,16 +429,18 @@ def markdown_table(rows: dict[str, dict[str, Any]], first: str = "", digits: int
 
 def trajectory_html(record: dict[str, Any], step: int) -> str:
     """The canvas of one :func:`mdc_core.sampler.trajectory` record after `step` denoising steps, as the app's
-    HTML token chips (:func:`app.render.chips_html`: one drawing for the app and the notebooks)."""
-    from app.render import chips_html
+    HTML token chips (:func:`mdc_core.workbench.trajectory_view.chips_html`: one drawing for the app and the
+    notebooks)."""
+    from mdc_core.workbench.trajectory_view import chips_html
 
     return chips_html(record, step)
 
 
 def confidence_heatmap(record: dict[str, Any], title: str = "") -> Any:
     """Steps x positions: each masked position's top-guess confidence per step, the reveal order traced on it
-    (:func:`app.render.heatmap_figure`); shown in the notebook's output when run inside one, and returned."""
-    from app.render import heatmap_figure
+    (:func:`mdc_core.workbench.trajectory_view.heatmap_figure`); shown in the notebook's output when run inside one,
+    and returned."""
+    from mdc_core.workbench.trajectory_view import heatmap_figure
 
     fig = heatmap_figure(record, title)
     try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mdc_core.eval.benchmarks import COLUMNS
+from mdc_core.eval.composition_sets import COLUMNS
 
 
 def compositionality_items(result: dict[str, Any]) -> dict[str, dict[str, list[float]]]:

@@ -1,0 +1,167 @@
+"""The plug-in point: the tables the core chooses variants from, which extensions fill when they are imported.
+
+The core declares its own rows (the objectives MDC, its baselines, ARC and CLIP) and never names an extension. An
+extension that adds a variant the core must be able to build (an objective, an image encoder, configuration keys,
+a transform of the image condition during training) does so in a module ``plugin.py`` at the top of its
+subpackage of ``mdc_core``, or, for a package outside this repository, in a module it names under the entry-point
+group ``mdc_core.plugins``. :func:`load_plugins` imports them all, once, the first time a table is read, so a
+config naming an extension's objective or keys loads without the caller importing the extension; importing the
+core alone imports no extension. A plug-in module stays light (no torch at import): it names its functions as
+``"module:attribute"`` strings or wraps them in small functions that import on call.
+
+This module imports nothing but the standard library (the command line builds its choices from it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+ENTRY_POINT_GROUP = "mdc_core.plugins"  # outside packages: [project.entry-points."mdc_core.plugins"] name = "module"
+PLUGIN_MODULE = "plugin"  # a subpackage of mdc_core with this module is an extension that registers with the core
+
+
+def resolve_ref(ref: str | Callable[..., Any]) -> Any:
+    """The object a ``"package.module:attribute"`` string names, importing the module on first use (a callable is
+    returned as it is): how a table row names a function without importing its module."""
+    if callable(ref):
+        return ref
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    """One row of the objective table."""
+
+    causal: bool  # decoder self-attention is causal (teacher forcing) instead of bidirectional
+    masking: str  # "time": t ~ U[t_low, t_high] per caption; "fixed": t = mask_ratio; "all": t = 1; "none";
+    # "custom": the loss draws its own noise (an extension's process; prepared=False)
+    inv_t_weight: bool  # weight each caption's masked CE by 1/t (the diffusion ELBO weight)
+    loss: str | Callable[..., Any]  # the batch loss (model, images, tokens, cfg, generator) -> LossOutput, or its
+    # "module:function" (resolved on use, so that registering a row imports nothing)
+    model: str = "captioner"  # model family (mdc_core.factory.MODELS): "captioner" or "clip" (contrastive loss)
+    prepared: bool = True  # the loss takes a PreparedBatch (objectives.prepare_batch, on the host in the trainer);
+    # False: it draws its noise on the device itself
+
+    def loss_fn(self) -> Callable[..., Any]:
+        return resolve_ref(self.loss)
+
+
+_MASKED, _AR = "mdc_core.objectives:masked_token_loss", "mdc_core.objectives:autoregressive_loss"
+# the core's rows, in the order the command line lists them; extensions append theirs (register_objective)
+OBJECTIVES: dict[str, ObjectiveSpec] = {
+    "mdc": ObjectiveSpec(causal=False, masking="time", inv_t_weight=True, loss=_MASKED),  # masked diffusion captioning
+    "mdc_no_t": ObjectiveSpec(causal=False, masking="time", inv_t_weight=False, loss=_MASKED),  # = CMLM (Table 4)
+    "bert": ObjectiveSpec(causal=False, masking="fixed", inv_t_weight=False, loss=_MASKED),  # image-cond. BERT, r
+    "parallel": ObjectiveSpec(causal=False, masking="all", inv_t_weight=False, loss=_MASKED),  # r = 1, CapPa parallel
+    "arc": ObjectiveSpec(causal=True, masking="none", inv_t_weight=False, loss=_AR),  # autoregressive captioning
+    "clip": ObjectiveSpec(causal=True, masking="none", inv_t_weight=False, model="clip",  # contrastive baseline
+                          loss="mdc_core.objectives:clip_loss"),
+}
+CORE_OBJECTIVES = tuple(OBJECTIVES)
+# image encoders besides timm (the default for any other model.encoder): name -> class built from a ModelConfig
+ENCODERS: dict[str, str | Callable[..., Any]] = {}
+# config sections extensions add keys to: section -> settings dataclasses (see config.ObjectiveConfig)
+SETTINGS: dict[str, list[type]] = {}
+# transforms of the image tokens during training, in registration order: (model, image_tokens, objective config,
+# generator) -> image_tokens; each returns its input unchanged, drawing nothing, when its settings leave it off
+CONDITION_TRANSFORMS: list[Callable[..., Any]] = []
+
+
+@dataclass
+class _Plugins:
+    loaded: list[str] = field(default_factory=list)  # modules imported by load_plugins, in order
+    done: bool = False
+
+
+_PLUGINS = _Plugins()
+
+
+def _register(table: dict[str, Any], kind: str, name: str, row: Any) -> None:
+    if name in table and table[name] != row:
+        raise ValueError(f"{kind} {name!r} is registered twice with different definitions")
+    table[name] = row
+
+
+def register_objective(name: str, spec: ObjectiveSpec) -> None:
+    """Add a row to :data:`OBJECTIVES` (``objective.name`` and ``mdc train --objective`` then accept `name`)."""
+    _register(OBJECTIVES, "objective", name, spec)
+
+
+def register_encoder(name: str, build: str | Callable[..., Any]) -> None:
+    """Add an image encoder (a class or ``"module:class"`` built from a ModelConfig) chosen by ``model.encoder``."""
+    _register(ENCODERS, "encoder", name, build)
+
+
+def register_settings(section: str, settings: type) -> None:
+    """Add the fields of dataclass `settings` as keys of config section `section` (only "objective" so far).
+
+    Every field needs a default; an optional ``validate(self, section_config)`` raises on bad values. The keys are
+    read as attributes of the section (``cfg.objective.<key>``) and saved with it in ``config.json``.
+    """
+    rows = SETTINGS.setdefault(section, [])
+    if settings not in rows:
+        rows.append(settings)
+
+
+def register_condition_transform(transform: Callable[..., Any]) -> None:
+    """Add a transform of the image condition applied by the core's losses during training."""
+    if transform not in CONDITION_TRANSFORMS:
+        CONDITION_TRANSFORMS.append(transform)
+
+
+def plugin_modules() -> list[str]:
+    """The modules :func:`load_plugins` imports: ``mdc_core.<sub>.plugin`` for each subpackage that has one, then
+    the entry points of :data:`ENTRY_POINT_GROUP`."""
+    package = Path(__file__).parent
+    found = [f"{__package__}.{info.name}.{PLUGIN_MODULE}" for info in pkgutil.iter_modules([str(package)])
+             if info.ispkg and (package / info.name / f"{PLUGIN_MODULE}.py").is_file()]
+    return found + [ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)]
+
+
+def load_plugins() -> list[str]:
+    """Import every plug-in module once (they register their rows); returns the modules imported."""
+    if not _PLUGINS.done:
+        _PLUGINS.done = True  # set first: a plug-in that reads a table while importing must not recurse
+        for module in plugin_modules():
+            importlib.import_module(module)
+            _PLUGINS.loaded.append(module)
+    return list(_PLUGINS.loaded)
+
+
+def objective_names() -> tuple[str, ...]:
+    """Every objective name: the core's, then the plug-ins'."""
+    load_plugins()
+    return tuple(OBJECTIVES)
+
+
+def objective_spec(name: str) -> ObjectiveSpec:
+    """The row of objective `name`; ValueError listing the known names."""
+    if name not in OBJECTIVES:
+        load_plugins()
+    if name not in OBJECTIVES:
+        raise ValueError(f"unknown objective {name!r}; choose one of {', '.join(OBJECTIVES)}")
+    return OBJECTIVES[name]
+
+
+def encoder_builder(name: str) -> Callable[..., Any] | None:
+    """The builder of a registered encoder `name`, or None (then ``name`` is a timm model)."""
+    load_plugins()
+    return resolve_ref(ENCODERS[name]) if name in ENCODERS else None
+
+
+def settings_for(section: str) -> list[type]:
+    """The settings dataclasses plug-ins added to config section `section`."""
+    load_plugins()
+    return list(SETTINGS.get(section, ()))
+
+
+def condition_transforms() -> list[Callable[..., Any]]:
+    load_plugins()
+    return list(CONDITION_TRANSFORMS)
