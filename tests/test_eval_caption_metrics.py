@@ -68,7 +68,7 @@ def test_without_java_falls_back_to_simple_tokenizer(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(cm, "_java_missing_reason", lambda: "no `java` executable on PATH (test)")
     monkeypatch.setattr(cm.PTBTokenizer, "tokenize", must_not_run)
-    monkeypatch.setattr(cm, "Meteor", must_not_run)
+    monkeypatch.setattr(cm, "MeteorProcess", must_not_run)
     r = score_captions(CAPTIONS, IDENTICAL_REFS)
     assert r["tokenizer"] == "simple" and "java" in r["unavailable"]["PTBTokenizer"]
     assert r["BLEU@4"] == pytest.approx(1.0, abs=1e-6) and r["CIDEr"] > 5.0
@@ -128,3 +128,28 @@ def test_the_ptb_tokenizer_writes_nothing_to_stderr(capfd: pytest.CaptureFixture
     r = cm.score_captions({1: "a red circle"}, {1: ["a red circle on a gray background"]}, metrics=["BLEU"])
     assert r["tokenizer"] == "ptb"
     assert "PTBTokenizer" not in capfd.readouterr().err
+
+
+@pytest.mark.skipif(not has_java, reason="needs java")
+def test_meteor_process_matches_pycocoevalcap_and_names_a_dead_process() -> None:
+    """The process wrapper gives pycocoevalcap's own numbers; a Java process that ended is a one-line
+    RuntimeError (pycocoevalcap's Meteor would raise with its lock held and hang in __del__ later)."""
+    from pycocoevalcap.meteor.meteor import Meteor
+
+    gts = {k: [r.lower() for r in refs] for k, refs in IDENTICAL_REFS.items()}
+    res = {"img0": ["a red circle above a blue square"], "img1": ["green triangles on gray"],
+           "img2": ["a star and a circle"], "img3": ["three squares"]}
+    reference = Meteor()
+    try:
+        want = reference.compute_score(gts, res)
+    finally:
+        del reference
+    ours = cm.MeteorProcess(timeout=120)
+    try:
+        assert ours.compute_score(gts, res) == want
+        ours.proc.kill()
+        ours.proc.wait()
+        with pytest.raises(RuntimeError, match="METEOR's Java process ended"):
+            ours.compute_score(gts, res)
+    finally:
+        ours.close()

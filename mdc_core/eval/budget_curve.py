@@ -4,9 +4,10 @@ training rather than at one point.
 
 A run trained for the longest budget with ``train.ckpt_every`` dividing every budget and ``train.keep_last`` at
 least the number of budgets keeps one checkpoint per budget (``RUN/checkpoints/step_N``). Every checkpoint is
-probed like a Table 1 row (:func:`mdc_core.workbench.probe_report.probe_models`, with the random-init row of each
-feature kind once), and each point gets the gain over that row with a 95% bootstrap interval over the test images
-(test-set noise only: one training seed); the difference of two methods at each budget gets a paired bootstrap.
+probed like a Table 1 row (:func:`mdc_core.workbench.probe_report.probe_budget_curve` runs the probes, with the
+random-init row of each feature kind once), and each point gets the gain over that row with a 95% bootstrap
+interval over the test images (test-set noise only: one training seed); the difference of two methods at each
+budget gets a paired bootstrap.
 
 One caveat the tables state: a checkpoint at step 400 of a 1600-step run has not had its learning rate annealed
 (the cosine schedule spans the whole run), so it is not the same model as a run trained for 400 steps; compare
@@ -56,18 +57,6 @@ def check_budgets(budgets: Sequence[int], steps: int) -> list[int]:
     if not out or out[0] < 1 or out[-1] > steps or len(out) != len(budgets):
         raise ValueError(f"budgets must be distinct positive steps <= steps ({steps}); got {list(budgets)}")
     return out
-
-
-def budget_curve(runs: Mapping[str, str | Path], data: str | Path, *, budgets: Sequence[int],
-                 tasks: Sequence[str], mean_tasks: Sequence[str], **probe_kwargs: Any) -> dict[str, Any]:
-    """Probe each run of `runs` ({method: run folder}) at every checkpoint step of `budgets` on `data`; returns
-    :func:`curve_from_probe`'s result. `probe_kwargs` go to :func:`~mdc_core.eval.probe_data.probe_run`."""
-    from mdc_core.workbench.probe_report import probe_models
-
-    budgets = check_budgets(budgets, max(budgets, default=0))
-    ckpts = {row_name(m, b): checkpoint_at(run, b) for m, run in runs.items() for b in budgets}
-    probe = probe_models(ckpts, data, tasks=tasks, mean_tasks=mean_tasks, **probe_kwargs)
-    return curve_from_probe(probe, list(runs), list(budgets))
 
 
 def curve_from_probe(probe: Mapping[str, Any], methods: Sequence[str], budgets: Sequence[int]) -> dict[str, Any]:

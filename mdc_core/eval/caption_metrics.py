@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import queue
 import re
 import shutil
 import subprocess
+import threading
 import types
 import unittest.mock
 from collections.abc import Callable, Collection, Hashable, Iterator, Mapping, Sequence
@@ -31,7 +34,7 @@ from typing import Any
 
 from pycocoevalcap.bleu.bleu import Bleu
 from pycocoevalcap.cider.cider import Cider
-from pycocoevalcap.meteor.meteor import Meteor
+from pycocoevalcap.meteor import meteor as _meteor_module
 from pycocoevalcap.rouge.rouge import Rouge
 from pycocoevalcap.spice import spice as _spice_module
 from pycocoevalcap.spice.spice import Spice
@@ -190,17 +193,86 @@ def _bleu(gts: Captions, res: Captions) -> tuple[dict[str, float], list[float]]:
     return {f"BLEU@{n + 1}": float(s) for n, s in enumerate(score)}, per[3]
 
 
+class MeteorProcess:
+    """METEOR 1.5 (the jar pycocoevalcap ships) as one Java process, spoken to the way ``pycocoevalcap``'s
+    ``Meteor`` does (a ``SCORE`` line per image, then one ``EVAL`` line), without its two ways to hang: its stderr
+    pipe is never read (a chatty JVM fills it and both sides wait forever), and an error while it holds its lock
+    makes the later ``__del__`` wait on that lock forever. Here stderr is discarded, every answer is awaited at
+    most `timeout` seconds, and a process that dies or stops answering is killed and named in a RuntimeError
+    (which :func:`score_captions` reports as METEOR unavailable, never sinking the other metrics)."""
+
+    def __init__(self, timeout: float = 300.0):
+        self.timeout = timeout
+        self.proc = subprocess.Popen(
+            ["java", "-jar", "-Xmx2G", _meteor_module.METEOR_JAR, "-", "-", "-stdio", "-l", "en", "-norm"],
+            cwd=os.path.dirname(os.path.abspath(_meteor_module.__file__)),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self._lines: queue.Queue[str | None] = queue.Queue()  # a reader thread, so an answer can time out
+        threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True).start()
+
+    def _read(self, stdout: Any) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            for raw in stdout:
+                self._lines.put(raw.decode().strip())
+        self._lines.put(None)  # end of output: the process is gone
+
+    def _ask(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(f"{line}\n".encode())
+            self.proc.stdin.flush()
+        except OSError as err:  # BrokenPipeError: the process is gone
+            self.close()
+            raise RuntimeError(f"METEOR's Java process ended (java -jar {_meteor_module.METEOR_JAR}): {err}") from None
+
+    def _answer(self) -> str:
+        try:
+            text = self._lines.get(timeout=self.timeout)
+        except queue.Empty:
+            text, why = None, f"gave no answer in {self.timeout:.0f} s"
+        else:
+            why = "ended"
+        if not text:
+            self.close()
+            raise RuntimeError(f"METEOR's Java process {why} (java -jar {_meteor_module.METEOR_JAR})")
+        return text
+
+    def compute_score(self, gts: Captions, res: Captions) -> tuple[float, list[float]]:
+        """Corpus METEOR and the per-image scores, in `res`'s key order (as pycocoevalcap's ``Meteor``)."""
+        stats = []
+        for key in res:
+            hypothesis = res[key][0].replace("|||", "").replace("  ", " ")
+            self._ask(" ||| ".join(("SCORE", " ||| ".join(gts[key]), hypothesis)))
+            stats.append(self._answer())
+        self._ask("EVAL ||| " + " ||| ".join(stats))
+        per = [float(self._answer()) for _ in stats]
+        return float(self._answer()), per
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+
+
 def _meteor(gts: Captions, res: Captions) -> tuple[dict[str, float], list[float]]:
     if MeteorSession.active:  # one Java process for every score of the block
         if MeteorSession.active[-1] is None:
-            MeteorSession.active[-1] = Meteor()
-        score, per = MeteorSession.active[-1].compute_score(gts, res)
+            MeteorSession.active[-1] = MeteorProcess()
+        try:
+            score, per = MeteorSession.active[-1].compute_score(gts, res)
+        except RuntimeError:
+            MeteorSession.active[-1] = None  # the next score starts a new process
+            raise
         return {"METEOR": float(score)}, per
-    scorer = Meteor()  # starts `java -jar meteor-1.5.jar` (~10 s to load its paraphrase table)
+    scorer = MeteorProcess()  # starts `java -jar meteor-1.5.jar` (~10 s to load its paraphrase table)
     try:
         score, per = scorer.compute_score(gts, res)
     finally:
-        del scorer  # its __del__ closes the Java process
+        scorer.close()
     return {"METEOR": float(score)}, per
 
 
@@ -217,7 +289,8 @@ class MeteorSession:
 
     def __exit__(self, *exc: object) -> None:
         scorer = MeteorSession.active.pop()
-        del scorer  # Meteor.__del__ closes the Java process
+        if scorer is not None:
+            scorer.close()
 
 
 def _rouge(gts: Captions, res: Captions) -> tuple[dict[str, float], list[float]]:

@@ -146,3 +146,16 @@ def probe_table(probe: dict[str, Any], rows: Sequence[str], metric: str,
             values[name].update({f"gain {t}": gains[r][t] for t in tasks})
             items[name].update({f"gain {t}": gain_items[r][t] for t in tasks})
     return {"metric": metric, "values": values, "items": items}
+
+
+def probe_budget_curve(runs: Mapping[str, str | Path], data: str | Path, *, budgets: Sequence[int],
+                       tasks: Sequence[str], mean_tasks: Sequence[str], **probe_kwargs: Any) -> dict[str, Any]:
+    """Probe each run of `runs` ({method: run folder}) at every checkpoint step of `budgets` on `data`; returns
+    :func:`mdc_core.eval.budget_curve.curve_from_probe`'s result. `probe_kwargs` go to
+    :func:`~mdc_core.eval.probe_data.probe_run`."""
+    from mdc_core.eval.budget_curve import check_budgets, checkpoint_at, curve_from_probe, row_name
+
+    budgets = check_budgets(budgets, max(budgets, default=0))
+    ckpts = {row_name(m, b): checkpoint_at(run, b) for m, run in runs.items() for b in budgets}
+    probe = probe_models(ckpts, data, tasks=tasks, mean_tasks=mean_tasks, **probe_kwargs)
+    return curve_from_probe(probe, list(runs), list(budgets))
