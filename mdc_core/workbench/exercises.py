@@ -21,6 +21,7 @@ from typing import Any
 
 from mdc_core.workbench.exercises_tables import CHECKS as TABLE_CHECKS
 from mdc_core.workbench.exercises_tables import NotAnswered as _NotAnswered
+from mdc_core.workbench.exercises_tables import call_answer, choice, is_close
 
 Verdict = tuple[bool, str]  # (right?, what to tell the student)
 CHECKS: dict[str, Callable[..., Verdict]] = {}
@@ -85,26 +86,6 @@ def check(name: str, answer: Any, *, solution: bool = False, **context: Any) -> 
     return result
 
 
-def _call(fn: Callable[..., Any], *args: Any) -> Any:
-    out = fn(*args)
-    if out is None:
-        raise _NotAnswered
-    return out
-
-
-def _close(a: float, b: float, rel: float = 1e-4, abs_: float = 1e-4) -> bool:
-    return math.isclose(float(a), float(b), rel_tol=rel, abs_tol=abs_)
-
-
-def _choice(answer: Any, right: str, options: dict[str, str], why: str) -> Verdict:
-    given = str(answer).strip().lower().strip("()")
-    if given not in options:
-        return False, f"answer with one of {', '.join(options)} (got {answer!r})"
-    if given == right:
-        return True, why
-    return False, f"({given}) says: {options[given]}. Not quite; think again about what the decoder can see."
-
-
 # --------------------------------------------------------------------------------------------------------------
 # 00: the lesson
 
@@ -120,8 +101,8 @@ def _heuristic_score(answer: Callable[..., Any], *, model: Any, image_tokens: An
     for caption in captions:
         tokens = trim_padding(tokenizer([caption]))  # (1, L): <sot> words <eot>, no padding
         want = float(score_tokens(model, image_tokens, tokens, "heuristic").score[0])
-        got = float(_call(answer, model, image_tokens, tokens))
-        if not _close(got, want, 1e-4, 1e-3):
+        got = float(call_answer(answer, model, image_tokens, tokens))
+        if not is_close(got, want, 1e-4, 1e-3):
             return False, (f"for {caption!r} your score is {got:.4f}, the heuristic gives {want:.4f}. Start from "
                            "every caption token masked; at each step reveal the masked position whose top "
                            "probability (over the tokens the canvas may hold) is highest, add log p of the true "
@@ -140,7 +121,7 @@ def _parallel_unmasking(answer: Callable[..., Any], *, model: Any, image_tokens:
 
     for k in ks:
         want = sample(model, image_tokens, SamplerConfig(length=length, tokens_per_step=k)).tokens[0]
-        got = torch.as_tensor(_call(answer, model, image_tokens, length, k)).flatten().cpu()
+        got = torch.as_tensor(call_answer(answer, model, image_tokens, length, k)).flatten().cpu()
         if got.shape != want.shape or not torch.equal(got, want.cpu()):
             return False, (f"with k = {k} your caption ids {got.tolist()} differ from the sampler's {want.tolist()}: "
                            "each step reveals the k masked positions with the highest confidence (fewer when "
@@ -160,11 +141,12 @@ ARC_SIGNAL = {
 
 @exercise("00.arc_signal")
 def _arc_signal(answer: Any) -> Verdict:
-    return _choice(answer, "b", ARC_SIGNAL,
-                   "teacher forcing gives token i the true words c_<i; late in a caption they leave little to guess, "
-                   "so the gradient reaching the image encoder through those tokens shrinks (Tschannen et al.). "
-                   "MDC masks a random fraction t of the whole caption, so every position is sometimes predicted "
-                   "with little context and needs the image as much as any other: a position-independent signal")
+    return choice(answer, "b", ARC_SIGNAL,
+                  "teacher forcing gives token i the true words c_<i; late in a caption they leave little to guess, "
+                  "so the gradient reaching the image encoder through those tokens shrinks (Tschannen et al.). "
+                  "MDC masks a random fraction t of the whole caption, so every position is sometimes predicted "
+                  "with little context and needs the image as much as any other: a position-independent signal",
+                  hint="think again about what the decoder can see")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -186,7 +168,7 @@ def _schedule_variance(answer: dict[str, Any], *, model: Any, cfg: Any, images: 
         run = dataclasses.replace(cfg, objective=dataclasses.replace(cfg.objective, t_low=low, t_high=1.0))
         want[key] = statistics.stdev(loss_draws(model, run, images, captions, draws=draws, seed=0))
     for key, value in want.items():
-        if not _close(answer[key], value, 1e-3, 1e-4):
+        if not is_close(answer[key], value, 1e-3, 1e-4):
             return False, (f"{key} = {float(answer[key]):.4f}, expected {value:.4f}: the standard deviation of "
                            f"wb.loss_draws(model, cfg with objective.t_low set, images, captions, draws={draws}, "
                            "seed=0)")
@@ -294,7 +276,7 @@ def _cfg_formula(answer: Callable[..., Any], *, scales: tuple[float, ...] = (1.0
     cond, null = torch.randn(4, 7, generator=gen), torch.randn(4, 7, generator=gen)
     for w in scales:
         want = guided_log_probs(cond, null, "cfg", w)
-        got = torch.as_tensor(_call(answer, cond, null, w)).float()
+        got = torch.as_tensor(call_answer(answer, cond, null, w)).float()
         if got.shape != want.shape or not torch.allclose(got, want, atol=1e-5):
             return False, (f"at w = {w} your values differ from (1 - w) log p(x | null) + w log p(x | y) "
                            "(log_softmax of each model's logits first)")
@@ -307,14 +289,15 @@ CFG_W1 = {"a": "the unconditional model p(x | null)", "b": "the conditional mode
 
 @exercise("06.cfg_w1")
 def _cfg_w1(answer: Any) -> Verdict:
-    return _choice(answer, "b", CFG_W1, "at w = 1 the weight of log p(x | null) is 1 - w = 0: plain conditional "
-                                        "sampling; w > 1 extrapolates away from the unconditional model")
+    return choice(answer, "b", CFG_W1, "at w = 1 the weight of log p(x | null) is 1 - w = 0: plain conditional "
+                                       "sampling; w > 1 extrapolates away from the unconditional model",
+                  hint="think again about what the decoder can see")
 
 
 @exercise("06.cfg_is_mcs")
 def _cfg_is_mcs(answer: Any) -> Verdict:
     p = float(answer)
-    if _close(p, 1.0, 0, 1e-9):
+    if is_close(p, 1.0, 0, 1e-9):
         return True, ("masking every image token with the [MASK] image token is dropping the whole condition: CFG is "
                       "MCS with p_mask = 1, so the two strategies differ only in how much of the image they hide")
     return False, (f"with p_mask = {p:g} some image tokens stay visible; CFG replaces the whole condition by the null "

@@ -30,24 +30,28 @@ class NotAnswered(Exception):
     """A function answer returned None (an untouched ``...`` body)."""
 
 
-def _call(fn: Callable[..., Any], *args: Any) -> Any:
+def call_answer(fn: Callable[..., Any], *args: Any) -> Any:
+    """A function answer called on `args`; NotAnswered when it returns None (its body is still ``...``)."""
     out = fn(*args)
     if out is None:
         raise NotAnswered
     return out
 
 
-def _close(a: float, b: float, rel: float = 1e-4, abs_: float = 1e-4) -> bool:
+def is_close(a: float, b: float, rel: float = 1e-4, abs_: float = 1e-4) -> bool:
     return math.isclose(float(a), float(b), rel_tol=rel, abs_tol=abs_)
 
 
-def _choice(answer: Any, right: str, options: dict[str, str], why: str) -> Verdict:
+def choice(answer: Any, right: str, options: dict[str, str], why: str,
+           hint: str = "read the question again") -> Verdict:
+    """A multiple-choice answer ("a", "(b)", ...) against `right`: `why` when right, the chosen option's meaning and
+    `hint` when not, how to answer when it is none of `options`."""
     given = str(answer).strip().lower().strip("()")
     if given not in options:
         return False, f"answer with one of {', '.join(options)} (got {answer!r})"
     if given == right:
         return True, why
-    return False, f"({given}) says: {options[given]}. Not quite: read the question again."
+    return False, f"({given}) says: {options[given]}. Not quite: {hint}."
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -70,7 +74,7 @@ def _no_t_spread(answer: dict[str, Any], *, model: Any, cfg: Any, images: Any, c
         run = dataclasses.replace(cfg, objective=objective)
         want[key] = statistics.stdev(loss_draws(model, run, images, captions, draws=draws, seed=0))
     for key, value in want.items():
-        if not _close(answer[key], value, 1e-3, 1e-4):
+        if not is_close(answer[key], value, 1e-3, 1e-4):
             name = "mdc" if key == "std_with" else "mdc_no_t"
             return False, (f"{key} = {float(answer[key]):.4f}, expected {value:.4f}: the standard deviation (ddof=1) "
                            f"of wb.loss_draws(model, cfg with objective name {name} and t in [0.5, 1], images, "
@@ -101,8 +105,8 @@ def _no_mask_chance(answer: Callable[..., Any], *,
     """`answer(w_low, w_high, L)` -> the probability that a caption of L maskable tokens has no token masked."""
     for lo, hi, n in cases:
         want = no_mask_probability(lo, hi, n)
-        got = float(_call(answer, lo, hi, n))
-        if not _close(got, want, 1e-3, 1e-6):
+        got = float(call_answer(answer, lo, hi, n))
+        if not is_close(got, want, 1e-3, 1e-6):
             return False, (f"for t ~ U[{lo}, {hi}] and L = {n} your probability is {got:.5f}, the right one "
                            f"{want:.5f}: given t, all L tokens stay unmasked with probability (1 - t)^L; average that "
                            "over t")
@@ -124,12 +128,12 @@ def _probe_gain(answer: Any, *, probes: dict[str, dict[str, float]], row: str, b
     `baseline` row's (the encoder untrained), in points."""
     want = sum(probes[row][t] - probes[baseline][t] for t in mean_tasks) / len(mean_tasks)
     got = float(answer)
-    if _close(got, want, 1e-4, 0.01):
+    if is_close(got, want, 1e-4, 0.01):
         raw = probes[row]["mean"]
         return True, (f"{row}: {raw:.1f}% raw, {want:+.1f} points over its untrained encoder. The raw number "
                       f"credits training with what the architecture decodes anyway ({probes[baseline]['mean']:.1f}% "
                       "untrained); only the gain is what pretraining added")
-    if _close(got, probes[row]["mean"], 1e-4, 0.01):
+    if is_close(got, probes[row]["mean"], 1e-4, 0.01):
         return False, "that is the raw mean top-1; subtract the untrained encoder's top-1 task by task first"
     return False, (f"got {got:.2f}, expected {want:.2f}: for each task in {mean_tasks}, probes[{row!r}][task] - "
                    f"probes[{baseline!r}][task], then the mean")
@@ -146,7 +150,7 @@ RANDOM_ROW = {
 
 @exercise("03.random_row")
 def _random_row(answer: Any) -> Verdict:
-    return _choice(answer, "c", RANDOM_ROW,
+    return choice(answer, "c", RANDOM_ROW,
                    "random convolutions and patch embeddings keep colour and layout: a linear probe reads them off "
                    "without any training. The gain over that row (the chance-corrected score) is what each objective "
                    "taught the encoder, and the only number the verdicts compare")
@@ -172,7 +176,7 @@ def _mc_elbo(answer: Callable[..., Any], *, model: Any, image_tokens: Any, capti
         ref = score_tokens(model, image_tokens, tokens, "mc", samples=2048, seed=1)
         want, stderr = float(ref.score[0]), float(ref.stderr[0])
         spread = statistics.stdev(mc_elbo_draws(model, image_tokens, tokens, 256, seed=2))  # of one draw
-        got = float(_call(answer, model, image_tokens, tokens, samples))
+        got = float(call_answer(answer, model, image_tokens, tokens, samples))
         tolerance = 4.0 * math.sqrt(stderr ** 2 + spread ** 2 / samples) + 1e-3  # both estimates' noise
         if not math.isfinite(got) or abs(got - want) > tolerance:
             return False, (f"for {caption!r} your estimate is {got:.3f}, the ELBO is {want:.3f} (your estimate's noise "
@@ -218,7 +222,7 @@ BLIND = {
 
 @exercise("04.blind")
 def _blind(answer: Any) -> Verdict:
-    return _choice(answer, "b", BLIND,
+    return choice(answer, "b", BLIND,
                    "a blind scorer that passes a column shows the column measures grammar, not grounding: the "
                    "shuffled word orders are text no caption ever had. Only the margin above the blind row counts, "
                    "which is why Table 2's verdicts here compare only the columns a blind scorer fails")
@@ -245,7 +249,7 @@ def greedy_with_rule(rule: Callable[..., Any], model: Any, image_tokens: Any, le
             masked = x[0, 1:-1] == MASK_ID
             logits = model.decode(x, image_tokens)[0, 1:-1].float()  # (N', V_out)
             probs = logits.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
-            position, row = (int(v) for v in _call(rule, probs, masked.clone()))
+            position, row = (int(v) for v in call_answer(rule, probs, masked.clone()))
             if not bool(masked[position]):
                 raise ValueError(f"position {position} is revealed already; reveal a masked one")
             x[0, 1 + position] = model.output_ids[row]
@@ -280,7 +284,7 @@ def _length_repetition(answer: dict[str, Any], *, model: Any, image_tokens: Any,
     of the greedy captions of `image_tokens` at N' = lengths[0] and N' = lengths[1]."""
     want = {key: length_repetition(model, image_tokens, n) for key, n in zip(("short", "long"), lengths, strict=True)}
     for key, value in want.items():
-        if not _close(answer[key], value, 1e-6, 1e-6):
+        if not is_close(answer[key], value, 1e-6, 1e-6):
             return False, (f"{key} = {float(answer[key]):.3f}, expected {value:.3f}: repetition_rate of the decoded "
                            f"captions of sample(model, image_tokens, SamplerConfig(length=N')) at N' = "
                            f"{dict(zip(('short', 'long'), lengths, strict=True))[key]}")
