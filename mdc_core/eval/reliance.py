@@ -150,44 +150,58 @@ def summarise_runs(runs: Sequence[Sequence[Reliance]], groups: Sequence[str], *,
         raise ValueError(f"bins must be >= 1, got {bins}")
     names = list(dict.fromkeys(groups))
     labels = np.asarray(groups, dtype=object)
-    arrays = [_caption_arrays(r, bins) for r in runs]
     idx = _resamples(groups, n_boot, seed)  # shared by all runs: paired differences
-    boot_slopes: list[dict[str, np.ndarray]] = []
-    out_runs = []
-    for arr in arrays:
-        m = float(arr["sum"].sum() / arr["count"].sum()) if arr["count"].sum() else math.nan
-        m_boot = arr["sum"][idx].sum(axis=1) / np.maximum(arr["count"][idx].sum(axis=1), 1)  # (n_boot,)
-        m_low, m_high = _interval(m_boot, confidence)
-        ok = math.isfinite(m) and m > 0 and m_low is not None and m_low > 0
-        m_boot = np.where(m_boot > 0, m_boot, np.nan)
-        run: dict[str, Any] = {"mean_reliance": m, "mean_reliance_interval": [m_low, m_high], "normalised": ok,
-                               "slopes": [None if not ok or math.isnan(s) else float(s / m) for s in arr["slope"]],
-                               "slope": {}, "profile": {}}
-        per_group: dict[str, np.ndarray] = {}
-        for g in names:
-            members = labels == g
-            cols = idx[:, members]  # (n_boot, n_g) resampled captions of this group
-            slopes, prof = arr["slope"][members], arr["bins"][members]
-            per_group[g] = _nanmean(arr["slope"][cols], axis=1) / m_boot
-            if not ok:
-                run["slope"][g] = {"mean": None, "low": None, "high": None, "n": int(np.isfinite(slopes).sum())}
-                run["profile"][g] = {"mean": [None] * bins, "low": [None] * bins, "high": [None] * bins,
-                                     "n": np.isfinite(prof).sum(axis=0).tolist()}
-                continue
-            low, high = _interval(per_group[g], confidence)
-            mean = _nanmean(slopes[None], axis=1)[0] / m
-            run["slope"][g] = {"mean": None if math.isnan(mean) else float(mean), "low": low, "high": high,
-                               "n": int(np.isfinite(slopes).sum())}
-            prof_boot = _nanmean(arr["bins"][cols], axis=1) / m_boot[:, None]  # (n_boot, bins)
-            bounds = [_interval(prof_boot[:, k], confidence) for k in range(bins)]
-            centre = _nanmean(prof, axis=0) / m
-            run["profile"][g] = {"mean": [None if math.isnan(v) else float(v) for v in centre],
-                                 "low": [b[0] for b in bounds], "high": [b[1] for b in bounds],
+    summaries = [_summarise_run(_caption_arrays(r, bins), idx, labels, names, bins, confidence) for r in runs]
+    out_runs = [run for run, _ in summaries]
+    boot_slopes = [boot for _, boot in summaries]
+    out = {"groups": names, "runs": out_runs, "differences": _differences(out_runs, boot_slopes, labels, names,
+                                                                          confidence),
+           "bins": bins, "bin_centres": bin_centres(bins), "confidence": confidence, "n_boot": n_boot}
+    if contrast is not None and all(g in names for g in contrast):
+        out["contrasts"] = _contrasts(out_runs, boot_slopes, contrast, confidence)
+    return out
+
+
+def _summarise_run(arr: dict[str, np.ndarray], idx: np.ndarray, labels: np.ndarray, names: Sequence[str],
+                   bins: int, confidence: float) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """One run's entry of :func:`summarise_runs` and its bootstrap slopes per group ({group: (n_boot,)})."""
+    m = float(arr["sum"].sum() / arr["count"].sum()) if arr["count"].sum() else math.nan
+    m_boot = arr["sum"][idx].sum(axis=1) / np.maximum(arr["count"][idx].sum(axis=1), 1)  # (n_boot,)
+    m_low, m_high = _interval(m_boot, confidence)
+    ok = math.isfinite(m) and m > 0 and m_low is not None and m_low > 0
+    m_boot = np.where(m_boot > 0, m_boot, np.nan)
+    run: dict[str, Any] = {"mean_reliance": m, "mean_reliance_interval": [m_low, m_high], "normalised": ok,
+                           "slopes": [None if not ok or math.isnan(s) else float(s / m) for s in arr["slope"]],
+                           "slope": {}, "profile": {}}
+    per_group: dict[str, np.ndarray] = {}
+    for g in names:
+        members = labels == g
+        cols = idx[:, members]  # (n_boot, n_g) resampled captions of this group
+        slopes, prof = arr["slope"][members], arr["bins"][members]
+        per_group[g] = _nanmean(arr["slope"][cols], axis=1) / m_boot
+        if not ok:
+            run["slope"][g] = {"mean": None, "low": None, "high": None, "n": int(np.isfinite(slopes).sum())}
+            run["profile"][g] = {"mean": [None] * bins, "low": [None] * bins, "high": [None] * bins,
                                  "n": np.isfinite(prof).sum(axis=0).tolist()}
-        boot_slopes.append(per_group)
-        out_runs.append(run)
+            continue
+        low, high = _interval(per_group[g], confidence)
+        mean = _nanmean(slopes[None], axis=1)[0] / m
+        run["slope"][g] = {"mean": None if math.isnan(mean) else float(mean), "low": low, "high": high,
+                           "n": int(np.isfinite(slopes).sum())}
+        prof_boot = _nanmean(arr["bins"][cols], axis=1) / m_boot[:, None]  # (n_boot, bins)
+        bounds = [_interval(prof_boot[:, k], confidence) for k in range(bins)]
+        centre = _nanmean(prof, axis=0) / m
+        run["profile"][g] = {"mean": [None if math.isnan(v) else float(v) for v in centre],
+                             "low": [b[0] for b in bounds], "high": [b[1] for b in bounds],
+                             "n": np.isfinite(prof).sum(axis=0).tolist()}
+    return run, per_group
+
+
+def _differences(out_runs: Sequence[dict[str, Any]], boot_slopes: Sequence[dict[str, np.ndarray]],
+                 labels: np.ndarray, names: Sequence[str], confidence: float) -> dict[str, list[dict[str, Any]]]:
+    """Each later run's normalised slope minus the first run's, per group, paired by caption."""
     differences: dict[str, list[dict[str, Any]]] = {g: [] for g in names}
-    for j in range(1, len(runs)):
+    for j in range(1, len(out_runs)):
         if not (out_runs[j]["normalised"] and out_runs[0]["normalised"]):
             continue
         for g in names:
@@ -197,23 +211,25 @@ def summarise_runs(runs: Sequence[Sequence[Reliance]], groups: Sequence[str], *,
             low, high = _interval(boot_slopes[j][g] - boot_slopes[0][g], confidence)
             differences[g].append({"run": j, "minus": 0, "mean": a - b, "low": low, "high": high,
                                    "n": int((labels == g).sum())})
-    out = {"groups": names, "runs": out_runs, "differences": differences, "bins": bins,
-           "bin_centres": bin_centres(bins), "confidence": confidence, "n_boot": n_boot}
-    if contrast is not None and all(g in names for g in contrast):
-        a, b = contrast
-        own = [boot[a] - boot[b] for boot in boot_slopes]
-        means = [None if r["slope"][a]["mean"] is None or r["slope"][b]["mean"] is None
-                 else r["slope"][a]["mean"] - r["slope"][b]["mean"] for r in out_runs]
-        rows = []
-        for j, mean in enumerate(means):
-            if mean is not None:
-                rows.append({"run": j, "minus": None, "groups": [a, b], "mean": mean,
-                             **dict(zip(("low", "high"), _interval(own[j], confidence), strict=True))})
-            if j and mean is not None and means[0] is not None:
-                rows.append({"run": j, "minus": 0, "groups": [a, b], "mean": mean - means[0],
-                             **dict(zip(("low", "high"), _interval(own[j] - own[0], confidence), strict=True))})
-        out["contrasts"] = rows
-    return out
+    return differences
+
+
+def _contrasts(out_runs: Sequence[dict[str, Any]], boot_slopes: Sequence[dict[str, np.ndarray]],
+               contrast: tuple[str, str], confidence: float) -> list[dict[str, Any]]:
+    """Per run its slope on group a minus on group b, and per later run that contrast minus the first run's."""
+    a, b = contrast
+    own = [boot[a] - boot[b] for boot in boot_slopes]
+    means = [None if r["slope"][a]["mean"] is None or r["slope"][b]["mean"] is None
+             else r["slope"][a]["mean"] - r["slope"][b]["mean"] for r in out_runs]
+    rows = []
+    for j, mean in enumerate(means):
+        if mean is not None:
+            rows.append({"run": j, "minus": None, "groups": [a, b], "mean": mean,
+                         **dict(zip(("low", "high"), _interval(own[j], confidence), strict=True))})
+        if j and mean is not None and means[0] is not None:
+            rows.append({"run": j, "minus": 0, "groups": [a, b], "mean": mean - means[0],
+                         **dict(zip(("low", "high"), _interval(own[j] - own[0], confidence), strict=True))})
+    return rows
 
 
 def slope_table(slopes: Sequence[Sequence[float | None]], groups: Sequence[str], rows: Sequence[str]

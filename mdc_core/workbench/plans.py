@@ -106,15 +106,7 @@ def load_plan(path: str | Path, *, root: str | Path | None = None) -> Plan:
     """Read and validate the plan at `path`. Notebook paths are relative to `root` (default: the working
     directory, i.e. the repository root when run from there), falling back to the plan's own folder."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"plan file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ValueError(f"plan {path} is not valid YAML: {err}") from err
-    if not isinstance(data, dict):
-        raise ValueError(f"plan {path} must be a YAML mapping with a 'notebooks' list")
-    _check_keys(data, PLAN_KEYS, f"plan {path}")
+    data = _read_plan_file(path)
     root = Path(root) if root is not None else Path.cwd()
     name = str(data.get("name") or path.stem)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
@@ -136,29 +128,8 @@ def load_plan(path: str | Path, *, root: str | Path | None = None) -> Plan:
     runs: list[RunSpec] = []
     used_base: set[str] = set()
     for i, entry in enumerate(entries):
-        where = f"plan {path}: notebooks[{i}]"
-        if isinstance(entry, str):
-            entry = {"path": entry}
-        if not isinstance(entry, dict) or "path" not in entry:
-            raise ValueError(f"{where} must be a notebook path or a mapping with 'path'")
-        _check_keys(entry, ENTRY_KEYS, where)
-        notebook = _find_notebook(str(entry["path"]), root, path.parent, where)
-        params = declared.setdefault(str(notebook), notebook_parameters(notebook))
-        for key in RESERVED:
-            if key not in params:
-                raise ValueError(f"{where}: notebook {notebook} has no '{key}' parameter (the runner sets it)")
-        own = _mapping(entry.get("parameters"), f"{where}.parameters")
-        grid = {**top_grid, **_grid(entry.get("grid"), f"{where}.grid")}
-        shared = {k: v for k, v in base.items() if k in params}
-        used_base.update(shared)
-        prefix = str(entry.get("id") or notebook.stem)
-        seeds = _entry_seeds(entry, top_seeds, params, notebook, where)
-        for combo in _combinations(grid):
-            for seed in seeds:
-                values = {**shared, **own, **combo, **({} if seed is None else {SEED_PARAM: seed})}
-                _check_values(values, params, notebook, where)
-                run_id = _run_id(prefix, combo) + ("" if seed is None else f"__seed={seed}")
-                runs.append(RunSpec(run_id=run_id, notebook=notebook, parameters=values))
+        runs += _entry_runs(entry, f"plan {path}: notebooks[{i}]", root=root, plan_dir=path.parent, base=base,
+                            top_grid=top_grid, top_seeds=top_seeds, declared=declared, used_base=used_base)
     unused = sorted(set(base) - used_base)
     if unused:
         raise ValueError(f"plan {path}: base parameter(s) {unused} are declared by none of its notebooks")
@@ -171,6 +142,51 @@ def load_plan(path: str | Path, *, root: str | Path | None = None) -> Plan:
     return Plan(name=name, source=path, runs=runs, kernel=str(data.get("kernel") or KERNEL_NAME),
                 output_root=Path(data.get("output_root") or "papermill_runs"), timeout_s=timeout, jobs=jobs,
                 description=str(data.get("description") or ""), declared=declared)
+
+
+def _read_plan_file(path: Path) -> dict[str, Any]:
+    """The plan's YAML mapping, its top-level keys checked; one-line errors for a missing or malformed file."""
+    if not path.is_file():
+        raise FileNotFoundError(f"plan file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ValueError(f"plan {path} is not valid YAML: {err}") from err
+    if not isinstance(data, dict):
+        raise ValueError(f"plan {path} must be a YAML mapping with a 'notebooks' list")
+    _check_keys(data, PLAN_KEYS, f"plan {path}")
+    return data
+
+
+def _entry_runs(entry: Any, where: str, *, root: Path, plan_dir: Path, base: dict[str, Any],
+                top_grid: dict[str, list[Any]], top_seeds: list[int] | None, declared: dict[str, dict[str, Any]],
+                used_base: set[str]) -> list[RunSpec]:
+    """The runs of one ``notebooks`` entry (its grid x its seeds); records the notebook's declared parameters in
+    `declared` and the base parameters it takes in `used_base`."""
+    if isinstance(entry, str):
+        entry = {"path": entry}
+    if not isinstance(entry, dict) or "path" not in entry:
+        raise ValueError(f"{where} must be a notebook path or a mapping with 'path'")
+    _check_keys(entry, ENTRY_KEYS, where)
+    notebook = _find_notebook(str(entry["path"]), root, plan_dir, where)
+    params = declared.setdefault(str(notebook), notebook_parameters(notebook))
+    for key in RESERVED:
+        if key not in params:
+            raise ValueError(f"{where}: notebook {notebook} has no '{key}' parameter (the runner sets it)")
+    own = _mapping(entry.get("parameters"), f"{where}.parameters")
+    grid = {**top_grid, **_grid(entry.get("grid"), f"{where}.grid")}
+    shared = {k: v for k, v in base.items() if k in params}
+    used_base.update(shared)
+    prefix = str(entry.get("id") or notebook.stem)
+    seeds = _entry_seeds(entry, top_seeds, params, notebook, where)
+    runs = []
+    for combo in _combinations(grid):
+        for seed in seeds:
+            values = {**shared, **own, **combo, **({} if seed is None else {SEED_PARAM: seed})}
+            _check_values(values, params, notebook, where)
+            run_id = _run_id(prefix, combo) + ("" if seed is None else f"__seed={seed}")
+            runs.append(RunSpec(run_id=run_id, notebook=notebook, parameters=values))
+    return runs
 
 
 def notebook_parameters(notebook: Path) -> dict[str, Any]:
