@@ -255,8 +255,9 @@ def interrupt(page: Page, out: Path, workdir: Path) -> None:
 
 
 def clean(page: Page, workdir: Path) -> None:
-    """Opening a notebook does not mark it changed (nbformat 4.5 with cell ids: nothing for JupyterLab to upgrade)."""
-    for path in sorted(workdir.glob("[0-9][0-9]_*.ipynb")):
+    """Opening a notebook does not mark it changed (nbformat 4.5 with cell ids: nothing for JupyterLab to upgrade).
+    Only the repository's notebooks: copies the other checks made (``01_interrupt_check.ipynb``) are not tracked."""
+    for path in sorted((workdir / p.name) for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         command(page, "docmanager:open", {"path": path.name})
         find = f"[...jupyterapp.shell.widgets('main')].find(w => w.context?.path === {json.dumps(path.name)})"
         _wait(lambda find=find: page.js(f"!!{find}"), 60, f"{path.name} open")
