@@ -3,6 +3,8 @@
 #   make evidence  the comparisons with 3 training seeds, budget curves, LR sweep, parity (plans/cpu_evidence.yaml)
 #   make test   the test suite (what CI runs)
 #   make lab    JupyterLab on the notebooks (127.0.0.1), with the project's kernel "mdc"
+#   make gpu-check  on a CUDA machine: CUDA tests, the vit_b32 bench, the GPU evidence plan (docs/training_at_scale.md)
+#   make wheelhouse  the wheels an offline GPU machine needs (.wheelhouse/; GPU_PYTHON=3.12)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,7 +12,9 @@ STAMP := $(VENV)/.installed
 KERNEL := mdc# the Jupyter kernel the notebooks name (their metadata.kernelspec.name; mdc_core.workbench.plans)
 EXTRAS := dev,app,notebooks,eval,bench,vqgan,tensorboard# everything but [lab] (pyproject.toml's optional-dependencies)
 
-.PHONY: demo evidence test test-all lint setup clean-outputs kernel quick-demo app lab notebooks-html
+GPU_PYTHON ?= 3.12# the offline GPU machine's Python (make wheelhouse)
+
+.PHONY: demo evidence test test-all lint setup clean-outputs kernel quick-demo app lab notebooks-html gpu-check wheelhouse
 
 setup: $(STAMP)
 
@@ -42,6 +46,12 @@ lab: kernel  # install the [lab] extra, then JupyterLab in notebooks/ on 127.0.0
 
 notebooks-html: kernel  # every notebook run with its defaults (papermill_runs/notebooks/), as pages in docs/notebooks_html/
 	$(PY) docs/notebooks_html.py
+
+gpu-check:  # CUDA tests, bench, GPU evidence plan in BUDGET_S (540) s into gpu_check_out/; without CUDA: --tiny
+	bash scripts/gpu_check.sh gpu_check_out
+
+wheelhouse: $(STAMP)  # every wheel the core and [notebooks] need that the GPU image lacks, for Python $(GPU_PYTHON)
+	$(PY) scripts/wheelhouse.py --python-version $(GPU_PYTHON) --out .wheelhouse
 
 test: $(STAMP)
 	$(PY) -m pytest -m "not slow" -q

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,8 @@ PRESET_DIR = Path(__file__).parent / "presets"
 
 # Name tables (torch-free, so the command line imports them instead of copying them)
 SCORE_METHODS = ("heuristic", "mc", "ar")  # caption likelihood scores: the rows of scoring.METHODS
+COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # train.compile
+STATIC_SHAPES = ("auto", "off", "padded", "dense")  # train.static_shapes
 PRECISIONS = ("auto", "fp32", "bf16")  # train.precision and inference --precision (mdc_core.precision)
 
 
@@ -158,12 +161,40 @@ class TrainConfig:
     nonfinite: str = "stop"  # NaN/inf loss or grad norm: stop (keep the last good checkpoint) | skip the update
     max_skipped_steps: int = 20  # with nonfinite=skip: stop after this many consecutive skipped updates
     dist_timeout_s: int = 600  # torchrun: a collective waiting longer than this (a rank died or hangs) fails
-    compile: bool = False  # torch.compile the forward + loss in place, one graph (measured: benchmarks/README.md)
+    # torch.compile of forward + loss + backward: "auto" (reduce-overhead on one CUDA device with grad_accum 1, else
+    # off) | false | true (= "default") | "reduce-overhead" (CUDA graphs replay the step on CUDA; on the CPU it
+    # compiles as "default") | "max-autotune" (measured: benchmarks/README.md)
+    compile: bool | str = "auto"
+    # shapes that do not change between steps (what a compiled step needs to never recompile): "auto" (padded when
+    # compiling, else off) | off | padded (captions trimmed to a multiple of length_bucket tokens, loss terms padded
+    # to one of 8 counts) | dense (logits at every position: for a small corpus head)
+    static_shapes: str = "auto"
+    length_bucket: int = 8  # with static shapes: caption lengths are rounded up to a multiple of this
     tensorboard: bool = False  # also write the logged scalars as TensorBoard events into the run folder (rank 0)
+
+    def compile_mode(self, device_type: str = "cpu", distributed: bool = False) -> str | None:
+        """torch.compile's mode for train.compile on a `device_type` device, or None when the step runs eagerly.
+        "auto" is "reduce-overhead" (CUDA graphs) for one CUDA process with grad_accum 1, where it measured 2.3x
+        the eager ViT-B/32 step on an H200 (benchmarks/README.md), and off elsewhere: on the CPU compiling does not
+        pay, CUDA graphs cannot accumulate gradients, and DDP is not measured with them."""
+        if self.compile == "auto":
+            single = device_type == "cuda" and not distributed and self.grad_accum == 1
+            return "reduce-overhead" if single else None
+        return None if self.compile is False else "default" if self.compile is True else self.compile
+
+    def static_mode(self, compile_mode: str | None) -> str:
+        """train.static_shapes with "auto" resolved: padded when the step compiles (`compile_mode`), else off."""
+        if self.static_shapes != "auto":
+            return self.static_shapes
+        return "off" if compile_mode is None else "padded"
 
     def validate(self) -> None:
         _positive(self, "steps", "batch_size", "grad_accum", "log_every", "ckpt_every", "keep_last",
-                  "max_skipped_steps", "dist_timeout_s")
+                  "max_skipped_steps", "dist_timeout_s", "length_bucket")
+        if not isinstance(self.compile, bool) and self.compile not in COMPILE_MODES:
+            raise ConfigError(f"train.compile must be true, false or one of {', '.join(COMPILE_MODES)}; "
+                              f"got {self.compile!r}")
+        _choice(self, "static_shapes", STATIC_SHAPES)
         _choice(self, "nonfinite", ("stop", "skip"))
         if self.lr <= 0:
             raise ConfigError(f"train.lr must be > 0, got {self.lr}")
@@ -232,6 +263,9 @@ class RunConfig:
     def validate(self) -> RunConfig:
         for section in (self.model, self.objective, self.data, self.train, self.sampler):
             section.validate()
+        if self.model.attend_to_pads and self.train.static_shapes not in ("auto", "off"):  # auto: off for such a model
+            raise ConfigError(f"train.static_shapes={self.train.static_shapes} pads captions to fixed lengths, which "
+                              "changes the loss of a model with model.attend_to_pads=true; set train.static_shapes=off")
         if self.sampler.length > self.model.context_length - 2:
             raise ConfigError(f"sampler.length ({self.sampler.length}) exceeds model.context_length - 2 "
                               f"({self.model.context_length - 2})")
@@ -363,6 +397,13 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, where + ".")
     origin = typing.get_origin(tp)
+    if origin is types.UnionType:  # e.g. bool | str: the first member type the value has
+        members = typing.get_args(tp)
+        for member in members:
+            if isinstance(value, member) and not (member is int and isinstance(value, bool)):
+                return _coerce(member, value, where)
+        names = " or ".join(m.__name__ for m in members)
+        raise ConfigError(f"{where} must be {names}, got {value!r}")
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{where} must be true or false, got {value!r}")

@@ -35,7 +35,7 @@ from .clip_model import contrastive_loss
 from .config import ObjectiveConfig
 from .model import Captioner, lookup_rows, padding_mask, unknown_ids
 from .registry import condition_transforms, objective_spec
-from .tokenizer import EOT_ID, MASK_ID, SOT_ID
+from .tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID
 
 T_MIN = 1e-3  # t is clamped here so that 1/t stays finite for a schedule starting at 0 (MDLM uses eps=1e-3)
 # the accuracy each loss logs, one name per meaning: of the masked tokens (the masked objectives, D3PM's x_0), of
@@ -74,6 +74,7 @@ class PreparedBatch:
     owner: torch.Tensor | None = None  # (n,) their caption b
     targets: torch.Tensor | None = None  # (n,) output-head row of each target token
     t: torch.Tensor | None = None  # (B,) masking rate of each caption (masked objectives)
+    valid: torch.Tensor | None = None  # (n,) bool: False at loss terms that only pad to a static count; None: all real
 
     def to(self, device: torch.device | str, non_blocking: bool = True) -> PreparedBatch:
         """A copy on `device` (asynchronous from the host by default: nothing here is read back)."""
@@ -97,6 +98,31 @@ def trim_padding(tokens: torch.Tensor) -> torch.Tensor:
     has_eot = is_eot.any(dim=1)
     length = torch.where(has_eot, is_eot.argmax(dim=1) + 1, torch.full_like(has_eot, tokens.shape[1], dtype=torch.long))
     return tokens[:, : int(length.max())]
+
+
+TERM_BUCKETS = 8  # static_shapes="padded": loss terms padded up to a multiple of 1/8 of the batch's positions
+
+
+def bucket_length(length: int, bucket: int, limit: int) -> int:
+    """The smallest multiple of `bucket` that holds `length` tokens, at most `limit` (the context length)."""
+    return min(limit, -(-length // bucket) * bucket)
+
+
+def term_capacity(n: int, positions: int, static: str) -> int:
+    """How many loss terms a static-shape batch computes for `n` real ones among `positions` (B x L_in) decoder
+    positions: all positions (``dense``), or `n` rounded up to a multiple of ``positions / TERM_BUCKETS``
+    (``padded``: at most :data:`TERM_BUCKETS` shapes per caption length)."""
+    if static == "dense":
+        return positions
+    if static != "padded":
+        raise ValueError(f"unknown static_shapes {static!r}; use off, padded or dense")
+    step = -(-positions // TERM_BUCKETS)
+    return min(positions, -(-max(n, 1) // step) * step)
+
+
+def _pad_columns(x: torch.Tensor, width: int, value: int | bool) -> torch.Tensor:
+    """x (B, L) padded on the right with `value` to (B, width), contiguous (a compiled step guards on strides)."""
+    return x.contiguous() if x.shape[1] >= width else F.pad(x, (0, width - x.shape[1]), value=value)
 
 
 def sample_t(batch: int, low: float, high: float, *, antithetic: bool = False,
@@ -179,36 +205,58 @@ def id_tables(model: Any) -> dict[str, torch.Tensor | None]:
 
 
 def prepare_batch(tokens: torch.Tensor, cfg: ObjectiveConfig, generator: torch.Generator | None = None, *,
-                  input_index: torch.Tensor | None = None, output_index: torch.Tensor | None = None
-                  ) -> PreparedBatch:
+                  input_index: torch.Tensor | None = None, output_index: torch.Tensor | None = None,
+                  static: str = "off", length_bucket: int = 8) -> PreparedBatch:
     """Everything data-dependent about the loss of captions `tokens` (B, L) (see :class:`PreparedBatch`): trim,
     draw the masks (`generator`, on the tokens' device), find the loss positions and their target rows, look up
     and check the embedding rows. `input_index`/`output_index` (:func:`id_tables`) must be on the tokens' device;
     a corpus-restricted model needs `input_index`, a captioner `output_index`. ValueError for ids outside them.
+
+    `static` (``train.static_shapes``) gives the batch shapes that do not change from step to step, so that a
+    compiled step never recompiles and CUDA graphs can replay it: the captions are trimmed to a multiple of
+    `length_bucket` tokens instead of their longest caption (pads are invisible to attention and never in the
+    loss), and the loss terms are padded to :func:`term_capacity` entries that carry no loss (``valid`` False).
+    The masks are drawn on the trimmed captions before padding, so the draws, and the loss up to summation
+    order, are those of ``static="off"``.
 
     On the host (the trainer) none of this waits for an accelerator; the draws are those the loss would make.
     """
     spec = objective_spec(cfg.name)
     if not spec.prepared:
         raise ValueError(f"objective {cfg.name!r} draws its noise inside its own loss; it takes no prepared batch")
+    context = tokens.shape[1]
     tokens = trim_padding(tokens)
+    width = tokens.shape[1] if static == "off" else bucket_length(tokens.shape[1], length_bucket, context)
     if spec.model != "captioner":  # the contrastive objective reads whole captions
         if not bool((tokens == EOT_ID).any(dim=1).all()):
             raise ValueError("every token row needs an <eot> token: its feature is the text embedding")
+        tokens = _pad_columns(tokens, width, PAD_ID)
         return PreparedBatch(tokens, tokens, None if input_index is None else lookup_rows(input_index, tokens))
     if output_index is None:
         raise ValueError("prepare_batch for a captioner needs its output_index (see id_tables)")
     if spec.masking == "none":  # teacher forcing: predict token i+1 from tokens <= i
+        tokens = _pad_columns(tokens, width, PAD_ID)
         inputs, loss_mask = tokens[:, :-1], ~padding_mask(tokens)[:, 1:]  # (B, L-1) caption tokens and <eot>
-        target_ids, t = tokens[:, 1:][loss_mask], torch.ones(tokens.shape[0], device=tokens.device)
+        t = torch.ones(tokens.shape[0], device=tokens.device)
     else:
         t = mask_rates(cfg, tokens.shape[0], generator, tokens.device)  # (B,)
         inputs, loss_mask = apply_mask(tokens, t, generator=generator, min_one=cfg.min_one_masked)
-        target_ids = tokens[loss_mask]  # (n,)
+        tokens, inputs = _pad_columns(tokens, width, PAD_ID), _pad_columns(inputs, width, PAD_ID)
+        loss_mask = _pad_columns(loss_mask, width, False)
+    target_ids = (tokens[:, 1:] if spec.masking == "none" else tokens)[loss_mask]  # (n,)
     index = loss_mask.flatten().nonzero()[:, 0]  # (n,) row-major, as loss_mask's True positions
+    targets, valid = output_rows(output_index, target_ids), None
+    if static != "off":
+        positions = loss_mask.numel()
+        capacity = term_capacity(len(index), positions, static)
+        if static == "dense":  # every position, in row-major order; the loss positions keep their targets
+            targets = torch.zeros(positions, dtype=torch.long, device=tokens.device).index_put_((index,), targets)
+            index, valid = torch.arange(positions, device=tokens.device), loss_mask.flatten()
+        else:  # the n terms first, then terms at position 0 with target row 0 that carry no loss
+            valid = torch.arange(capacity, device=tokens.device) < len(index)
+            index, targets = (F.pad(x, (0, capacity - len(x))) for x in (index, targets))
     rows = None if input_index is None else lookup_rows(input_index, inputs)
-    return PreparedBatch(tokens, inputs, rows, loss_mask, index, index // loss_mask.shape[1],
-                         output_rows(output_index, target_ids), t)
+    return PreparedBatch(tokens, inputs, rows, loss_mask, index, index // loss_mask.shape[1], targets, t, valid)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -249,6 +297,18 @@ def clip_loss(model: Any, images: torch.Tensor, tokens: torch.Tensor, cfg: Objec
     return LossOutput(*contrastive_loss(model, images, tokens, rows=None if prepared is None else prepared.rows))
 
 
+def _term_ce(logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    """(n,) cross-entropy of each loss term in fp32; 0 at the terms that only pad a static shape."""
+    ce = F.cross_entropy(logits.float(), targets, reduction="none")
+    return ce if valid is None else torch.where(valid, ce, 0.0)
+
+
+def _term_hits(logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    """(n,) 1.0 where the argmax is the target, at real loss terms only."""
+    hits = logits.detach().argmax(-1) == targets
+    return (hits if valid is None else hits & valid).float()
+
+
 def masked_token_loss(model: Captioner, images: torch.Tensor, tokens: torch.Tensor, cfg: ObjectiveConfig,
                       generator: torch.Generator | None = None, prepared: PreparedBatch | None = None) -> LossOutput:
     """MDC and its masked baselines (mdc_no_t, bert, parallel): mask each caption token with the objective's
@@ -258,7 +318,7 @@ def masked_token_loss(model: Captioner, images: torch.Tensor, tokens: torch.Tens
     p = _prepare_for(model, tokens, cfg, generator, prepared)
     t, mask, targets = p.t, p.loss_mask, p.targets  # (B,), (B, L), (n,)
     logits = model.decode(p.inputs, image_tokens, select=p.index, causal=False, rows=p.rows)  # (n, V_out) masked only
-    ce = F.cross_entropy(logits.float(), targets, reduction="none")  # (n,)
+    ce = _term_ce(logits, targets, p.valid)  # (n,)
     weight = 1.0 / t if spec.inv_t_weight else torch.ones_like(t)
     n_valid = maskable_positions(p.tokens).sum(dim=1)  # (B,)
     loss = normalized_token_loss(ce, mask, weight, n_valid, cfg.normalization, owner=p.owner)
@@ -266,7 +326,7 @@ def masked_token_loss(model: Captioner, images: torch.Tensor, tokens: torch.Tens
     metrics = {
         "loss": loss.detach(),
         "ce_masked": (ce.detach().sum() / n_masked.clamp(min=1)),
-        "acc_masked": ((logits.detach().argmax(-1) == targets).float().sum() / n_masked.clamp(min=1)),
+        "acc_masked": (_term_hits(logits, targets, p.valid).sum() / n_masked.clamp(min=1)),
         "masked_frac": n_masked / n_valid.sum().clamp(min=1),
         "t_mean": t.mean(),
     }
@@ -280,14 +340,15 @@ def autoregressive_loss(model: Captioner, images: torch.Tensor, tokens: torch.Te
     p = _prepare_for(model, tokens, cfg, generator, prepared)
     valid, target_rows = p.loss_mask, p.targets  # (B, L-1) caption tokens and <eot>; (n,)
     logits = model.decode(p.inputs, image_tokens, select=p.index, causal=True, rows=p.rows)  # (n, V_out)
-    ce = F.cross_entropy(logits.float(), target_rows, reduction="none")  # (n,)
+    ce = _term_ce(logits, target_rows, p.valid)  # (n,)
     n_valid = valid.sum(dim=1)
     loss = normalized_token_loss(ce, valid, torch.ones(p.tokens.shape[0], device=ce.device), n_valid,
                                  cfg.normalization, owner=p.owner)
+    n_terms = n_valid.sum().clamp(min=1)
     metrics = {
         "loss": loss.detach(),
-        "ce_masked": ce.detach().mean(),
-        "acc_next": (logits.detach().argmax(-1) == target_rows).float().mean(),
+        "ce_masked": ce.detach().sum() / n_terms,
+        "acc_next": _term_hits(logits, target_rows, p.valid).sum() / n_terms,
         "masked_frac": torch.ones((), device=ce.device),
         "t_mean": torch.ones((), device=ce.device),
     }

@@ -54,7 +54,7 @@ from .data import SKIP_REASONS, iter_captions
 from .data.loaders import BatchStream
 from .factory import create_model
 from .model import padding_mask
-from .objectives import PreparedBatch, compute_loss, logged_accuracy, maskable_positions, objective_spec
+from .objectives import logged_accuracy, maskable_positions, objective_spec
 from .resume import resolve_data_paths  # noqa: F401 - part of this module's interface
 from .runlock import RunLock
 from .tensorboard_log import TensorBoardLog
@@ -145,19 +145,6 @@ def loss_denominator(tokens: torch.Tensor, objective: ObjectiveConfig) -> int:
     return int(per_caption.sum()) if objective.normalization == "per_token" else int((per_caption > 0).sum())
 
 
-class _Objective(torch.nn.Module):
-    """:func:`compute_loss` as a module, so that DistributedDataParallel's forward sees every micro-batch."""
-
-    def __init__(self, model: torch.nn.Module, cfg: ObjectiveConfig):
-        super().__init__()
-        self.model, self.cfg = model, cfg
-
-    def forward(self, images: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator,
-                prepared: PreparedBatch | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        out = compute_loss(self.model, images, tokens, self.cfg, generator, prepared=prepared)
-        return out.loss, out.metrics
-
-
 def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bool = True) -> TrainResult:
     """Train `cfg` into run folder `out`. With `resume`, continue from its latest complete checkpoint.
 
@@ -236,18 +223,16 @@ class _Trainer:
             if start_ckpt is None:  # a run started over (--resume before any checkpoint) logs from step 0
                 ckpt_io.truncate_jsonl(out / "metrics.jsonl", 0)
                 ckpt_io.truncate_jsonl(out / "epochs.jsonl", 0)
-        objective = _Objective(model, cfg.objective)
-        if t.compile:
-            train_step.compile_loss(objective)  # in place: forward + loss as one graph; the model is unchanged
+        # forward + loss of a micro-batch: host batches (static shapes), autocast, train.compile (CUDA graphs)
+        self.loss_step = train_step.LossStep(model, cfg.objective, t, self.device, self.bf16,
+                                             distributed=ctx.distributed)
         if ctx.distributed:
-            objective = DistributedDataParallel(objective, device_ids=[self.device.index]
-                                                if self.device.type == "cuda" else None)
-        self.objective = objective
+            self.loss_step.module = DistributedDataParallel(self.loss_step.module, device_ids=[self.device.index]
+                                                            if self.device.type == "cuda" else None)
         self.opt = train_step.build_optimizer(param_groups(model, t.weight_decay), t, self.device)  # fused on CUDA
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt, lambda s: lr_lambda(s, t.warmup_steps, t.steps, t.min_lr_ratio))
         self.ema = AveragedModel(model, use_buffers=True) if t.ema_decay > 0 else None  # train_step.ema_update
-        self.batches = train_step.HostBatches(model, cfg.objective, self.device)  # masking draws on the host
         self.watch = train_step.NonFiniteWatch(self.device)
         self.pending_samples, self.pending_truncated = 0.0, 0  # this rank's, since the last read
         self.tokenizer = CaptionTokenizer(cfg.model.context_length)
@@ -296,7 +281,8 @@ class _Trainer:
         t, main = self.cfg.train, self.main
         if main and self.progress:
             tqdm.write(f"global batch {self.global_batch} = {t.batch_size} per device x {self.ctx.world} devices "
-                       f"({self.device.type}) x {t.grad_accum} accumulation")
+                       f"({self.device.type}) x {t.grad_accum} accumulation; step: compile "
+                       f"{self.loss_step.mode or 'off'}, static shapes {self.loss_step.static}")
         self.bar = tqdm(total=t.steps, initial=self.n.step, desc=f"train {self.cfg.objective.name}", unit="step",
                         disable=not (self.progress and main))
         self.metrics_file = open(self.out / "metrics.jsonl", "a") if main else None
@@ -360,13 +346,12 @@ class _Trainer:
         means: dict[str, torch.Tensor] = {}
         torch.manual_seed(step_seed(t.seed, self.n.step, ctx.rank, stream=1))  # dropout: per step and rank
         for a, (batch, tok, n) in enumerate(zip(micro, tokens, counts, strict=True)):
-            tok, prepared = self.batches(tok, step_seed(t.seed, self.n.step, a * ctx.world + ctx.rank))  # as 1 rank
             last = a == len(micro) - 1
-            sync = self.objective.no_sync() if ctx.distributed and not last else contextlib.nullcontext()
+            sync = self.loss_step.module.no_sync() if ctx.distributed and not last else contextlib.nullcontext()
             with dist.guard(ctx, "DDP forward/backward (gradient all-reduce)"), sync:
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.bf16):
-                    loss, metrics = self.objective(batch["image"].to(device, non_blocking=True), tok,
-                                                   self.batches.device_gen, prepared)
+                # the masking draws of micro-batch a on rank r are those of one rank with world x the micro-batches
+                loss, metrics = self.loss_step(batch["image"], tok, step_seed(t.seed, self.n.step,
+                                                                             a * ctx.world + ctx.rank))
                 # DDP averages gradients over ranks: x world makes that a sum, / denom the global normalisation
                 scale = n * ctx.world / denom
                 (loss * (scale.to(loss.dtype) if torch.is_tensor(scale) else scale)).backward()

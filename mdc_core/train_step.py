@@ -17,8 +17,14 @@ GPU idles while the host catches up. :mod:`mdc_core.train` does none of them bet
   the default implementation, so CPU runs keep their numbers to the bit.
 
 ``tests/test_train_step.py`` counts the calls that would synchronise during a non-logging step for every objective.
-:func:`compile_loss` is ``train.compile``: the model forward and the loss compile as one graph (the same test file
-checks it with ``torch._dynamo.explain``).
+
+:class:`LossStep` is one micro-batch's forward and loss as the trainer and ``mdc bench`` run it: host batch, bf16
+autocast on CUDA, and ``train.compile``: forward + loss compile as one graph (the same test file checks it with
+``torch._dynamo.explain``) and AOTAutograd compiles the backward with it; with ``train.static_shapes``
+(:func:`mdc_core.objectives.prepare_batch`) the shapes repeat, so the step compiles once per caption-length
+bucket and never recompiles after (tests/test_static_step.py counts dynamo's compiles), and
+``compile="reduce-overhead"`` replays forward and backward as CUDA graphs on CUDA: a few launches per step
+instead of hundreds, which is what sets the speed of a small model on a GPU.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from torch.optim.swa_utils import AveragedModel
 
 from . import distributed as dist
 from .config import ObjectiveConfig, TrainConfig
-from .objectives import PreparedBatch, id_tables, objective_spec, prepare_batch
+from .objectives import PreparedBatch, compute_loss, id_tables, objective_spec, prepare_batch
 
 
 @dataclass
@@ -124,8 +130,10 @@ class HostBatches:
     :attr:`device_gen`, seeded alike, serves the draws a loss makes on the device (a condition transform's).
     """
 
-    def __init__(self, model: torch.nn.Module, cfg: ObjectiveConfig, device: torch.device) -> None:
+    def __init__(self, model: torch.nn.Module, cfg: ObjectiveConfig, device: torch.device, static: str = "off",
+                 length_bucket: int = 8) -> None:
         self.cfg, self.device, self.prepared = cfg, device, objective_spec(cfg.name).prepared
+        self.shapes = {"static": static, "length_bucket": length_bucket}
         self.tables = {k: None if v is None else v.detach().to("cpu", copy=True) for k, v in id_tables(model).items()}
         self.gen = torch.Generator()
         self.device_gen = self.gen if device.type == "cpu" else torch.Generator(device=device)
@@ -136,14 +144,82 @@ class HostBatches:
             self.device_gen.manual_seed(seed)
         if not self.prepared:
             return tokens.to(self.device, non_blocking=True), None
-        prepared = prepare_batch(tokens, self.cfg, self.gen, **self.tables).to(self.device, non_blocking=True)
+        prepared = prepare_batch(tokens, self.cfg, self.gen, **self.tables, **self.shapes)
+        prepared = prepared.to(self.device, non_blocking=True)
         return prepared.tokens, prepared
 
 
-def compile_loss(objective: torch.nn.Module) -> None:
-    """``train.compile``: compile, in place, the module whose forward is the loss of a prepared batch
-    (``nn.Module.compile``). The model forward and the loss trace as one graph without breaks, and AOTAutograd
-    compiles its backward with it; caption length and loss-term count change from batch to batch, so the second
-    batch recompiles with dynamic shapes and later ones reuse that graph. The model itself is not wrapped: its
-    state-dict keys, the checkpoints and the EMA copy are unchanged."""
-    objective.compile()
+class Objective(torch.nn.Module):
+    """:func:`~mdc_core.objectives.compute_loss` as a module, so that DistributedDataParallel's forward and
+    ``nn.Module.compile`` see every micro-batch; the model itself stays unwrapped (its state-dict keys, the
+    checkpoints and the EMA copy are unchanged)."""
+
+    def __init__(self, model: torch.nn.Module, cfg: ObjectiveConfig):
+        super().__init__()
+        self.model, self.cfg = model, cfg
+        # the objective's loss function, resolved once: resolving it imports its module, which would break a graph
+        self.loss_fn = objective_spec(cfg.name).loss_fn()
+
+    def forward(self, images: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator,
+                prepared: PreparedBatch | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        if prepared is None:
+            out = compute_loss(self.model, images, tokens, self.cfg, generator)
+        else:  # compute_loss's prepared path, with the function in hand
+            out = self.loss_fn(self.model, images, tokens, self.cfg, generator, prepared=prepared)
+        return out.loss, out.metrics
+
+
+def uses_cudagraphs(mode: str | None, device: torch.device) -> bool:
+    """Whether torch.compile's `mode` replays the step as CUDA graphs on `device` (never on the CPU)."""
+    return device.type == "cuda" and mode in ("reduce-overhead", "max-autotune")
+
+
+class LossStep:
+    """Forward and loss of one micro-batch exactly as the trainer runs it (``mdc bench`` times the same object).
+
+    ``step(images, tokens, seed)`` prepares the CPU `tokens` (B, L) on the host (:class:`HostBatches`, with the
+    run's static shapes), runs :class:`Objective` under bf16 autocast when `bf16`, and returns (loss, metrics) on
+    the device; the caller runs the backward. With a compile mode (``train.compile``, "auto" resolved for the
+    device by :meth:`~mdc_core.config.TrainConfig.compile_mode`) the :class:`Objective` is compiled in place
+    (``dynamic=False`` with static shapes: one graph per shape, never a dynamic one), and with CUDA graphs each
+    call marks a new step for cudagraph trees (the loss and metrics of the last call stay readable until the next).
+    `module` is what the trainer wraps in DistributedDataParallel. `backend`: torch.compile's (tests use
+    ``aot_eager``, which traces forward and backward like inductor without generating code).
+    """
+
+    def __init__(self, model: torch.nn.Module, cfg: ObjectiveConfig, t: TrainConfig, device: torch.device,
+                 bf16: bool, backend: str = "inductor", distributed: bool = False) -> None:
+        prepared = objective_spec(cfg.name).prepared  # an objective that draws its own noise is not compiled by auto
+        self.device, self.bf16 = device, bf16
+        self.mode = t.compile_mode(device.type, distributed) if prepared or t.compile != "auto" else None
+        if uses_cudagraphs(self.mode, device) and t.grad_accum > 1:  # pytorch/pytorch#169545: silently wrong grads
+            raise ValueError(f"train.compile={self.mode} replays the backward as a CUDA graph, and a second "
+                             "micro-batch would overwrite the first one's gradients (CUDA graph trees hand .grad "
+                             "their output buffers); use train.grad_accum=1 or train.compile=true")
+        static = t.static_mode(self.mode) if prepared else "off"
+        if static != "off" and t.static_shapes == "auto" and getattr(getattr(model, "cfg", None), "attend_to_pads",
+                                                                     False):
+            static = "off"  # padding would be visible to such a model (explicit static shapes are refused by validate)
+        self.static = static
+        if device.type == "cuda":  # one image shape per run: let cuDNN pick its fastest kernels for it once
+            torch.backends.cudnn.benchmark = True
+        self.batches = HostBatches(model, cfg, device, static, t.length_bucket)
+        self.module: torch.nn.Module = Objective(model, cfg)
+        if self.mode is not None:
+            options = {"mode": self.mode} if backend == "inductor" else {}  # modes are inductor's
+            self.module.compile(backend=backend, dynamic=False if static != "off" else None, **options)
+        self.cudagraphs = uses_cudagraphs(self.mode, device)
+        # static_shapes=padded gives up to objectives.TERM_BUCKETS term counts per caption-length bucket: compiled
+        # with that one dimension symbolic they share one graph (CUDA graphs still record one replay per count)
+        self.terms_dynamic = self.mode is not None and static == "padded"
+
+    def __call__(self, images: torch.Tensor, tokens: torch.Tensor, seed: int
+                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        tokens, prepared = self.batches(tokens, seed)
+        if self.terms_dynamic and prepared is not None:  # one graph for all of padded's term counts
+            for x in (prepared.index, prepared.owner, prepared.targets, prepared.valid):
+                torch._dynamo.mark_dynamic(x, 0)
+        if self.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            return self.module(images.to(self.device, non_blocking=True), tokens, self.batches.device_gen, prepared)

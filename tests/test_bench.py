@@ -27,10 +27,47 @@ def _numbers(node, path=""):
         yield path, node
 
 
+SAVED: list[dict] = []  # what run_bench handed its `save` callback, section by section
+
+
 @pytest.fixture(scope="module")
 def report():
-    bench = BenchConfig.quick(overrides=MICRO_OVERRIDES, threads=1, caption_length=8, isolate=False)
-    return run_bench(bench)
+    bench = BenchConfig.quick(overrides=MICRO_OVERRIDES, threads=1, caption_length=8, isolate=False, count_ops=True)
+    return run_bench(bench, save=lambda r: SAVED.append(json.loads(json.dumps(r))))
+
+
+def test_the_report_is_saved_after_each_section(report):
+    """An interrupted run keeps what it measured: the first save holds the training rows and no captions yet."""
+    assert len(SAVED) >= 3
+    assert "train" in SAVED[0] and "caption" not in SAVED[0]
+    assert "caption" in SAVED[1] and "scoring" not in SAVED[1]
+    assert SAVED[-1]["targets"] == json.loads(json.dumps(report["targets"]))
+
+
+def test_rows_count_their_host_operations(report):
+    for name in ("mdc", "arc"):
+        ops = report["train"][name]["host_ops"]
+        assert ops["aten_ops_per_step"] > 50 and ops["events_per_step"] >= ops["aten_ops_per_step"]
+    assert "host operations per training step" in format_report(report)
+
+
+def test_a_row_past_its_time_limit_is_an_error_that_names_it(tmp_path):
+    from mdc_core.bench.training import run_train_bench
+
+    got = run_train_bench(["mdc"], tmp_path / "payload.pt", steps=1, warmup=1, device="cpu", threads=1,
+                          timeout_s=0.01)
+    assert "row 'mdc' timed out after" in got["mdc"]["error"]
+
+
+def test_best_rows_by_family_leave_out_the_full_vocabulary_head():
+    from mdc_core.bench.run import _best
+
+    report = {"train": {"mdc": {"samples_per_s": 10.0}, "mdc_graphs": {"samples_per_s": 30.0},
+                        "mdc_full_vocab": {"samples_per_s": 99.0}, "arc": {"samples_per_s": 20.0},
+                        "arc_graphs": {"error": "row 'arc_graphs' timed out"}}}
+    assert _best(report, "mdc", "samples_per_s") == 30.0
+    assert _best(report, "arc", "samples_per_s") == 20.0
+    assert _best(report, "coca", "samples_per_s") is None
 
 
 def test_quick_report_structure(report):
@@ -88,6 +125,9 @@ def test_targets_ratios_by_hand():
     assert values[3] == (None, None)  # no trained runs: not measured
     assert values[4] == (pytest.approx(0.5), True)  # lower is better: 0.5 s < 1 s
     assert values[5] == (pytest.approx(0.1), False)
+    assert values[6] == (None, None)  # no ARC row
+    assert values[7] == (pytest.approx(1.3), False)  # 26 / 20 < 2.5
+    assert values[8] == (pytest.approx(0.1), False)  # 0.1 < 0.25 (batch < 256)
 
 
 def test_coca_peer_mirrors_our_dimensions():
@@ -113,6 +153,10 @@ def test_cli_rejects_bad_options(capsys):
     assert "unknown training rows" in capsys.readouterr().err
     assert main(["bench", "--mdc-run", "somewhere"]) == 2
     assert "go together" in capsys.readouterr().err
+    assert main(["bench", "--sections", "caption,speed"]) == 2
+    assert "unknown --sections ['speed']" in capsys.readouterr().err
+    assert main(["bench", "--profile-row", "nope"]) == 2
+    assert "unknown --profile-row" in capsys.readouterr().err
 
 
 @pytest.mark.slow

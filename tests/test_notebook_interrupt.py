@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-import mdc_core.train as train_mod
 from mdc_core import checkpoint as ck
+from mdc_core import train_step
 from mdc_core.train import TrainingInterrupted, train
 from mdc_core.workbench import notebook as wb
 from tests.train_helpers import (
@@ -61,16 +61,16 @@ def test_an_interrupt_stops_the_live_training_at_a_step_with_a_checkpoint_and_th
     cfg = micro_run(data, steps=STEPS, batch_size=4, ckpt_every=100)
     models = tmp_path / "models"
     run_dir = wb.cached_run_dir(models, cfg)
-    real, calls, held = train_mod.compute_loss, [0], []
+    real, calls, held = train_step.Objective.forward, [0], []
 
-    def interrupting(*args, **kwargs):
+    def interrupting(self, *args, **kwargs):
         calls[0] += 1
         if calls[0] == 3:
             held.append(_lock_held_elsewhere(run_dir))  # while training, nobody else may train this run
             os.kill(os.getpid(), signal.SIGINT)  # Kernel > Interrupt (SIGINT to the kernel) during the third step
-        return real(*args, **kwargs)
+        return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(train_mod, "compute_loss", interrupting)
+    monkeypatch.setattr(train_step.Objective, "forward", interrupting)
     outer = signal.signal(signal.SIGINT, signal.default_int_handler)  # what ipykernel installs while a cell runs
     try:
         with pytest.raises(KeyboardInterrupt) as info:
@@ -106,13 +106,13 @@ def test_kernel_interrupt_in_jupyter_stops_the_training_cell(data, tmp_path):
     cell = f"""
 import time
 import torch
-import mdc_core.train as T
+import mdc_core.train_step as T
 from mdc_core.config import RunConfig
 from mdc_core.workbench import notebook as wb
 torch.set_num_threads(1)
-if not hasattr(T, "_real_loss"):
-    T._real_loss = T.compute_loss
-    T.compute_loss = lambda *a, **k: (time.sleep(0.05), T._real_loss(*a, **k))[1]  # slow enough to interrupt
+if not hasattr(T, "_real_forward"):
+    T._real_forward = T.Objective.forward
+    T.Objective.forward = lambda *a, **k: (time.sleep(0.05), T._real_forward(*a, **k))[1]  # slow enough to interrupt
 cfg = RunConfig.load({str(tmp_path / "config.json")!r})
 model, cfg, run_dir = wb.train_cached(cfg, {str(models)!r}, live=True)
 """

@@ -236,6 +236,8 @@ def test_changed_parameters_make_a_finished_run_pending(tmp_path: Path) -> None:
     ("notebooks: []\n", "non-empty list"),
     ("jobs: 0\nnotebooks: [toy.ipynb]\n", "jobs must be a positive integer"),
     ("jobs: two\nnotebooks: [toy.ipynb]\n", "jobs must be a positive integer"),
+    ("deadline_s: 0\nnotebooks: [toy.ipynb]\n", "deadline_s must be a positive number"),
+    ("deadline_s: soon\nnotebooks: [toy.ipynb]\n", "deadline_s must be a positive number"),
 ])
 def test_bad_plans_are_rejected_before_running(toy: Path, text: str, message: str) -> None:
     with pytest.raises((ValueError, FileNotFoundError)) as err:
@@ -305,3 +307,36 @@ def test_summary_numbers_keep_the_digits_that_matter():
     # percentages keep one decimal; fractions (an accuracy of 0.934) are not rounded to 0.9
     assert [_fmt(v) for v in (36.66, 0.9338, 0.0712, 4000, float("nan"), None)] == [
         "36.7", "0.934", "0.0712", "4000", "–", "–"]
+
+
+SLEEPER_BODY = """\
+import json, pathlib, time
+out = pathlib.Path(output_dir)
+time.sleep(value)
+(out / "metrics.json").write_text(json.dumps({"metrics": {"value": value}}))
+"""
+
+
+def test_a_deadline_stops_the_plan_and_keeps_what_finished(tmp_path: Path) -> None:
+    """A finished run is kept, a 600 s run is stopped at the deadline, the run after it never starts, and the
+    summary is written with all three: a GPU loan that ends early still says what it measured."""
+    import time
+
+    write_notebook(tmp_path / "sleep.ipynb", body=SLEEPER_BODY)
+    first = write_plan(tmp_path / "p.yaml", f"output_root: {tmp_path / 'out'}\nnotebooks:\n"
+                                            "  - path: sleep.ipynb\n    grid: {value: [0]}\n")
+    assert [r.status for r in run_plan(load_plan(first, root=tmp_path), progress=False, cwd=tmp_path)] == ["done"]
+    plan_file = write_plan(tmp_path / "p.yaml", f"output_root: {tmp_path / 'out'}\ndeadline_s: 8\nnotebooks:\n"
+                                                "  - path: sleep.ipynb\n    grid: {value: [0, 600, 1]}\n")
+    plan = load_plan(plan_file, root=tmp_path)
+    assert plan.deadline_s == 8
+    t0 = time.monotonic()
+    results = run_plan(plan, progress=False, cwd=tmp_path)
+    assert time.monotonic() - t0 < 300  # the 600 s run did not run to its end
+    assert [r.status for r in results] == ["skipped", "failed", "failed"]
+    assert (tmp_path / "out" / "p" / "sleep__value=600" / "FAILED").is_file()
+    assert "not started" in results[2].error and "deadline" in results[2].error
+    assert not (tmp_path / "out" / "p" / "sleep__value=1").exists()
+    assert "FAILED" in (tmp_path / "out" / "p" / "summary.md").read_text()
+    with pytest.raises(ValueError, match="deadline_s must be a positive number"):
+        run_plan(plan, progress=False, cwd=tmp_path, deadline_s=0)

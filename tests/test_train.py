@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 import mdc_core.train as train_mod
 from mdc_core import checkpoint as ck
+from mdc_core import train_step
 from mdc_core.config import ConfigError, ObjectiveConfig
 from mdc_core.data import make_example
 from mdc_core.tokenizer import CaptionTokenizer
@@ -113,17 +114,17 @@ def test_ema_is_the_exponential_average_of_the_weights(data, tmp_path):
 
 
 def _poison(monkeypatch, bad_calls: set[int]) -> None:
-    """compute_loss returns a NaN loss on the given call numbers (1-based micro-batches)."""
-    real, calls = train_mod.compute_loss, [0]
+    """The step's loss (train_step.Objective) is NaN on the given call numbers (1-based micro-batches)."""
+    real, calls = train_step.Objective.forward, [0]
 
-    def poisoned(*args, **kwargs):
+    def poisoned(self, *args, **kwargs):
         calls[0] += 1
-        out = real(*args, **kwargs)
+        loss, metrics = real(self, *args, **kwargs)
         if calls[0] in bad_calls or (-1 in bad_calls and calls[0] > 2):
-            out.loss = out.loss * float("nan")
-        return out
+            loss = loss * float("nan")
+        return loss, metrics
 
-    monkeypatch.setattr(train_mod, "compute_loss", poisoned)
+    monkeypatch.setattr(train_step.Objective, "forward", poisoned)
 
 
 def test_nan_stops_and_keeps_the_last_good_checkpoint(data, tmp_path, monkeypatch):

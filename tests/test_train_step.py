@@ -152,6 +152,7 @@ CASES = {  # every objective of the table that prepares its batches on the host,
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("objective", list(CASES))
 def test_a_non_logging_step_never_waits_for_the_device(data, tmp_path, monkeypatch, objective, device):
+    # the eager step (grad_accum 2 keeps train.compile=auto eager on CUDA too: CUDA graphs record while warming up)
     cfg = micro_run(data, f"objective.name={objective}", f'train.device="{device}"', *CASES[objective], steps=3,
                     batch_size=4, grad_accum=2, log_every=100, ckpt_every=100)
     trainers, counters, takes = [], [], []

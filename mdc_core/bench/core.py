@@ -44,7 +44,11 @@ class BenchConfig:
     mdc_run: str = ""  # optional trained MDC run: adds the quality comparison of parallel decoding
     arc_run: str = ""  # optional trained ARC run for the same comparison
     quality_images: int = 256  # test images for the quality comparison
-    profile_rows: int = 0  # > 0: add a torch.profiler top-ops table of the MDC training step
+    profile_rows: int = 0  # > 0: add a torch.profiler top-ops table of the training step of row `profile_row`
+    profile_row: str = "mdc"  # the training row the profile shows (mdc_core.bench.training.TRAIN_SPECS)
+    count_ops: bool = False  # add each training row's host operations per step (profiler counts)
+    sections: tuple[str, ...] = ("caption", "scoring", "quality")  # measured besides the training rows
+    row_timeout_s: float = 600.0  # a training row (compile, warm-up, timed steps) running longer is an error
     isolate: bool = True  # one fresh process per training row (exact peak memory; costs an import each)
 
     @classmethod

@@ -34,12 +34,15 @@ from .core import BenchConfig, bench_inputs, machine_info, matmul_peak, resolve_
 # the whole run
 
 
-def run_bench(bench: BenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Measure everything described in the module docstring; returns the JSON-ready report."""
+def run_bench(bench: BenchConfig, progress: Callable[[str], None] | None = None,
+              save: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Measure everything described in the module docstring; returns the JSON-ready report. `save` is called
+    with the report so far after each section (``mdc bench --out`` writes it): an interrupted run keeps it."""
     from .decoding import caption_speed, quality_comparison, scoring_speed
     from .training import profile_train_step, run_train_bench
 
     say = progress or (lambda msg: None)
+    keep = save or (lambda report: None)
     if bench.threads > 0:
         torch.set_num_threads(bench.threads)
     device = resolve_device(bench.device)
@@ -69,27 +72,35 @@ def run_bench(bench: BenchConfig, progress: Callable[[str], None] | None = None)
         torch.save(payload, path)
         say(f"training steps: {', '.join(bench.train_rows)}" + (" (one process each)" if bench.isolate else ""))
         train = run_train_bench(list(bench.train_rows), path, steps=bench.train_steps, warmup=bench.train_warmup,
-                                device=str(device), threads=torch.get_num_threads(), isolate=bench.isolate)
+                                device=str(device), threads=torch.get_num_threads(), isolate=bench.isolate,
+                                timeout_s=bench.row_timeout_s, count_ops=bench.count_ops)
     peak = report["matmul_peak"]["flops_per_s"]
     for row in train.values():
         if "error" not in row:
             row["model_flops_per_s"] = row["flops_per_step"] / row["step_s"]
             row["mfu"] = row["model_flops_per_s"] / peak
     report["train"] = train
+    keep(report)
 
     # every inference row (image encoding, MDC, ARC and CoCa decoding, scoring) in the same precision
     report["inference_precision"] = "bf16 autocast" if bf16_enabled(bench.precision, device) else "fp32"
     with default_inference_precision(bench.precision), inference_autocast(bench.precision, device):
-        say(f"caption latency and throughput ({report['inference_precision']})")
-        report["caption"] = caption_speed(cfg, payload, bench, device, say)
+        say(f"caption latency and throughput ({report['inference_precision']})" if "caption" in bench.sections else
+            "captioning: skipped (--sections)")
+        report["caption"] = caption_speed(cfg, payload, bench, device, say) if "caption" in bench.sections else {}
+        keep(report)
         say("scoring throughput")
-        report["scoring"] = scoring_speed(cfg, payload, bench, device)
-        report["quality"] = quality_comparison(bench, device, say)
+        report["scoring"] = scoring_speed(cfg, payload, bench, device) if "scoring" in bench.sections else {}
+        keep(report)
+        report["quality"] = quality_comparison(bench, device, say) if "quality" in bench.sections else \
+            {"available": False, "note": "section not asked for (--sections)"}
     if bench.profile_rows > 0:
-        say("profiling the MDC training step")
-        report["profile"] = profile_train_step(payload, rows=bench.profile_rows, device=str(device))
+        say(f"profiling the {bench.profile_row} training step (training precision)")
+        report["profile"] = profile_train_step(payload, name=bench.profile_row, rows=bench.profile_rows,
+                                               device=str(device))
     report["targets"] = targets(report)
     report["machine"]["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    keep(report)
     return report
 
 
@@ -108,6 +119,15 @@ def _get(report: dict[str, Any], *keys: str) -> float | None:
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
+
+
+def _best(report: dict[str, Any], family: str, key: str) -> float | None:
+    """The largest `key` over the training rows of `family` ("mdc": mdc, mdc_compiled, mdc_graphs, ...; not the
+    full-vocabulary row, whose head differs), or None when none measured it."""
+    values = [_get(report, "train", name, key) for name in report.get("train", {})
+              if (name == family or name.startswith(family + "_")) and "full_vocab" not in name]
+    values = [v for v in values if v is not None]
+    return max(values) if values else None
 
 
 def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -131,6 +151,12 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
          if report.get("scoring", {}).get("mc", {}).get("samples") == 1024 else None),
         ("MDC training step MFU vs measured matmul peak (training precision)", 0.30,
          _get(report, "train", "mdc", "mfu")),
+        ("best MDC row samples/s vs best ARC row (same compile options available)", 1.0,
+         _ratio(_best(report, "mdc", "samples_per_s"), _best(report, "arc", "samples_per_s"))),
+        ("best MDC row samples/s vs CoCa", 2.5,
+         _ratio(_best(report, "mdc", "samples_per_s"), _get(report, "train", "coca", "samples_per_s"))),
+        ("best MDC row MFU", 0.35 if report.get("dimensions", {}).get("train_batch", 0) >= 256 else 0.25,
+         _best(report, "mdc", "mfu")),
     ]
     out = []
     for name, goal, value in rows:
@@ -196,5 +222,11 @@ def format_report(report: dict[str, Any]) -> str:
             for t in report["targets"]]
     parts += ["targets", _table(["target", "goal", "value", "status"], rows)]
     if "profile" in report:
-        parts += ["", "profile of the MDC training step (top ops by self CPU time)", report["profile"]]
+        parts += ["", f"profile of the {report['settings'].get('profile_row', 'mdc')} training step in the training "
+                  "precision (top ops by self device time on CUDA, self CPU time elsewhere)", report["profile"]]
+    rows = [[name, r["host_ops"]["aten_ops_per_step"], r["host_ops"]["events_per_step"]]
+            for name, r in report["train"].items() if r.get("host_ops")]
+    if rows:
+        parts += ["", "host operations per training step (torch.profiler counts, 2 steps after the timed ones)",
+                  _table(["row", "aten ops", "profiler events"], rows)]
     return "\n".join(parts)

@@ -37,6 +37,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
     p.add_argument("--arc-run", default="", help="trained ARC run for that comparison")
     p.add_argument("--profile", type=int, default=0, metavar="ROWS",
                    help="add a torch.profiler table (top ROWS ops) of the MDC training step")
+    p.add_argument("--profile-row", default="mdc", help="the training row --profile shows (default mdc)")
+    p.add_argument("--count-ops", action="store_true",
+                   help="add each training row's host operations per step (profiler counts)")
+    p.add_argument("--row-timeout", type=float, default=600.0, metavar="S",
+                   help="a training row running longer (compile included) is reported as an error (default 600)")
+    p.add_argument("--sections", default="caption,scoring,quality",
+                   help="what to measure besides the training rows, comma-separated: caption, scoring, quality, or "
+                   "none (default: all three)")
     verbs = p.add_subparsers(dest="bench_verb", required=False)
     verbs.add_parser("model", help="training, captioning and scoring speed (the default)")
     return verbs
@@ -53,7 +61,15 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
     kw = {"preset": args.preset, "overrides": list(args.set), "device": args.device, "threads": args.threads,
           "precision": args.precision,
-          "mdc_run": args.mdc_run, "arc_run": args.arc_run, "profile_rows": args.profile}
+          "mdc_run": args.mdc_run, "arc_run": args.arc_run, "profile_rows": args.profile,
+          "profile_row": args.profile_row, "count_ops": args.count_ops, "row_timeout_s": args.row_timeout}
+    sections = tuple(x.strip() for x in args.sections.split(",") if x.strip() and x.strip() != "none")
+    unknown = [x for x in sections if x not in ("caption", "scoring", "quality")]
+    if unknown:
+        raise ValueError(f"unknown --sections {unknown}; choose from caption, scoring, quality, none")
+    kw["sections"] = sections
+    if args.profile_row not in TRAIN_SPECS:
+        raise ValueError(f"unknown --profile-row {args.profile_row!r}; choose from {', '.join(TRAIN_SPECS)}")
     if args.rows:
         rows = tuple(r.strip() for r in args.rows.split(",") if r.strip())
         unknown = [r for r in rows if r not in TRAIN_SPECS]
@@ -74,10 +90,15 @@ def cmd_bench(args: argparse.Namespace) -> None:
         if run and not Path(run).exists():
             raise FileNotFoundError(f"run folder not found: {run}")
     bench = BenchConfig.quick(**kw) if args.quick else BenchConfig(**kw)
-    report = run_bench(bench, progress=lambda msg: print(f"mdc bench: {msg}", file=sys.stderr, flush=True))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    def save(report: dict) -> None:  # after each section: an interrupted run keeps what it measured
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(args.out).with_suffix(".partial")
+            tmp.write_text(json.dumps(report, indent=1) + "\n")
+            tmp.replace(args.out)
+
+    report = run_bench(bench, progress=lambda msg: print(f"mdc bench: {msg}", file=sys.stderr, flush=True),
+                       save=save)
     print(json.dumps(report) if args.json else format_report(report))
 
 

@@ -15,6 +15,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     runs.add_argument("--dry-run", action="store_true", help="check the plan, parameters and notebooks; run nothing")
     runs.add_argument("--jobs", type=int, help="notebooks executed at once, each with cpu_count // jobs threads "
                       "(default: the plan's 'jobs', else 1)")
+    runs.add_argument("--deadline", type=float, metavar="S", help="stop after S seconds: no run starts later, the "
+                      "running ones are stopped and marked FAILED, the summary holds what finished (default: the "
+                      "plan's 'deadline_s', else none)")
 
 
 def cmd_runs(args: argparse.Namespace) -> None:
@@ -28,7 +31,9 @@ def cmd_runs(args: argparse.Namespace) -> None:
         return
     if args.jobs is not None and args.jobs < 1:
         raise SystemExit(f"mdc runs: --jobs must be a positive integer, got {args.jobs}")
-    results = run_plan(plan, progress=not args.quiet, jobs=args.jobs)
+    if args.deadline is not None and args.deadline <= 0:
+        raise SystemExit(f"mdc runs: --deadline must be a positive number of seconds, got {args.deadline}")
+    results = run_plan(plan, progress=not args.quiet, jobs=args.jobs, deadline_s=args.deadline)
     failed = [r for r in results if r.status == "failed"]
     print(f"plan {plan.name}: {len(results) - len(failed)} of {len(results)} runs finished; "
           f"summary: {plan.out_dir / 'summary.md'}")

@@ -24,8 +24,8 @@ Note: ``mdc_core.eval.caption_metrics`` names the function here; the module is
 ``sys.modules["mdc_core.eval.caption_metrics"]`` (or ``importlib.import_module``).
 
 Torch-free (numpy/scipy): :mod:`mdc_core.eval.stats` (intervals, differences, verdicts) and
-:mod:`mdc_core.eval.claims` (the paper's ordering claims). The probe's names below are imported on first use,
-so that importing those two pulls no torch.
+:mod:`mdc_core.eval.claims` (the paper's ordering claims). The probe's and the caption metrics' names below are
+imported on first use, so that importing those two pulls neither torch nor pycocoevalcap.
 """
 
 from __future__ import annotations
@@ -33,9 +33,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from mdc_core.eval.caption_metrics import ALL_METRICS, score_captions, simple_tokenize
-
-_LAZY = ("CLIP_BENCHMARK_WD_GRID", "ProbeResult", "cached_features", "linear_probe")  # from mdc_core.eval.probe
+# imported on first use: the probe's names pull torch, the caption metrics' pycocoevalcap (the [eval] extra), which
+# `mdc runs` and the evidence summary do not need (a GPU machine may run them without it)
+_LAZY = {**dict.fromkeys(("CLIP_BENCHMARK_WD_GRID", "ProbeResult", "cached_features", "linear_probe"),
+                         "mdc_core.eval.probe"),
+         **dict.fromkeys(("ALL_METRICS", "score_captions", "simple_tokenize"), "mdc_core.eval.caption_metrics")}
 
 __all__ = [
     "ALL_METRICS", "CLIP_BENCHMARK_WD_GRID", "ProbeResult", "cached_features", "score_captions", "linear_probe",
@@ -46,4 +48,4 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'mdc_core.eval' has no attribute {name!r}")
-    return getattr(importlib.import_module("mdc_core.eval.probe"), name)
+    return getattr(importlib.import_module(_LAZY[name]), name)

@@ -108,6 +108,9 @@ def make_config(preset: str, data_dir: str | Path, objective: str, steps: int,
     return load_preset(preset, [f"{k}={json.dumps(v)}" for k, v in pairs.items()])
 
 
+STEP_ONLY_KEYS = ("compile", "static_shapes", "length_bucket")  # train keys that config_key leaves out
+
+
 def config_key(cfg: RunConfig) -> str:
     """Stable short hash of everything that defines a training run (the corpus vocabulary size excluded). For an
     embedded data set the generator's parameters (its manifest's ``params``) count too: the notebooks rewrite a
@@ -115,6 +118,8 @@ def config_key(cfg: RunConfig) -> str:
     data = cfg.to_dict()
     data["model"]["output_vocab_size"] = 0
     data["preset"] = ""
+    for key in STEP_ONLY_KEYS:  # how the step runs, not what it computes (a cached model serves either way)
+        data["train"].pop(key, None)
     manifest = Path(cfg.data.path) / "manifest.json"
     if manifest.is_file():
         data["data_params"] = json.loads(manifest.read_text()).get("params")

@@ -7,6 +7,7 @@ A plan is a YAML file (the shipped ones are in ``plans/``)::
     kernel: mdc                        # optional; the project's kernel, registered on first use
     output_root: papermill_runs        # optional; relative to the working directory
     timeout_s: 1800                    # optional; per-cell execution timeout (default: none)
+    deadline_s: 480                    # optional; stop the whole plan after this long, keeping what finished
     jobs: 2                            # optional; notebooks executed at once (default 1; see below)
     parameters:                        # base parameters: given to every notebook that declares them
       device: cpu
@@ -52,8 +53,8 @@ from mdc_core.workbench.evidence import SEED_PARAM
 
 KERNEL_NAME = "mdc"  # the project's Jupyter kernel (this virtual environment's python)
 KERNEL_DISPLAY_NAME = "MDC workbench"
-PLAN_KEYS = ("name", "description", "kernel", "output_root", "timeout_s", "jobs", "parameters", "grid", "seeds",
-             "notebooks")
+PLAN_KEYS = ("name", "description", "kernel", "output_root", "timeout_s", "deadline_s", "jobs", "parameters", "grid",
+             "seeds", "notebooks")
 ENTRY_KEYS = ("path", "id", "parameters", "grid", "seeds")
 
 RESERVED = ("output_dir",)  # set by the runner for every run
@@ -90,6 +91,7 @@ class Plan:
     output_root: Path = Path("papermill_runs")
     timeout_s: int | None = None
     jobs: int = 1  # notebooks executed at once
+    deadline_s: float | None = None  # stop the plan after this many seconds with what finished (None: no limit)
     description: str = ""
     declared: dict[str, dict[str, Any]] = field(default_factory=dict)  # notebook -> papermill's parameter table
 
@@ -123,6 +125,9 @@ def load_plan(path: str | Path, *, root: str | Path | None = None) -> Plan:
     jobs = data.get("jobs", 1)
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"plan {path}: jobs must be a positive integer (notebooks at once), got {jobs!r}")
+    deadline = data.get("deadline_s")
+    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or deadline <= 0):
+        raise ValueError(f"plan {path}: deadline_s must be a positive number (seconds), got {deadline!r}")
 
     declared: dict[str, dict[str, Any]] = {}
     runs: list[RunSpec] = []
@@ -141,6 +146,7 @@ def load_plan(path: str | Path, *, root: str | Path | None = None) -> Plan:
         _check_shared_data(runs, declared, jobs, path)
     return Plan(name=name, source=path, runs=runs, kernel=str(data.get("kernel") or KERNEL_NAME),
                 output_root=Path(data.get("output_root") or "papermill_runs"), timeout_s=timeout, jobs=jobs,
+                deadline_s=None if deadline is None else float(deadline),
                 description=str(data.get("description") or ""), declared=declared)
 
 

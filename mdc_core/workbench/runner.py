@@ -151,21 +151,28 @@ def _mark_failed(run_dir: Path, error: str, duration: float) -> None:
     (run_dir / FAILED).write_text(f"{error}\nduration_s: {duration:.1f}\n")
 
 
-def run_plan(plan: Plan, *, progress: bool = True, cwd: Path | None = None, jobs: int | None = None
-             ) -> list[RunResult]:
+def run_plan(plan: Plan, *, progress: bool = True, cwd: Path | None = None, jobs: int | None = None,
+             deadline_s: float | None = None) -> list[RunResult]:
     """Execute every pending run of `plan`, skipping finished ones, then write the summary. `jobs` (default: the
     plan's ``jobs``) notebooks run at once; with more than one, each runs in its own process (module docstring).
+    `deadline_s` (default: the plan's ``deadline_s``): after that many seconds no run starts, the running ones are
+    stopped (each marked FAILED, "stopped at the deadline") and the summary is written with what finished.
     The plan folder is locked for the whole call: a second ``mdc runs`` of the plan raises
     :class:`~mdc_core.runlock.RunFolderBusy` naming this one, before it touches any run folder."""
     jobs = plan.jobs if jobs is None else jobs
     if jobs < 1:
         raise ValueError(f"jobs must be a positive integer (notebooks at once), got {jobs}")
+    deadline_s = plan.deadline_s if deadline_s is None else deadline_s
+    if deadline_s is not None and deadline_s <= 0:
+        raise ValueError(f"deadline_s must be a positive number of seconds, got {deadline_s}")
     kernel = ensure_kernel(plan.kernel)
+    stop_at = None if deadline_s is None else time.monotonic() + deadline_s
     with RunLock(plan.out_dir, "mdc runs"):
-        return _run_plan_locked(plan, kernel, progress=progress, cwd=cwd, jobs=jobs)
+        return _run_plan_locked(plan, kernel, progress=progress, cwd=cwd, jobs=jobs, stop_at=stop_at)
 
 
-def _run_plan_locked(plan: Plan, kernel: str, *, progress: bool, cwd: Path | None, jobs: int) -> list[RunResult]:
+def _run_plan_locked(plan: Plan, kernel: str, *, progress: bool, cwd: Path | None, jobs: int,
+                     stop_at: float | None = None) -> list[RunResult]:
     out = plan.out_dir
     results: dict[int, RunResult] = {}
     todo: list[tuple[int, RunSpec]] = []
@@ -186,7 +193,7 @@ def _run_plan_locked(plan: Plan, kernel: str, *, progress: bool, cwd: Path | Non
             tqdm.write(f"run {result.run_id} FAILED: {result.error.splitlines()[0][:300]}")
         bar.update(1)
 
-    if jobs == 1 or len(todo) <= 1:
+    if stop_at is None and (jobs == 1 or len(todo) <= 1):
         for i, spec in todo:
             bar.set_postfix_str(spec.run_id)
             report = (lambda text, rid=spec.run_id: bar.set_postfix_str(f"{rid}: {text}", refresh=True)) \
@@ -195,7 +202,7 @@ def _run_plan_locked(plan: Plan, kernel: str, *, progress: bool, cwd: Path | Non
                                     on_progress=report))
     else:
         _run_concurrently(plan, todo, kernel=kernel, cwd=cwd, jobs=jobs, bar=bar if progress else None,
-                          on_finished=finished)
+                          on_finished=finished, stop_at=stop_at)
     bar.close()
     ordered = [results[i] for i in range(len(plan.runs))]
     write_summary(plan.out_dir, ordered, name=plan.name, source=plan.source, description=plan.description)
@@ -247,12 +254,39 @@ def result_from_markers(spec: RunSpec, run_dir: Path, exitcode: int | None = Non
     return RunResult(spec.run_id, spec.notebook.name, "failed", run_dir, 0.0, error, spec.parameters)
 
 
-def _run_concurrently(plan: Plan, todo: list[tuple[int, RunSpec]], *, kernel: str, cwd: Path | None, jobs: int,
-                      bar: Any, on_finished: Callable[[int, RunResult], None], poll_s: float = 1.0) -> None:
-    """Run `todo` in plan order, `jobs` processes at a time; `bar` (a tqdm bar or None) shows what each running
-    notebook reports. Ctrl-C stops every running notebook (each marks itself FAILED) and re-raises."""
-    import multiprocessing
+def _stop_runs(active: dict[int, tuple[Any, RunSpec, Path]], why: str, grace_s: float = 5,
+               join_s: float = 30) -> None:
+    """SIGINT every running notebook's process (each marks its run FAILED), wait up to `join_s` for all of them
+    together, then end the stragglers; a run left without a marker is marked FAILED with `why`."""
     import signal
+    from multiprocessing.connection import wait
+
+    procs = [proc for proc, _, _ in active.values()]
+    wait([p.sentinel for p in procs], timeout=grace_s)  # Ctrl-C in a terminal reached them too
+    for proc in procs:
+        if proc.is_alive():
+            os.kill(proc.pid, signal.SIGINT)
+    wait([p.sentinel for p in procs], timeout=join_s)
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    for _, _spec, run_dir in active.values():
+        if not (run_dir / DONE).is_file() and not (run_dir / FAILED).is_file():
+            run_dir.mkdir(parents=True, exist_ok=True)
+            _mark_failed(run_dir, why, 0.0)
+
+
+def _run_concurrently(plan: Plan, todo: list[tuple[int, RunSpec]], *, kernel: str, cwd: Path | None, jobs: int,
+                      bar: Any, on_finished: Callable[[int, RunResult], None], poll_s: float = 1.0,
+                      stop_at: float | None = None) -> None:
+    """Run `todo` in plan order, `jobs` processes at a time; `bar` (a tqdm bar or None) shows what each running
+    notebook reports. Ctrl-C stops every running notebook (each marks itself FAILED) and re-raises. At `stop_at`
+    (time.monotonic) the running notebooks are stopped the same way and the queued ones are reported not started."""
+    import multiprocessing
     from collections import deque
     from multiprocessing.connection import wait
 
@@ -266,6 +300,16 @@ def _run_concurrently(plan: Plan, todo: list[tuple[int, RunSpec]], *, kernel: st
     given: dict[str, int] = {}  # run id -> the share last written (a kernel starts with the env's cpu_count // jobs)
     try:
         while queue or active:
+            if stop_at is not None and time.monotonic() >= stop_at:
+                why = "stopped at the plan's deadline (deadline_s) before it finished"
+                _stop_runs(active, why, grace_s=0, join_s=15)
+                for i, (_, spec, run_dir) in active.items():
+                    on_finished(i, result_from_markers(spec, run_dir))
+                for i, spec in queue:
+                    on_finished(i, RunResult(spec.run_id, spec.notebook.name, "failed", plan.out_dir / spec.run_id,
+                                             0.0, "not started: the plan's deadline (deadline_s) had passed",
+                                             spec.parameters))
+                return
             while queue and len(active) < jobs:
                 i, spec = queue.popleft()
                 run_dir = plan.out_dir / spec.run_id
@@ -294,19 +338,7 @@ def _run_concurrently(plan: Plan, todo: list[tuple[int, RunSpec]], *, kernel: st
                 bar.set_postfix_str(" | ".join(f"{spec.run_id}: {describe(run_dir / 'progress.json') or 'starting'}"
                                                for _, spec, run_dir in active.values()), refresh=True)
     except KeyboardInterrupt:
-        procs = [proc for proc, _, _ in active.values()]
-        wait([p.sentinel for p in procs], timeout=5)  # Ctrl-C in a terminal reached them too
-        for proc in procs:
-            if proc.is_alive():
-                os.kill(proc.pid, signal.SIGINT)
-        for proc in procs:
-            proc.join(timeout=30)
-            if proc.is_alive():
-                proc.terminate()
-        for _, _spec, run_dir in active.values():
-            if not (run_dir / DONE).is_file() and not (run_dir / FAILED).is_file():
-                run_dir.mkdir(parents=True, exist_ok=True)
-                _mark_failed(run_dir, "interrupted (KeyboardInterrupt)", 0.0)
+        _stop_runs(active, "interrupted (KeyboardInterrupt)")
         raise
 
 

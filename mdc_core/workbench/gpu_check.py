@@ -1,0 +1,265 @@
+"""``make gpu-check``: everything a rare, short GPU loan should measure, in one command that stops itself in time.
+
+    python -m mdc_core.workbench.gpu_check --out gpu_check_out [--budget-s 540]   # on a CUDA machine
+    python -m mdc_core.workbench.gpu_check --out /tmp/gc --tiny                  # the same structure on a CPU
+
+Phases, each a child process with its own time limit, all writing into `--out`:
+
+1. ``bench/``: ``mdc bench`` on ``vit_b32`` at batch 128 (training rows eager and compiled with CUDA graphs, ARC,
+   OpenCLIP CoCa; captioning at N' = 20; the profile of the compiled step in the training precision; host
+   operations per step) and at batch 256 (training rows only), and ``tiny_fast`` (eager vs CUDA graphs). The bench
+   runs alone, so its timings are the machine's.
+2. Then, side by side (none of them times anything the bench reports): the evidence plan
+   ``plans/gpu_check.yaml`` (``mdc runs`` with a deadline: whatever finished is summarised), the CUDA tests, and
+   ``benchmarks/precision_curves.py`` (fp32 vs bf16 loss curves of the CUDA test's setting).
+3. ``summary.md``: the machine, each phase's outcome and time, the bench's targets, the plan's summary.
+
+``--tiny`` runs the same phases on the CPU at a budget of seconds (a plain-ViT bench with ``--quick``, the plan
+scaled to a few steps and one seed by :func:`scale_plan`, no CUDA tests): the structure is tested in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PLAN = Path("plans/gpu_check.yaml")
+CUDA_TESTS = ["tests/test_cuda.py", "tests/test_train_step.py", "tests/test_static_step.py"]
+
+
+@dataclass
+class Phase:
+    """One child process of the check: its command, time limit, log file, and what happened."""
+
+    name: str
+    cmd: list[str]
+    timeout_s: float
+    log: Path
+    env: dict[str, str] = field(default_factory=dict)
+    returncode: int | None = None
+    seconds: float = 0.0
+    timed_out: bool = False
+    proc: Any = None
+    start: float = 0.0
+
+    def launch(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.start = time.monotonic()
+        self.fh = open(self.log, "w")
+        self.fh.write("$ " + " ".join(self.cmd) + "\n")
+        self.fh.flush()
+        self.proc = subprocess.Popen(self.cmd, stdout=self.fh, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
+
+    def wait(self) -> None:
+        try:
+            self.returncode = self.proc.wait(timeout=max(1.0, self.timeout_s - (time.monotonic() - self.start)))
+        except subprocess.TimeoutExpired:
+            self.timed_out = True
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.returncode = self.proc.returncode
+        self.seconds = time.monotonic() - self.start
+        self.fh.write(f"\n[gpu_check] {self.name}: exit {self.returncode} after {self.seconds:.0f} s"
+                      f"{' (time limit)' if self.timed_out else ''}\n")
+        self.fh.close()
+
+    def record(self) -> dict[str, Any]:
+        return {"phase": self.name, "command": " ".join(self.cmd), "returncode": self.returncode,
+                "seconds": round(self.seconds, 1), "timed_out": self.timed_out, "log": self.log.name}
+
+
+def scale_plan(source: Path, out: Path, *, steps: dict[int, int], device: str, seeds: list[int], n_train: int,
+               n_eval: int, probe_limit: int, position_limit: int, jobs: int, name: str, output_root: Path) -> Path:
+    """A copy of the plan `source` at another budget: every ``steps`` value (the base one and each entry's) mapped by
+    `steps` (old -> new; warm-up and checkpoint intervals follow as the same fraction), on `device`, with `seeds`,
+    smaller data and probes, and its own output folders: runs, ``_data`` and ``_models`` under
+    `output_root`/<name>/."""
+    plan = yaml.safe_load(source.read_text())
+    old_prefix = f"{plan.get('output_root', 'papermill_runs')}/{plan['name']}/"
+    new_prefix = f"{output_root}/{name}/"
+
+    def rescale(params: dict[str, Any]) -> None:
+        if "steps" in params:
+            old = params["steps"]
+            new = steps[old]
+            params["steps"] = new
+            over = params.get("overrides", {})
+            for key in ("train.warmup_steps", "train.ckpt_every", "train.log_every"):
+                if key in over:
+                    over[key] = max(1, round(over[key] * new / old))
+        for key, value in list(params.items()):
+            if isinstance(value, str):
+                params[key] = value.replace(old_prefix, new_prefix)
+
+    base = plan["parameters"]
+    base.update(device=device, n_train=n_train, n_eval=n_eval, probe_limit=probe_limit)
+    rescale(base)
+    for entry in plan["notebooks"]:
+        params = entry.setdefault("parameters", {}) if isinstance(entry, dict) else {}
+        if "overrides" in params and "steps" not in params:
+            params["steps"] = base["steps"]
+        if "steps" in params and "overrides" not in params:
+            params["overrides"] = dict(base.get("overrides", {}))
+        if "steps" in params:
+            old = params["steps"]
+            if old not in steps:
+                raise ValueError(f"plan {source}: no scaled budget for {old} steps; give scale_plan one")
+        rescale(params)
+        if "position_limit" in params:
+            params["position_limit"] = position_limit
+        if isinstance(entry, dict) and "seeds" in entry:
+            entry["seeds"] = seeds
+    plan.update(name=name, seeds=seeds, jobs=jobs, output_root=str(output_root))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(yaml.safe_dump(plan, sort_keys=False))
+    return out
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
+                            "cpu_count": os.cpu_count(), "platform": platform.platform()}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1),
+                    multiprocessors=props.multi_processor_count, cuda=torch.version.cuda)
+    return info
+
+
+def bench_phases(out: Path, tiny: bool, python: str) -> list[Phase]:
+    """The bench runs, one after another (each a fresh ``mdc bench``; each row its own process inside)."""
+    mdc = [python, "-m", "mdc_core", "bench"]
+    if tiny:
+        return [Phase("bench_tiny", [*mdc, "--quick", "--device", "cpu", "--rows", "mdc,arc", "--sections", "none",
+                                     "--count-ops", "--out", str(out / "bench_tiny.json")], 600,
+                      out / "bench_tiny.log")]
+    common = ["--device", "cuda", "--steps", "10", "--row-timeout", "120"]
+    return [
+        Phase("bench_vit_b32_b128", [*mdc, "--preset", "vit_b32", *common, "--set", "train.batch_size=128",
+                                     "--rows", "mdc,mdc_graphs,arc,coca", "--sections", "caption", "--profile", "25",
+                                     "--count-ops", "--out", str(out / "bench_vit_b32_b128.json")], 210,
+              out / "bench_vit_b32_b128.log"),
+        Phase("bench_vit_b32_b256", [*mdc, "--preset", "vit_b32", *common, "--set", "train.batch_size=256",
+                                     "--rows", "mdc_graphs,arc", "--sections", "none",
+                                     "--out", str(out / "bench_vit_b32_b256.json")], 110,
+              out / "bench_vit_b32_b256.log"),
+        Phase("bench_tiny_fast", [*mdc, "--preset", "tiny_fast", *common, "--rows", "mdc,mdc_graphs",
+                                  "--sections", "none", "--count-ops", "--out", str(out / "bench_tiny_fast.json")], 80,
+              out / "bench_tiny_fast.log"),
+    ]
+
+
+def side_phases(out: Path, tiny: bool, python: str, plan: Path, deadline_s: float) -> list[Phase]:
+    """The evidence plan, the CUDA tests and the precision curves, run side by side."""
+    phases = [Phase("evidence_plan", [python, "-m", "mdc_core", "runs", "--quiet", str(plan), "--deadline",
+                                      str(round(deadline_s))],
+                    deadline_s + 40, out / "evidence_plan.log")]
+    if not tiny:
+        phases.append(Phase("cuda_tests", [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *CUDA_TESTS],
+                            deadline_s, out / "cuda_tests.log"))
+        phases.append(Phase("precision_curves", [python, "benchmarks/precision_curves.py", "--out",
+                                                 str(out / "precision_curves.json")], deadline_s,
+                            out / "precision_curves.log"))
+    return phases
+
+
+def _targets(out: Path) -> list[str]:
+    lines = []
+    for path in sorted(out.glob("bench_*.json")):
+        report = json.loads(path.read_text())
+        lines.append(f"\n### {path.stem}\n")
+        lines.append("| row | samples/s | step ms | MFU | compile s | error |")
+        lines.append("|---|---|---|---|---|---|")
+        for name, row in report.get("train", {}).items():
+            if "error" in row:
+                lines.append(f"| {name} | | | | | {row['error'][:150]} |")
+                continue
+            compile_s = row.get("compile_s")
+            lines.append(f"| {name} | {row['samples_per_s']:.1f} | {row['step_s'] * 1e3:.2f} | "
+                         f"{row.get('mfu', float('nan')):.3f} | {'' if compile_s is None else f'{compile_s:.0f}'} | |")
+        for target in report.get("targets", []):
+            status = {True: "reached", False: "missed", None: "not measured"}[target["reached"]]
+            value = "-" if target["value"] is None else f"{target['value']:.3g}"
+            lines.append(f"- {target['target']}: {value} (goal {target['goal']}): {status}")
+    return lines
+
+
+def write_summary(out: Path, phases: list[Phase], info: dict[str, Any], plan_out: Path) -> Path:
+    """``summary.md`` and ``summary.json`` of the check; the plan's summary files are copied beside them."""
+    for name in ("summary.md", "summary.json", "summary.png"):
+        if (plan_out / name).is_file():
+            shutil.copy(plan_out / name, out / f"plan_{name}")
+    records = [p.record() for p in phases]
+    (out / "summary.json").write_text(json.dumps({"machine": info, "phases": records}, indent=1) + "\n")
+    lines = ["# gpu-check", "", f"machine: {json.dumps(info)}", "", "| phase | exit | seconds | time limit hit |",
+             "|---|---|---|---|"]
+    lines += [f"| {r['phase']} | {r['returncode']} | {r['seconds']} | {r['timed_out']} |" for r in records]
+    lines += ["", "## bench", *_targets(out)]
+    if (out / "plan_summary.md").is_file():
+        lines += ["", "## evidence plan", "", "See plan_summary.md (and plan_summary.png)."]
+    path = out / "summary.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run(out: Path, *, tiny: bool, budget_s: float, python: str = sys.executable, plan: Path = PLAN) -> Path:
+    """All phases into `out`; returns the summary's path. `budget_s`: the whole check's wall-clock budget."""
+    start = time.monotonic()
+    out.mkdir(parents=True, exist_ok=True)
+    info = machine()
+    spec = yaml.safe_load(plan.read_text())
+    plan_out = Path(spec.get("output_root", "papermill_runs")) / spec["name"]
+    if tiny:
+        plan = scale_plan(plan, out / "gpu_check_tiny.yaml", steps={8000: 4, 1600: 2, 400: 1}, device="cpu",
+                          seeds=[0], n_train=64, n_eval=32, probe_limit=32, position_limit=8, jobs=2,
+                          name="gpu_check_tiny", output_root=out / "plan_runs")
+        plan_out = out / "plan_runs" / "gpu_check_tiny"
+    phases: list[Phase] = []
+    for phase in bench_phases(out, tiny, python):
+        left = budget_s - (time.monotonic() - start)
+        phase.timeout_s = min(phase.timeout_s, max(30.0, left - 180))  # keep time for the plan
+        phase.launch()
+        phase.wait()
+        phases.append(phase)
+        print(f"[gpu_check] {phase.name}: exit {phase.returncode} in {phase.seconds:.0f} s", flush=True)
+    left = budget_s - (time.monotonic() - start)
+    side = side_phases(out, tiny, python, plan, deadline_s=max(60.0, left - 45))
+    for phase in side:
+        phase.launch()
+    for phase in side:
+        phase.wait()
+        phases.append(phase)
+        print(f"[gpu_check] {phase.name}: exit {phase.returncode} in {phase.seconds:.0f} s", flush=True)
+    summary = write_summary(out, phases, info, plan_out)
+    print(f"[gpu_check] done in {time.monotonic() - start:.0f} s: {summary}", flush=True)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="the GPU check: bench, evidence plan, CUDA tests (module docstring)")
+    ap.add_argument("--out", default="gpu_check_out", help="folder for every result (default gpu_check_out)")
+    ap.add_argument("--tiny", action="store_true", help="the same structure on the CPU at a budget of seconds")
+    ap.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget of the whole check (s)")
+    args = ap.parse_args(argv)
+    run(Path(args.out), tiny=args.tiny, budget_s=args.budget_s)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""`make gpu-check`: the plan scaled for a CPU, the phases' bookkeeping, the wheelhouse's package list, and (slow)
+the whole check at its tiny budget on the CPU."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mdc_core.workbench.gpu_check import Phase, scale_plan, write_summary
+from mdc_core.workbench.plans import load_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def scaled(tmp_path: Path, **kw) -> Path:
+    args = dict(steps={8000: 4, 1600: 2, 400: 1}, device="cpu", seeds=[0], n_train=64, n_eval=32, probe_limit=32,
+                position_limit=8, jobs=2, name="tiny", output_root=tmp_path / "runs")
+    args.update(kw)
+    return scale_plan(ROOT / "plans" / "gpu_check.yaml", tmp_path / "tiny.yaml", **args)
+
+
+def test_the_gpu_plan_scales_to_a_cpu_budget(tmp_path):
+    plan = yaml.safe_load(scaled(tmp_path).read_text())
+    base = plan["parameters"]
+    assert (base["steps"], base["device"], base["n_train"], plan["seeds"], plan["jobs"]) == (4, "cpu", 64, [0], 2)
+    assert base["overrides"]["train.warmup_steps"] == 1  # 800 of 8000 -> 0.4 of 4, at least 1
+    assert base["data_dir"].startswith(str(tmp_path / "runs" / "tiny"))
+    by_id = {e.get("id"): e["parameters"] for e in plan["notebooks"]}
+    assert by_id["03_b1600"]["steps"] == 2 and by_id["03_b400"]["steps"] == 1
+    assert by_id["03_reliance"]["position_limit"] == 8
+    assert by_id["03_reliance"]["position_data_dir"].startswith(str(tmp_path / "runs" / "tiny"))
+    loaded = load_plan(tmp_path / "tiny.yaml", root=ROOT)  # still a valid plan, with its own output folder
+    assert len(loaded.runs) == 4 and loaded.out_dir == tmp_path / "runs" / "tiny"
+
+
+def test_a_budget_the_scaling_does_not_know_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="no scaled budget for 1600 steps"):
+        scaled(tmp_path, steps={8000: 4, 400: 1})
+
+
+def test_a_phase_past_its_time_limit_is_stopped_and_reported(tmp_path):
+    phase = Phase("sleeper", [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"], 3,
+                  tmp_path / "sleeper.log")
+    phase.launch()
+    phase.wait()
+    assert phase.timed_out and phase.returncode != 0 and phase.seconds < 60
+    assert "(time limit)" in (tmp_path / "sleeper.log").read_text()
+    quick = Phase("quick", [sys.executable, "-c", "print('ok')"], 60, tmp_path / "quick.log")
+    quick.launch()
+    quick.wait()
+    assert quick.returncode == 0 and not quick.timed_out
+    bench = {"train": {"mdc": {"samples_per_s": 10.0, "step_s": 0.1, "mfu": 0.2, "compile_s": None},
+                       "mdc_graphs": {"error": "row 'mdc_graphs' timed out after 150 s"}},
+             "targets": [{"target": "best MDC row MFU", "goal": 0.25, "value": 0.2, "reached": False}]}
+    (tmp_path / "bench_x.json").write_text(json.dumps(bench))
+    text = write_summary(tmp_path, [phase, quick], {"gpu": "none"}, tmp_path / "no_plan").read_text()
+    assert "| sleeper | " in text and "| True |" in text and "timed out after 150 s" in text
+    assert "best MDC row MFU: 0.2 (goal 0.25): missed" in text
+    assert json.loads((tmp_path / "summary.json").read_text())["phases"][0]["timed_out"] is True
+
+
+def test_the_wheelhouse_leaves_out_the_torch_stack_and_what_the_image_has():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import wheelhouse
+    finally:
+        sys.path.pop(0)
+    need = wheelhouse.closure(["notebooks"], "3.12")
+    assert "papermill" in need and "open-clip-torch" in need and "torch" in need  # the closure itself
+    assert wheelhouse.TORCH_STACK.match("nvidia-cublas") and wheelhouse.TORCH_STACK.match("torch")
+    have = (ROOT / "benchmarks" / "gpu_image_packages.txt").read_text().split()
+    assert "numpy" in have and "papermill" not in have
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_end_to_end_at_its_tiny_budget_on_the_cpu(tmp_path):
+    from mdc_core.workbench.gpu_check import run
+
+    summary = run(tmp_path / "gc", tiny=True, budget_s=1500)
+    record = json.loads((tmp_path / "gc" / "summary.json").read_text())
+    assert [p["phase"] for p in record["phases"]] == ["bench_tiny", "evidence_plan"]
+    assert all(p["returncode"] == 0 for p in record["phases"]), record["phases"]
+    assert (tmp_path / "gc" / "plan_summary.md").is_file() and "## bench" in summary.read_text()
+
+
+def test_the_evidence_plan_runs_without_the_caption_metrics_extra():
+    """A GPU image has no pycocoevalcap (a 100 MB wheel): `mdc runs`, its summary and notebook 03's imports must not
+    need it (the first GPU check failed there, at `mdc_core.eval`'s import)."""
+    import subprocess
+
+    code = ("import sys; sys.modules['pycocoevalcap'] = None\n"
+            "import mdc_core.workbench.plans, mdc_core.workbench.runner, mdc_core.workbench.summary\n"
+            "import mdc_core.workbench.evidence, mdc_core.eval.probe_data, mdc_core.eval.budget_curve\n"
+            "import mdc_core.eval.parity, mdc_core.eval.position_signal, mdc_core.workbench.probe_report\n"
+            "from mdc_core.eval import linear_probe\n"
+            "try:\n    from mdc_core.eval import score_captions\nexcept ImportError:\n    print('lazy')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "lazy"  # the metrics still need it, when asked for
