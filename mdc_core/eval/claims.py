@@ -46,8 +46,11 @@ from mdc_core.eval.stats import (
     UNRESOLVED,
     combine_verdicts,
     describe_verdict,
+    equivalence_verdict,
     holm_step_down,
     null_value,
+    power_verdict,
+    smallest_resolvable,
 )
 
 KIND_LABELS = {CLAIM: "the paper's claim", CHECK: "workbench check", OBSERVATION: "observation, no verdict",
@@ -70,11 +73,15 @@ def _rows(pattern: str, rows: Sequence[str], other: str | float) -> list[str]:
     return _match(pattern, rows)
 
 
-def part_text(better: str, relation: str, worse: str | float, margin: float = 0.0) -> str:
-    """``"MDC >= ARC - 0.8"``, ``"ARC < 0"``, ``"CLIP > MDC"``."""
+def part_text(better: str, relation: str, worse: str | float, margin: float = 0.0, rule: str = "") -> str:
+    """``"MDC >= ARC - 0.8"``, ``"ARC < 0"``, ``"CLIP > MDC"``, ``"|MDC - 0| < 0.1"``; `rule` says where a margin
+    on the run's own scale came from (``"0.05 x ARC gain"``)."""
     rhs = f"{worse:g}" if isinstance(worse, (int, float)) else worse
+    shown = f"{margin:.3g}" + (f" (= {rule})" if rule else "")
     if relation == "noninferior":
-        return f"{better} >= {rhs} - {margin:g}"
+        return f"{better} >= {rhs} - {shown}"
+    if relation == "equivalent":
+        return f"|{better} - {rhs}| < {shown}"
     return f"{better} {relation} {rhs}"
 
 
@@ -93,6 +100,14 @@ def _comparisons(claim: Claim, cells: Table, missing: list[str]) -> list[dict[st
         for pattern in (part.better, part.worse):
             if isinstance(pattern, str) and pattern != "*" and not _match(pattern, rows):
                 flag(f"row {pattern}")
+        margin, rule = part.margin, ""
+        if part.margin_of is not None:  # a share of a cell of this table: the margin on the run's own scale
+            row, col = part.margin_of
+            scale = cells.get(row, {}).get(col)
+            if scale is None:
+                flag(f"row {row}, column {col} (the margin's scale)")
+                continue
+            margin, rule = part.margin * abs(scale.estimate().mean), f"{part.margin:g} x {row} {col}"
         worse_rows: list[str | float] = (list(_rows(part.worse, rows, part.better)) if isinstance(part.worse, str)
                                          else [float(part.worse)])
         for better in _rows(part.better, rows, part.worse):
@@ -106,7 +121,7 @@ def _comparisons(claim: Claim, cells: Table, missing: list[str]) -> list[dict[st
                         flag(f"column {col}")
                         continue
                     out.append({"better": better, "relation": part.relation, "worse": worse, "column": col,
-                                "margin": part.margin, "spread": difference_spread(a, b, n_boot),
+                                "margin": margin, "margin_rule": rule, "spread": difference_spread(a, b, n_boot),
                                 "lengths": _lengths(cells, better, worse)})
     for row in claim.paper_rows:
         if row not in rows:
@@ -128,8 +143,12 @@ def evaluate_claim(claim: Claim, cells: Table | None) -> dict[str, Any]:
     Returns ``{"key", "kind", "source", "text", "tested_as", "table", "verdict", "verdict_text", "seeds",
     "parts": [{"better", "relation", "worse", "column", "margin", "difference": Estimate dict | None,
     "holm": {"level", "low", "high"} | None, "lengths": [mean length of each row] | None (tables with a
-    ``length`` column), "verdict", "verdict_text"}], "missing"}``. Observations and
-    exploratory entries have verdict None (and None per part).
+    ``length`` column), "resolvable": the smallest difference its (Holm-level) interval resolves | None,
+    "effect": the paper's effect or the part's margin | None, "verdict", "verdict_text"}], "missing"}``.
+    Observations and exploratory entries have verdict None (and None per part). Equivalence parts are read at 95%
+    (:func:`~mdc_core.eval.stats.equivalence_verdict`), the others with Holm's step-down; an unresolved part
+    whose smallest resolvable difference exceeds the paper's effect (:attr:`Claim.effect`, or the margin of a
+    non-inferiority part) is "underpowered" (:func:`~mdc_core.eval.stats.power_verdict`).
     """
     missing: list[str] = []
     base = {"key": claim.key, "kind": claim.kind, "source": claim.source, "text": claim.text,
@@ -141,14 +160,20 @@ def evaluate_claim(claim: Claim, cells: Table | None) -> dict[str, Any]:
     comparisons = _comparisons(claim, cells, missing)
     nulls = [null_value(c["relation"], c["margin"]) for c in comparisons]
     judged = claim.kind in VERDICT_KINDS
-    tested = holm_step_down([c["spread"] for c in comparisons], nulls) if judged else []
+    stepped = [i for i, c in enumerate(comparisons) if c["relation"] != "equivalent"]
+    tested = dict(zip(stepped, holm_step_down([comparisons[i]["spread"] for i in stepped],
+                                              [nulls[i] for i in stepped]), strict=True)) if judged else {}
     parts: list[dict[str, Any]] = []
     for i, c in enumerate(comparisons):
         spread = c.pop("spread")
         diff = None if spread is None else spread.interval()
+        effect = c["margin"] if c["relation"] in ("noninferior", "equivalent") else claim.effect
         part = {**c, "difference": None if diff is None else diff.to_dict(), "seeds": 0 if spread is None
-                else spread.seeds, "holm": None, "verdict": None, "verdict_text": ""}
-        if judged:
+                else spread.seeds, "holm": None, "resolvable": smallest_resolvable(diff), "effect": effect,
+                "verdict": None, "verdict_text": ""}
+        if judged and c["relation"] == "equivalent":
+            result = equivalence_verdict(diff, c["margin"])
+        elif judged:
             side, level = tested[i]
             if side == "unmeasured":
                 result = UNMEASURED
@@ -156,11 +181,14 @@ def evaluate_claim(claim: Claim, cells: Table | None) -> dict[str, Any]:
                 result = UNRESOLVED
             else:
                 result = HOLDS if (side == "below") == (c["relation"] == "<") else REVERSED
-            part["verdict"] = result
-            part["verdict_text"] = describe_verdict(result, c["relation"], c["margin"])
             if len(tested) > 1 and level and spread is not None:
                 adj = spread.interval(level)
                 part["holm"] = {"level": level, "low": adj.low, "high": adj.high}
+                part["resolvable"] = smallest_resolvable(adj)
+            result = power_verdict(result, part["resolvable"], effect)
+        if judged:
+            part["verdict"] = result
+            part["verdict_text"] = describe_verdict(result, c["relation"], c["margin"])
         parts.append(part)
     measured = [p for p in parts if p["difference"] is not None and p["difference"]["low"] is not None]
     seeds = min((p["seeds"] for p in measured), default=0)
@@ -253,11 +281,16 @@ def claims_markdown(results: Sequence[dict[str, Any]], digits: int = 1,
         n = _digits(r, digits)
         for p in r["parts"]:
             where = f" ({p['column']})" if p["column"] else ""
-            line = (f"  - {part_text(p['better'], p['relation'], p['worse'], p['margin'])}{where}: difference "
-                    f"{_difference_text(p['difference'], n)}")
+            rule = p.get("margin_rule", "")
+            line = (f"  - {part_text(p['better'], p['relation'], p['worse'], p['margin'], rule)}{where}: "
+                    f"difference {_difference_text(p['difference'], n)}")
             if p["holm"]:
                 holm = p["holm"]
                 line += f"; Holm {100 * holm['level']:.1f}%: [{holm['low']:+.{n}f}, {holm['high']:+.{n}f}]"
+            if p.get("resolvable") is not None and p["verdict"] is not None:
+                line += f"; smallest resolvable difference {p['resolvable']:.{n}f}"
+                if p.get("effect") is not None:
+                    line += f" (paper's effect or margin {abs(p['effect']):.{n}g})"
             if p.get("lengths"):
                 line += f"; lengths {p['lengths'][0]:.1f} vs {p['lengths'][1]:.1f} tokens"
             if p["verdict"] is not None:
