@@ -30,7 +30,7 @@ TINY = {  # per notebook: parameters on top of COMMON
     "03_linear_probing": {"position_limit": 8, "probe_tasks": ["shape", "colour"], "probe_limit": 0,
                           "captions": "mixed", **PAPER_DATA},
     "04_compositionality": {"limit": 6, "samples": 4, "captions": "mixed", **PAPER_DATA},
-    "05_captioning": {"limit": 6, "n_explore": 2, "beam": 2, "lengths": [4, 6, "median", "oracle", "auto"],
+    "05_captioning": {"limit": 6, "n_explore": 2, "beam": 2, "lengths": [4, 6, "median", "oracle", "auto", "arc"],
                       "auto_range": "2-6", "explore_length": 4, "captions": "mixed", **PAPER_DATA},
 }
 EXPECTED = {  # what each notebook's metrics.json must hold: metric keys and paper tables

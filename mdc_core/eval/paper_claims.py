@@ -118,18 +118,17 @@ PAPER_CLAIMS: tuple[Claim, ...] = (
           (Part("MDC (Heuristic)", ">", "ARC", TABLE2_COLUMNS), Part("MDC (Heuristic)", ">", "CLIP", TABLE2_COLUMNS)),
           tested_as="MDC's heuristic score (the paper's better MDC row) in every column; 'order' is the embedded "
                     "data's version of the two order columns"),
-    Claim("table3_matched", CHECK, "Table 3 at a matched length (Sec. 4.2 'Image captioning': the comparison is "
-          "'not directly comparable' since MDC is told the length; MDC-10 is close to MSCOCO's caption length)",
-          "the row order of Table 3 at N' = 10 on MSCOCO: MDC above ARC (beam 6) on BLEU@4, CIDEr and ROUGE-L, "
-          "ARC above MDC on METEOR and SPICE", "table3",
-          (Part("MDC (median length)", ">", "ARC", ("BLEU@4", "CIDEr", "ROUGE-L")),
-           Part("ARC", ">", "MDC (median length)", ("METEOR", "SPICE"))),
-          tested_as="MDC at the test captions' median length (the lengths each row wrote are shown); the text "
-                    "claims no ordering, so this checks the table's order at a matched length"),
+    Claim("table3_matched", OBSERVATION, "Table 3 at a matched length (Sec. 4.2 'Image captioning': MDC-N vs ARC is "
+          "'not directly comparable' since MDC is told the length; the text claims no order)",
+          "MDC and ARC (beam 6) compared per metric, each image captioned by MDC at the length of ARC's caption",
+          "table3", (Part("MDC (ARC's length)", ">", "ARC", TABLE3_COLUMNS),),
+          tested_as="descriptive: the differences with their intervals, no verdict (the lengths each row wrote are "
+                    "shown and match by construction)"),
     Claim("table3_lengths", OBSERVATION, "Table 3 at lengths that are not matched",
-          "MDC at each fixed N', at each image's reference length (an oracle ARC does not get) and at its own "
-          "adaptive length, against ARC (beam 6)", "table3",
-          (Part("MDC-*", ">", "ARC", TABLE3_COLUMNS), Part("MDC (oracle length)", ">", "ARC", TABLE3_COLUMNS),
+          "MDC at each fixed N', at the test captions' median length, at each image's reference length (an oracle "
+          "ARC does not get) and at its own adaptive length, against ARC (beam 6)", "table3",
+          (Part("MDC-*", ">", "ARC", TABLE3_COLUMNS), Part("MDC (median length)", ">", "ARC", TABLE3_COLUMNS),
+           Part("MDC (oracle length)", ">", "ARC", TABLE3_COLUMNS),
            Part("MDC (auto length)", ">", "ARC", TABLE3_COLUMNS))),
     Claim("visual_signal", CLAIM, "Abstract; Sec. 1 (the central argument)",
           "an autoregressive captioner's visual learning signal weakens at later positions because 'later text "
