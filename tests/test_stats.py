@@ -540,3 +540,22 @@ def test_combined_verdicts_keep_a_shared_word_and_flag_inequivalence() -> None:
     assert combine_verdicts([HOLDS, UNDERPOWERED]) == UNRESOLVED
     assert combine_verdicts([EQUIVALENT, NOT_EQUIVALENT]) == NOT_EQUIVALENT
     assert combine_verdicts([HOLDS, REVERSED, UNRESOLVED]) == MIXED
+
+
+def test_table2_leaves_out_the_columns_an_image_free_model_solves() -> None:
+    """Table 2's order and add negatives are solved by the blind (image-free) captioners at 100%: those
+    comparisons are listed as uninformative and not tested; the other columns are."""
+    def seeds(values: list[float]) -> Cell:
+        return Cell(dict(enumerate(values)))
+
+    cells = {"MDC (Heuristic)": {"relation": seeds([80.0, 82.0, 81.0]), "order": seeds([100.0, 100.0, 100.0])},
+             "ARC": {"relation": seeds([60.0, 61.0, 62.0]), "order": seeds([100.0, 100.0, 100.0])},
+             "CLIP": {"relation": seeds([50.0, 51.0, 53.0]), "order": seeds([79.0, 80.0, 81.0])},
+             "MDC (Heuristic), blind": {"relation": seeds([50.0, 50.0, 50.0]), "order": seeds([100.0] * 3)},
+             "ARC, blind": {"relation": seeds([55.0, 56.0, 57.0]), "order": seeds([100.0] * 3)},
+             "CLIP, blind": {"relation": seeds([50.0, 52.0, 51.0]), "order": seeds([33.0, 34.0, 33.0])}}
+    res = evaluate_claim(_claim("table2"), cells)
+    assert {(p["worse"], p["column"]) for p in res["parts"]} == {("ARC", "relation"), ("CLIP", "relation")}
+    assert res["uninformative"] == ["MDC (Heuristic) vs ARC (order)", "MDC (Heuristic) vs CLIP (order)"]
+    assert res["verdict"] == HOLDS
+    assert "uninformative, not tested (an image-free model solves the column)" in "\n".join(claims_markdown([res]))

@@ -85,9 +85,20 @@ def part_text(better: str, relation: str, worse: str | float, margin: float = 0.
     return f"{better} {relation} {rhs}"
 
 
-def _comparisons(claim: Claim, cells: Table, missing: list[str]) -> list[dict[str, Any]]:
+def _solved_blind(claim: Claim, cells: Table, rows: Sequence[str | float], col: str) -> bool:
+    """Whether the image-free twin (``"<row>, blind"``) of one of `rows` reaches the claim's `blind_ceiling` in
+    `col`: a column the text alone solves says nothing about the image."""
+    if claim.blind_ceiling is None:
+        return False
+    twins = [cells.get(f"{r}, blind", {}).get(col) for r in rows if isinstance(r, str)]
+    return any(t is not None and t.estimate().mean >= claim.blind_ceiling for t in twins)
+
+
+def _comparisons(claim: Claim, cells: Table, missing: list[str], uninformative: list[str] | None = None
+                 ) -> list[dict[str, Any]]:
     """Every (part, better row, worse row or constant, column) the table holds, with its spread; what the claim
-    names but the table lacks goes into `missing`."""
+    names but the table lacks goes into `missing`, comparisons in a column an image-free twin solves
+    (:attr:`Claim.blind_ceiling`) into `uninformative`."""
     rows = list(cells)
     n_boot = N_BOOT_TESTS if claim.kind in VERDICT_KINDS else N_BOOT
     out: list[dict[str, Any]] = []
@@ -119,6 +130,10 @@ def _comparisons(claim: Claim, cells: Table, missing: list[str]) -> list[dict[st
                     b = cells[worse].get(col) if isinstance(worse, str) else worse
                     if a is None or b is None:
                         flag(f"column {col}")
+                        continue
+                    if _solved_blind(claim, cells, (better, worse), col):
+                        if uninformative is not None:
+                            uninformative.append(f"{better} vs {worse} ({col})")
                         continue
                     out.append({"better": better, "relation": part.relation, "worse": worse, "column": col,
                                 "margin": margin, "margin_rule": rule, "spread": difference_spread(a, b, n_boot),
@@ -157,7 +172,9 @@ def evaluate_claim(claim: Claim, cells: Table | None) -> dict[str, Any]:
         return {**base, "verdict": UNMEASURED if claim.kind in VERDICT_KINDS else None,
                 "verdict_text": f"not measured (no `{claim.table}` table in these runs)", "seeds": 0, "parts": [],
                 "missing": [f"table {claim.table}"]}
-    comparisons = _comparisons(claim, cells, missing)
+    uninformative: list[str] = []
+    comparisons = _comparisons(claim, cells, missing, uninformative)
+    base["uninformative"] = uninformative
     nulls = [null_value(c["relation"], c["margin"]) for c in comparisons]
     judged = claim.kind in VERDICT_KINDS
     stepped = [i for i, c in enumerate(comparisons) if c["relation"] != "equivalent"]
@@ -296,6 +313,9 @@ def claims_markdown(results: Sequence[dict[str, Any]], digits: int = 1,
             if p["verdict"] is not None:
                 line += f": {p['verdict_text']}"
             lines.append(line)
+        if r.get("uninformative"):
+            lines.append("  - uninformative, not tested (an image-free model solves the column): "
+                         + ", ".join(r["uninformative"]))
         if r.get("missing"):
             lines.append(f"  - not in these tables (not measured): {', '.join(r['missing'])}")
     return lines
