@@ -136,3 +136,24 @@ def test_notebook_03_declares_the_evidence_parameters_off_by_default() -> None:
     params = notebook_parameters(ROOT / "notebooks" / "03_linear_probing.ipynb")
     assert {k: params[k]["default"] for k in ("budgets", "lrs", "parity")} == {
         "budgets": "[]", "lrs": "[]", "parity": "False"}
+
+
+def test_the_validation_loss_scores_every_swept_objective_clip_included(tmp_path: Path) -> None:
+    """Notebook 03 sweeps CLIP's learning rate like ARC's and MDC's: the validation loss is each objective's own
+    loss under fixed draws, finite and the same on a second call, for CLIP too."""
+    from mdc_core.config import DataConfig, RunConfig
+    from mdc_core.data import write_synthetic_dataset
+    from mdc_core.factory import create_model
+    from mdc_core.workbench.tuning import validation_loss
+
+    from .conftest import micro_config
+
+    data = tmp_path / "data"
+    write_synthetic_dataset(data, 8, image_size=32, n_val=12, n_test=2, n_compgen=2, progress=False, workers=1)
+    for objective in ("clip", "arc", "mdc"):
+        torch.manual_seed(0)
+        cfg = RunConfig(model=micro_config(context_length=32), objective=ObjectiveConfig(name=objective),
+                        data=DataConfig(path=str(data)))
+        model = create_model(cfg, objective)
+        first = validation_loss(model, cfg, limit=12, batch_size=6, draws=2)
+        assert first > 0 and first == pytest.approx(validation_loss(model, cfg, limit=12, batch_size=6, draws=2))

@@ -30,7 +30,7 @@ TINY = {  # per notebook: parameters on top of COMMON
     "03_linear_probing": {"position_limit": 8, "probe_tasks": ["shape", "colour"], "probe_limit": 0,
                           "captions": "mixed", **PAPER_DATA},
     "04_compositionality": {"limit": 6, "samples": 4, "captions": "mixed", **PAPER_DATA},
-    "05_captioning": {"limit": 6, "n_explore": 2, "beam": 2, "lengths": [4, 6, "median", "oracle", "auto"],
+    "05_captioning": {"limit": 6, "n_explore": 2, "beam": 2, "lengths": [4, 6, "median", "oracle", "auto", "arc"],
                       "auto_range": "2-6", "explore_length": 4, "captions": "mixed", **PAPER_DATA},
 }
 EXPECTED = {  # what each notebook's metrics.json must hold: metric keys and paper tables
@@ -50,7 +50,7 @@ EXPECTED = {  # what each notebook's metrics.json must hold: metric keys and pap
 CELL_TIMEOUT_S = 600  # papermill fails a cell that runs longer: a hung cell fails its test instead of CI
 
 OPTIONAL_TABLES = {  # written when the models show it: a reliance slope needs a mean reliance resolved above 0
-    "03_linear_probing": {"reliance_slope", "reliance_slope_blind"}}
+    "03_linear_probing": {"reliance_slope", "reliance_slope_blind", "visual_signal"}}
 
 
 def test_the_five_notebooks_are_there() -> None:
@@ -149,6 +149,12 @@ def test_linear_probing_notebook_measures_only_the_position_signal_of_its_own_pa
     reliance = record["visual_reliance"]
     optional = {name for ref, name in (("mismatched", "reliance_slope"), ("blind", "reliance_slope_blind"))
                 if any(r["normalised"] for r in reliance[ref]["runs"])}  # 6 steps: the image is barely used
+    signal = json.loads((out / "visual_signal.json").read_text())  # the visual learning signal, both measures
+    assert [r["objective"] for r in signal["runs"]] == ["arc", "mdc"] and signal["grad_limit"] == 64
+    assert {"gradient", "pmi"} <= set(signal) and len(signal["gradient"]["runs"][0]["slopes"]) == 8
+    if any(r["normalised"] for m in ("gradient", "pmi") for r in signal[m]["runs"]):
+        optional.add("visual_signal")
+    assert (out / "figures" / "visual_signal.png").is_file()
     assert set(record["tables"]) == {"position_signal", "position_repeat"} | optional
     assert record["runs"] == {} and record["position_captions"] == "clauses"
     assert [r["objective"] for r in record["position_signal"]["runs"]] == ["arc", "mdc"]

@@ -24,6 +24,7 @@ s = train_seed
 values = {"CLIP": 60.0 + gap + 2 * s, "MDC": 60.0 + s, "ARC": 70.0 - s}
 items = {"MDC": {"top-1": [60.0 + s] * 10}, "ARC": {"top-1": [70.0 - s] * 10}}  # per test image, mean = value
 table = {"metric": "toy top-1 %", "values": {k: {"top-1": v} for k, v in values.items()}, "items": items}
+table["values"]["ARC"]["gain"] = 16.0  # Table 1's margin: 5% of ARC's gain = 0.8 points
 metrics = {"metrics": {"seed": s}, "tables": {"table1": table}}
 (out / "metrics.json").write_text(json.dumps(metrics))
 """
@@ -70,7 +71,8 @@ def test_summary_shows_intervals_over_seeds_and_verdicts(seeded: Path) -> None:
     # MDC - ARC = -10, -8, -6 (paired): -8 +- 4.97 = [-13.0, -3.0], below -0.8: reversed
     assert "(the paper's claim): on alt-text captions MDC 'achieves performance comparable" in summary
     assert "-> **reversed over 3 seeds (inferior by more than the margin 0.8)**" in summary
-    assert "  - MDC >= ARC - 0.8 (top-1): difference -8.0 [-13.0, -3.0] (paired hierarchical bootstrap" in summary
+    assert ("  - MDC >= ARC - 0.8 (= 0.05 x ARC gain) (top-1): difference -8.0 [-13.0, -3.0] (paired hierarchical "
+            "bootstrap") in summary
     assert "One training seed" not in summary and "toy models, 1 steps" not in summary
     record = json.loads((seeded / "out" / "s" / "summary.json").read_text())
     assert record["claims"][0]["verdict"] == "reversed" and record["plan"] == "s"
@@ -86,8 +88,9 @@ def test_summary_with_one_seed_says_so_and_bootstraps_the_test_items(seeded: Pat
     assert "every verdict is about *this run*" in summary
     assert "| MDC | 60.0 [60.0, 60.0] |" in summary  # MDC has per-item scores: an interval (constant items)
     assert "| CLIP | 70.0 |" in summary  # no items, one seed: no interval
-    assert ("MDC >= ARC - 0.8 (top-1): difference -10.0 [-10.0, -10.0] (paired bootstrap over 10 test items "
-            "(test-set noise only)): reversed") in summary
+    assert ("MDC >= ARC - 0.8 (= 0.05 x ARC gain) (top-1): difference -10.0 [-10.0, -10.0] (paired bootstrap "
+            "over 10 test items (test-set noise only)); smallest resolvable difference 0.0 (paper's effect or margin "
+            "0.8): reversed") in summary
     assert "-> **reversed in this run (inferior by more than the margin 0.8)**" in summary
     assert "### Not measured in these runs" in summary and "Fig. 5" in summary  # not encoded: listed
 

@@ -25,9 +25,12 @@ from mdc_core.eval.claims import (
 )
 from mdc_core.eval.paper_claims import TABLE1_MARGIN, TABLE2_COLUMNS
 from mdc_core.eval.stats import (
+    EQUIVALENT,
     HOLDS,
     MIXED,
+    NOT_EQUIVALENT,
     REVERSED,
+    UNDERPOWERED,
     UNMEASURED,
     UNRESOLVED,
     Estimate,
@@ -36,10 +39,13 @@ from mdc_core.eval.stats import (
     bootstrap_interval,
     combine_verdicts,
     describe_verdict,
+    equivalence_verdict,
     hierarchical_draws,
     holm_adjust,
     holm_step_down,
+    power_verdict,
     seed_difference,
+    smallest_resolvable,
     t_interval,
     verdict,
 )
@@ -237,18 +243,33 @@ def _seeds(column: str, values: dict[str, list[float]]) -> dict:
     return {row: {column: Cell(dict(enumerate(v)))} for row, v in values.items()}
 
 
-def test_comparable_is_non_inferiority_with_the_stated_margin() -> None:
+def test_comparable_is_non_inferiority_with_a_margin_on_the_runs_own_scale() -> None:
     claim = _claim("table1")
-    assert claim.parts[0].relation == "noninferior" and claim.parts[0].margin == TABLE1_MARGIN == 0.8
+    part = claim.parts[0]
+    assert part.relation == "noninferior" and part.margin == TABLE1_MARGIN == 0.05 and part.margin_of == ("ARC", "gain")
+
+    def cells(mdc: list[float], arc: list[float]) -> dict:
+        table = _seeds("top-1", {"MDC": mdc, "ARC": arc})
+        table["ARC"]["gain"] = Cell({0: 15.0, 1: 16.0, 2: 17.0})  # margin = 0.05 x 16 = 0.8 points
+        return table
+
     # MDC - ARC per seed: -0.2, -0.3, -0.1: mean -0.2, 95% t [-0.45, +0.05]: inside the margin -> holds
-    inside = evaluate_claim(claim, _seeds("top-1", {"MDC": [60.0, 60.7, 61.9], "ARC": [60.2, 61.0, 62.0]}))
+    inside = evaluate_claim(claim, cells([60.0, 60.7, 61.9], [60.2, 61.0, 62.0]))
     assert inside["verdict"] == HOLDS and inside["verdict_text"].startswith("holds over 3 seeds (non-inferior")
+    assert inside["parts"][0]["margin"] == pytest.approx(0.8) and inside["parts"][0]["margin_rule"] == "0.05 x ARC gain"
+    assert "MDC >= ARC - 0.8 (= 0.05 x ARC gain)" in "\n".join(claims_markdown([inside]))
     # MDC - ARC = -3, -4, -3.5: below -0.8 -> reversed (inferior by more than the margin)
-    outside = evaluate_claim(claim, _seeds("top-1", {"MDC": [57.0, 57.0, 58.5], "ARC": [60.0, 61.0, 62.0]}))
+    outside = evaluate_claim(claim, cells([57.0, 57.0, 58.5], [60.0, 61.0, 62.0]))
     assert outside["verdict"] == REVERSED and "more than the margin" in outside["verdict_text"]
-    # -0.2, -1.5, +0.4: the interval reaches below -0.8 and above it -> not resolved
-    wide = evaluate_claim(claim, _seeds("top-1", {"MDC": [60.0, 59.5, 62.4], "ARC": [60.2, 61.0, 62.0]}))
-    assert wide["verdict"] == UNRESOLVED
+    # -0.2, -1.5, +0.4: sd 0.971, 95% half-width 4.303 x 0.971 / sqrt(3) = 2.41 > the margin 0.8: underpowered
+    wide = evaluate_claim(claim, cells([60.0, 59.5, 62.4], [60.2, 61.0, 62.0]))
+    assert wide["verdict"] == UNDERPOWERED and wide["parts"][0]["resolvable"] == pytest.approx(2.413, abs=1e-3)
+    # -0.5, -1.0, -0.6 (mean -0.7): half-width 0.66 < 0.8, yet the interval reaches below -0.8: not resolved
+    near = evaluate_claim(claim, cells([59.7, 60.0, 61.4], [60.2, 61.0, 62.0]))
+    assert near["verdict"] == UNRESOLVED and near["parts"][0]["resolvable"] < 0.8
+    # without ARC's gain there is no margin: flagged, not tested against a guess
+    alone = evaluate_claim(claim, _seeds("top-1", {"MDC": [60.0, 60.7, 61.9], "ARC": [60.2, 61.0, 62.0]}))
+    assert alone["verdict"] == UNMEASURED and alone["missing"] == ["row ARC, column gain (the margin's scale)"]
 
 
 def test_multi_part_claims_show_each_part_and_can_be_mixed() -> None:
@@ -276,12 +297,12 @@ def test_holm_across_parts_can_leave_parts_unresolved_that_alone_would_hold() ->
 
 def test_missing_rows_and_tables_are_flagged_not_dropped() -> None:
     res = evaluate_claim(_claim("table1"), _seeds("top-1", {"CLIP": [1.0, 2.0], "ARC": [1.0, 2.0]}))
-    assert res["verdict"] == UNMEASURED and res["missing"] == ["row MDC"]
+    assert res["verdict"] == UNMEASURED and res["missing"] == ["row MDC", "row ARC, column gain (the margin's scale)"]
     assert "not in these tables (not measured): row MDC" in "\n".join(claims_markdown([res]))
     results = evaluate_claims({"table1": {"metric": "m", "cells": _seeds("top-1", {"ARC": [1.0, 2.0]})}})
     assert [r["key"] for r in results] == [c.key for c in PAPER_CLAIMS]  # every claim is listed
-    absent = next(r for r in results if r["key"] == "position_arc")
-    assert absent["verdict"] == UNMEASURED and absent["missing"] == ["table reliance_slope"]
+    absent = next(r for r in results if r["key"] == "visual_signal")
+    assert absent["verdict"] == UNMEASURED and absent["missing"] == ["table visual_signal"]
     # Table 5 with two of the paper's four schedules: the verdict covers them and names the other two
     two = evaluate_claim(_claim("table5"), _seeds("top-1", {"[0.0, 1.0]": [1.0, 2.0, 3.0],
                                                             "[0.5, 1.0]": [9.0, 9.5, 10.0]}))
@@ -316,30 +337,44 @@ def test_observations_get_no_verdict_and_training_checks_compare_gains_with_zero
     assert {p["worse"] for p in trained["parts"]} == {0.0}
 
 
-def test_the_central_claim_compares_slopes_with_zero_and_with_each_other() -> None:
-    """The reliance_slope table: per-caption slopes (fraction of the model's mean per caption length), the same
-    captions for ARC and MDC; one seed, so the intervals are paired bootstraps over captions."""
+def _signal_cells(arc_pred: float, mdc_pred: float, seeds: int = 3, n: int = 200) -> dict:
+    """A visual_signal table: per seed and column, n per-caption slopes (noise sd 0.1) around the given means on
+    predictable captions and 0 on unpredictable ones; the contrast items are predictable minus unpredictable."""
     rng = np.random.default_rng(0)
+    table: dict = {}
+    for row, pred in (("ARC", arc_pred), ("MDC", mdc_pred)):
+        for measure in ("gradient", "PMI"):
+            cols = {"predictable": pred, "unpredictable": 0.0, "predictable - unpredictable": pred}
+            for group, mean in cols.items():
+                scale = 0.1 * (math.sqrt(2) if " - " in group else 1)
+                items = {s: (mean + scale * rng.standard_normal(n)).tolist() for s in range(seeds)}
+                table.setdefault(row, {})[f"{measure}: {group}"] = Cell(
+                    {s: float(np.mean(v)) for s, v in items.items()}, items)
+    return {"visual_signal": {"metric": "m", "cells": table}}
+
+
+def test_the_central_claim_is_an_interaction_and_mdc_flat_is_an_equivalence() -> None:
+    """ARC's signal falls on predictable captions only, MDC's is flat: the interaction holds and MDC is equivalent
+    to flat; ARC flat too: no interaction; MDC falling: not equivalent. The old reliance measure is exploratory."""
+    results = {r["key"]: r for r in evaluate_claims(_signal_cells(-0.4, 0.0))}
+    inter = results["visual_signal"]
+    assert inter["kind"] == "claim" and inter["verdict"] == HOLDS and len(inter["parts"]) == 2  # gradient, PMI
+    assert sorted(p["holm"]["level"] for p in inter["parts"]) == pytest.approx([0.95, 0.975])
+    assert results["visual_signal_mdc"]["verdict"] == EQUIVALENT
+    assert results["visual_signal_mdc"]["parts"][0]["verdict_text"] == "equivalent (the interval lies inside +-0.1)"
+    assert results["visual_signal_slopes"]["verdict"] is None  # per-model slopes: descriptive
+    none = {r["key"]: r for r in evaluate_claims(_signal_cells(0.0, 0.0))}
+    assert none["visual_signal"]["verdict"] in (UNRESOLVED, UNDERPOWERED) and none["visual_signal"]["verdict"] != HOLDS
+    falls = {r["key"]: r for r in evaluate_claims(_signal_cells(-0.4, -0.3))}
+    assert falls["visual_signal_mdc"]["verdict"] == NOT_EQUIVALENT
+    text = "\n".join(claims_markdown([falls["visual_signal_mdc"]]))
+    assert "|MDC - 0| < 0.1 (gradient: predictable)" in text and "smallest resolvable difference" in text
+    rng = np.random.default_rng(1)
     arc = (-0.4 + 0.1 * rng.standard_normal(200)).tolist()
-    flat = (0.0 + 0.1 * rng.standard_normal(200)).tolist()
-    falling = (-0.3 + 0.1 * rng.standard_normal(200)).tolist()
-
-    def table(mdc: list[float]) -> dict:
-        return {"reliance_slope": {"metric": "m", "cells": {
-            "ARC": {"predictable": Cell({0: float(np.mean(arc))}, {0: arc})},
-            "MDC": {"predictable": Cell({0: float(np.mean(mdc))}, {0: mdc})}}}}
-
-    results = {r["key"]: r for r in evaluate_claims(table(flat)) if r["table"] == "reliance_slope"}
-    assert results["position_arc"]["verdict"] == HOLDS  # ARC's slope < 0
-    assert results["position_arc"]["verdict_text"] == "holds in this run"
-    assert results["position_mdc"]["verdict"] == HOLDS  # MDC's slope >= 0 - 0.1
-    assert results["position_difference"]["verdict"] == HOLDS  # MDC - ARC > 0
-    assert results["position_control"]["missing"] == ["column unpredictable"]
-    falls = {r["key"]: r for r in evaluate_claims(table(falling)) if r["table"] == "reliance_slope"}
-    assert falls["position_mdc"]["verdict"] == REVERSED  # below -0.1: MDC's reliance falls too
-    assert falls["position_arc"]["verdict"] == HOLDS
-    text = "\n".join(claims_markdown(list(falls.values())))
-    assert "MDC >= 0 - 0.1 (predictable): difference -0.299 [" in text and "ARC < 0 (predictable)" in text
+    old = {"reliance_slope": {"metric": "m", "cells": {"ARC": {"predictable": Cell({0: float(np.mean(arc))},
+                                                                                   {0: arc})}}}}
+    explored = next(r for r in evaluate_claims(old) if r["key"] == "position_arc")
+    assert explored["kind"] == "exploratory" and explored["verdict"] is None
 
 
 def test_two_dimensional_claim_checks_each_column_and_markdown_says_it() -> None:
@@ -463,3 +498,64 @@ def test_no_spread_over_seeds_still_gets_the_test_set_noise_from_the_items() -> 
     assert diff is not None and diff.mean == pytest.approx(10.0) and "paired hierarchical bootstrap" in diff.method
     assert not cell_difference(Cell({0: 60.0, 1: 60.0}), Cell({0: 50.0, 1: 50.0})).has_interval
     assert not seed_difference([1.0, 1.0], [0.0, 0.0, 0.0], paired=False).has_interval
+
+
+def test_equivalence_reads_the_interval_against_both_margins() -> None:
+    def est(low: float, high: float) -> Estimate:
+        return Estimate((low + high) / 2, low, high, 3, "t over 3 seeds")
+
+    assert equivalence_verdict(est(-0.05, 0.08), 0.1) == EQUIVALENT
+    assert equivalence_verdict(est(0.16, 0.39), 0.1) == NOT_EQUIVALENT  # the old "holds" of MDC's +0.27 slope
+    assert equivalence_verdict(est(-0.4, -0.2), 0.1) == NOT_EQUIVALENT
+    assert equivalence_verdict(est(-0.15, 0.12), 0.1) == UNDERPOWERED  # 0.27 wide > the 0.2 region
+    assert equivalence_verdict(est(0.05, 0.15), 0.1) == UNRESOLVED  # narrow, but across +0.1
+    assert equivalence_verdict(Estimate(0.0, math.nan, math.nan, 1, "single value"), 0.1) == UNMEASURED
+    assert verdict(est(-0.05, 0.08), "equivalent", 0.1) == EQUIVALENT
+    with pytest.raises(ValueError, match="equivalence margin is > 0"):
+        equivalence_verdict(est(-0.05, 0.08), 0.0)
+
+
+def test_the_smallest_resolvable_difference_and_underpowered_by_hand() -> None:
+    # 1.0 [-0.6, 2.4]: the interval reaches 1.6 below and 1.4 above its mean: a true difference of 1.6 resolves
+    assert smallest_resolvable(Estimate(1.0, -0.6, 2.4, 3, "t")) == pytest.approx(1.6)
+    assert smallest_resolvable(Estimate(1.0, math.nan, math.nan, 1, "single value")) is None
+    # t over 3 seeds of [1, 2, 3]: half-width 4.3027 x 1 / sqrt(3) = 2.4841
+    assert smallest_resolvable(t_interval([1.0, 2.0, 3.0])) == pytest.approx(2.4841, abs=1e-4)
+    # Table 4's effect is 0.8-1.2 points: a resolution of 1.6 cannot show it -> underpowered, not "not resolved"
+    assert power_verdict(UNRESOLVED, 1.6, 0.8) == UNDERPOWERED
+    assert power_verdict(UNRESOLVED, 0.5, 0.8) == UNRESOLVED  # could have resolved it: a real "not resolved"
+    assert power_verdict(HOLDS, 1.6, 0.8) == HOLDS and power_verdict(UNRESOLVED, 1.6, None) == UNRESOLVED
+    values = {"MDC": [60.0, 61.0, 59.0], "MDC (w/o 1/t)": [59.5, 61.0, 58.9]}  # diffs 0.5, 0, 0.1
+    res = evaluate_claim(_claim("table4"), _seeds("top-1", values))
+    # mean 0.2, sd 0.265, half-width 4.303 x 0.265 / sqrt(3) = 0.657 < 0.8: a true "not resolved"
+    assert res["verdict"] == UNRESOLVED and res["parts"][0]["resolvable"] == pytest.approx(0.657, abs=1e-3)
+    values["MDC"] = [60.0, 63.0, 59.0]  # diffs 0.5, 2.0, 0.1: half-width 2.48 > 0.8
+    res = evaluate_claim(_claim("table4"), _seeds("top-1", values))
+    assert res["verdict"] == UNDERPOWERED and res["verdict_text"].startswith("underpowered over 3 seeds")
+    assert "(paper's effect or margin 0.8)" in "\n".join(claims_markdown([res]))
+
+
+def test_combined_verdicts_keep_a_shared_word_and_flag_inequivalence() -> None:
+    assert combine_verdicts([UNDERPOWERED, UNDERPOWERED, UNMEASURED]) == UNDERPOWERED
+    assert combine_verdicts([HOLDS, UNDERPOWERED]) == UNRESOLVED
+    assert combine_verdicts([EQUIVALENT, NOT_EQUIVALENT]) == NOT_EQUIVALENT
+    assert combine_verdicts([HOLDS, REVERSED, UNRESOLVED]) == MIXED
+
+
+def test_table2_leaves_out_the_columns_an_image_free_model_solves() -> None:
+    """Table 2's order and add negatives are solved by the blind (image-free) captioners at 100%: those
+    comparisons are listed as uninformative and not tested; the other columns are."""
+    def seeds(values: list[float]) -> Cell:
+        return Cell(dict(enumerate(values)))
+
+    cells = {"MDC (Heuristic)": {"relation": seeds([80.0, 82.0, 81.0]), "order": seeds([100.0, 100.0, 100.0])},
+             "ARC": {"relation": seeds([60.0, 61.0, 62.0]), "order": seeds([100.0, 100.0, 100.0])},
+             "CLIP": {"relation": seeds([50.0, 51.0, 53.0]), "order": seeds([79.0, 80.0, 81.0])},
+             "MDC (Heuristic), blind": {"relation": seeds([50.0, 50.0, 50.0]), "order": seeds([100.0] * 3)},
+             "ARC, blind": {"relation": seeds([55.0, 56.0, 57.0]), "order": seeds([100.0] * 3)},
+             "CLIP, blind": {"relation": seeds([50.0, 52.0, 51.0]), "order": seeds([33.0, 34.0, 33.0])}}
+    res = evaluate_claim(_claim("table2"), cells)
+    assert {(p["worse"], p["column"]) for p in res["parts"]} == {("ARC", "relation"), ("CLIP", "relation")}
+    assert res["uninformative"] == ["MDC (Heuristic) vs ARC (order)", "MDC (Heuristic) vs CLIP (order)"]
+    assert res["verdict"] == HOLDS
+    assert "uninformative, not tested (an image-free model solves the column)" in "\n".join(claims_markdown([res]))

@@ -8,10 +8,12 @@
 * Decoding: MDC-family captioners by greedy confidence unmasking (:func:`mdc_core.sampler.sample`) at each fixed
   length N' (10 / 15 / 20 in the paper) and at lengths taken from the test set (:data:`LENGTH_MODES`):
   ``median`` (the test captions' median token length, one N' for all), ``oracle`` (each image at its own
-  reference's length: information ARC does not get) and ``auto`` (MDC picks its own length,
-  :mod:`mdc_core.auto_length`); ARC by greedy and beam search (beam 6 in the paper, :mod:`mdc_core.ar_decode`).
-  CLIP cannot caption. The paper calls MDC-N vs ARC "not directly comparable" (MDC is told the length), so
-  :func:`table3` keeps the lengths apart and the workbench only orders them at a matched length.
+  reference's length: information ARC does not get), ``auto`` (MDC picks its own length,
+  :mod:`mdc_core.auto_length`) and ``arc`` (each image at the length of ARC's beam-search caption of it: the
+  matched length, so MDC and ARC write equally many tokens per image; needs an ARC run among the runs, which is
+  decoded first); ARC by greedy and beam search (beam 6 in the paper, :mod:`mdc_core.ar_decode`). CLIP cannot
+  caption. The paper calls MDC-N vs ARC "not directly comparable" (MDC is told the length) and claims no order,
+  so :func:`table3` keeps the lengths apart and the workbench reports every row descriptively (no verdict).
 * Metrics: :func:`mdc_core.eval.caption_metrics.caption_metrics` (pycocoevalcap with its PTB tokenizer; a
   metric that cannot run, such as SPICE without its jars, is reported unavailable; one METEOR process serves every
   decoder), the repetition rate (:func:`mdc_core.eval.repetition.repetition_rate`: the fraction of captions that
@@ -48,7 +50,7 @@ from mdc_core.tokenizer import EOT_ID, SOT_ID, CaptionTokenizer
 
 PAPER_LENGTHS = (10, 15, 20)
 PAPER_BEAM = 6
-LENGTH_MODES = ("median", "oracle", "auto")  # MDC lengths taken from the test set (module docstring)
+LENGTH_MODES = ("median", "oracle", "auto", "arc")  # MDC lengths taken from the test set or ARC (module docstring)
 AUTO_RANGE = "3-20"  # N' tried by the auto length
 TABLE3_METRICS = (("B@4", "BLEU@4"), ("M", "METEOR"), ("C", "CIDEr"), ("S", "SPICE"), ("RL", "ROUGE-L"))
 REPETITION = ("Rep", "repetition_rate")  # % of captions repeating a word (mdc_core.eval.repetition); not in the paper
@@ -214,8 +216,8 @@ def parse_lengths(values: Sequence[int | str]) -> list[int | str]:
 
 def decoders_for(objective: str, lengths: Sequence[int | str] = PAPER_LENGTHS, beam: int = PAPER_BEAM
                  ) -> list[str]:
-    """Decoder names for a run: ``mdc-N`` per length (``mdc-median``, ``mdc-oracle``, ``mdc-auto`` for the
-    :data:`LENGTH_MODES`) for masked captioners; ``greedy`` and ``beam-B`` for ARC."""
+    """Decoder names for a run: ``mdc-N`` per length (``mdc-median``, ``mdc-oracle``, ``mdc-auto``, ``mdc-arc``
+    for the :data:`LENGTH_MODES`) for masked captioners; ``greedy`` and ``beam-B`` for ARC."""
     if objective == "clip":
         raise ValueError("a CLIP run cannot caption images; captioning evaluates MDC-family and ARC runs")
     if objective == "arc":
@@ -240,8 +242,8 @@ def decode(model: torch.nn.Module, image_tokens: torch.Tensor, decoder: str, *, 
            lengths: Sequence[int] | None = None, auto_range: str = AUTO_RANGE) -> torch.Tensor:
     """Caption ids (B, T) for image_tokens (B, M, D) with one decoder name of :func:`decoders_for`; ARC rows may
     hold ``<eot>`` and padding (the tokenizer's ``decode`` cuts them). `max_length`: ARC's most generated tokens,
-    ``<eot>`` included (default: the context after ``<sot>``). `lengths`: per image N' for ``mdc-oracle``
-    (images of one length are sampled together), and for ``mdc-median`` the length is ``lengths[0]``;
+    ``<eot>`` included (default: the context after ``<sot>``). `lengths`: per image N' for ``mdc-oracle`` and
+    ``mdc-arc`` (images of one length are sampled together), and for ``mdc-median`` the length is ``lengths[0]``;
     `auto_range`: the N' that ``mdc-auto`` tries (``LO-HI`` or a list)."""
     kind, _, arg = decoder.partition("-")
     if kind == "mdc":
@@ -251,7 +253,7 @@ def decode(model: torch.nn.Module, image_tokens: torch.Tensor, decoder: str, *, 
             out = sample_auto_length(model, image_tokens, SamplerConfig(),
                                      parse_range(auto_range, model.cfg.context_length))
             return _pad_rows([out.tokens(i) for i in range(image_tokens.shape[0])], image_tokens.device)
-        if arg in ("median", "oracle"):
+        if arg in ("median", "oracle", "arc"):
             if lengths is None or len(lengths) != image_tokens.shape[0]:
                 raise ValueError(f"{decoder} needs one target length per image")
             if arg == "median":
@@ -275,10 +277,11 @@ def decode(model: torch.nn.Module, image_tokens: torch.Tensor, decoder: str, *, 
 def caption_items(model: torch.nn.Module, cfg: RunConfig, items: Sequence[CaptionItem], decoders: Sequence[str], *,
                   batch_size: int = 32, max_length: int | None = None, device: str | torch.device = "cpu",
                   progress: bool = True, lengths: Sequence[int] | None = None, median: int | None = None,
-                  auto_range: str = AUTO_RANGE) -> dict[str, dict[str, Any]]:
+                  auto_range: str = AUTO_RANGE, arc_lengths: Sequence[int] | None = None
+                  ) -> dict[str, dict[str, Any]]:
     """decoder -> {"captions": {key: text}, "tokens": {key: caption tokens generated}, "seconds": decoding time};
     each image batch is encoded once and shared by all decoders. `lengths`: per item N' for ``mdc-oracle``;
-    `median`: N' of ``mdc-median``."""
+    `median`: N' of ``mdc-median``; `arc_lengths`: per item N' for ``mdc-arc`` (ARC's caption lengths)."""
     model = model.to(device).eval()
     tok = CaptionTokenizer(cfg.model.context_length)
     out = {d: {"captions": {}, "tokens": {}, "seconds": 0.0} for d in decoders}
@@ -295,6 +298,8 @@ def caption_items(model: torch.nn.Module, cfg: RunConfig, items: Sequence[Captio
                 targets = list(lengths[start:start + batch_size]) if lengths is not None else None
             elif d == "mdc-median":
                 targets = [median] * len(chunk) if median is not None else None
+            elif d == "mdc-arc":
+                targets = list(arc_lengths[start:start + batch_size]) if arc_lengths is not None else None
             ids = decode(model, image_tokens, d, max_length=max_length, lengths=targets, auto_range=auto_range)
             out[d]["seconds"] += time.perf_counter() - t0
             for it, row in zip(chunk, ids.cpu(), strict=True):
@@ -320,7 +325,7 @@ def decoder_label(objective: str, decoder: str, median: int | None = None,
         name = {"mdc": "MDC", "mdc_no_t": "MDC w/o 1/t", "bert": "BERT", "parallel": "Parallel"}.get(objective,
                                                                                                    objective)
         length = {"median": f"{median} (median)", "oracle": "per image (oracle)",
-                  "auto": f"auto ({auto_range})"}.get(arg, arg)
+                  "auto": f"auto ({auto_range})", "arc": "per image (ARC's)"}.get(arg, arg)
         return name, length
     return ("ARC (greedy)" if kind == "greedy" else f"ARC (beam {arg})"), "-"
 
@@ -345,11 +350,13 @@ def captioning_table(results: Sequence[dict[str, Any]]) -> str:
 
 def table3_row(result: dict[str, Any]) -> str:
     """The row name of one :func:`captioning` result in the workbench's Table 3: ``MDC-10``, ``MDC (median
-    length)``, ``MDC (oracle length)``, ``MDC (auto length)``, ``ARC (greedy)`` and ``ARC`` (beam search, the
-    paper's ARC row); other MDC-family objectives keep their label (``BERT-10``)."""
+    length)``, ``MDC (oracle length)``, ``MDC (auto length)``, ``MDC (ARC's length)``, ``ARC (greedy)`` and
+    ``ARC`` (beam search, the paper's ARC row); other MDC-family objectives keep their label (``BERT-10``)."""
     kind, _, arg = result["decoder"].partition("-")
     if kind == "mdc":
         name = "MDC" if result["objective"] == "mdc" else result["label"]
+        if arg == "arc":
+            return f"{name} (ARC's length)"
         return f"{name} ({arg} length)" if arg in LENGTH_MODES else f"{name}-{arg}"
     return "ARC" if kind == "beam" else result["label"]
 
@@ -376,7 +383,8 @@ def table3(result: dict[str, Any]) -> dict[str, Any]:
     median = result.get("median_length")
     metric = ("scores x 100, repetition % and mean length (tokens) on the test captions; MDC-N: N tokens, "
               f"median length: N' = {median} for every image, oracle: each image's reference length, auto: MDC "
-              "picks its own; ARC: beam search (the paper's row) and greedy")
+              "picks its own, ARC's length: each image at the length of ARC's beam caption; ARC: beam search (the "
+              "paper's row) and greedy")
     return {"metric": metric, "values": values, "items": items}
 
 
@@ -388,7 +396,8 @@ def captioning(runs: Sequence[str | Path], data: str | Path, *, lengths: Sequenc
                auto_range: str = AUTO_RANGE) -> dict[str, Any]:
     """Fine-tune (when `finetune_steps` > 0) and caption the test split of `data` with every run. `images`: the
     image folder of `data` (a caption json or table; default: found), also used to fine-tune on `data`.
-    `lengths`: MDC's N' values and :data:`LENGTH_MODES` (``median``, ``oracle``, ``auto`` over `auto_range`).
+    `lengths`: MDC's N' values and :data:`LENGTH_MODES` (``median``, ``oracle``, ``auto`` over `auto_range`,
+    ``arc``: ARC's caption length per image, which needs an ARC run among `runs`).
 
     Returns ``{"data", "n_images", "median_length", "results": [one per run and decoder: run, finetuned_run,
     objective, decoder, label, length, metrics, per_image, unavailable, seconds, captions], "table": markdown}``.
@@ -413,6 +422,8 @@ def captioning(runs: Sequence[str | Path], data: str | Path, *, lengths: Sequenc
             raise ValueError(f"caption length(s) {too_long} exceed the context of {run} "
                              f"({cfg.model.context_length - 2} tokens)")
         plans.append((run, decoders))
+    if "arc" in lengths and not any(d[0] == "greedy" for _, d in plans):
+        raise ValueError("the length 'arc' (MDC at ARC's caption length per image) needs an ARC run among the runs")
     train_data = str(finetune_data or data)
     images = str(images) if images else None
     train_images = None if finetune_data else images
@@ -438,10 +449,15 @@ def _caption_runs(plans: list[tuple[Any, list[str]]], items: list[CaptionItem], 
                   results: list[dict[str, Any]], *, finetune_steps: int, train_data: str, out: str | Path,
                   finetune_overrides: Sequence[str], train_images: str | None, progress: bool, device: str,
                   batch_size: int, max_length: int | None, metrics: Sequence[str], auto_range: str) -> int | None:
-    """Fine-tune, decode and score every (run, decoders) of `plans` into `results`; returns the median length."""
+    """Fine-tune, decode and score every (run, decoders) of `plans` into `results` (in the order of `plans`; ARC
+    runs are decoded first, so that ``mdc-arc`` knows ARC's lengths); returns the median length."""
     from mdc_core.checkpoint import load_model
-    median = None
-    for i, (run, decoders) in enumerate(plans):
+    median, arc_lengths = None, None
+    per_plan: dict[int, list[dict[str, Any]]] = {}
+    order = sorted(range(len(plans)), key=lambda i: plans[i][1][0] != "greedy")  # ARC first
+    for i in order:
+        run, decoders = plans[i]
+        done = per_plan.setdefault(i, [])
         eval_run = Path(run)
         if finetune_steps > 0:
             eval_run = finetune(run, train_data, Path(out) / "finetune" / f"{i}_{Path(run).name}_{finetune_steps}",
@@ -451,9 +467,13 @@ def _caption_runs(plans: list[tuple[Any, list[str]]], items: list[CaptionItem], 
         tok = CaptionTokenizer(cfg.model.context_length)
         targets = reference_lengths(items, tok)
         median = _round_half_up(float(np.median(targets)))
+        limit_n = cfg.model.context_length - 2
+        own_arc = None if arc_lengths is None else [min(max(1, n), limit_n) for n in arc_lengths]
         decoded = caption_items(model, cfg, items, decoders, batch_size=batch_size, max_length=max_length,
                                 device=device, progress=progress, lengths=targets, median=median,
-                                auto_range=auto_range)
+                                auto_range=auto_range, arc_lengths=own_arc)
+        if decoders[0] == "greedy" and arc_lengths is None:  # ARC's beam caption (or greedy) sets the matched length
+            arc_lengths = [decoded[decoders[-1]]["tokens"][it.key] for it in items]
         for d in decoders:
             captions = decoded[d]["captions"]
             scores = score_captions(captions, references, metrics=metrics,
@@ -462,7 +482,7 @@ def _caption_runs(plans: list[tuple[Any, list[str]]], items: list[CaptionItem], 
             per_image["repetition"] = [100.0 * bool(repeated_words(c)) for c in captions.values()]
             per_image["length"] = [float(decoded[d]["tokens"][k]) for k in captions]
             label, length = decoder_label(cfg.objective.name, d, median, auto_range)
-            results.append({
+            done.append({
                 "run": str(run), "finetuned_run": str(eval_run) if finetune_steps > 0 else None,
                 "objective": cfg.objective.name, "decoder": d, "label": label, "length": length,
                 "metrics": {**{k: v for k, v in scores.items()
@@ -474,4 +494,6 @@ def _caption_runs(plans: list[tuple[Any, list[str]]], items: list[CaptionItem], 
                 "seconds": round(decoded[d]["seconds"], 3),
                 "captions": [{"key": k, "caption": c, "references": references[k]} for k, c in captions.items()],
             })
+    for i in range(len(plans)):
+        results.extend(per_plan[i])
     return median

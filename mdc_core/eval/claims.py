@@ -46,8 +46,11 @@ from mdc_core.eval.stats import (
     UNRESOLVED,
     combine_verdicts,
     describe_verdict,
+    equivalence_verdict,
     holm_step_down,
     null_value,
+    power_verdict,
+    smallest_resolvable,
 )
 
 KIND_LABELS = {CLAIM: "the paper's claim", CHECK: "workbench check", OBSERVATION: "observation, no verdict",
@@ -70,17 +73,32 @@ def _rows(pattern: str, rows: Sequence[str], other: str | float) -> list[str]:
     return _match(pattern, rows)
 
 
-def part_text(better: str, relation: str, worse: str | float, margin: float = 0.0) -> str:
-    """``"MDC >= ARC - 0.8"``, ``"ARC < 0"``, ``"CLIP > MDC"``."""
+def part_text(better: str, relation: str, worse: str | float, margin: float = 0.0, rule: str = "") -> str:
+    """``"MDC >= ARC - 0.8"``, ``"ARC < 0"``, ``"CLIP > MDC"``, ``"|MDC - 0| < 0.1"``; `rule` says where a margin
+    on the run's own scale came from (``"0.05 x ARC gain"``)."""
     rhs = f"{worse:g}" if isinstance(worse, (int, float)) else worse
+    shown = f"{margin:.3g}" + (f" (= {rule})" if rule else "")
     if relation == "noninferior":
-        return f"{better} >= {rhs} - {margin:g}"
+        return f"{better} >= {rhs} - {shown}"
+    if relation == "equivalent":
+        return f"|{better} - {rhs}| < {shown}"
     return f"{better} {relation} {rhs}"
 
 
-def _comparisons(claim: Claim, cells: Table, missing: list[str]) -> list[dict[str, Any]]:
+def _solved_blind(claim: Claim, cells: Table, rows: Sequence[str | float], col: str) -> bool:
+    """Whether the image-free twin (``"<row>, blind"``) of one of `rows` reaches the claim's `blind_ceiling` in
+    `col`: a column the text alone solves says nothing about the image."""
+    if claim.blind_ceiling is None:
+        return False
+    twins = [cells.get(f"{r}, blind", {}).get(col) for r in rows if isinstance(r, str)]
+    return any(t is not None and t.estimate().mean >= claim.blind_ceiling for t in twins)
+
+
+def _comparisons(claim: Claim, cells: Table, missing: list[str], uninformative: list[str] | None = None
+                 ) -> list[dict[str, Any]]:
     """Every (part, better row, worse row or constant, column) the table holds, with its spread; what the claim
-    names but the table lacks goes into `missing`."""
+    names but the table lacks goes into `missing`, comparisons in a column an image-free twin solves
+    (:attr:`Claim.blind_ceiling`) into `uninformative`."""
     rows = list(cells)
     n_boot = N_BOOT_TESTS if claim.kind in VERDICT_KINDS else N_BOOT
     out: list[dict[str, Any]] = []
@@ -93,6 +111,14 @@ def _comparisons(claim: Claim, cells: Table, missing: list[str]) -> list[dict[st
         for pattern in (part.better, part.worse):
             if isinstance(pattern, str) and pattern != "*" and not _match(pattern, rows):
                 flag(f"row {pattern}")
+        margin, rule = part.margin, ""
+        if part.margin_of is not None:  # a share of a cell of this table: the margin on the run's own scale
+            row, col = part.margin_of
+            scale = cells.get(row, {}).get(col)
+            if scale is None:
+                flag(f"row {row}, column {col} (the margin's scale)")
+                continue
+            margin, rule = part.margin * abs(scale.estimate().mean), f"{part.margin:g} x {row} {col}"
         worse_rows: list[str | float] = (list(_rows(part.worse, rows, part.better)) if isinstance(part.worse, str)
                                          else [float(part.worse)])
         for better in _rows(part.better, rows, part.worse):
@@ -105,8 +131,12 @@ def _comparisons(claim: Claim, cells: Table, missing: list[str]) -> list[dict[st
                     if a is None or b is None:
                         flag(f"column {col}")
                         continue
+                    if _solved_blind(claim, cells, (better, worse), col):
+                        if uninformative is not None:
+                            uninformative.append(f"{better} vs {worse} ({col})")
+                        continue
                     out.append({"better": better, "relation": part.relation, "worse": worse, "column": col,
-                                "margin": part.margin, "spread": difference_spread(a, b, n_boot),
+                                "margin": margin, "margin_rule": rule, "spread": difference_spread(a, b, n_boot),
                                 "lengths": _lengths(cells, better, worse)})
     for row in claim.paper_rows:
         if row not in rows:
@@ -128,8 +158,12 @@ def evaluate_claim(claim: Claim, cells: Table | None) -> dict[str, Any]:
     Returns ``{"key", "kind", "source", "text", "tested_as", "table", "verdict", "verdict_text", "seeds",
     "parts": [{"better", "relation", "worse", "column", "margin", "difference": Estimate dict | None,
     "holm": {"level", "low", "high"} | None, "lengths": [mean length of each row] | None (tables with a
-    ``length`` column), "verdict", "verdict_text"}], "missing"}``. Observations and
-    exploratory entries have verdict None (and None per part).
+    ``length`` column), "resolvable": the smallest difference its (Holm-level) interval resolves | None,
+    "effect": the paper's effect or the part's margin | None, "verdict", "verdict_text"}], "missing"}``.
+    Observations and exploratory entries have verdict None (and None per part). Equivalence parts are read at 95%
+    (:func:`~mdc_core.eval.stats.equivalence_verdict`), the others with Holm's step-down; an unresolved part
+    whose smallest resolvable difference exceeds the paper's effect (:attr:`Claim.effect`, or the margin of a
+    non-inferiority part) is "underpowered" (:func:`~mdc_core.eval.stats.power_verdict`).
     """
     missing: list[str] = []
     base = {"key": claim.key, "kind": claim.kind, "source": claim.source, "text": claim.text,
@@ -138,17 +172,25 @@ def evaluate_claim(claim: Claim, cells: Table | None) -> dict[str, Any]:
         return {**base, "verdict": UNMEASURED if claim.kind in VERDICT_KINDS else None,
                 "verdict_text": f"not measured (no `{claim.table}` table in these runs)", "seeds": 0, "parts": [],
                 "missing": [f"table {claim.table}"]}
-    comparisons = _comparisons(claim, cells, missing)
+    uninformative: list[str] = []
+    comparisons = _comparisons(claim, cells, missing, uninformative)
+    base["uninformative"] = uninformative
     nulls = [null_value(c["relation"], c["margin"]) for c in comparisons]
     judged = claim.kind in VERDICT_KINDS
-    tested = holm_step_down([c["spread"] for c in comparisons], nulls) if judged else []
+    stepped = [i for i, c in enumerate(comparisons) if c["relation"] != "equivalent"]
+    tested = dict(zip(stepped, holm_step_down([comparisons[i]["spread"] for i in stepped],
+                                              [nulls[i] for i in stepped]), strict=True)) if judged else {}
     parts: list[dict[str, Any]] = []
     for i, c in enumerate(comparisons):
         spread = c.pop("spread")
         diff = None if spread is None else spread.interval()
+        effect = c["margin"] if c["relation"] in ("noninferior", "equivalent") else claim.effect
         part = {**c, "difference": None if diff is None else diff.to_dict(), "seeds": 0 if spread is None
-                else spread.seeds, "holm": None, "verdict": None, "verdict_text": ""}
-        if judged:
+                else spread.seeds, "holm": None, "resolvable": smallest_resolvable(diff), "effect": effect,
+                "verdict": None, "verdict_text": ""}
+        if judged and c["relation"] == "equivalent":
+            result = equivalence_verdict(diff, c["margin"])
+        elif judged:
             side, level = tested[i]
             if side == "unmeasured":
                 result = UNMEASURED
@@ -156,11 +198,14 @@ def evaluate_claim(claim: Claim, cells: Table | None) -> dict[str, Any]:
                 result = UNRESOLVED
             else:
                 result = HOLDS if (side == "below") == (c["relation"] == "<") else REVERSED
-            part["verdict"] = result
-            part["verdict_text"] = describe_verdict(result, c["relation"], c["margin"])
             if len(tested) > 1 and level and spread is not None:
                 adj = spread.interval(level)
                 part["holm"] = {"level": level, "low": adj.low, "high": adj.high}
+                part["resolvable"] = smallest_resolvable(adj)
+            result = power_verdict(result, part["resolvable"], effect)
+        if judged:
+            part["verdict"] = result
+            part["verdict_text"] = describe_verdict(result, c["relation"], c["margin"])
         parts.append(part)
     measured = [p for p in parts if p["difference"] is not None and p["difference"]["low"] is not None]
     seeds = min((p["seeds"] for p in measured), default=0)
@@ -253,16 +298,24 @@ def claims_markdown(results: Sequence[dict[str, Any]], digits: int = 1,
         n = _digits(r, digits)
         for p in r["parts"]:
             where = f" ({p['column']})" if p["column"] else ""
-            line = (f"  - {part_text(p['better'], p['relation'], p['worse'], p['margin'])}{where}: difference "
-                    f"{_difference_text(p['difference'], n)}")
+            rule = p.get("margin_rule", "")
+            line = (f"  - {part_text(p['better'], p['relation'], p['worse'], p['margin'], rule)}{where}: "
+                    f"difference {_difference_text(p['difference'], n)}")
             if p["holm"]:
                 holm = p["holm"]
                 line += f"; Holm {100 * holm['level']:.1f}%: [{holm['low']:+.{n}f}, {holm['high']:+.{n}f}]"
+            if p.get("resolvable") is not None and p["verdict"] is not None:
+                line += f"; smallest resolvable difference {p['resolvable']:.{n}f}"
+                if p.get("effect") is not None:
+                    line += f" (paper's effect or margin {abs(p['effect']):.{n}g})"
             if p.get("lengths"):
                 line += f"; lengths {p['lengths'][0]:.1f} vs {p['lengths'][1]:.1f} tokens"
             if p["verdict"] is not None:
                 line += f": {p['verdict_text']}"
             lines.append(line)
+        if r.get("uninformative"):
+            lines.append("  - uninformative, not tested (an image-free model solves the column): "
+                         + ", ".join(r["uninformative"]))
         if r.get("missing"):
             lines.append(f"  - not in these tables (not measured): {', '.join(r['missing'])}")
     return lines

@@ -20,6 +20,15 @@ Conventions (docs/evidence.md explains them for readers):
   it: *not resolved*. The parts of one claim are corrected for multiplicity by Holm's step-down
   (:func:`holm_step_down`), and :func:`combine_verdicts` gives the claim one word: holds, reversed, mixed (some
   parts hold, some are reversed), not resolved, or not measured.
+* **Equivalence** (a claim that something "does not depend" on a variable): the interval of the estimate against
+  ``+-margin``, a margin stated before the data are seen (:func:`equivalence_verdict`): inside it *equivalent*,
+  entirely outside it *not equivalent*, wider than the whole equivalence region *underpowered* (no estimate of
+  that precision could show equivalence), else *not resolved*.
+* **Power**: a part's *smallest resolvable difference* (:func:`smallest_resolvable`) is the distance from its mean
+  to the far end of its interval: a true difference of at least that size (in either direction) would have put the
+  interval clear of the null. A part that is not resolved although the effect the paper reports (or the margin of
+  a claim of "comparable") is smaller than that distance is *underpowered* (:func:`power_verdict`), not evidence
+  against the paper.
 """
 
 from __future__ import annotations
@@ -38,7 +47,8 @@ N_BOOT = 4000  # bootstrap resamples for a displayed interval (the 2.5% tails ho
 N_BOOT_TESTS = 20000  # for verdicts: Holm's levels reach 1 - 0.05/m, whose tails need more draws
 MIN_ITEMS = 10  # fewer test items give no bootstrap interval (a resample of 1-9 items says nothing reliable)
 HOLDS, REVERSED, MIXED, UNRESOLVED, UNMEASURED = "holds", "reversed", "mixed", "not resolved", "not measured"
-RELATIONS = (">", "<", "noninferior")
+EQUIVALENT, NOT_EQUIVALENT, UNDERPOWERED = "equivalent", "not equivalent", "underpowered"
+RELATIONS = (">", "<", "noninferior", "equivalent")
 
 
 @dataclass(frozen=True)
@@ -283,19 +293,57 @@ def bootstrap_difference(items_a: Sequence[float], items_b: Sequence[float], con
 
 
 def null_value(relation: str, margin: float = 0.0) -> float:
-    """The value of ``a - b`` a part is tested against: 0, or ``-margin`` for non-inferiority."""
+    """The value of ``a - b`` a part is tested against: 0 (also the centre of an equivalence region), or
+    ``-margin`` for non-inferiority."""
     if relation not in RELATIONS:
         raise ValueError(f"relation must be one of {RELATIONS}, got {relation!r}")
     if margin < 0:
-        raise ValueError(f"a non-inferiority margin is >= 0, got {margin}")
+        raise ValueError(f"a margin is >= 0, got {margin}")
     return -margin if relation == "noninferior" else 0.0
+
+
+def equivalence_verdict(est: Estimate | None, margin: float) -> str:
+    """Equivalence of an estimate with 0 within ``+-margin`` (module docstring): :data:`EQUIVALENT` (interval
+    inside ``(-margin, margin)``), :data:`NOT_EQUIVALENT` (interval entirely above `margin` or below `-margin`),
+    :data:`UNDERPOWERED` (otherwise, with an interval at least ``2 * margin`` wide), :data:`UNRESOLVED`
+    (otherwise) or :data:`UNMEASURED` (no interval). Example with margin 0.1: [-0.05, 0.08] equivalent,
+    [0.16, 0.39] not equivalent, [-0.15, 0.12] underpowered, [0.05, 0.15] not resolved."""
+    if margin <= 0:
+        raise ValueError(f"an equivalence margin is > 0, got {margin}")
+    if est is None or not est.has_interval:
+        return UNMEASURED
+    if -margin < est.low and est.high < margin:
+        return EQUIVALENT
+    if est.low > margin or est.high < -margin:
+        return NOT_EQUIVALENT
+    return UNDERPOWERED if est.high - est.low >= 2 * margin else UNRESOLVED
+
+
+def smallest_resolvable(est: Estimate | None) -> float | None:
+    """The smallest true difference this interval would resolve from its null, in either direction: the larger
+    of ``mean - low`` and ``high - mean`` (None without an interval). Example: 1.0 [-0.6, 2.4] -> 1.6."""
+    if est is None or not est.has_interval:
+        return None
+    return float(max(est.mean - est.low, est.high - est.mean))
+
+
+def power_verdict(result: str, resolvable: float | None, effect: float | None) -> str:
+    """A part that is :data:`UNRESOLVED` becomes :data:`UNDERPOWERED` when the smallest difference it could resolve
+    exceeds `effect` (the paper's effect, or the margin of a claim of "comparable"); every other result, and a part
+    without a stated effect, is returned unchanged."""
+    if result != UNRESOLVED or resolvable is None or effect is None:
+        return result
+    return UNDERPOWERED if resolvable > abs(effect) else result
 
 
 def verdict(diff: Estimate | None, relation: str = ">", margin: float = 0.0) -> str:
     """The verdict on ``a <relation> b`` from the interval of ``a - b`` (see the module docstring).
 
-    Returns :data:`HOLDS`, :data:`REVERSED`, :data:`UNRESOLVED`, or :data:`UNMEASURED` (no interval).
+    Returns :data:`HOLDS`, :data:`REVERSED`, :data:`UNRESOLVED`, or :data:`UNMEASURED` (no interval); for
+    ``relation="equivalent"`` :func:`equivalence_verdict` of the interval of ``a - b`` with `margin`.
     """
+    if relation == "equivalent":
+        return equivalence_verdict(diff, margin)
     null = null_value(relation, margin)
     if diff is None or not diff.has_interval:
         return UNMEASURED
@@ -343,17 +391,18 @@ def holm_step_down(spreads: Sequence[Spread | None], nulls: Sequence[float], alp
 
 
 def combine_verdicts(verdicts: Sequence[str]) -> str:
-    """One verdict for a claim of several parts: not measured if no part was measured; holds / reversed if every
-    measured part holds / is reversed; mixed if some hold and some are reversed; else not resolved."""
+    """One verdict for a claim of several parts: not measured if no part was measured; the parts' verdict when
+    every measured part has the same one (holds, reversed, underpowered, equivalent, ...); mixed if some hold and
+    some are reversed; not equivalent if any part is; else not resolved."""
     measured = [v for v in verdicts if v != UNMEASURED]
     if not measured:
         return UNMEASURED
-    if all(v == HOLDS for v in measured):
-        return HOLDS
-    if all(v == REVERSED for v in measured):
-        return REVERSED
+    if len(set(measured)) == 1:
+        return measured[0]
     if HOLDS in measured and REVERSED in measured:
         return MIXED
+    if NOT_EQUIVALENT in measured:
+        return NOT_EQUIVALENT
     return UNRESOLVED
 
 
@@ -362,4 +411,10 @@ def describe_verdict(result: str, relation: str = ">", margin: float = 0.0) -> s
     if relation == "noninferior":
         return {HOLDS: f"holds (non-inferior: the interval lies above -{margin:g})",
                 REVERSED: f"reversed (inferior by more than the margin {margin:g})"}.get(result, result)
+    if relation == "equivalent":
+        return {EQUIVALENT: f"equivalent (the interval lies inside +-{margin:g})",
+                NOT_EQUIVALENT: f"not equivalent (the interval lies outside +-{margin:g})",
+                UNDERPOWERED: f"underpowered (the interval is wider than the region +-{margin:g})"}.get(result, result)
+    if result == UNDERPOWERED:
+        return "underpowered (the smallest resolvable difference exceeds the paper's effect or the margin)"
     return result

@@ -142,7 +142,7 @@ def token_reliance(model: torch.nn.Module, batches: Iterable[tuple[Tensor, Tenso
 # runs on a data set, JSON, table and plot
 
 
-def _batches(data: str | Path, split: str, image_size: int, context_length: int, batch_size: int, limit: int,
+def grouped_batches(data: str | Path, split: str, image_size: int, context_length: int, batch_size: int, limit: int,
              images: str | Path | None = None, texts: list[str] | None = None
              ) -> Iterator[tuple[Tensor, Tensor, list[str]]]:
     """(images, tokens, groups) of the first `limit` samples of `split`; their captions are appended to `texts`."""
@@ -188,8 +188,8 @@ def visual_reliance_runs(runs: Sequence[str | Path], data: str | Path, *, split:
         if objective_spec(cfg.objective.name).model != "captioner":
             raise ValueError(f"{run} is a {cfg.objective.name} run: visual reliance needs a captioner (a CLIP run "
                              "has no per-token likelihood)")
-        batches = _batches(data, split, cfg.model.image_size, cfg.model.context_length, batch_size, limit, images,
-                           texts if not scores else None)
+        batches = grouped_batches(data, split, cfg.model.image_size, cfg.model.context_length, batch_size, limit,
+                                  images, texts if not scores else None)
         mode = "teacher_forcing" if getattr(model, "causal", False) else "masked"
         run_ratios = tuple(ratios) if ratios else training_ratios(cfg)
         result = token_reliance(model, batches, mode=mode, ratios=run_ratios, draws=draws, seed=seed, blind=blind)
