@@ -31,7 +31,7 @@ def test_the_gpu_plan_scales_to_a_cpu_budget(tmp_path):
     assert base["data_dir"].startswith(str(tmp_path / "runs" / "tiny"))
     by_id = {e.get("id"): e["parameters"] for e in plan["notebooks"]}
     assert by_id["03_b1600"]["steps"] == 2 and by_id["03_b400"]["steps"] == 1
-    assert by_id["03_reliance"]["position_limit"] == 8
+    assert by_id["03_reliance"]["position_limit"] == 8 and by_id["03_reliance"]["signal_grad_captions"] == 8
     assert by_id["03_reliance"]["position_data_dir"].startswith(str(tmp_path / "runs" / "tiny"))
     loaded = load_plan(tmp_path / "tiny.yaml", root=ROOT)  # still a valid plan, with its own output folder
     assert len(loaded.runs) == 4 and loaded.out_dir == tmp_path / "runs" / "tiny"

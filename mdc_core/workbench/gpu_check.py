@@ -121,8 +121,9 @@ def scale_plan(source: Path, out: Path, *, steps: dict[int, int], device: str, s
             if old not in steps:
                 raise ValueError(f"plan {source}: no scaled budget for {old} steps; give scale_plan one")
         rescale(params)
-        if "position_limit" in params:
-            params["position_limit"] = position_limit
+        for key in ("position_limit", "signal_grad_captions"):
+            if key in params:
+                params[key] = min(params[key], position_limit)
         if isinstance(entry, dict) and "seeds" in entry:
             entry["seeds"] = seeds
     plan.update(name=name, seeds=seeds, jobs=jobs, output_root=str(output_root))
