@@ -73,10 +73,11 @@ def mathml(tex: str, display: str) -> str:
     """One LaTeX formula as MathML; ValueError naming the formula when latex2mathml cannot read it."""
     from latex2mathml.converter import convert as to_mathml
 
+    tex = re.sub(r"\\arg(?![a-zA-Z])", r"\\mathrm{arg}\\,", tex.strip())  # latex2mathml has no \arg
     try:
-        return to_mathml(tex.strip(), display=display)
+        return to_mathml(tex, display=display)
     except Exception as err:  # noqa: BLE001 - latex2mathml raises many kinds; name the formula instead
-        raise ValueError(f"cannot render the formula {tex.strip()!r} as MathML: {err}") from err
+        raise ValueError(f"cannot render the formula {tex!r} as MathML: {err}") from err
 
 
 def offline(page: str) -> str:
