@@ -5,9 +5,13 @@ its own defaults (papermill, kernel ``mdc``), timed, and converted to HTML (nbco
     python docs/notebooks_html.py --only 02 05        # some of them
     python docs/notebooks_html.py --convert-only      # convert what is executed already (papermill_runs/notebooks/)
 
-``make notebooks-html`` runs the first. Executed copies go to ``papermill_runs/notebooks/<name>.ipynb`` (ignored by
-git) with ``timings.json`` (wall seconds of each execution, the kernel's start included, and the load average
-before and after: a load above the core count means the machine was shared). The defaults share ``make demo``'s
+    python docs/notebooks_html.py --offline-pages     # make the pages in docs/notebooks_html/ work offline in place
+
+``make notebooks-html`` runs the first. The pages need no network: their equations are MathML, rendered from the
+LaTeX when the page is written (``latex2mathml``; browsers draw MathML themselves), and no script is loaded from a
+CDN (nbconvert's pages load MathJax and require.js from one, which a class machine without network cannot reach).
+Executed copies go to ``papermill_runs/notebooks/<name>.ipynb`` (ignored by git) with ``timings.json`` (wall
+seconds of each execution, the kernel's start included, and the load average before and after: a load above the core count means the machine was shared). The defaults share ``make demo``'s
 data and model cache, so a notebook run after ``make demo`` (or after the notebooks before it) reuses their models
 and takes less time than on a fresh clone; the notebooks say "reusing ..." when they do. The pages carry their
 figures as PNG and no widget state (the trajectory explorer of 05 needs a kernel; its figures are shown).
@@ -16,8 +20,10 @@ figures as PNG and no widget state (the trajectory explorer of 05 needs a kernel
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -53,6 +59,40 @@ def execute(path: Path, executed_dir: Path) -> dict:
     return record
 
 
+CDN_SCRIPTS = re.compile(r"<!-- Load mathjax -->\s*|<!-- MathJax configuration -->\s*"
+                         r"|<script[^>]*\bsrc=\"https?://[^\"]*\"[^>]*>\s*</script>\s*"
+                         r"|<script type=\"text/x-mathjax-config\">.*?</script>\s*", re.S)
+MARKDOWN = re.compile(r'(<div class="[^"]*jp-RenderedMarkdown[^"]*"[^>]*>)(.*?)(</div>)', re.S)
+# in a rendered markdown cell: code and tags (left alone: a heading's anchor holds its text), $$display$$ or
+# $inline$ LaTeX in the text (HTML-escaped by nbconvert)
+MATH = re.compile(r"(<code>.*?</code>|<pre>.*?</pre>|<[^>]*>)|\$\$([^<]+?)\$\$|\$(?!\s)([^$<\n]+?)(?<![\s\\])\$",
+                  re.S)
+
+
+def mathml(tex: str, display: str) -> str:
+    """One LaTeX formula as MathML; ValueError naming the formula when latex2mathml cannot read it."""
+    from latex2mathml.converter import convert as to_mathml
+
+    tex = re.sub(r"\\arg(?![a-zA-Z])", r"\\mathrm{arg}\\,", tex.strip())  # latex2mathml has no \arg
+    try:
+        return to_mathml(tex, display=display)
+    except Exception as err:  # noqa: BLE001 - latex2mathml raises many kinds; name the formula instead
+        raise ValueError(f"cannot render the formula {tex!r} as MathML: {err}") from err
+
+
+def offline(page: str) -> str:
+    """An nbconvert page that works without network: the LaTeX of its markdown cells as MathML, the CDN scripts
+    (MathJax, require.js) and MathJax's configuration removed."""
+    def formula(m: re.Match) -> str:
+        if m.group(1):
+            return m.group(1)
+        display, tex = ("block", m.group(2)) if m.group(2) is not None else ("inline", m.group(3))
+        return mathml(html.unescape(tex), display)
+
+    page = MARKDOWN.sub(lambda m: m.group(1) + MATH.sub(formula, m.group(2)) + m.group(3), page)
+    return CDN_SCRIPTS.sub("", page)
+
+
 def convert(executed: Path, out_dir: Path) -> Path:
     """One executed notebook as an HTML page, without widget state (it would only add size: no kernel serves it)."""
     import nbformat
@@ -67,7 +107,7 @@ def convert(executed: Path, out_dir: Path) -> Path:
     exporter.exclude_input_prompt = False
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": executed.stem}})
     page = out_dir / f"{executed.stem}.html"
-    page.write_text(body, encoding="utf-8")
+    page.write_text(offline(body), encoding="utf-8")
     return page
 
 
@@ -78,8 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--executed", default=str(ROOT / "papermill_runs" / "notebooks"),
                         help="folder of the executed copies (and timings.json)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "notebooks_html"), help="folder of the HTML pages")
+    parser.add_argument("--offline-pages", action="store_true",
+                        help="rewrite the pages already in --out to work offline (MathML, no CDN scripts); run nothing")
     args = parser.parse_args(argv)
     executed_dir, out_dir = Path(args.executed), Path(args.out)
+    if args.offline_pages:
+        for page in sorted(out_dir.glob("*.html")):
+            page.write_text(offline(page.read_text(encoding="utf-8")), encoding="utf-8")
+            print(f"{page.name}: offline")
+        return 0
     executed_dir.mkdir(parents=True, exist_ok=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     timings_path = executed_dir / "timings.json"

@@ -11,9 +11,13 @@ MDC loss, per-token normalisation (default)::
 
     L = sum_b w_b * sum_{i masked in b} CE_bi  /  sum_b n_b        w_b = 1/t_b (mdc) or 1 (others)
 
-where n_b is the number of maskable tokens of caption b. Since each token is masked with probability t_b,
-E[L | t] = sum_b sum_i CE_bi / sum_b n_b: the mean per-token cross-entropy, for every t (this is the
-NELBO estimator of MDLM with the linear schedule alpha_t = 1 - t, for which -alpha'_t / (1 - alpha_t) = 1/t).
+where n_b is the number of maskable tokens of caption b. Each token is masked with probability t_b, so the 1/t_b
+weight makes up for the fraction of tokens in the sum: this is the NELBO estimator of MDLM with the linear
+schedule alpha_t = 1 - t, for which -alpha'_t / (1 - alpha_t) = 1/t (Eq. 5), and its mean over t is the NELBO.
+Given t, E[L | t] = sum_b sum_i E[CE_bi | t] / sum_b n_b, with CE_bi the cross-entropy of token i when masked: the
+mean per-token cross-entropy at that noise level. It does not make the loss the same at every t: a model that reads
+the caption's unmasked words has fewer of them at larger t, so its loss rises with t (notebook 00 plots it); only
+a predictor that ignores them (fixed CE_bi) has the same expected loss at every t.
 ``per_sequence`` normalisation instead averages ``w_b * sum_i CE_bi / n_b`` over captions (CapPa-style).
 
 Host and device. Everything data-dependent about a batch (trimming the all-padding columns, the masking draws,

@@ -49,3 +49,36 @@ def test_the_notebooks_are_found_by_prefix() -> None:
     assert [p.stem for p in module.notebooks(["05"])] == ["05_captioning"]
     with pytest.raises(SystemExit, match="no notebook matches"):
         module.notebooks(["99"])
+
+
+def test_a_page_renders_its_equations_without_network(tmp_path: Path) -> None:
+    """The page's LaTeX becomes MathML when it is written and no script comes from a CDN: a class machine without
+    network shows equations, not raw LaTeX. Code (in markdown and in code cells) keeps its dollars."""
+    pytest.importorskip("nbconvert")
+    pytest.importorskip("latex2mathml")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("## Masking ($\\alpha_t = 1 - t$)\n\nThe weight $1/t$ with `$HOME` "
+                                              "left alone:\n\n$$\\mathcal L = \\frac{1}{t}\\sum_i x_i < 2$$"),
+                nbformat.v4.new_code_cell('print("$C_t$")', execution_count=1)]
+    executed = tmp_path / "08_math.ipynb"
+    nbformat.write(nb, str(executed))
+    page = _script().convert(executed, tmp_path).read_text()
+    assert page.count('<math xmlns="http://www.w3.org/1998/Math/MathML" display="inline">') == 2
+    assert page.count('display="block"') == 1 and "<mfrac>" in page and "<mo>&#x0003C;</mo>" in page  # "<" read
+    assert "$HOME" in page and "$C_t$" in page and "$$" not in page.split("jp-RenderedMarkdown", 1)[1]
+    assert 'src="http' not in page and "x-mathjax-config" not in page and "require.min.js" not in page
+
+
+def test_an_unreadable_formula_is_named() -> None:
+    pytest.importorskip("latex2mathml")
+    with pytest.raises(ValueError, match=r"cannot render the formula '\\\\left\( x'"):
+        _script().mathml("\\left( x", "inline")
+
+
+def test_the_committed_pages_work_offline() -> None:
+    pages = sorted((SCRIPT.parent / "notebooks_html").glob("*.html"))
+    assert pages
+    for page in pages:
+        html = page.read_text(encoding="utf-8")
+        assert 'src="http' not in html and "x-mathjax-config" not in html, page.name
+        assert "<math" in html or "$" not in html, page.name

@@ -123,3 +123,25 @@ def test_a_cached_model_belongs_to_the_data_set_it_was_trained_on(tmp_path):
     (data / "manifest.json").write_text(json.dumps({"params": {"n": 100, "captions": "long"}}))
     assert wb.config_key(cfg) not in (first, bare)
     assert wb.cached_run_dir(tmp_path / "models", cfg).name == f"mdc-{wb.config_key(cfg)}"
+
+
+def test_the_model_cache_key_does_not_depend_on_where_the_checkout_lives(tmp_path, monkeypatch):
+    """A copied checkout finds the models its notebooks trained: paths inside the checkout enter the key relative to
+    it; a data folder elsewhere, or another folder inside, gives another key."""
+    keys = {}
+    for name in ("original", "copy"):
+        root = tmp_path / name
+        (root / "outputs" / "data").mkdir(parents=True)
+        (root / "outputs" / "data" / "manifest.json").write_text(json.dumps({"params": {"n": 200}}))
+        monkeypatch.setattr(wb, "PROJECT_ROOT", root)
+        keys[name] = wb.config_key(wb.make_config("tiny_fast", root / "outputs" / "data", "mdc", 10))
+        assert wb.checkout_relative(str(root / "outputs" / "data")) == "outputs/data"
+    assert keys["original"] == keys["copy"]
+    (tmp_path / "copy" / "outputs" / "other").mkdir()
+    (tmp_path / "copy" / "outputs" / "other" / "manifest.json").write_text(json.dumps({"params": {"n": 200}}))
+    assert wb.config_key(wb.make_config("tiny_fast", tmp_path / "copy" / "outputs" / "other", "mdc", 10)) != \
+        keys["copy"]
+    monkeypatch.setattr(wb, "PROJECT_ROOT", tmp_path / "elsewhere")  # the data outside the checkout: as given
+    outside = wb.make_config("tiny_fast", tmp_path / "original" / "outputs" / "data", "mdc", 10)
+    assert wb.checkout_relative(outside.data.path) == outside.data.path and wb.config_key(outside) != keys["original"]
+    assert wb.checkout_relative("") == ""

@@ -84,10 +84,12 @@ def _no_t_spread(answer: dict[str, Any], *, model: Any, cfg: Any, images: Any, c
         return False, f"the numbers are right, but they say the spread is larger {right} the 1/t weight"
     ratio = want["std_with"] / max(want["std_without"], 1e-12)
     return True, (f"{want['std_with']:.4f} with 1/t against {want['std_without']:.4f} without ({ratio:.2f}x). "
-                  "Without the weight a caption masked at t = 0.5 adds half the loss of one masked at t = 1, so the "
-                  "batch loss follows the t it drew; with it every t has the same expected loss (the ELBO) but "
-                  "captions with few masked words are scaled up by as much as 2. At [0.5, 1] the two spreads are "
-                  "close, which is why Table 4's gap is small; at [0, 1] the weight reaches 1000")
+                  "Without the weight a caption adds the loss of the words it masked, about a fraction t of them, "
+                  "so the batch loss follows the t it drew. The 1/t weight (Eq. 5: the ELBO's weight, which makes up "
+                  "for the fraction masked) turns that into a loss per word; it still rises with t, since fewer "
+                  "words are left to read from, and captions with few masked words are scaled up by as much as 2. "
+                  "At [0.5, 1] the two spreads are close, which is why Table 4's gap is small; at [0, 1] the weight "
+                  "reaches 1000")
 
 
 def no_mask_probability(w_low: float, w_high: float, length: int) -> float:
@@ -121,22 +123,39 @@ def _no_mask_chance(answer: Callable[..., Any], *,
 # 03: linear probes
 
 
-@exercise("03.probe_gain")
-def _probe_gain(answer: Any, *, probes: dict[str, dict[str, float]], row: str, baseline: str,
-                mean_tasks: list[str]) -> Verdict:
-    """answer: the chance-corrected mean of `row`: the mean over `mean_tasks` of its probe top-1 minus the
-    `baseline` row's (the encoder untrained), in points."""
-    want = sum(probes[row][t] - probes[baseline][t] for t in mean_tasks) / len(mean_tasks)
+def headroom_share(probes: dict[str, dict[str, float]], row: str, baseline: str, tasks: list[str]) -> float:
+    """The mean over `tasks` of the share of its headroom that `row` closed over `baseline` (the untrained encoder),
+    in %: ``100 * (top1[row] - top1[baseline]) / (100 - top1[baseline])`` per task. A task the baseline already
+    decodes perfectly has no headroom: ValueError naming it."""
+    full = [t for t in tasks if probes[baseline][t] >= 100.0]
+    if full:
+        raise ValueError(f"{baseline!r} already scores 100% on {', '.join(full)}: no headroom to share")
+    return sum(100.0 * (probes[row][t] - probes[baseline][t]) / (100.0 - probes[baseline][t])
+               for t in tasks) / len(tasks)
+
+
+@exercise("03.headroom_share")
+def _headroom_share(answer: Any, *, probes: dict[str, dict[str, float]], row: str, baseline: str,
+                    mean_tasks: list[str]) -> Verdict:
+    """answer: the mean over `mean_tasks` of the share (%) of each task's headroom above the `baseline` row (the
+    untrained encoder) that `row` closed (:func:`headroom_share`). The table above prints the gain in points, not
+    this share."""
+    want = headroom_share(probes, row, baseline, mean_tasks)
     got = float(answer)
     if is_close(got, want, 1e-4, 0.01):
-        raw = probes[row]["mean"]
-        return True, (f"{row}: {raw:.1f}% raw, {want:+.1f} points over its untrained encoder. The raw number "
-                      f"credits training with what the architecture decodes anyway ({probes[baseline]['mean']:.1f}% "
-                      "untrained); only the gain is what pretraining added")
-    if is_close(got, probes[row]["mean"], 1e-4, 0.01):
-        return False, "that is the raw mean top-1; subtract the untrained encoder's top-1 task by task first"
-    return False, (f"got {got:.2f}, expected {want:.2f}: for each task in {mean_tasks}, probes[{row!r}][task] - "
-                   f"probes[{baseline!r}][task], then the mean")
+        gain = sum(probes[row][t] - probes[baseline][t] for t in mean_tasks) / len(mean_tasks)
+        return True, (f"{row} closed {want:.1f}% of the headroom its untrained encoder left (a gain of {gain:+.1f} "
+                      "points). The same points are worth more where the untrained encoder is already good: the "
+                      "share says how far pretraining went towards a perfect probe, task by task")
+    gain = sum(probes[row][t] - probes[baseline][t] for t in mean_tasks) / len(mean_tasks)
+    room = sum(100.0 - probes[baseline][t] for t in mean_tasks) / len(mean_tasks)
+    if is_close(got, gain, 1e-4, 0.01):
+        return False, "that is the gain in points (the table's `gain`); divide each task's gain by its headroom first"
+    if is_close(got, 100.0 * gain / room, 1e-4, 0.01):
+        return False, ("that is the mean gain over the mean headroom; take the share task by task, then the mean "
+                       "(a task with little headroom then counts as much as one with a lot)")
+    return False, (f"got {got:.2f}, expected {want:.2f}: for each task in {mean_tasks}, 100 * (probes[{row!r}][task] "
+                   f"- probes[{baseline!r}][task]) / (100 - probes[{baseline!r}][task]), then the mean")
 
 
 RANDOM_ROW = {
@@ -198,17 +217,17 @@ def mc_elbo_draws(model: Any, image_tokens: Any, tokens: Any, samples: int, seed
 
     gen = torch.Generator().manual_seed(seed)
     n = tokens.shape[1] - 2
-    values = []
+    x = tokens.repeat(samples, 1)  # (S, L): one masked copy of the caption per draw
+    weights = torch.empty(samples)
+    for s in range(samples):
+        count = int(torch.randint(1, n + 1, (), generator=gen))
+        x[s, 1 + torch.randperm(n, generator=gen)[:count]] = MASK_ID  # the masked caption positions
+        weights[s] = n / count
     with torch.no_grad():
-        for _ in range(samples):
-            count = int(torch.randint(1, n + 1, (), generator=gen))
-            where = 1 + torch.randperm(n, generator=gen)[:count]  # the masked caption positions
-            x = tokens.clone()
-            x[0, where] = MASK_ID
-            logp = model.decode(x, image_tokens)[0].float().log_softmax(dim=-1)  # (L, V_out)
-            rows = model.output_index[tokens[0, where]]
-            values.append(float(logp[where, rows].sum()) * n / count)
-    return values
+        logp = model.decode(x, image_tokens.expand(samples, -1, -1))[:, 1:-1].float().log_softmax(dim=-1)
+    rows = model.output_index[tokens[0, 1:-1]].expand(samples, -1)  # (S, n) head rows of the true words
+    masked = (x[:, 1:-1] == MASK_ID).float()
+    return ((logp.gather(-1, rows[..., None])[..., 0] * masked).sum(dim=1) * weights).tolist()
 
 
 BLIND = {

@@ -1,11 +1,14 @@
-"""Figures of the lesson notebook (00): a caption's unmasking drawn step by step, and attention masks.
+"""Figures of the lesson notebook (00): a caption's unmasking drawn step by step, attention masks, and the loss
+at fixed noise levels t.
 
-Both return a matplotlib ``Figure`` built without pyplot (show it with
-:func:`mdc_core.workbench.notebook.show_figure`, save it with ``save_figure``); nothing here runs a model.
+The figures return a matplotlib ``Figure`` built without pyplot (show it with
+:func:`mdc_core.workbench.notebook.show_figure`, save it with ``save_figure``); only :func:`loss_by_t` runs a
+model.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -78,4 +81,48 @@ def attention_mask_figure(labels: list[str], masks: dict[str, Any], title: str =
         ax.set_title(name, fontsize=9)
     if title:
         fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def loss_by_t(model: Any, objective: Any, images: Any, tokens: Any, ts: Sequence[float], draws: int = 8,
+              seed: int = 0) -> dict[float, float]:
+    """The batch loss of `objective` (its 1/t weight included for ``mdc``) with every caption masked at the fixed
+    noise level t (``t_low = t_high = t``), for each t of `ts`: the mean over `draws` mask draws (generator seeds
+    `seed`, `seed` + 1, ...). images (B, 3, S, S), tokens (B, L) as the tokenizer gives them.
+
+    The 1/t weight makes up for the fraction t of words masked, so a predictor that ignores the caption's other
+    words has the same expected loss at every t; a trained one reads the unmasked words, and its loss rises with t.
+    """
+    import dataclasses
+
+    import torch
+
+    from mdc_core.objectives import compute_loss
+
+    device = next(model.parameters()).device
+    out = {}
+    with torch.no_grad():
+        for t in ts:
+            fixed = dataclasses.replace(objective, t_low=float(t), t_high=float(t))
+            losses = [float(compute_loss(model, images.to(device), tokens.to(device), fixed,
+                                         torch.Generator(device=device).manual_seed(seed + d)).loss)
+                      for d in range(draws)]
+            out[float(t)] = sum(losses) / len(losses)
+    return out
+
+
+def loss_by_t_figure(curves: dict[str, dict[float, float]], title: str = "") -> Any:
+    """Loss against the noise level t, one line per entry of `curves` = {label: {t: loss}} (:func:`loss_by_t`)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5.2, 3.4), layout="constrained")
+    ax = fig.add_subplot()
+    for label, curve in curves.items():
+        ax.plot(list(curve), list(curve.values()), marker="o", label=label)
+    ax.set_xlabel("noise level t (fraction of words masked)")
+    ax.set_ylabel("batch loss at fixed t")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title or "Eq. 5 at fixed t: the 1/t weight does not make the loss flat", fontsize=9)
     return fig

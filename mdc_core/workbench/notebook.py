@@ -111,15 +111,29 @@ def make_config(preset: str, data_dir: str | Path, objective: str, steps: int,
 STEP_ONLY_KEYS = ("compile", "static_shapes", "length_bucket")  # train keys that config_key leaves out
 
 
+def checkout_relative(path: str) -> str:
+    """`path` relative to the checkout (``PROJECT_ROOT``) when it lies inside it, as given otherwise: what a cache
+    key may contain, so that a copied or moved checkout finds the models it trained."""
+    if not path:
+        return path
+    resolved = Path(path).expanduser().resolve()
+    return resolved.relative_to(PROJECT_ROOT).as_posix() if resolved.is_relative_to(PROJECT_ROOT) else path
+
+
 def config_key(cfg: RunConfig) -> str:
     """Stable short hash of everything that defines a training run (the corpus vocabulary size excluded). For an
     embedded data set the generator's parameters (its manifest's ``params``) count too: the notebooks rewrite a
-    data folder whose parameters changed, and a model trained on the old contents must not be reused."""
+    data folder whose parameters changed, and a model trained on the old contents must not be reused. Paths inside
+    the checkout count relative to it (:func:`checkout_relative`): the key does not depend on where it lives."""
     data = cfg.to_dict()
     data["model"]["output_vocab_size"] = 0
     data["preset"] = ""
     for key in STEP_ONLY_KEYS:  # how the step runs, not what it computes (a cached model serves either way)
         data["train"].pop(key, None)
+    for key in ("path", "images"):
+        data["data"][key] = checkout_relative(data["data"][key])
+    data["data"]["path_as_given"] = ""
+    data["model"]["pretrained_path"] = checkout_relative(data["model"]["pretrained_path"])
     manifest = Path(cfg.data.path) / "manifest.json"
     if manifest.is_file():
         data["data_params"] = json.loads(manifest.read_text()).get("params")
