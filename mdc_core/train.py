@@ -304,7 +304,7 @@ class _Trainer:
         self.loss, stopped_by = float("nan"), 0
         try:
             with self.stop:
-                stopped_by = self._loop()
+                stopped_by = self._loop() or self.stop.signum  # a signal during the last checkpoint counts too
             dist.barrier(self.ctx, "end of training")
         finally:
             self.stream.close()
