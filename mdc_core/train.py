@@ -232,10 +232,7 @@ class _Trainer:
         self.model = model.to(self.device).train()
         if self.main:
             out.mkdir(parents=True, exist_ok=True)
-            cfg.save(out / "config.json")
-            if start_ckpt is None:  # a run started over (--resume before any checkpoint) logs from step 0
-                ckpt_io.truncate_jsonl(out / "metrics.jsonl", 0)
-                ckpt_io.truncate_jsonl(out / "epochs.jsonl", 0)
+            cfg.save(out / "config.json")  # a run started over found its old logs set aside (resume.set_logs_aside)
         objective = _Objective(model, cfg.objective)
         if t.compile:
             train_step.compile_loss(objective)  # in place: forward + loss as one graph; the model is unchanged
