@@ -98,6 +98,27 @@ def _signal_handling() -> Iterator[Callable[[Callable[[int, object], None]], Non
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
+OS_ERRORS = {  # errno -> what it means for the path it names
+    errno.EROFS: "is on a read-only file system: write somewhere else",
+    errno.EACCES: ": permission denied (this user may not read or write it)",
+    errno.EPERM: ": operation not permitted (this user may not change it)",
+    errno.EEXIST: "is in the way: a file is there where a folder is needed",
+    errno.ENOTDIR: ": a part of this path is a file, not a folder",
+    errno.EISDIR: "is a folder where a file is needed",
+    errno.ENOENT: "does not exist",
+}
+
+
+def describe_os_error(err: OSError) -> str:
+    """One line naming the path of an OSError the system raised (``[Errno 30] Read-only file system: 'x'`` ->
+    ``x is on a read-only file system: write somewhere else``); a message written by mdc is kept as it is."""
+    if not err.filename or not str(err).startswith("[Errno"):
+        return str(err)
+    path = f"{err.filename} -> {err.filename2}" if err.filename2 else str(err.filename)
+    what = OS_ERRORS.get(err.errno, f": {(err.strerror or '').lower()}")
+    return f"{path}{what}" if what.startswith(":") else f"{path} {what}"
+
+
 def _format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                     line: str | None = None) -> str:
     """``mdc: warning: ...`` on one line for the warnings mdc gives (UserWarning), the usual form for the rest."""
@@ -147,9 +168,12 @@ def _run(argv: list[str] | None, use: Callable[[Callable[[int, object], None]], 
             with default_inference_precision(args.precision):
                 handler(args)
     except USER_ERRORS as err:
-        print(f"mdc: error: {err}", file=sys.stderr)
+        print(f"mdc: error: {describe_os_error(err) if isinstance(err, OSError) else err}", file=sys.stderr)
         return 2
     except OSError as err:  # a full disk anywhere (checkpoints say what they kept; see mdc_core.checkpoint)
+        if err.errno == errno.EROFS:
+            print(f"mdc: error: {describe_os_error(err)}", file=sys.stderr)
+            return 2
         if err.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         if type(err).__name__ == "DiskFullError":  # says what was kept and how to go on
