@@ -137,3 +137,19 @@ def test_resume_accepts_the_moved_data_folder_by_content(setup, tmp_path, capsys
     shutil.rmtree(moved)
     assert main(["train", "--out", str(copy), "--resume", "--data", str(other), "--steps", "8", "--quiet"]) == 2
     assert "is not the data this run trained on" in _one_line(capsys)
+
+
+def test_an_emoji_in_a_caption_or_prompt_is_named_whole(setup, capsys):
+    """Its bytes used to be decoded one BPE token at a time, so the message showed '\\ufffd' fragments."""
+    from mdc_core.tokenizer import CaptionTokenizer
+    tok = CaptionTokenizer()
+    ids = tok.encode_text("a red 🫠 cat")
+    emoji = set(tok.encode_text("🫠"))
+    assert len(emoji) > 1 and tok.words_with(ids, emoji) == ["🫠"] and tok.words_with(ids, set()) == []
+    _, run, image = setup
+    for argv in (["score", "--run", str(run), "--image", str(image), "--caption", "a red 🫠", "--method",
+                  "heuristic"],
+                 ["sample", "--run", str(run), "--image", str(image), "--prompt", "a 🫠 [MASK]"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert "🫠" in err and "\ufffd" not in err and "\n" not in err, err

@@ -30,7 +30,8 @@ How a plan runs (run folders, markers, resuming, ``jobs`` and the thread shares)
 :mod:`mdc_core.workbench.runner`.
 
 Parameters are checked against each notebook's ``parameters`` cell (``papermill.inspect_notebook``) before
-anything runs: an undeclared name, a value of the wrong type, or a missing notebook is an error naming it. With
+anything runs: an undeclared name, a value of the wrong type (the annotated type, or for an untyped ``x = 1`` the
+type of its default), a notebook without a kernelspec, or a missing notebook is an error naming it. With
 ``jobs`` > 1, two runs that would write one ``data_dir`` with different data parameters (:data:`DATA_PARAMS`) are
 an error too: one would rewrite the data set while the other reads it.
 """
