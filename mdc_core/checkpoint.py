@@ -354,7 +354,10 @@ def latest_intact_checkpoint(run_dir: str | Path, *, set_aside: bool = False) ->
 def checkpoint_folders(run_dir: str | Path) -> list[Path]:
     """Every checkpoint folder ``step_*`` of a run, intact or damaged, oldest first."""
     root = Path(run_dir) / CKPT_DIR
-    return sorted(p for p in root.glob("step_*") if p.is_dir()) if root.is_dir() else []
+    if not root.is_dir():
+        return []
+    # iterdir, not glob: a folder this user may not read is a PermissionError naming it, never "no checkpoint"
+    return sorted(p for p in root.iterdir() if p.name.startswith("step_") and p.is_dir())
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:

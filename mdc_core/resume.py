@@ -264,7 +264,7 @@ def prepare_run(cfg: RunConfig, out: Path, resume: bool, main: bool, lr_lambda: 
 
 def refuse_start_over(out: Path, ckpt_every: int) -> None:
     """Raise ``FileNotFoundError`` when run folder `out`, which has no checkpoint to resume from, once held one:
-    damaged checkpoints set aside (``corrupt_step_*``), or a metrics log that reached a checkpoint step. Starting
+    damaged checkpoints set aside (``corrupt_step_*``), or a metrics log past the first checkpoint step. Starting
     such a run over from step 0 would bury what is left of it."""
     aside = sorted(p.name for p in (out / ckpt_io.CKPT_DIR).glob(ckpt_io.CORRUPT_PREFIX + "*"))
     if aside:
@@ -272,9 +272,9 @@ def refuse_start_over(out: Path, ckpt_every: int) -> None:
                                 f"aside as {', '.join(aside[::-1][:4])} (kept as found); nothing to resume from, and "
                                 "it is not started over. Train into another --out")
     logged = max((r.get("step", 0) for r in read_jsonl(out / "metrics.jsonl", math.inf)), default=0)
-    if logged >= ckpt_every:
+    if logged > ckpt_every:  # step ckpt_every itself is logged just before its checkpoint is written
         raise FileNotFoundError(f"--resume: {out} has no checkpoint, but its metrics.jsonl logged step {logged}, "
-                                f"past its first checkpoint (train.ckpt_every={ckpt_every}): its checkpoints were "
+                                f"past its first checkpoint (step {ckpt_every}): its checkpoints were "
                                 "deleted or moved. Nothing to resume from, and it is not started over. Put the "
                                 "checkpoints back or train into another --out")
 
