@@ -259,6 +259,17 @@ def diagnose(ckpt: str | Path, files: tuple[str, ...] | None = None, *, digests:
     return ""
 
 
+def config_problem(ckpt: str | Path) -> str:
+    """What keeps checkpoint `ckpt`'s ``config.json`` from building its model, in one line ('' when nothing does):
+    :func:`diagnose` only checks that it exists, since it stays hand-editable."""
+    path = Path(ckpt) / "config.json"
+    try:
+        RunConfig.load(path)
+    except (OSError, ValueError) as err:  # ConfigError and JSONDecodeError are ValueErrors
+        return f"checkpoint file {path} is damaged ({type(err).__name__}: {str(err)[:120]})"
+    return ""
+
+
 def verify_checkpoint(ckpt: str | Path, files: tuple[str, ...] | None = None) -> None:
     """Raise :class:`CheckpointError` naming what :func:`diagnose` finds wrong with `ckpt` (default: every file).
     """
@@ -301,12 +312,12 @@ def resume_point(run_dir: str | Path, *, set_aside_damaged: bool = False) -> tup
     weights_only: tuple[Path, str] | None = None
     start = None
     for ckpt in reversed(checkpoint_folders(run_dir)):
-        problem = diagnose(ckpt)
+        problem = diagnose(ckpt) or config_problem(ckpt)
         if not problem:
             start = ckpt
             break
         rest = _listed_but(ckpt, WEIGHTS_ONLY)
-        if weights_only is None and rest is not None and not diagnose(ckpt, rest):
+        if weights_only is None and rest is not None and not diagnose(ckpt, rest) and not config_problem(ckpt):
             weights_only = (ckpt, problem)
         else:
             damaged.append((ckpt, problem))
@@ -319,7 +330,9 @@ def resume_point(run_dir: str | Path, *, set_aside_damaged: bool = False) -> tup
     if set_aside_damaged:
         damaged = [(set_aside(ckpt), problem) for ckpt, problem in damaged]
     if start is None and damaged:
-        raise CheckpointError(f"{damaged[0][1]}; no intact checkpoint left in {run_dir}")
+        moved = f" (set aside as {', '.join(c.name for c, _ in damaged)}, kept as found)" if set_aside_damaged else ""
+        raise CheckpointError(f"{damaged[0][1]}; no intact checkpoint left in {run_dir}{moved}: nothing to resume "
+                              "from. Train into another --out")
     if damaged:
         moved = f" (set aside as {', '.join(c.name for c, _ in damaged)})" if set_aside_damaged else ""
         how = f"{start.name}, weights only (see the next warning)" if state_problem else \
@@ -341,7 +354,10 @@ def latest_intact_checkpoint(run_dir: str | Path, *, set_aside: bool = False) ->
 def checkpoint_folders(run_dir: str | Path) -> list[Path]:
     """Every checkpoint folder ``step_*`` of a run, intact or damaged, oldest first."""
     root = Path(run_dir) / CKPT_DIR
-    return sorted(p for p in root.glob("step_*") if p.is_dir()) if root.is_dir() else []
+    if not root.is_dir():
+        return []
+    # iterdir, not glob: a folder this user may not read is a PermissionError naming it, never "no checkpoint"
+    return sorted(p for p in root.iterdir() if p.name.startswith("step_") and p.is_dir())
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:

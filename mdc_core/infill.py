@@ -51,7 +51,7 @@ def parse_prompt(text: str, tokenizer: CaptionTokenizer, model: Any = None) -> t
     prompt = torch.tensor(ids, dtype=torch.long)
     fixed = prompt != MASK_ID
     if model is not None and getattr(model, "restricted", False):
-        unknown = [tokenizer.token_string(int(t)) for t in prompt[fixed] if int(model.output_index[t]) < 0]
+        unknown = tokenizer.words_with(prompt, {int(t) for t in prompt[fixed] if int(model.output_index[t]) < 0})
         if unknown:
             raise ValueError(f"the prompt uses words this model never saw in training: {_words(unknown)}")
     return prompt, fixed
@@ -91,7 +91,8 @@ def score_fills(model: Any, image_tokens: torch.Tensor, prompt: str, fills: Sequ
     ids, _ = parse_prompt(prompt, tokenizer, model)
     rows = torch.stack([fill_prompt(ids, f, tokenizer) for f in fills])  # (F, N)
     if getattr(model, "restricted", False):
-        unknown = sorted({tokenizer.token_string(int(t)) for t in rows.flatten() if int(model.output_index[t]) < 0})
+        wanted = {int(t) for t in rows.flatten() if int(model.output_index[t]) < 0}
+        unknown = sorted({w for row in rows for w in tokenizer.words_with(row, wanted)})
         if unknown:
             raise ValueError(f"the fillings use words this model never saw in training: {_words(unknown)}")
     F, N = rows.shape

@@ -5,7 +5,8 @@
 * **Start or resume.** :func:`prepare_run` checks the data and the folder, clears half-written checkpoints of dead
   writers, picks the checkpoint to continue from (:func:`mdc_core.checkpoint.resume_point`: damaged ones set
   aside with a warning) and checks the config given against the saved one (only ``train.steps`` and the data's
-  location may change).
+  location may change). A run is started over from step 0 only when it never reached a checkpoint, and then its
+  old logs are set aside, never rewritten (:func:`refuse_start_over`, :func:`set_logs_aside`).
 
 * **Data fingerprint.** A run records ``data_fingerprint.json`` (the training split's shard names and sizes, or
   its caption table's SHA-256, and a synthetic data set's ``manifest.json`` digest): no byte of a shard is read,
@@ -241,8 +242,11 @@ def prepare_run(cfg: RunConfig, out: Path, resume: bool, main: bool, lr_lambda: 
     if start_ckpt is None:
         if not ((out / "config.json").is_file() or (out / "metrics.jsonl").is_file()):
             raise FileNotFoundError(f"--resume: {out} holds no complete checkpoint to resume from")
+        refuse_start_over(out, cfg.train.ckpt_every)
+        kept = set_logs_aside(out) if main else []
+        also = f" (its log so far is kept as {', '.join(kept)})" if kept else ""
         warnings.warn(f"--resume: {out} holds a run that stopped before its first checkpoint; starting it over "
-                      "from step 0", stacklevel=3)
+                      f"from step 0{also}", stacklevel=3)
         return cfg, None, ""
     saved = resolve_data_paths(RunConfig.load(start_ckpt / "config.json"))  # older runs saved paths as typed
     saved = accept_moved_data(saved, cfg, out, fingerprint)
@@ -256,6 +260,39 @@ def prepare_run(cfg: RunConfig, out: Path, resume: bool, main: bool, lr_lambda: 
         record_fingerprint(out, saved, fingerprint)
     return (saved if saved.train.steps == cfg.train.steps else _with_steps(saved, cfg.train.steps)), start_ckpt, \
         state_problem
+
+
+def refuse_start_over(out: Path, ckpt_every: int) -> None:
+    """Raise ``FileNotFoundError`` when run folder `out`, which has no checkpoint to resume from, once held one:
+    damaged checkpoints set aside (``corrupt_step_*``), or a metrics log past the first checkpoint step. Starting
+    such a run over from step 0 would bury what is left of it."""
+    aside = sorted(p.name for p in (out / ckpt_io.CKPT_DIR).glob(ckpt_io.CORRUPT_PREFIX + "*"))
+    if aside:
+        raise FileNotFoundError(f"--resume: {out} holds no intact checkpoint: its checkpoints were damaged and set "
+                                f"aside as {', '.join(aside[::-1][:4])} (kept as found); nothing to resume from, and "
+                                "it is not started over. Train into another --out")
+    logged = max((r.get("step", 0) for r in read_jsonl(out / "metrics.jsonl", math.inf)), default=0)
+    if logged > ckpt_every:  # step ckpt_every itself is logged just before its checkpoint is written
+        raise FileNotFoundError(f"--resume: {out} has no checkpoint, but its metrics.jsonl logged step {logged}, "
+                                f"past its first checkpoint (step {ckpt_every}): its checkpoints were "
+                                "deleted or moved. Nothing to resume from, and it is not started over. Put the "
+                                "checkpoints back or train into another --out")
+
+
+def set_logs_aside(out: Path) -> list[str]:
+    """Rename the non-empty logs of a run that is started over (``metrics.jsonl`` -> ``metrics_before_start_over_
+    N.jsonl``, the same for ``epochs.jsonl``), so that starting over never rewrites a log; returns the new names."""
+    kept = []
+    for name in ("metrics", "epochs"):
+        log = out / f"{name}.jsonl"
+        if log.is_file() and log.read_text().strip():
+            n = 1
+            while (out / f"{name}_before_start_over_{n}.jsonl").exists():
+                n += 1
+            target = out / f"{name}_before_start_over_{n}.jsonl"
+            os.replace(log, target)
+            kept.append(target.name)
+    return kept
 
 
 def logged_loss(out: Path, step: int) -> float:

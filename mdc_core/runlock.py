@@ -71,7 +71,12 @@ class RunLock:
         """Take the lock, or raise :class:`RunFolderBusy` naming the process that holds it."""
         if self._fd is not None:
             return self
+        if self.folder.exists() and not self.folder.is_dir():
+            raise NotADirectoryError(f"{self.folder} is a file, not a folder (nothing was written)")
         self.folder.mkdir(parents=True, exist_ok=True)
+        if self.path.is_dir():
+            raise IsADirectoryError(f"{self.path} is a folder, not the lock file mdc keeps there: remove or rename it "
+                                    "(nothing was written)")
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
             try:

@@ -247,8 +247,10 @@ def _check(model: Any, image_tokens: torch.Tensor, tokens: torch.Tensor, method:
         raise ValueError("captions to score may not contain [MASK]")
     unknown = unknown_ids(model.output_index, tokens[caption])
     if unknown:
-        words = ", ".join(repr(CaptionTokenizer().token_string(i)) for i in unknown[:5])
-        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+        tokenizer, wanted = CaptionTokenizer(), set(unknown)
+        found = list(dict.fromkeys(w for row in tokens for w in tokenizer.words_with(row, wanted)))
+        words = ", ".join(repr(w) for w in found[:5])
+        more = f" and {len(found) - 5} more" if len(found) > 5 else ""
         raise ValueError(f"the caption words {words}{more} are not in this model's output vocabulary (it predicts "
                          "only the words of its training captions), so their likelihood is zero")
     return METHODS[method]

@@ -106,6 +106,28 @@ class CaptionTokenizer:
             pieces.append(self.token_string(i, keep_space=keep_space))
         return pieces
 
+    def words_with(self, ids: Sequence[int] | torch.Tensor, wanted: set[int]) -> list[str]:
+        """The distinct words of `ids` (one caption's, specials skipped) that hold any id of `wanted`, each decoded
+        whole: a character split over several byte-level tokens (an emoji) reads as itself, not as '\ufffd' pieces."""
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        words: list[str] = []
+        piece, hit = bytearray(), False
+        ids = list(ids)
+        end = ids.index(EOT_ID) if EOT_ID in ids else len(ids)  # what follows <eot> is padding
+        for i in [*ids[:end], None]:
+            special = i is None or i in (SOT_ID, MASK_ID) or not 0 <= i < VOCAB_SIZE
+            if not special:
+                text = self.bpe.decoder[i]
+                piece += bytearray(self.bpe.byte_decoder[c] for c in text.removesuffix("</w>"))
+                hit = hit or i in wanted
+            if special or text.endswith("</w>"):
+                word = piece.decode("utf-8", errors="replace")
+                if hit and word and word not in words:
+                    words.append(word)
+                piece, hit = bytearray(), False
+        return words
+
     def token_string(self, token_id: int, *, keep_space: bool = False) -> str:
         """Display string of a single id."""
         if token_id == MASK_ID:

@@ -219,10 +219,7 @@ class _Trainer:
         self.model = model.to(self.device).train()
         if self.main:
             out.mkdir(parents=True, exist_ok=True)
-            cfg.save(out / "config.json")
-            if start_ckpt is None:  # a run started over (--resume before any checkpoint) logs from step 0
-                ckpt_io.truncate_jsonl(out / "metrics.jsonl", 0)
-                ckpt_io.truncate_jsonl(out / "epochs.jsonl", 0)
+            cfg.save(out / "config.json")  # a run started over found its old logs set aside (resume.set_logs_aside)
         # forward + loss of a micro-batch: host batches (static shapes), autocast, train.compile (CUDA graphs)
         self.loss_step = train_step.LossStep(model, cfg.objective, t, self.device, self.bf16,
                                              distributed=ctx.distributed)
@@ -290,7 +287,7 @@ class _Trainer:
         self.loss, stopped_by = float("nan"), 0
         try:
             with self.stop:
-                stopped_by = self._loop()
+                stopped_by = self._loop() or self.stop.signum  # a signal during the last checkpoint counts too
             dist.barrier(self.ctx, "end of training")
         finally:
             self.stream.close()

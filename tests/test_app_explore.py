@@ -109,3 +109,12 @@ def test_errors_name_no_absolute_server_path(tmp_path, monkeypatch):
     with pytest.raises(gr.Error) as info, user_errors():
         raise FileNotFoundError("trajectory file not found: /tmp/gradio/3f2a/trace.json")
     assert "/tmp" not in str(info.value.message) and "trace.json" in str(info.value.message)
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, '{"a": ' * 50_000 + "1" + "}" * 50_000])
+def test_a_deeply_nested_json_replay_is_named_not_gradios_generic_error(tmp_path, text):
+    """json.loads raised RecursionError, which the app showed as gradio's generic "Error"."""
+    bad = tmp_path / "deep.json"
+    bad.write_text(text)
+    with pytest.raises(gr.Error, match="deep.json is not a JSON trajectory: it is nested too deeply"):
+        explore.load_replay(str(bad), None)

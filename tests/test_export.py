@@ -274,6 +274,8 @@ def test_existing_out_needs_force_and_a_corrupt_run_is_refused(trained, tmp_path
     err = capsys.readouterr().err.strip()
     assert "exists and is not empty; pass --force" in err and "\n" not in err
     assert [p.name for p in out.iterdir()] == ["mine.txt"]
+    (out / "mine.txt").unlink()
+    assert main(["export", str(run), "--out", str(out)]) == 0  # an empty folder takes an export
     assert main(["export", str(run), "--out", str(out), "--force", "--step", "2", "--no-ema"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "meta.json", "model.safetensors"]
     assert json.loads((out / "meta.json").read_text())["step"] == 2 and "the trained weights" in (
@@ -297,3 +299,42 @@ def test_load_encoder_is_lazy_and_import_mdc_core_stays_light():
     assert out.stdout.strip() == "ok"
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         mdc_core.nope  # noqa: B018
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("where", ["checkpoints", "checkpoints/step_00000004", "checkpoints/step_00000002", ".",
+                                   "checkpoints/step_00000009", "checkpoints/new/deeper"])
+def test_force_never_removes_or_replaces_anything_inside_a_run(where, trained, tmp_path, capsys):
+    """--out RUN/checkpoints --force used to delete every checkpoint, and --out RUN/checkpoints/step_N --force to
+    replace that checkpoint with an export that passes the integrity check but has no state.pt."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained[0], run)
+    before = _tree(run)
+    assert main(["export", str(run), "--out", str(run / where), "--force"]) == 2
+    err = capsys.readouterr().err.strip()
+    message = "holds the run" if where == "." else "inside the run folder"
+    assert err.startswith("mdc: error: --out") and "\n" not in err and message in err, err
+    assert _tree(run) == before and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_force_replaces_an_earlier_export_only(trained, tmp_path, capsys):
+    run, _ = trained
+    out = tmp_path / "out"
+    for fmt in ("hf", "timm", "hf"):  # an export of either format is replaced by one of either
+        assert main(["export", str(run), "--format", fmt, "--out", str(out), "--force"]) == 0
+    capsys.readouterr()
+    (out / "notes.txt").write_text("mine")  # no longer only what an export writes
+    assert main(["export", str(run), "--out", str(out), "--force"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "not an earlier export" in err and "notes.txt" in err and "\n" not in err, err
+    assert (out / "notes.txt").read_text() == "mine"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text("{}")  # a folder that merely has an export's file names
+    assert main(["export", str(run), "--out", str(other), "--force"]) == 2
+    assert "not an earlier export" in capsys.readouterr().err and (other / "config.json").read_text() == "{}"

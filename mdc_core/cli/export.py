@@ -11,7 +11,7 @@ from mdc_core.cli.common import flags
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     export = sub.add_parser("export", help="export a run's encoder: a timm model (plain timm loads it) or a Hugging "
                             "Face-style folder with a model card (mdc_core.load_encoder loads it)",
-                            parents=[flags(out="folder to write (replaced only with --force)")])
+                            parents=[flags(out="folder to write (an earlier export is replaced only with --force)")])
     export.add_argument("run", help="run folder (its latest checkpoint, or --step's) or checkpoint folder")
     # checked by the library (one-line error), not by argparse choices, which would print the usage as well
     export.add_argument("--format", dest="fmt", default="hf", metavar="{timm,hf}",
@@ -23,7 +23,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--metrics", action="append", default=[], metavar="FILE",
                         help="an evaluation result for the model card (mdc probe --out, captioning.json, a notebook's "
                         "metrics.json; repeatable), besides the ones found beside the run")
-    export.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    export.add_argument("--force", action="store_true",
+                        help="replace a non-empty --out that an earlier export wrote (never anything else)")
 
 
 def cmd_export(args: argparse.Namespace) -> None:

@@ -15,7 +15,8 @@
 Every verb is a thin wrapper: it parses arguments, calls the library, prints a result. The shared flags come
 from :mod:`mdc_core.cli.common`. Errors a user can fix (missing files, bad config keys, unreadable images) print
 one line ``mdc: error: ...`` and exit with 2; a full disk is one line and exit 1; Ctrl-C at any moment (even
-while torch is being imported) is ``mdc: interrupted`` and exit 130. Building the parser imports no torch, so
+while torch is being imported, and also when SIGINT was inherited as ignored) is ``mdc: interrupted`` and exit 130
+(SIGTERM: ``mdc: interrupted by SIGTERM``, 143). Building the parser imports no torch, so
 ``mdc --help`` answers at once (``tests/test_cli_reliability.py`` checks it).
 """
 
@@ -30,7 +31,7 @@ import signal
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from mdc_core.cli import app, bench, data, evaluate, export, masked_conditional, runs, sample, train
 from mdc_core.cli.checks import check_numeric_args
@@ -51,23 +52,71 @@ LIGHT_VERBS = frozenset({"presets", "runs"})  # verbs that import no torch
 PRELOAD = {"app": ("mdc_core.train", "app.mdc_app")}  # default: mdc_core.train (torch, torchvision, timm)
 
 
-@contextlib.contextmanager
-def _exit_on_interrupt() -> Iterator[None]:
-    """Ctrl-C in the block exits at once with ``mdc: interrupted`` (130). Meant for importing the libraries a verb
-    needs: a KeyboardInterrupt raised inside torch's import (C++ callbacks) aborts the process, or is swallowed by
-    the import machinery so that the command goes on; nothing has been written yet, so exiting loses nothing."""
-    def stop(signum: int, frame: object) -> None:
-        sys.stderr.write("mdc: interrupted\n")
-        os._exit(130)
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    usable = threading.current_thread() is threading.main_thread() and \
-        signal.getsignal(signal.SIGINT) is not signal.SIG_IGN  # a background job keeps ignoring it
-    previous = signal.signal(signal.SIGINT, stop) if usable else None
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived while a verb ran (outside a training loop, which checkpoints instead)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _interrupted(signum: int) -> str:
+    return "mdc: interrupted" + ("" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}")
+
+
+def _exit_now(signum: int, frame: object) -> None:
+    """While a verb imports torch and its libraries: an exception raised inside torch's import (C++ callbacks)
+    aborts the process, or is swallowed by the import machinery so that the command goes on; nothing has been
+    written yet, so exiting at once loses nothing."""
+    sys.stderr.write(_interrupted(signum) + "\n")
+    os._exit(128 + signum)
+
+
+def _raise(signum: int, frame: object) -> None:
+    """Afterwards: an exception, so that each verb's cleanup runs (a run that could not start leaves no folder)."""
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def _signal_handling() -> Iterator[Callable[[Callable[[int, object], None]], None]]:
+    """Own SIGINT and SIGTERM for the block, whatever the inherited disposition (a background job of a
+    non-interactive shell starts with SIGINT ignored, and a Ctrl-C meant for it must not be lost); yields a function
+    that sets the handler of both. The previous handlers come back at the end (``main`` is also called in-process)."""
+    usable = threading.current_thread() is threading.main_thread()
+    previous = {s: signal.getsignal(s) for s in SIGNALS} if usable else {}
+
+    def use(handler: Callable[[int, object], None]) -> None:
+        for s in previous:
+            signal.signal(s, handler)
     try:
-        yield
+        yield use
     finally:
-        if usable:
-            signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+OS_ERRORS = {  # errno -> what it means for the path it names
+    errno.EROFS: "is on a read-only file system: write somewhere else",
+    errno.EACCES: ": permission denied (this user may not read or write it)",
+    errno.EPERM: ": operation not permitted (this user may not change it)",
+    errno.EEXIST: "is in the way: a file is there where a folder is needed",
+    errno.ENOTDIR: ": a part of this path is a file, not a folder",
+    errno.EISDIR: "is a folder where a file is needed",
+    errno.ENOENT: "does not exist",
+}
+
+
+def describe_os_error(err: OSError) -> str:
+    """One line naming the path of an OSError the system raised (``[Errno 30] Read-only file system: 'x'`` ->
+    ``x is on a read-only file system: write somewhere else``); a message written by mdc is kept as it is."""
+    if not err.filename or not str(err).startswith("[Errno"):
+        return str(err)
+    path = f"{err.filename} -> {err.filename2}" if err.filename2 else str(err.filename)
+    what = OS_ERRORS.get(err.errno, f": {(err.strerror or '').lower()}")
+    return f"{path}{what}" if what.startswith(":") else f"{path} {what}"
 
 
 def _format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
@@ -90,13 +139,28 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    with _signal_handling() as use:
+        use(_exit_now)
+        try:
+            return _run(argv, use)
+        except KeyboardInterrupt as err:  # no import here: Ctrl-C may have cut one short
+            use(_exit_now)  # another signal while this is printed: no traceback
+            signum = getattr(err, "signum", signal.SIGINT)
+            if isinstance(err, Interrupted) or not getattr(err, "signum", 0):
+                print(_interrupted(signum), file=sys.stderr)
+            else:  # TrainingInterrupted: a checkpoint was written; say where, and how to go on
+                print(f"mdc: {err}; continue with the same command and --resume", file=sys.stderr)
+            return 128 + signum  # the shell's convention for a process stopped by a signal
+
+
+def _run(argv: list[str] | None, use: Callable[[Callable[[int, object], None]], None]) -> int:
     try:
-        with _exit_on_interrupt():
-            args = build_parser().parse_args(argv)
-            handler = {verb: fn for group in GROUPS for verb, fn in group.HANDLERS.items()}[args.verb]
-            check_numeric_args(args)  # e.g. --steps 0: an error, never the preset's default
-            for module in () if args.verb in LIGHT_VERBS else PRELOAD.get(args.verb, ("mdc_core.train",)):
-                importlib.import_module(module)
+        args = build_parser().parse_args(argv)
+        handler = {verb: fn for group in GROUPS for verb, fn in group.HANDLERS.items()}[args.verb]
+        check_numeric_args(args)  # e.g. --steps 0: an error, never the preset's default
+        for module in () if args.verb in LIGHT_VERBS else PRELOAD.get(args.verb, ("mdc_core.train",)):
+            importlib.import_module(module)
+        use(_raise)
         if getattr(args, "precision", None) is None:
             handler(args)
         else:  # --precision: the default of every sampling and scoring call the verb makes
@@ -104,16 +168,12 @@ def _main(argv: list[str] | None) -> int:
             with default_inference_precision(args.precision):
                 handler(args)
     except USER_ERRORS as err:
-        print(f"mdc: error: {err}", file=sys.stderr)
+        print(f"mdc: error: {describe_os_error(err) if isinstance(err, OSError) else err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as err:  # no import here: Ctrl-C may have cut one short
-        signum = getattr(err, "signum", None)
-        if signum:  # TrainingInterrupted: a checkpoint was written; say where, and how to go on
-            print(f"mdc: {err}; continue with the same command and --resume", file=sys.stderr)
-            return 128 + signum  # the shell's convention for a process stopped by a signal
-        print("mdc: interrupted", file=sys.stderr)
-        return 130
     except OSError as err:  # a full disk anywhere (checkpoints say what they kept; see mdc_core.checkpoint)
+        if err.errno == errno.EROFS:
+            print(f"mdc: error: {describe_os_error(err)}", file=sys.stderr)
+            return 2
         if err.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         if type(err).__name__ == "DiskFullError":  # says what was kept and how to go on

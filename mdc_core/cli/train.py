@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import warnings
 from pathlib import Path
 
 from mdc_core.cli.common import flags
@@ -54,12 +55,23 @@ def _train_config(args: argparse.Namespace):
     if args.tensorboard:
         overrides.append("train.tensorboard=true")
     if args.resume and args.preset is None:
-        saved = Path(args.out) / "config.json"
-        if not saved.is_file():
-            what = "does not exist" if not Path(args.out).exists() else "holds no run (no config.json)"
-            raise FileNotFoundError(f"--resume: run folder {args.out} {what}")
-        return apply_overrides(RunConfig.load(saved), overrides)
+        return apply_overrides(RunConfig.load(_saved_config(Path(args.out))), overrides)
     return load_preset(args.preset or "tiny", overrides)
+
+
+def _saved_config(out: Path) -> Path:
+    """The config.json ``--resume`` starts from: the run folder's, or (lost) its newest checkpoint's that loads."""
+    saved = out / "config.json"
+    if saved.is_file():
+        return saved
+    from mdc_core.checkpoint import checkpoint_folders, config_problem
+    for ckpt in reversed(checkpoint_folders(out)):
+        if not config_problem(ckpt):
+            warnings.warn(f"--resume: {saved} is missing; using the config.json of {ckpt.name} (written with it)",
+                          stacklevel=3)
+            return ckpt / "config.json"
+    what = "does not exist" if not out.exists() else "holds no run (no config.json, nor a checkpoint with one)"
+    raise FileNotFoundError(f"--resume: run folder {out} {what}")
 
 
 def cmd_train(args: argparse.Namespace) -> None:

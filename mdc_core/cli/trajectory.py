@@ -46,6 +46,8 @@ def check_args(args: argparse.Namespace, objective: str) -> None:
         raise ValueError("--length auto tries several lengths; a --prompt fixes one: drop one of them")
     if args.gif and not args.gif.lower().endswith(".gif"):
         raise ValueError(f"--gif needs a file name ending in .gif, got {args.gif!r}")
+    if args.gif and not Path(args.gif).parent.is_dir():  # a typo must not create folders
+        raise FileNotFoundError(f"--gif {args.gif}: the folder {Path(args.gif).parent} does not exist")
 
 
 def sample_one(args: argparse.Namespace, model: Any, cfg: Any, pixels: Any, image_path: str,

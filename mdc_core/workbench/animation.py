@@ -251,6 +251,8 @@ def load_record(path: str | Path) -> dict[str, Any]:
         record = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"{path.name} is not a JSON trajectory: {err}") from err
+    except RecursionError:  # what json raises for nesting deeper than the interpreter's stack
+        raise ValueError(f"{path.name} is not a JSON trajectory: it is nested too deeply") from None
     if not isinstance(record, dict) or any(k not in record for k in RECORD_KEYS):
         missing = [k for k in RECORD_KEYS if not isinstance(record, dict) or k not in record]
         raise ValueError(f"{path.name} is not a trajectory saved by `mdc sample --json` or the app "
@@ -262,8 +264,8 @@ def load_record(path: str | Path) -> dict[str, Any]:
                 if not 0 <= int(r["position"]) < n:
                     raise ValueError(f"position {r['position']} outside the caption of {n} tokens")
         canvas_at(record, len(record["steps"]))
-    except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"{path.name} holds a damaged trajectory: {err}") from err
+    except (KeyError, TypeError, ValueError, RecursionError) as err:
+        raise ValueError(f"{path.name} holds a damaged trajectory: {str(err)[:200]}") from err
     return record
 
 

@@ -13,7 +13,9 @@ Both hold the EMA weights when the run kept them (``ema=False``: the raw ones) o
 
 Nothing half-written: the folder is assembled in a hidden temporary folder beside `out` and renamed into place only
 when complete and verified (the timm folder is loaded back by plain timm and its features compared with the run's,
-the hf folder by :func:`~mdc_core.checkpoint.load_model`); an existing non-empty `out` is replaced only with `force`.
+the hf folder by :func:`~mdc_core.checkpoint.load_model`); an existing non-empty `out` is replaced only with `force`
+and only when it is an earlier export, and an `out` inside a run's checkpoints folder is refused: ``--force`` never
+destroys a run or someone's files.
 This is an extension (it reads the evaluation results of :mod:`mdc_core.eval` and the notebooks for the card); the
 loader downstream code needs, :func:`mdc_core.load_encoder`, lives in the core.
 """
@@ -68,7 +70,7 @@ def export_run(run: str | Path, out: str | Path, *, fmt: str = "hf", step: int |
 
     Args:
         run: a run folder (its latest complete checkpoint, or `step`'s) or a checkpoint folder.
-        out: the folder to write; an existing non-empty one is replaced only with `force`.
+        out: the folder to write; an existing non-empty one is replaced only with `force`, if an earlier export.
         fmt: ``"timm"`` (encoder only, plain timm loads it; not for the early-convolution stem) or ``"hf"``.
         step: the checkpoint step of a run folder (default: the latest).
         ema: export the EMA weights (None: when the checkpoint has them; False: the raw weights).
@@ -141,10 +143,53 @@ def _trunk(source: Source) -> torch.nn.Module:
 
 
 def _check_out(out: Path, force: bool) -> None:
+    """`out` may be written: not inside a run's checkpoints folder, and (non-empty) replaced only with `force` and
+    only when it is an earlier export (:func:`_earlier_export`), so ``--force`` can never destroy a run or a
+    folder of someone else's files."""
+    run = _run_holding(out)
+    if run is not None:
+        raise ValueError(f"--out {out} is inside the run folder {run}'s {CKPT_DIR}/ (an export there would pass for "
+                         "a checkpoint, and --force would replace one); export into a folder outside it (nothing "
+                         "was written)")
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"--out {out} exists and is not a folder (nothing was written)")
-    if out.is_dir() and any(out.iterdir()) and not force:
+    if not (out.is_dir() and any(out.iterdir())):
+        return
+    if not force:
         raise FileExistsError(f"--out {out} exists and is not empty; pass --force to replace it (nothing was written)")
+    why = _earlier_export(out)
+    if why:
+        raise FileExistsError(f"--out {out} is not an earlier export ({why}); --force replaces only a folder "
+                              "`mdc export` wrote: choose another --out (nothing was written)")
+
+
+EXPORT_FILES = frozenset({"README.md", "config.json", "meta.json", WEIGHTS})  # what _write_hf/_write_timm + card write
+
+
+def _run_holding(out: Path) -> Path | None:
+    """The run folder whose checkpoints folder `out` is (or is inside), or None."""
+    for folder in (out.resolve(), *out.resolve().parents):
+        run = folder.parent
+        if folder.name == CKPT_DIR and ((run / "config.json").is_file() or (run / "metrics.jsonl").is_file()
+                                        or any(folder.glob("step_*"))):
+            return run
+    return None
+
+
+def _earlier_export(folder: Path) -> str:
+    """'' when `folder` holds only what `mdc export` writes (hf: a meta.json naming what it was exported from;
+    timm: timm's hub config.json), else what shows it is something else."""
+    other = sorted(p.name for p in folder.iterdir() if p.name not in EXPORT_FILES or not p.is_file())
+    if other:
+        return f"it holds {', '.join(other[:3])}{', ...' if len(other) > 3 else ''}"
+    try:
+        if (folder / "meta.json").is_file():
+            known = "exported_from" in json.loads((folder / "meta.json").read_text())
+        else:
+            known = "pretrained_cfg" in json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        known = False
+    return "" if known else "its meta.json or config.json is not an export's"
 
 
 @contextlib.contextmanager

@@ -31,7 +31,8 @@ How a plan runs (run folders, markers, resuming, ``jobs`` and the thread shares)
 :mod:`mdc_core.workbench.runner`.
 
 Parameters are checked against each notebook's ``parameters`` cell (``papermill.inspect_notebook``) before
-anything runs: an undeclared name, a value of the wrong type, or a missing notebook is an error naming it. With
+anything runs: an undeclared name, a value of the wrong type (the annotated type, or for an untyped ``x = 1`` the
+type of its default), a notebook without a kernelspec, or a missing notebook is an error naming it. With
 ``jobs`` > 1, two runs that would write one ``data_dir`` with different data parameters (:data:`DATA_PARAMS`) are
 an error too: one would rewrite the data set while the other reads it.
 """
@@ -39,6 +40,7 @@ an error too: one would rewrite the data set while the other reads it.
 from __future__ import annotations
 
 import ast
+import contextlib
 import itertools
 import re
 import subprocess
@@ -157,11 +159,18 @@ def _read_plan_file(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
-        raise ValueError(f"plan {path} is not valid YAML: {err}") from err
+        raise ValueError(f"plan {path} is not valid YAML: {_yaml_problem(err)}") from None
     if not isinstance(data, dict):
         raise ValueError(f"plan {path} must be a YAML mapping with a 'notebooks' list")
     _check_keys(data, PLAN_KEYS, f"plan {path}")
     return data
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """PyYAML's several-line message as one line: the problem and where it was found."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or " ".join(str(err).split())
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
 def _entry_runs(entry: Any, where: str, *, root: Path, plan_dir: Path, base: dict[str, Any],
@@ -205,7 +214,16 @@ def notebook_parameters(notebook: Path) -> dict[str, Any]:
     tagged = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
     if len(tagged) != 1:
         raise ValueError(f"notebook {notebook} must have exactly one cell tagged 'parameters', found {len(tagged)}")
+    if not nb.metadata.get("kernelspec", {}).get("name"):
+        raise ValueError(f"notebook {notebook} has no kernelspec in its metadata (papermill reads its parameters "
+                         "with it): open it in Jupyter and save it with a kernel, or add metadata.kernelspec")
     found = dict(papermill.inspect_notebook(str(notebook)))
+    for spec in found.values():  # an untyped `x = 1`: the type of its default, as the docs promise
+        if spec.get("inferred_type_name") in (None, "None"):
+            with contextlib.suppress(ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                default = ast.literal_eval(str(spec.get("default")))
+                if default is not None:
+                    spec["inferred_type_name"] = type(default).__name__
     for number, line in enumerate(_source(tagged[0]).splitlines(), 1):
         name = re.match(r"\s*([A-Za-z_]\w*)\s*[:=]", line)
         if name and name.group(1) not in found:  # papermill skips lines it cannot parse (it only logs them)
