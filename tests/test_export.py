@@ -121,19 +121,69 @@ def test_timm_export_of_the_paper_presets_at_reduced_size(preset, objective, poo
         assert float((encoder.forward_features(x) - tokens).abs().max()) <= 1e-5
 
 
-def test_conv_stem_runs_refuse_timm_in_one_line_and_leave_nothing(tmp_path, capsys):
-    run = _perturbed_run(tmp_path, "tiny", ['model.encoder_kwargs={"patch_size": 8, "embed_dim": 32, "depth": 1, '
-                                            '"num_heads": 2, "conv_stem": [8, 16, 32]}'])
-    assert main(["export", str(run), "--format", "timm", "--out", str(tmp_path / "x")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("mdc: error:") and "\n" not in err
-    assert "early-convolution stem" in err and "--format hf" in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == [run.name]  # no folder, no temporary folder
-    out = export_run(run, tmp_path / "hf", fmt="hf")  # the hf format takes it, and load_encoder reads it
-    encoder, _ = mdc_core.load_encoder(out)
-    x = torch.randn(1, 3, 64, 64)
+@pytest.mark.parametrize("preset, stem", [
+    ("tiny", ""),  # conv_stem [32, 64, 128], two convolutions per stage, BatchNorm, patch 8
+    ("tiny_fast", ""),  # one convolution per stage, patch 16
+    ("tiny_lean", ', "conv_stem_norm": "group"'),  # depths [1, 2, 2], mlp_ratio 2; GroupNorm1 instead of BatchNorm
+])
+def test_conv_stem_runs_export_to_plain_timm_with_the_runs_features(preset, stem, tmp_path):
+    """The presets `make demo` trains: their early-convolution stem is timm's ConvStem + HybridEmbed, and the card's
+    snippet (a fresh interpreter, no project code) gives the run's tokens and probe feature."""
+    kwargs = load_preset(preset).model.encoder_kwargs
+    small = {**kwargs, "embed_dim": 32, "depth": 1, "num_heads": 2}
+    run = _perturbed_run(tmp_path, preset, ["model.encoder_kwargs=" + json.dumps(small)[:-1] + stem + "}"])
+    ours, cfg = load_model(run, ema=True)
+    norms = [m for m in ours.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert (not norms) == bool(stem)  # BatchNorm's running statistics must travel too: the EMA's, not the init
+    assert all(not torch.allclose(m.running_var, torch.ones_like(m.running_var)) for m in norms)
+    out = export_run(run, tmp_path / "timm", fmt="timm")
+    hub = json.loads((out / "config.json").read_text())
+    assert hub["conv_stem"]["norm"] == ("group" if stem else "batch")
+    assert hub["conv_stem"]["channels"][-1] == 32 and hub["model_args"]["patch_size"] == 1
+    image = _image(tmp_path / "image.jpg")
+    got = _run_snippet(out / "README.md", tmp_path, "torch.save({'feature': feature, 'tokens': tokens}, 'out.pt')")
+    assert got["stdout"].strip() == "[]"  # no module of this project was imported
+    x = load_image(image, cfg.model.image_size).unsqueeze(0)
     with torch.no_grad():
-        assert torch.equal(encoder.forward_features(x), load_model(run, ema=True)[0].encode_image(x))
+        tokens = ours.encode_image(x)
+        feature = ours.pooled_features(x, "gap")
+    assert got["tokens"].shape == tokens.shape
+    assert float((got["tokens"] - tokens).abs().max()) <= 1e-5
+    assert float((got["feature"] - feature).abs().max()) <= 1e-5
+    encoder, _ = mdc_core.load_encoder(out)  # load_encoder reads the stem from config.json
+    with torch.no_grad():
+        assert float((encoder.forward_features(x) - tokens).abs().max()) <= 1e-5
+
+
+def test_the_stem_key_map_moves_every_tensor_and_a_wrong_stem_does_not_load(tmp_path):
+    from timm.models.vision_transformer_hybrid import ConvStem
+
+    from mdc_core.encoder_io import timm_conv_stem, timm_state_dict
+    spec = timm_conv_stem({"patch_size": 16, "conv_stem": [8, 16], "conv_stem_depth": [1, 2]}, 32)
+    assert spec == {"depth": 4, "channels": [8, 16, 16, 32], "stride": [2, 2, 1, 4], "kernel_size": [3, 3, 3, 4],
+                    "padding": [1, 1, 1, 0], "norm": "batch"}
+    ours = {"patch_embed.backbone.0.weight": 0, "patch_embed.backbone.1.running_mean": 1,
+            "patch_embed.backbone.6.weight": 2, "patch_embed.backbone.7.bias": 3, "patch_embed.proj.bias": 4,
+            "blocks.0.norm1.weight": 5}
+    assert timm_state_dict(ours, spec) == {
+        "patch_embed.backbone.0.conv.weight": 0, "patch_embed.backbone.0.bn.running_mean": 1,
+        "patch_embed.backbone.2.conv.weight": 2, "patch_embed.backbone.2.bn.bias": 3,
+        "patch_embed.backbone.3.conv.bias": 4, "blocks.0.norm1.weight": 5}
+    assert timm_state_dict(ours, None) == ours
+    stem = ConvStem(**{k: v for k, v in spec.items() if k != "norm"})
+    assert [int(m.conv.stride[0]) for m in stem] == [2, 2, 1, 4]  # the stem's stride is the patch size, 16
+    wrong = _perturbed_run(tmp_path, "tiny", ['model.encoder_kwargs={"patch_size": 8, "embed_dim": 32, "depth": 1, '
+                                              '"num_heads": 2, "conv_stem": [8, 16, 32]}'])
+    out = export_run(wrong, tmp_path / "timm", fmt="timm")
+    hub = json.loads((out / "config.json").read_text())
+    hub["conv_stem"]["channels"][0] = 16  # a stem of other widths cannot take these weights
+    (out / "config.json").write_text(json.dumps(hub))
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        mdc_core.load_encoder(out)
+    del hub["conv_stem"]  # nor can a patch-1 ViT without the stem (what timm's local-dir: reading builds)
+    (out / "config.json").write_text(json.dumps(hub))
+    with pytest.raises(RuntimeError):
+        mdc_core.load_encoder(out)
 
 
 @pytest.fixture(scope="module")

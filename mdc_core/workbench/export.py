@@ -41,7 +41,15 @@ from mdc_core.checkpoint import (
     verify_checkpoint,
 )
 from mdc_core.config import RunConfig
-from mdc_core.encoder_io import WEIGHTS, TimmSpec, create_timm_encoder, pool_args, timm_hub_config, timm_spec
+from mdc_core.encoder_io import (
+    WEIGHTS,
+    TimmSpec,
+    create_timm_encoder,
+    pool_args,
+    timm_hub_config,
+    timm_spec,
+    timm_state_dict,
+)
 from mdc_core.encoders import ImageEncoder
 from mdc_core.factory import probe_pool
 from mdc_core.workbench.model_card import candidate_files, find_measurements, render_card
@@ -69,7 +77,7 @@ def export_run(run: str | Path, out: str | Path, *, fmt: str = "hf", step: int |
     Args:
         run: a run folder (its latest complete checkpoint, or `step`'s) or a checkpoint folder.
         out: the folder to write; an existing non-empty one is replaced only with `force`.
-        fmt: ``"timm"`` (encoder only, plain timm loads it; not for the early-convolution stem) or ``"hf"``.
+        fmt: ``"timm"`` (encoder only, plain timm loads it; not for a plug-in's encoder) or ``"hf"``.
         step: the checkpoint step of a run folder (default: the latest).
         ema: export the EMA weights (None: when the checkpoint has them; False: the raw weights).
         metrics: evaluation result files (``mdc probe --out``, ``captioning.json``, ...) for the model card, besides
@@ -202,7 +210,8 @@ def _write_timm(source: Source, tmp: Path, final: Path) -> str:
     trunk = _trunk(source)
     pool = probe_pool(source.cfg.objective.name)
     spec = timm_spec(source.cfg.model, pool, trunk)
-    save_file({k: v.detach().to("cpu").contiguous() for k, v in trunk.state_dict().items()}, str(tmp / WEIGHTS),
+    state = timm_state_dict(trunk.state_dict(), spec.conv_stem)
+    save_file({k: v.detach().to("cpu").contiguous() for k, v in state.items()}, str(tmp / WEIGHTS),
               metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(timm_hub_config(
         spec, int(trunk.num_features), description=f"{source.cfg.objective.name} image encoder exported by the MDC "
@@ -234,11 +243,25 @@ def _usage_timm(spec: TimmSpec, final: Path, token_shape: tuple[int, ...]) -> st
     feature = (f"# (1, {d}): the probe feature ({'mean of the patch tokens' if spec.pool == 'gap' else 'class token'})"
                if spec.pooled else "# timm's own pooling; the run's probe feature is the mean of the patch tokens")
     args = ",\n    ".join(f"{k}={v!r}" for k, v in spec.model_args.items())
-    return f"""import timm
+    head, imports, stem = "", "", ""
+    if spec.conv_stem is not None:  # timm's ConvStem + HybridEmbed: the early-convolution stem, in timm's own layers
+        norm = {"batch": "torch.nn.BatchNorm2d", "group": "GroupNorm1"}[spec.conv_stem["norm"]]
+        keywords = ", ".join(f"{k}={tuple(v)!r}" for k, v in spec.conv_stem.items() if k not in ("norm", "depth"))
+        head = "from functools import partial\n\n"
+        imports = "from timm.layers import GroupNorm1\n" if norm == "GroupNorm1" else ""
+        imports += "from timm.models.vision_transformer_hybrid import ConvStem, HybridEmbed\n"
+        stem = (f"# the early convolutions, timm's ConvStem; its last convolution is the patch projection\n"
+                f"stem = ConvStem(depth={spec.conv_stem['depth']}, {keywords}, norm_layer={norm})\n")
+        args += ",\n    embed_layer=partial(HybridEmbed, backbone=stem, proj=False)"
+    local_dir = ("" if spec.conv_stem is not None else f"""
+# recent timm releases also read this folder's config.json:
+# model = timm.create_model("local-dir:{final}", pretrained=True)
+""")
+    return f"""{head}import timm
 import torch
 from PIL import Image
-
-model = timm.create_model(
+{imports}
+{stem}model = timm.create_model(
     {spec.architecture!r}, pretrained=True, num_classes=0,
     pretrained_cfg_overlay={_call("dict", overlay)},
     {args},
@@ -248,10 +271,7 @@ image = transform(Image.open("image.jpg").convert("RGB")).unsqueeze(0)
 with torch.no_grad():
     feature = model(image)  {feature}
     tokens = model.forward_features(image)  # (1, {m}, {d}): the tokens the caption decoder attended to
-
-# recent timm releases also read this folder's config.json:
-# model = timm.create_model("local-dir:{final}", pretrained=True)
-"""
+{local_dir}"""
 
 
 def _usage_hf(source: Source, final: Path, token_shape: tuple[int, ...]) -> str:

@@ -227,7 +227,7 @@ def render_card(*, cfg: RunConfig, run_dir: Path, step: int, ema: bool, fmt: str
     objective = OBJECTIVES.get(o.name, o.name).format(t_low=o.t_low, t_high=o.t_high, mask_ratio=o.mask_ratio)
     stem = m.encoder_kwargs.get("conv_stem")
     encoder = f"`{m.encoder}` ({json.dumps(m.encoder_kwargs)})" + (
-        f" with an early-convolution stem {stem} (not a timm architecture)" if stem else "")
+        f" with an early-convolution stem {stem} (timm's ConvStem in a timm export)" if stem else "")
     data = f"`{cfg.data.path}` (format {cfg.data.format})"
     manifest = Path(cfg.data.path) / "manifest.json"
     if manifest.is_file():
