@@ -38,6 +38,10 @@ WEIGHTS = "model.safetensors"
 STEM_KEYS = ("conv_stem", "conv_stem_depth", "conv_stem_norm")  # encoder_kwargs that timm does not know
 # timm's pooling that equals the probe feature of each pooling kind of mdc_core.factory.PROBE_POOL
 TIMM_POOL = {"gap": "avg", "cls": "token"}
+# timm's default pretrained_cfg describes the architecture's ImageNet weights (their hub id, URL, licence, paper);
+# none of it is true of these weights, so every export and load_encoder clears it (timm drops None entries)
+OWN_WEIGHTS = {k: None for k in ("url", "hf_hub_id", "hf_hub_filename", "tag", "license", "origin_url", "paper_name",
+                                 "paper_ids", "notes", "test_input_size", "test_crop_pct")}
 DATA_KEYS = ("input_size", "interpolation", "crop_pct", "crop_mode", "mean", "std")  # timm's preprocessing keys
 
 
@@ -159,7 +163,7 @@ def create_timm_encoder(spec: TimmSpec, weights: str | Path) -> Any:
     """Plain timm's model for `spec` filled from the safetensors file `weights`, exactly as the README of a timm
     export shows it (the same call; nothing of this project is involved)."""
     import timm
-    overlay = {"file": str(weights), "num_classes": 0, **spec.data_config}
+    overlay = {"file": str(weights), "num_classes": 0, **spec.data_config, **OWN_WEIGHTS}
     args = dict(spec.model_args)
     if spec.conv_stem is not None:
         from functools import partial
@@ -223,6 +227,6 @@ def load_encoder(path: str | Path, *, device: str = "cpu", ema: bool | None = No
     pooling = pool_args(trunk, probe_pool(run.objective.name))
     if pooling:
         trunk.reset_classifier(0, global_pool=pooling["global_pool"])
-    trunk.pretrained_cfg = {**getattr(trunk, "pretrained_cfg", {}), **data_config(run.model.image_size),
-                            "num_classes": 0}
+    trunk.pretrained_cfg = {"architecture": run.model.encoder, **data_config(run.model.image_size), "num_classes": 0,
+                            "description": f"{run.objective.name} image encoder trained by the MDC workbench"}
     return trunk.eval(), preprocess(run.model.image_size)

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from huggingface_hub import ModelCard
 from PIL import Image
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 import mdc_core
 from mdc_core.checkpoint import CheckpointError, load_model, save_checkpoint
@@ -24,6 +25,7 @@ from mdc_core.cli.train import _train_config
 from mdc_core.config import load_preset
 from mdc_core.data.transforms import load_image
 from mdc_core.factory import create_model
+from mdc_core.hub import MDCCaptioner
 from mdc_core.sampler import sample
 from mdc_core.tokenizer import CaptionTokenizer, build_output_vocab
 from mdc_core.train import train
@@ -232,6 +234,13 @@ def test_hf_export_reloads_to_identical_captions_and_one_line_loader(trained, tm
     reference.load_state_dict({k: v if not v.is_floating_point() else weights["ema.safetensors"][k]
                                for k, v in weights["model.safetensors"].items()})
     assert torch.equal(_captions(exported, images, cfg), _captions(reference, images, cfg))
+    hub = MDCCaptioner.from_pretrained(out)  # Hugging Face's own call (PyTorchModelHubMixin), a local folder
+    assert type(hub) is MDCCaptioner and not hub.training and hub.run_config.to_dict() == cfg.to_dict()
+    assert torch.equal(_captions(hub, images, cfg), _captions(reference, images, cfg))
+    hub.save_pretrained(tmp_path / "again")  # and the mixin writes the same layout back
+    with torch.no_grad():
+        again = MDCCaptioner.from_pretrained(tmp_path / "again").encode_image(images)
+        assert torch.equal(again, hub.encode_image(images))
     original = reference
     # a fresh interpreter that imports only mdc_core.load_encoder, running the card's snippet
     (tmp_path / "image.jpg").write_bytes(_test_images(data, tmp_path)[0].read_bytes())
@@ -243,6 +252,24 @@ def test_hf_export_reloads_to_identical_captions_and_one_line_loader(trained, tm
     encoder, preprocess = mdc_core.load_encoder(run)  # a run folder: the EMA weights, as exported
     with torch.no_grad():
         assert torch.equal(encoder(x), original.pooled_features(x, "gap"))
+    for loaded in (encoder, mdc_core.load_encoder(out)[0]):  # timm's ImageNet entries are not these weights'
+        assert not {"hf_hub_id", "license", "url", "tag"} & set(loaded.pretrained_cfg)
+        assert loaded.pretrained_cfg["input_size"] == (3, 32, 32)  # the run's image size
+
+
+def test_the_hub_class_loads_strictly_and_only_captioners(trained, tmp_path):
+    run, _ = trained
+    out = export_run(run, tmp_path / "hf")
+    state = load_file(str(out / "model.safetensors"))
+    del state["decoder.ln_f.bias"]
+    save_file(state, str(out / "model.safetensors"))
+    with pytest.raises(ValueError, match="missing from the checkpoint") as err:
+        MDCCaptioner.from_pretrained(out)  # the mixin's own default (strict=False) would have loaded it half
+    assert "\n" not in str(err.value)
+    clip = load_model(run)[1].to_dict()
+    clip["objective"]["name"] = "clip"
+    with pytest.raises(ValueError, match="not a captioner"):
+        MDCCaptioner(clip)
 
 
 def _test_images(data: Path, tmp_path: Path) -> list[Path]:
@@ -264,9 +291,13 @@ def test_model_card_fields_command_and_measurements(trained, tmp_path):
     (tmp_path / "captioning.json").write_text(json.dumps(captioning))
     out = export_run(run, tmp_path / "hf", metrics=[tmp_path / "captioning.json"])
     card = (out / "README.md").read_text()
-    front = card.split("---")[1]
-    assert re.search(r"^license:\s*#", front, re.M)  # the licence is left to the user
-    for text in ("`mdc`: masked diffusion captioning", "t ~ U[0.5, 1.0]", "| preset | `tiny` |", str(data),
+    meta = ModelCard.load(out / "README.md").data  # huggingface_hub reads the card it wrote
+    assert meta.license is None and meta.library_name == "mdc-workbench"  # the licence is left to the user
+    assert {(r.metric_name, r.metric_value) for r in meta.eval_results} >= {
+        ("CIDEr, MDC", 0.42), ("linear probe top-1 %, shape", 62.5)}  # the measurements as model-index metadata
+    assert str(tmp_path) not in card and str(run.parent) not in card  # no path of the machine that wrote it
+    assert "# run: a `mdc` image encoder (ViT, depth 1, width 32, patch 8, 32 px)" in card
+    for text in ("`mdc`: masked diffusion captioning", "t ~ U[0.5, 1.0]", "| preset | `tiny` |", data.name,
                  "| steps | 4 ", "| seed | 3 |", "EMA of the weights (decay 0.9)", "| CIDEr, MDC | 0.42 |",
                  "| linear probe top-1 %, shape | 62.5 | 4 |",
                  "| linear probe top-1 %, shape, baseline: this architecture untrained | 25 | 4 |"):
@@ -274,9 +305,10 @@ def test_model_card_fields_command_and_measurements(trained, tmp_path):
     command = re.search(r"```bash\n(.*?)\n```", card, re.S).group(1)
     args = build_parser().parse_args(shlex.split(command)[1:])  # the command parses and rebuilds the config
     rebuilt, saved = _train_config(args).to_dict(), load_model(run)[1].to_dict()
+    assert saved["data"]["path"].endswith(args.data)  # the data folder as shown: its last two parts, not the root
     for cfg in (rebuilt, saved):
         cfg["model"]["output_vocab_size"] = 0
-        cfg["data"]["path_as_given"] = cfg["preset"] = ""
+        cfg["data"]["path_as_given"] = cfg["preset"] = cfg["data"]["path"] = ""
     assert rebuilt == saved
     assert command == rebuild_command(load_model(run)[1], run)
 
