@@ -6,7 +6,11 @@ carry it out (``mdc export`` writes them):
 * **timm** (``--format timm``): ``model.safetensors`` with timm's own key names and a ``config.json`` in timm's hub
   layout (``architecture``, ``model_args``, ``pretrained_cfg``). Plain timm rebuilds it with no project code:
   ``timm.create_model(architecture, pretrained=True, pretrained_cfg_overlay=dict(file=...), num_classes=0,
-  **model_args)``. Only for encoders that are timm architectures (:func:`timm_spec` says which).
+  **model_args)``. The early-convolution stem (``tiny``, ``tiny_fast``, ``tiny_lean``) is timm's own
+  ``ConvStem`` + ``HybridEmbed`` (the stem's last convolution is the patch projection); its call adds
+  ``embed_layer=partial(HybridEmbed, backbone=ConvStem(**conv_stem), proj=False)`` from the ``conv_stem`` entry of
+  ``config.json`` (timm's ``local-dir:`` reading knows no embed layer, so it serves plain ViTs only). Every timm
+  encoder but a plug-in's (:func:`timm_spec` says which).
 * **hf** (``--format hf``): the whole captioner as a checkpoint folder (``config.json`` = the run's config,
   ``model.safetensors``, ``meta.json``) plus a model card, loadable by :func:`mdc_core.checkpoint.load_model`; works
   for every encoder, the early-convolution stem included.
@@ -34,6 +38,10 @@ WEIGHTS = "model.safetensors"
 STEM_KEYS = ("conv_stem", "conv_stem_depth", "conv_stem_norm")  # encoder_kwargs that timm does not know
 # timm's pooling that equals the probe feature of each pooling kind of mdc_core.factory.PROBE_POOL
 TIMM_POOL = {"gap": "avg", "cls": "token"}
+# timm's default pretrained_cfg describes the architecture's ImageNet weights (their hub id, URL, licence, paper);
+# none of it is true of these weights, so every export and load_encoder clears it (timm drops None entries)
+OWN_WEIGHTS = {k: None for k in ("url", "hf_hub_id", "hf_hub_filename", "tag", "license", "origin_url", "paper_name",
+                                 "paper_ids", "notes", "test_input_size", "test_crop_pct")}
 DATA_KEYS = ("input_size", "interpolation", "crop_pct", "crop_mode", "mean", "std")  # timm's preprocessing keys
 
 
@@ -47,6 +55,7 @@ class TimmSpec:
     data_config: dict[str, Any]  # input_size, interpolation, crop_pct, crop_mode, mean, std (timm pretrained_cfg)
     pool: str  # the probe feature: "gap" (mean of the patch tokens) or "cls" (the class token)
     pooled: bool  # model(x) returns the probe feature (a ViT; else pool the tokens of forward_features yourself)
+    conv_stem: dict[str, Any] | None = None  # keywords of timm's ConvStem for the early-convolution stem (conv_stem)
 
 
 def data_config(image_size: int) -> dict[str, Any]:
@@ -59,24 +68,72 @@ def data_config(image_size: int) -> dict[str, Any]:
 
 def timm_spec(cfg: ModelConfig, pool: str, trunk: Any) -> TimmSpec:
     """The plain-timm description of the encoder of `cfg` (probe pooling `pool`); `trunk` (the built timm model)
-    tells whether it is a ViT, whose timm pooling can be set to the probe feature.
+    tells whether it is a ViT, whose timm pooling can be set to the probe feature, and its width.
 
-    Raises ValueError (one line, pointing to ``--format hf``) for an encoder that is not a timm architecture: the
-    early-convolution stem (``model.encoder_kwargs.conv_stem``) or a plug-in's encoder
-    (:data:`mdc_core.registry.ENCODERS`).
+    Raises ValueError (one line, pointing to ``--format hf``) for a plug-in's encoder
+    (:data:`mdc_core.registry.ENCODERS`), which is not a timm model.
     """
     from .registry import encoder_builder
     if encoder_builder(cfg.encoder) is not None:
         raise ValueError(f"encoder {cfg.encoder!r} is not a timm model, so plain timm cannot load it; export with "
                          "--format hf instead (loads with mdc_core.load_encoder)")
-    stem = [k for k in STEM_KEYS if k in cfg.encoder_kwargs]
-    if stem:
-        raise ValueError(f"this run's encoder has the early-convolution stem (model.encoder_kwargs.{stem[0]}), which "
-                         "is not a timm architecture, so plain timm cannot load it; export with --format hf instead "
-                         "(loads with mdc_core.load_encoder)")
     pooling = pool_args(trunk, pool)
-    args = {"img_size": cfg.image_size, **cfg.encoder_kwargs, **pooling}
-    return TimmSpec(cfg.encoder, args, data_config(cfg.image_size), pool, bool(pooling))
+    kwargs = {k: v for k, v in cfg.encoder_kwargs.items() if k not in STEM_KEYS}
+    stem = None
+    if "conv_stem" in cfg.encoder_kwargs:
+        stem = timm_conv_stem(cfg.encoder_kwargs, int(trunk.embed_dim))
+        kwargs["patch_size"] = 1  # the stem's last convolution is the patch projection, so tokens come out of it
+    args = {"img_size": cfg.image_size, **kwargs, **pooling}
+    return TimmSpec(cfg.encoder, args, data_config(cfg.image_size), pool, bool(pooling), stem)
+
+
+def timm_conv_stem(encoder_kwargs: dict[str, Any], embed_dim: int) -> dict[str, Any]:
+    """Keywords of timm's ``ConvStem`` (``timm.models.vision_transformer_hybrid``) that build the same layers as
+    :class:`mdc_core.encoders.ConvStem` followed by the ViT's patch projection: per stage of ``conv_stem`` one 3x3
+    convolution of stride 2 and ``depth - 1`` of stride 1 (each + norm + ReLU), then the projection to `embed_dim`
+    (kernel = stride = ``patch_size / 2 ** stages``, with bias, no norm: timm's last ConvStem layer). ``norm`` is
+    ``"batch"`` or ``"group"`` (timm's ``GroupNorm1``); :func:`timm_norm_layer` turns it into the layer."""
+    channels = list(encoder_kwargs["conv_stem"])
+    depth = encoder_kwargs.get("conv_stem_depth", 1)
+    depths = list(depth) if isinstance(depth, list | tuple) else [depth] * len(channels)
+    widths, strides = [], []
+    for c, d in zip(channels, depths, strict=True):
+        widths += [c] * d
+        strides += [2] + [1] * (d - 1)
+    last = int(encoder_kwargs.get("patch_size", 16)) // 2 ** len(channels)
+    n = len(widths)
+    return {"depth": n + 1, "channels": [*widths, embed_dim], "stride": [*strides, last],
+            "kernel_size": [3] * n + [last], "padding": [1] * n + [0],
+            "norm": encoder_kwargs.get("conv_stem_norm", "batch")}
+
+
+def timm_norm_layer(norm: str) -> Any:
+    """timm's norm layer for a ConvStem ``norm``: BatchNorm2d, or GroupNorm1 (one group, as ``"group"``)."""
+    from timm.layers import GroupNorm1
+    from torch import nn
+    layers = {"batch": nn.BatchNorm2d, "group": GroupNorm1}
+    if norm not in layers:
+        raise ValueError(f"conv stem norm must be one of {', '.join(layers)}, got {norm!r}")
+    return layers[norm]
+
+
+def timm_state_dict(state: dict[str, Any], conv_stem: dict[str, Any] | None) -> dict[str, Any]:
+    """The encoder's state dict `state` under the key names of the timm model of its spec: unchanged for a plain
+    ViT; with the stem, ``patch_embed.backbone.{i}`` (our flat conv, norm, ReLU sequence) becomes timm's
+    ``patch_embed.backbone.{j}.conv`` / ``.bn`` and ``patch_embed.proj`` its last ``.conv``."""
+    if conv_stem is None:
+        return dict(state)
+    prefix, n = "patch_embed.backbone.", conv_stem["depth"] - 1  # our stem: 3 modules (conv, norm, ReLU) per conv
+    renamed = {}
+    for key, value in state.items():
+        if key.startswith(prefix):
+            index, rest = key.removeprefix(prefix).split(".", 1)
+            j, kind = divmod(int(index), 3)
+            key = f"{prefix}{j}.{('conv', 'bn')[kind]}.{rest}"
+        elif key.startswith("patch_embed.proj."):
+            key = f"{prefix}{n}.conv.{key.removeprefix('patch_embed.proj.')}"
+        renamed[key] = value
+    return renamed
 
 
 def pool_args(trunk: Any, pool: str) -> dict[str, Any]:
@@ -96,18 +153,27 @@ def timm_hub_config(spec: TimmSpec, num_features: int, **card: Any) -> dict[str,
     `card` adds pretrained_cfg entries such as ``description`` or ``license``."""
     pretrained_cfg = {"architecture": spec.architecture, "num_classes": 0, "custom_load": False,
                       "fixed_input_size": True, **spec.data_config, **card}
-    return {"architecture": spec.architecture, "num_classes": 0, "num_features": num_features,
-            "global_pool": spec.model_args.get("global_pool", ""), "model_args": spec.model_args,
-            "pretrained_cfg": pretrained_cfg}
+    config = {"architecture": spec.architecture, "num_classes": 0, "num_features": num_features,
+              "global_pool": spec.model_args.get("global_pool", ""), "model_args": spec.model_args,
+              "pretrained_cfg": pretrained_cfg}
+    return config if spec.conv_stem is None else {**config, "conv_stem": spec.conv_stem}
 
 
 def create_timm_encoder(spec: TimmSpec, weights: str | Path) -> Any:
     """Plain timm's model for `spec` filled from the safetensors file `weights`, exactly as the README of a timm
     export shows it (the same call; nothing of this project is involved)."""
     import timm
-    overlay = {"file": str(weights), "num_classes": 0, **spec.data_config}
+    overlay = {"file": str(weights), "num_classes": 0, **spec.data_config, **OWN_WEIGHTS}
+    args = dict(spec.model_args)
+    if spec.conv_stem is not None:
+        from functools import partial
+
+        from timm.models.vision_transformer_hybrid import ConvStem, HybridEmbed
+        stem = {**spec.conv_stem, "norm_layer": timm_norm_layer(spec.conv_stem["norm"])}
+        del stem["norm"]
+        args["embed_layer"] = partial(HybridEmbed, backbone=ConvStem(**stem), proj=False)
     return timm.create_model(spec.architecture, pretrained=True, pretrained_cfg_overlay=overlay, num_classes=0,
-                             **spec.model_args).eval()
+                             **args).eval()
 
 
 def preprocess(image_size: int) -> Callable[[Any], Any]:
@@ -146,7 +212,7 @@ def load_encoder(path: str | Path, *, device: str = "cpu", ema: bool | None = No
         if isinstance(data, dict) and "architecture" in data:  # a timm export
             cfg = data.get("pretrained_cfg", {})
             spec = TimmSpec(data["architecture"], data.get("model_args", {}), {k: tuple(v) if isinstance(v, list) else v
-                            for k, v in cfg.items() if k in DATA_KEYS}, "", False)
+                            for k, v in cfg.items() if k in DATA_KEYS}, "", False, data.get("conv_stem"))
             return create_timm_encoder(spec, path / WEIGHTS).to(device), preprocess(spec.data_config["input_size"][-1])
     from .checkpoint import load_model, resolve_checkpoint
     from .encoders import ImageEncoder
@@ -161,6 +227,6 @@ def load_encoder(path: str | Path, *, device: str = "cpu", ema: bool | None = No
     pooling = pool_args(trunk, probe_pool(run.objective.name))
     if pooling:
         trunk.reset_classifier(0, global_pool=pooling["global_pool"])
-    trunk.pretrained_cfg = {**getattr(trunk, "pretrained_cfg", {}), **data_config(run.model.image_size),
-                            "num_classes": 0}
+    trunk.pretrained_cfg = {"architecture": run.model.encoder, **data_config(run.model.image_size), "num_classes": 0,
+                            "description": f"{run.objective.name} image encoder trained by the MDC workbench"}
     return trunk.eval(), preprocess(run.model.image_size)

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from huggingface_hub import ModelCard
 from PIL import Image
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 import mdc_core
 from mdc_core.checkpoint import CheckpointError, load_model, save_checkpoint
@@ -24,6 +25,7 @@ from mdc_core.cli.train import _train_config
 from mdc_core.config import load_preset
 from mdc_core.data.transforms import load_image
 from mdc_core.factory import create_model
+from mdc_core.hub import MDCCaptioner
 from mdc_core.sampler import sample
 from mdc_core.tokenizer import CaptionTokenizer, build_output_vocab
 from mdc_core.train import train
@@ -121,19 +123,69 @@ def test_timm_export_of_the_paper_presets_at_reduced_size(preset, objective, poo
         assert float((encoder.forward_features(x) - tokens).abs().max()) <= 1e-5
 
 
-def test_conv_stem_runs_refuse_timm_in_one_line_and_leave_nothing(tmp_path, capsys):
-    run = _perturbed_run(tmp_path, "tiny", ['model.encoder_kwargs={"patch_size": 8, "embed_dim": 32, "depth": 1, '
-                                            '"num_heads": 2, "conv_stem": [8, 16, 32]}'])
-    assert main(["export", str(run), "--format", "timm", "--out", str(tmp_path / "x")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("mdc: error:") and "\n" not in err
-    assert "early-convolution stem" in err and "--format hf" in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == [run.name]  # no folder, no temporary folder
-    out = export_run(run, tmp_path / "hf", fmt="hf")  # the hf format takes it, and load_encoder reads it
-    encoder, _ = mdc_core.load_encoder(out)
-    x = torch.randn(1, 3, 64, 64)
+@pytest.mark.parametrize("preset, stem", [
+    ("tiny", ""),  # conv_stem [32, 64, 128], two convolutions per stage, BatchNorm, patch 8
+    ("tiny_fast", ""),  # one convolution per stage, patch 16
+    ("tiny_lean", ', "conv_stem_norm": "group"'),  # depths [1, 2, 2], mlp_ratio 2; GroupNorm1 instead of BatchNorm
+])
+def test_conv_stem_runs_export_to_plain_timm_with_the_runs_features(preset, stem, tmp_path):
+    """The presets `make demo` trains: their early-convolution stem is timm's ConvStem + HybridEmbed, and the card's
+    snippet (a fresh interpreter, no project code) gives the run's tokens and probe feature."""
+    kwargs = load_preset(preset).model.encoder_kwargs
+    small = {**kwargs, "embed_dim": 32, "depth": 1, "num_heads": 2}
+    run = _perturbed_run(tmp_path, preset, ["model.encoder_kwargs=" + json.dumps(small)[:-1] + stem + "}"])
+    ours, cfg = load_model(run, ema=True)
+    norms = [m for m in ours.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert (not norms) == bool(stem)  # BatchNorm's running statistics must travel too: the EMA's, not the init
+    assert all(not torch.allclose(m.running_var, torch.ones_like(m.running_var)) for m in norms)
+    out = export_run(run, tmp_path / "timm", fmt="timm")
+    hub = json.loads((out / "config.json").read_text())
+    assert hub["conv_stem"]["norm"] == ("group" if stem else "batch")
+    assert hub["conv_stem"]["channels"][-1] == 32 and hub["model_args"]["patch_size"] == 1
+    image = _image(tmp_path / "image.jpg")
+    got = _run_snippet(out / "README.md", tmp_path, "torch.save({'feature': feature, 'tokens': tokens}, 'out.pt')")
+    assert got["stdout"].strip() == "[]"  # no module of this project was imported
+    x = load_image(image, cfg.model.image_size).unsqueeze(0)
     with torch.no_grad():
-        assert torch.equal(encoder.forward_features(x), load_model(run, ema=True)[0].encode_image(x))
+        tokens = ours.encode_image(x)
+        feature = ours.pooled_features(x, "gap")
+    assert got["tokens"].shape == tokens.shape
+    assert float((got["tokens"] - tokens).abs().max()) <= 1e-5
+    assert float((got["feature"] - feature).abs().max()) <= 1e-5
+    encoder, _ = mdc_core.load_encoder(out)  # load_encoder reads the stem from config.json
+    with torch.no_grad():
+        assert float((encoder.forward_features(x) - tokens).abs().max()) <= 1e-5
+
+
+def test_the_stem_key_map_moves_every_tensor_and_a_wrong_stem_does_not_load(tmp_path):
+    from timm.models.vision_transformer_hybrid import ConvStem
+
+    from mdc_core.encoder_io import timm_conv_stem, timm_state_dict
+    spec = timm_conv_stem({"patch_size": 16, "conv_stem": [8, 16], "conv_stem_depth": [1, 2]}, 32)
+    assert spec == {"depth": 4, "channels": [8, 16, 16, 32], "stride": [2, 2, 1, 4], "kernel_size": [3, 3, 3, 4],
+                    "padding": [1, 1, 1, 0], "norm": "batch"}
+    ours = {"patch_embed.backbone.0.weight": 0, "patch_embed.backbone.1.running_mean": 1,
+            "patch_embed.backbone.6.weight": 2, "patch_embed.backbone.7.bias": 3, "patch_embed.proj.bias": 4,
+            "blocks.0.norm1.weight": 5}
+    assert timm_state_dict(ours, spec) == {
+        "patch_embed.backbone.0.conv.weight": 0, "patch_embed.backbone.0.bn.running_mean": 1,
+        "patch_embed.backbone.2.conv.weight": 2, "patch_embed.backbone.2.bn.bias": 3,
+        "patch_embed.backbone.3.conv.bias": 4, "blocks.0.norm1.weight": 5}
+    assert timm_state_dict(ours, None) == ours
+    stem = ConvStem(**{k: v for k, v in spec.items() if k != "norm"})
+    assert [int(m.conv.stride[0]) for m in stem] == [2, 2, 1, 4]  # the stem's stride is the patch size, 16
+    wrong = _perturbed_run(tmp_path, "tiny", ['model.encoder_kwargs={"patch_size": 8, "embed_dim": 32, "depth": 1, '
+                                              '"num_heads": 2, "conv_stem": [8, 16, 32]}'])
+    out = export_run(wrong, tmp_path / "timm", fmt="timm")
+    hub = json.loads((out / "config.json").read_text())
+    hub["conv_stem"]["channels"][0] = 16  # a stem of other widths cannot take these weights
+    (out / "config.json").write_text(json.dumps(hub))
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        mdc_core.load_encoder(out)
+    del hub["conv_stem"]  # nor can a patch-1 ViT without the stem (what timm's local-dir: reading builds)
+    (out / "config.json").write_text(json.dumps(hub))
+    with pytest.raises(RuntimeError):
+        mdc_core.load_encoder(out)
 
 
 @pytest.fixture(scope="module")
@@ -182,6 +234,13 @@ def test_hf_export_reloads_to_identical_captions_and_one_line_loader(trained, tm
     reference.load_state_dict({k: v if not v.is_floating_point() else weights["ema.safetensors"][k]
                                for k, v in weights["model.safetensors"].items()})
     assert torch.equal(_captions(exported, images, cfg), _captions(reference, images, cfg))
+    hub = MDCCaptioner.from_pretrained(out)  # Hugging Face's own call (PyTorchModelHubMixin), a local folder
+    assert type(hub) is MDCCaptioner and not hub.training and hub.run_config.to_dict() == cfg.to_dict()
+    assert torch.equal(_captions(hub, images, cfg), _captions(reference, images, cfg))
+    hub.save_pretrained(tmp_path / "again")  # and the mixin writes the same layout back
+    with torch.no_grad():
+        again = MDCCaptioner.from_pretrained(tmp_path / "again").encode_image(images)
+        assert torch.equal(again, hub.encode_image(images))
     original = reference
     # a fresh interpreter that imports only mdc_core.load_encoder, running the card's snippet
     (tmp_path / "image.jpg").write_bytes(_test_images(data, tmp_path)[0].read_bytes())
@@ -193,6 +252,24 @@ def test_hf_export_reloads_to_identical_captions_and_one_line_loader(trained, tm
     encoder, preprocess = mdc_core.load_encoder(run)  # a run folder: the EMA weights, as exported
     with torch.no_grad():
         assert torch.equal(encoder(x), original.pooled_features(x, "gap"))
+    for loaded in (encoder, mdc_core.load_encoder(out)[0]):  # timm's ImageNet entries are not these weights'
+        assert not {"hf_hub_id", "license", "url", "tag"} & set(loaded.pretrained_cfg)
+        assert loaded.pretrained_cfg["input_size"] == (3, 32, 32)  # the run's image size
+
+
+def test_the_hub_class_loads_strictly_and_only_captioners(trained, tmp_path):
+    run, _ = trained
+    out = export_run(run, tmp_path / "hf")
+    state = load_file(str(out / "model.safetensors"))
+    del state["decoder.ln_f.bias"]
+    save_file(state, str(out / "model.safetensors"))
+    with pytest.raises(ValueError, match="missing from the checkpoint") as err:
+        MDCCaptioner.from_pretrained(out)  # the mixin's own default (strict=False) would have loaded it half
+    assert "\n" not in str(err.value)
+    clip = load_model(run)[1].to_dict()
+    clip["objective"]["name"] = "clip"
+    with pytest.raises(ValueError, match="not a captioner"):
+        MDCCaptioner(clip)
 
 
 def _test_images(data: Path, tmp_path: Path) -> list[Path]:
@@ -214,9 +291,13 @@ def test_model_card_fields_command_and_measurements(trained, tmp_path):
     (tmp_path / "captioning.json").write_text(json.dumps(captioning))
     out = export_run(run, tmp_path / "hf", metrics=[tmp_path / "captioning.json"])
     card = (out / "README.md").read_text()
-    front = card.split("---")[1]
-    assert re.search(r"^license:\s*#", front, re.M)  # the licence is left to the user
-    for text in ("`mdc`: masked diffusion captioning", "t ~ U[0.5, 1.0]", "| preset | `tiny` |", str(data),
+    meta = ModelCard.load(out / "README.md").data  # huggingface_hub reads the card it wrote
+    assert meta.license is None and meta.library_name == "mdc-workbench"  # the licence is left to the user
+    assert {(r.metric_name, r.metric_value) for r in meta.eval_results} >= {
+        ("CIDEr, MDC", 0.42), ("linear probe top-1 %, shape", 62.5)}  # the measurements as model-index metadata
+    assert str(tmp_path) not in card and str(run.parent) not in card  # no path of the machine that wrote it
+    assert "# run: a `mdc` image encoder (ViT, depth 1, width 32, patch 8, 32 px)" in card
+    for text in ("`mdc`: masked diffusion captioning", "t ~ U[0.5, 1.0]", "| preset | `tiny` |", data.name,
                  "| steps | 4 ", "| seed | 3 |", "EMA of the weights (decay 0.9)", "| CIDEr, MDC | 0.42 |",
                  "| linear probe top-1 %, shape | 62.5 | 4 |",
                  "| linear probe top-1 %, shape, baseline: this architecture untrained | 25 | 4 |"):
@@ -224,9 +305,10 @@ def test_model_card_fields_command_and_measurements(trained, tmp_path):
     command = re.search(r"```bash\n(.*?)\n```", card, re.S).group(1)
     args = build_parser().parse_args(shlex.split(command)[1:])  # the command parses and rebuilds the config
     rebuilt, saved = _train_config(args).to_dict(), load_model(run)[1].to_dict()
+    assert saved["data"]["path"].endswith(args.data)  # the data folder as shown: its last two parts, not the root
     for cfg in (rebuilt, saved):
         cfg["model"]["output_vocab_size"] = 0
-        cfg["data"]["path_as_given"] = cfg["preset"] = ""
+        cfg["data"]["path_as_given"] = cfg["preset"] = cfg["data"]["path"] = ""
     assert rebuilt == saved
     assert command == rebuild_command(load_model(run)[1], run)
 

@@ -15,7 +15,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     export.add_argument("run", help="run folder (its latest checkpoint, or --step's) or checkpoint folder")
     # checked by the library (one-line error), not by argparse choices, which would print the usage as well
     export.add_argument("--format", dest="fmt", default="hf", metavar="{timm,hf}",
-                        help="timm: the encoder alone for plain timm (not for the early-convolution stem); hf: the "
+                        help="timm: the encoder alone for plain timm (every timm encoder, the conv stem too); hf: the "
                         "whole captioner, config.json, model.safetensors, README.md (default hf)")
     export.add_argument("--step", type=int, help="checkpoint step to export (default: the latest)")
     export.add_argument("--no-ema", dest="ema", action="store_const", const=False, default=None,

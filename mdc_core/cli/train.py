@@ -77,6 +77,8 @@ def _saved_config(out: Path) -> Path:
 def cmd_train(args: argparse.Namespace) -> None:
     from mdc_core.train import train
     cfg = _train_config(args)
+    if warmup_note(cfg.train.steps, cfg.train.warmup_steps):
+        print(warmup_note(cfg.train.steps, cfg.train.warmup_steps))
     result = train(cfg, args.out, resume=args.resume, progress=not args.quiet)
     if result.steps == result.start_step:
         print(f"nothing to train: {args.out} has already taken its {result.steps} steps (last logged loss "
@@ -88,7 +90,25 @@ def cmd_train(args: argparse.Namespace) -> None:
     if result.skipped:
         print(f"skipped corrupt records: {result.skipped}")
     if result.truncated:
-        print(f"captions truncated to the context: {result.truncated}")
+        t = cfg.train
+        print(truncation_note(result.truncated, (result.steps - result.start_step) * t.batch_size * t.grad_accum,
+                              cfg.model.context_length))
+
+
+def warmup_note(steps: int, warmup_steps: int) -> str:
+    """A warning when the learning rate never reaches its peak (`steps` < `warmup_steps`), else "". The last step's
+    multiplier is ``steps / warmup_steps`` (:func:`mdc_core.train.lr_lambda` at step ``steps - 1``)."""
+    if steps >= warmup_steps:
+        return ""
+    return (f"note: --steps {steps} < train.warmup_steps {warmup_steps}: the learning rate never leaves its warm-up "
+            f"(it peaks at {steps / warmup_steps:.0%} of train.lr); lower it with --set train.warmup_steps=N")
+
+
+def truncation_note(truncated: int, seen: int, context: int) -> str:
+    """The truncation count with its total and what to do about it (`seen`: captions this process trained on)."""
+    share = f" of about {seen} ({truncated / seen:.0%})" if seen > 0 else ""
+    return (f"captions truncated to the context of {context} tokens: {truncated}{share}; synthesise shorter captions "
+            f"(mdc data synth --captions short) or raise --set model.context_length=N")
 
 
 def cmd_demo(args: argparse.Namespace) -> None:

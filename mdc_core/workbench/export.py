@@ -43,10 +43,20 @@ from mdc_core.checkpoint import (
     verify_checkpoint,
 )
 from mdc_core.config import RunConfig
-from mdc_core.encoder_io import WEIGHTS, TimmSpec, create_timm_encoder, pool_args, timm_hub_config, timm_spec
+from mdc_core.encoder_io import (
+    OWN_WEIGHTS,
+    WEIGHTS,
+    TimmSpec,
+    create_timm_encoder,
+    pool_args,
+    timm_hub_config,
+    timm_spec,
+    timm_state_dict,
+)
 from mdc_core.encoders import ImageEncoder
-from mdc_core.factory import probe_pool
-from mdc_core.workbench.model_card import candidate_files, find_measurements, render_card
+from mdc_core.factory import model_family, probe_pool
+from mdc_core.hub import MDCCaptioner, hub_captioner
+from mdc_core.workbench.model_card import candidate_files, encoder_title, find_measurements, render_card
 
 FORMATS = ("timm", "hf")
 TOLERANCE = 1e-5  # max abs difference of fp32 features between the export loaded back and the run
@@ -71,7 +81,7 @@ def export_run(run: str | Path, out: str | Path, *, fmt: str = "hf", step: int |
     Args:
         run: a run folder (its latest complete checkpoint, or `step`'s) or a checkpoint folder.
         out: the folder to write; an existing non-empty one is replaced only with `force`, if an earlier export.
-        fmt: ``"timm"`` (encoder only, plain timm loads it; not for the early-convolution stem) or ``"hf"``.
+        fmt: ``"timm"`` (encoder only, plain timm loads it; not for a plug-in's encoder) or ``"hf"``.
         step: the checkpoint step of a run folder (default: the latest).
         ema: export the EMA weights (None: when the checkpoint has them; False: the raw weights).
         metrics: evaluation result files (``mdc probe --out``, ``captioning.json``, ...) for the model card, besides
@@ -94,9 +104,9 @@ def export_run(run: str | Path, out: str | Path, *, fmt: str = "hf", step: int |
     with _staging(out, force) as tmp:
         usage = (_write_timm if fmt == "timm" else _write_hf)(source, tmp, out.resolve())
         params = sum(p.numel() for p in _trunk(source).parameters())
-        (tmp / "README.md").write_text(render_card(cfg=source.cfg, run_dir=source.run_dir, step=source.step,
-                                                   ema=source.ema, fmt=fmt, usage=usage, params=params,
-                                                   measurements=measured, searched=searched))
+        render_card(cfg=source.cfg, run_dir=source.run_dir, step=source.step, ema=source.ema, fmt=fmt, usage=usage,
+                    params=params, measurements=measured, searched=searched,
+                    title=encoder_title(source.cfg, _trunk(source))).save(tmp / "README.md")
     return out
 
 
@@ -221,24 +231,33 @@ def _probe_image(cfg: RunConfig) -> torch.Tensor:
 
 
 def _write_hf(source: Source, tmp: Path, final: Path) -> str:
-    """The whole captioner as a checkpoint folder (config.json, model.safetensors, meta.json); returns the usage."""
-    save_file({k: v.detach().to("cpu").contiguous() for k, v in source.model.state_dict().items()}, str(tmp / WEIGHTS),
-              metadata={"format": "pt"})
-    source.cfg.save(tmp / "config.json")
+    """The whole captioner as a checkpoint folder (config.json, model.safetensors, meta.json); returns the usage.
+    A captioner is written by huggingface_hub's ``save_pretrained`` (:class:`mdc_core.hub.MDCCaptioner`), so the
+    Hub's ``from_pretrained`` opens the folder; another model family (CLIP) as a checkpoint folder."""
+    state = {k: v.detach().to("cpu").contiguous() for k, v in source.model.state_dict().items()}
+    hub = model_family(source.cfg.objective.name) == "captioner"
+    if hub:
+        hub_captioner(source.cfg, state).save_pretrained(tmp)  # config.json (the run's config), model.safetensors
+        (tmp / "README.md").unlink(missing_ok=True)  # the mixin's stub card; render_card writes the real one
+    else:
+        save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        source.cfg.save(tmp / "config.json")
     shutil.copymode(tmp / "config.json", tmp / WEIGHTS)  # safetensors writes 0600; the folder is meant to be shared
     files = ["config.json", WEIGHTS]
     (tmp / "meta.json").write_text(json.dumps({
         "step": source.step, "complete": True, "files": files, "bytes": {f: (tmp / f).stat().st_size for f in files},
-        "sha256": {f: file_sha256(tmp / f) for f in files}, "exported_from": str(source.checkpoint.resolve()),
+        "sha256": {f: file_sha256(tmp / f) for f in files}, "exported_from": source.checkpoint.name,
         "weights": "ema" if source.ema else "raw"}, indent=1) + "\n")
     reloaded, _ = load_model(tmp)  # what a user's load_model does: verifies, rebuilds, loads strictly
     images = _probe_image(source.cfg)
     with torch.no_grad():
         tokens = source.model.encode_image(images)
-        gap = float((reloaded.encode_image(images) - tokens).abs().max())
-    if gap > TOLERANCE:
-        raise RuntimeError(f"the exported folder reloads to different features (max abs difference {gap:.3g})")
-    return _usage_hf(source, final, tuple(tokens.shape[1:]))
+        gaps = [float((reloaded.encode_image(images) - tokens).abs().max())]
+        if hub:  # and what the Hub's call does
+            gaps.append(float((MDCCaptioner.from_pretrained(tmp).encode_image(images) - tokens).abs().max()))
+    if max(gaps) > TOLERANCE:
+        raise RuntimeError(f"the exported folder reloads to different features (max abs difference {max(gaps):.3g})")
+    return _usage_hf(source, final, tuple(tokens.shape[1:]), hub)
 
 
 def _write_timm(source: Source, tmp: Path, final: Path) -> str:
@@ -247,7 +266,8 @@ def _write_timm(source: Source, tmp: Path, final: Path) -> str:
     trunk = _trunk(source)
     pool = probe_pool(source.cfg.objective.name)
     spec = timm_spec(source.cfg.model, pool, trunk)
-    save_file({k: v.detach().to("cpu").contiguous() for k, v in trunk.state_dict().items()}, str(tmp / WEIGHTS),
+    state = timm_state_dict(trunk.state_dict(), spec.conv_stem)
+    save_file({k: v.detach().to("cpu").contiguous() for k, v in state.items()}, str(tmp / WEIGHTS),
               metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(timm_hub_config(
         spec, int(trunk.num_features), description=f"{source.cfg.objective.name} image encoder exported by the MDC "
@@ -274,16 +294,30 @@ def _call(name: str, args: dict) -> str:
 
 
 def _usage_timm(spec: TimmSpec, final: Path, token_shape: tuple[int, ...]) -> str:
-    overlay = {"file": str(final / WEIGHTS), "num_classes": 0, **spec.data_config}
+    overlay = {"file": f"{final.name}/{WEIGHTS}", "num_classes": 0, **spec.data_config, **OWN_WEIGHTS}
     m, d = token_shape
     feature = (f"# (1, {d}): the probe feature ({'mean of the patch tokens' if spec.pool == 'gap' else 'class token'})"
                if spec.pooled else "# timm's own pooling; the run's probe feature is the mean of the patch tokens")
     args = ",\n    ".join(f"{k}={v!r}" for k, v in spec.model_args.items())
-    return f"""import timm
+    head, imports, stem = "", "", ""
+    if spec.conv_stem is not None:  # timm's ConvStem + HybridEmbed: the early-convolution stem, in timm's own layers
+        norm = {"batch": "torch.nn.BatchNorm2d", "group": "GroupNorm1"}[spec.conv_stem["norm"]]
+        keywords = ", ".join(f"{k}={tuple(v)!r}" for k, v in spec.conv_stem.items() if k not in ("norm", "depth"))
+        head = "from functools import partial\n\n"
+        imports = "from timm.layers import GroupNorm1\n" if norm == "GroupNorm1" else ""
+        imports += "from timm.models.vision_transformer_hybrid import ConvStem, HybridEmbed\n"
+        stem = (f"# the early convolutions, timm's ConvStem; its last convolution is the patch projection\n"
+                f"stem = ConvStem(depth={spec.conv_stem['depth']}, {keywords}, norm_layer={norm})\n")
+        args += ",\n    embed_layer=partial(HybridEmbed, backbone=stem, proj=False)"
+    local_dir = ("" if spec.conv_stem is not None else f"""
+# recent timm releases also read this folder's config.json:
+# model = timm.create_model("local-dir:{final.name}", pretrained=True)
+""")
+    return f"""{head}import timm
 import torch
 from PIL import Image
-
-model = timm.create_model(
+{imports}
+{stem}model = timm.create_model(
     {spec.architecture!r}, pretrained=True, num_classes=0,
     pretrained_cfg_overlay={_call("dict", overlay)},
     {args},
@@ -293,16 +327,19 @@ image = transform(Image.open("image.jpg").convert("RGB")).unsqueeze(0)
 with torch.no_grad():
     feature = model(image)  {feature}
     tokens = model.forward_features(image)  # (1, {m}, {d}): the tokens the caption decoder attended to
-
-# recent timm releases also read this folder's config.json:
-# model = timm.create_model("local-dir:{final}", pretrained=True)
-"""
+{local_dir}"""
 
 
-def _usage_hf(source: Source, final: Path, token_shape: tuple[int, ...]) -> str:
-    whole = f"model, cfg = load_model({str(final)!r})  # the whole captioner (sampling, scoring)"
+def _usage_hf(source: Source, final: Path, token_shape: tuple[int, ...], hub: bool) -> str:
+    folder = final.name  # relative: the card is read beside the folder, wherever it was copied to
+    whole = f"model, cfg = load_model({folder!r})  # the whole captioner (sampling, scoring)"
+    hub_lines = (f"""
+# the whole captioner with Hugging Face's own call (huggingface_hub's PyTorchModelHubMixin):
+# from mdc_core.hub import MDCCaptioner
+# captioner = MDCCaptioner.from_pretrained({folder!r})
+""" if hub else "")
     if not isinstance(source.model.encoder, ImageEncoder):  # a frozen VQ tokenizer: no timm encoder to hand out
-        return f"from mdc_core.checkpoint import load_model  # this project\n\n{whole}\n"
+        return f"from mdc_core.checkpoint import load_model  # this project\n\n{whole}\n{hub_lines}"
     pool = probe_pool(source.cfg.objective.name)
     m, d = token_shape
     feature = (f"# (1, {d}): the probe feature ({'mean of the patch tokens' if pool == 'gap' else 'class token'})"
@@ -312,11 +349,10 @@ def _usage_hf(source: Source, final: Path, token_shape: tuple[int, ...]) -> str:
 from PIL import Image
 from mdc_core import load_encoder  # this project (pip install -e . in its repository)
 
-encoder, preprocess = load_encoder({str(final)!r})  # a timm model and a torchvision transform
+encoder, preprocess = load_encoder({folder!r})  # a timm model and a torchvision transform
 image = preprocess(Image.open("image.jpg").convert("RGB")).unsqueeze(0)
 with torch.no_grad():
     feature = encoder(image)  {feature}
     tokens = encoder.forward_features(image)  # (1, {m}, {d}): the tokens the caption decoder attended to
 
-# {whole.replace("load_model(", "mdc_core.checkpoint.load_model(")}
-"""
+# {whole.replace("load_model(", "mdc_core.checkpoint.load_model(")}{hub_lines}"""

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
 from mdc_core.config import RunConfig, list_presets, load_preset
 
 OBJECTIVES = {  # one line per row of mdc_core.registry.OBJECTIVES
@@ -57,10 +59,10 @@ def rebuild_command(cfg: RunConfig, run_dir: str | Path) -> str:
     ``--set``); the preset ``tiny`` stands in for a config that names no registered preset."""
     preset = cfg.preset if cfg.preset in list_presets() else "tiny"
     base, mine = load_preset(preset).to_dict(), cfg.to_dict()
-    words = ["mdc", "train", "--preset", preset, "--data", cfg.data.path]
+    words = ["mdc", "train", "--preset", preset, "--data", _shown(cfg.data.path_as_given or cfg.data.path)]
     if cfg.data.images:
-        words += ["--images", cfg.data.images]
-    words += ["--objective", cfg.objective.name, "--steps", str(cfg.train.steps), "--out", str(Path(run_dir).resolve())]
+        words += ["--images", _shown(cfg.data.images)]
+    words += ["--objective", cfg.objective.name, "--steps", str(cfg.train.steps), "--out", Path(run_dir).name]
     for section, values in mine.items():
         if not isinstance(values, dict):
             continue
@@ -68,6 +70,30 @@ def rebuild_command(cfg: RunConfig, run_dir: str | Path) -> str:
             if (section, key) not in SKIPPED_KEYS and value != base[section].get(key):
                 words += ["--set", f"{section}.{key}={_override_text(value)}"]
     return shlex.join(words)
+
+
+def _shown(path: str | Path) -> str:
+    """`path` as a card may show it: relative to the working folder when under it, else its last two parts (a card
+    is shared; the absolute path of the machine that wrote it is true nowhere else)."""
+    path = Path(path)
+    if not path.is_absolute():
+        return str(path)
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(Path(*path.parts[-2:]))
+
+
+def encoder_title(cfg: RunConfig, trunk: Any) -> str:
+    """What the encoder is, from the built timm model `trunk` (not the timm name the config starts from, whose
+    default size the encoder_kwargs overrode): e.g. "ViT, depth 4, width 128, patch 8, 64 px, conv stem"."""
+    m = cfg.model
+    blocks, width = getattr(trunk, "blocks", None), getattr(trunk, "embed_dim", None)
+    if blocks is None or width is None:
+        return f"timm {m.encoder}, {m.image_size} px"
+    patch = m.encoder_kwargs.get("patch_size") or trunk.patch_embed.patch_size[0]
+    stem = ", early-convolution stem" if "conv_stem" in m.encoder_kwargs else ""
+    return f"ViT, depth {len(blocks)}, width {width}, patch {patch}, {m.image_size} px{stem}"
 
 
 def _override_text(value: Any) -> str:
@@ -103,7 +129,8 @@ def _probe_rows(data: dict[str, Any], run_dir: Path, source: str) -> list[Measur
         init = entry.get("init", "trained")  # the baselines beside it: what a probe gets without this training
         baseline = {"trained": "", "random": ", baseline: this architecture untrained",
                     "pixels": ", baseline: raw pixels"}.get(init, f", baseline: {init}")
-        detail = f"{entry.get('protocol', '')} probe of the {entry.get('pool', '')} feature on {entry.get('data', '')}"
+        detail = (f"{entry.get('protocol', '')} probe of the {entry.get('pool', '')} feature on "
+                  f"{_shown(entry.get('data', ''))}")
         detail += ", EMA weights" if entry.get("ema") and not baseline else ""
         for task, result in entry.get("tasks", {}).items():
             if isinstance(result, dict) and isinstance(result.get("top1"), int | float):
@@ -119,7 +146,7 @@ def _captioning_rows(data: dict[str, Any], run_dir: Path, source: str) -> list[M
         if not isinstance(entry, dict) or not _same_run(entry.get("run"), run_dir):
             continue
         tuned = f", after {data.get('finetune_steps')} fine-tuning steps" if data.get("finetune_steps") else ""
-        detail = f"{data.get('n_images', '?')} test images of {data.get('data', '')}{tuned}"
+        detail = f"{data.get('n_images', '?')} test images of {_shown(data.get('data', ''))}{tuned}"
         for name, value in entry.get("metrics", {}).items():
             if isinstance(value, int | float):
                 rows.append(Measurement(f"{name}, {entry.get('label', '')}", float(value), None, source, detail))
@@ -219,16 +246,36 @@ def _table(rows: Iterable[tuple[str, str]]) -> list[str]:
     return ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
 
 
+def card_data(cfg: RunConfig, run_dir: Path, fmt: str, measurements: Sequence[Measurement]) -> ModelCardData:
+    """The card's metadata (its YAML front matter) as huggingface_hub writes it: library, pipeline, tags, no licence
+    (left for the user), and each measurement as an eval result (a model-index entry the Hub displays)."""
+    data_name = Path(cfg.data.path).name or "local data"
+    results = [EvalResult(task_type="image-feature-extraction" if "probe" in r.what else "image-to-text",
+                          dataset_type=data_name, dataset_name=r.detail or data_name, metric_type=_slug(r.what),
+                          metric_name=r.what, metric_value=r.value)
+               for r in measurements]
+    return ModelCardData(library_name="timm" if fmt == "timm" else "mdc-workbench",
+                         pipeline_tag="image-feature-extraction",
+                         tags=["image-feature-extraction", "masked-diffusion-captioning", cfg.objective.name]
+                         + ([] if fmt == "timm" else ["pytorch_model_hub_mixin", "model_hub_mixin"]),
+                         model_name=run_dir.name, eval_results=results or None)
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in text.lower()).strip("_")[:60]
+
+
 def render_card(*, cfg: RunConfig, run_dir: Path, step: int, ema: bool, fmt: str, usage: str, params: int,
-                measurements: Sequence[Measurement], searched: Sequence[Path]) -> str:
-    """The README.md of an export: YAML front matter (licence left empty), then load / training / measured /
-    reproduce / licence sections. `usage` is the Python snippet that loads the export."""
+                measurements: Sequence[Measurement], searched: Sequence[Path], title: str = "") -> ModelCard:
+    """The README.md of an export as a huggingface_hub ModelCard: the metadata of :func:`card_data`, then load /
+    training / measured / reproduce / licence sections. `usage` is the Python snippet that loads the export, `title`
+    what the encoder is (:func:`encoder_title`)."""
     m, o, t = cfg.model, cfg.objective, cfg.train
     objective = OBJECTIVES.get(o.name, o.name).format(t_low=o.t_low, t_high=o.t_high, mask_ratio=o.mask_ratio)
     stem = m.encoder_kwargs.get("conv_stem")
     encoder = f"`{m.encoder}` ({json.dumps(m.encoder_kwargs)})" + (
-        f" with an early-convolution stem {stem} (not a timm architecture)" if stem else "")
-    data = f"`{cfg.data.path}` (format {cfg.data.format})"
+        f" with an early-convolution stem {stem} (timm's ConvStem in a timm export)" if stem else "")
+    data = f"`{_shown(cfg.data.path_as_given or cfg.data.path)}` (format {cfg.data.format})"
     manifest = Path(cfg.data.path) / "manifest.json"
     if manifest.is_file():
         try:
@@ -255,11 +302,9 @@ def render_card(*, cfg: RunConfig, run_dir: Path, step: int, ema: bool, fmt: str
             ("seed", str(t.seed)), ("weights", weights)]
     if logged:
         rows.append(("training metrics at that step", f"{logged} (step {record.get('step')}, metrics.jsonl)"))
-    lines = ["---", "license:  # left for you: the licence of these weights (they inherit the terms of the training "
-             "data), e.g. mit, apache-2.0, cc-by-4.0", f"library_name: {'timm' if fmt == 'timm' else 'mdc-workbench'}",
-             "pipeline_tag: image-feature-extraction",
-             f"tags: [image-feature-extraction, masked-diffusion-captioning, {o.name}]", "---", "",
-             f"# {run_dir.name}: a `{o.name}` image encoder ({m.encoder}, {m.image_size} px)", "",
+    lines = ["---", card_data(cfg, run_dir, fmt, measurements).to_yaml(), "---", "",
+             f"# {run_dir.name}: a `{o.name}` image encoder ({title or m.encoder + ', ' + str(m.image_size) + ' px'})",
+             "",
              f"An image encoder trained by {objective.split(':')[0].split(' (')[0]} with the MDC workbench, exported "
              f"as a {'plain timm model' if fmt == 'timm' else 'Hugging Face-style folder'} at step {step}.", "",
              "## Load it", "", "```python", usage.strip(), "```", "", "## Training", "", *_table(rows), ""]
@@ -267,15 +312,15 @@ def render_card(*, cfg: RunConfig, run_dir: Path, step: int, ema: bool, fmt: str
     if measurements:
         lines += ["| metric | value | step | detail | source |", "|---|---|---|---|---|"]
         lines += [f"| {r.what} | {_number(r.value)} | {'?' if r.step is None else r.step} | {r.detail} | "
-                  f"`{r.source}` |" for r in measurements]
+                  f"`{_shown(r.source)}` |" for r in measurements]
         if any(r.step is not None and r.step != step for r in measurements):
             lines += ["", f"Rows measured at another step than the exported {step} describe other weights."]
     else:
-        where = ", ".join(f"`{p}`" for p in searched) or "the run folder"
+        where = ", ".join(f"`{_shown(p)}`" for p in searched) or "the run folder"
         lines += [f"No probe or caption metrics name this run (looked in {where}). Measure them, e.g. "
-                  f"`mdc probe --run {run_dir} --data DATA --out {run_dir}/probe.json`, then export again."]
+                  f"`mdc probe --run {run_dir.name} --data DATA --out {run_dir.name}/probe.json`, then export again."]
     lines += ["", "## Reproduce", "", "The configuration of this run, as one command (rebuilt from its config.json):",
               "", "```bash", rebuild_command(cfg, run_dir), "```", "",
-              "## Licence", "", "Not set: fill in `license` above. The weights inherit the terms of the training "
-              "data and of the code that trained them.", ""]
-    return "\n".join(lines)
+              "## Licence", "", "Not set: add a `license` field above (e.g. mit, apache-2.0, cc-by-4.0). The weights "
+              "inherit the terms of the training data and of the code that trained them.", ""]
+    return ModelCard("\n".join(lines), ignore_metadata_errors=False)

@@ -1,0 +1,56 @@
+"""A captioner that Hugging Face's own loading call opens: :class:`MDCCaptioner`, a :class:`~mdc_core.model.Captioner`
+with huggingface_hub's ``PyTorchModelHubMixin``.
+
+``mdc export --format hf`` writes the folder this class reads (``config.json`` = the run's config, ``model.safetensors``
+= the captioner), so a user types the Hub's usual call::
+
+    from mdc_core.hub import MDCCaptioner
+    model = MDCCaptioner.from_pretrained("exported/")   # a local folder; a Hub repo id once uploaded
+    model.save_pretrained("copy/")                      # the same layout back (config.json, model.safetensors)
+
+The folder is also a checkpoint folder (``meta.json`` beside it), so :func:`mdc_core.checkpoint.load_model` and every
+``mdc`` verb read it too. Loading is strict, unlike the mixin's default: a weights file that does not fit the config
+is a one-line ValueError, never a half-initialised model. Nothing is downloaded unless a Hub repo id is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from huggingface_hub import PyTorchModelHubMixin
+
+from .checkpoint import load_weights
+from .config import RunConfig
+from .model import Captioner
+from .registry import objective_spec
+
+
+class MDCCaptioner(Captioner, PyTorchModelHubMixin, library_name="mdc-workbench", pipeline_tag="image-to-text",
+                   tags=["masked-diffusion-captioning", "image-captioning"]):
+    """A captioner built from a run's config as a plain dict (what ``config.json`` holds); the mixin saves that dict
+    as ``config.json`` and passes it back to ``__init__`` in ``from_pretrained``."""
+
+    def __init__(self, config: dict) -> None:
+        run = config if isinstance(config, RunConfig) else RunConfig.from_dict(config)
+        spec = objective_spec(run.objective.name)
+        if spec.model != "captioner":
+            raise ValueError(f"objective {run.objective.name!r} trains a {spec.model} model, not a captioner; load it "
+                             "with mdc_core.checkpoint.load_model")
+        # the weights come from model.safetensors, never from the run's pretrained encoder file
+        super().__init__(dataclasses.replace(run.model, pretrained=False, pretrained_path=""), causal=spec.causal)
+        self.run_config = run
+
+    @classmethod
+    def _load_as_safetensor(cls, model: MDCCaptioner, model_file: str, map_location: str, strict: bool
+                            ) -> MDCCaptioner:
+        """Always strict (`strict` is ignored): :meth:`Captioner.load_state_dict` names what does not fit."""
+        model.load_state_dict(load_weights(model_file))
+        return model.to(map_location).eval()
+
+
+def hub_captioner(cfg: RunConfig, state: dict[str, Any]) -> MDCCaptioner:
+    """An :class:`MDCCaptioner` of the run config `cfg` holding the weights `state` (a captioner's state dict)."""
+    model = MDCCaptioner(cfg.to_dict())
+    model.load_state_dict(state)
+    return model.eval()
