@@ -1,5 +1,5 @@
-"""`make gpu-check`: the plan scaled for a CPU, the phases' bookkeeping, the wheelhouse's package list, and (slow)
-the whole check at its tiny budget on the CPU."""
+"""`make gpu-check`: the plan scaled for a CPU, the phases' bookkeeping, the wheelhouse's package list, and the whole
+check at its tiny budget on the CPU (what CI can run of it)."""
 
 from __future__ import annotations
 
@@ -76,8 +76,8 @@ def test_the_wheelhouse_leaves_out_the_torch_stack_and_what_the_image_has():
     assert "numpy" in have and "papermill" not in have
 
 
-@pytest.mark.slow
 def test_gpu_check_runs_end_to_end_at_its_tiny_budget_on_the_cpu(tmp_path):
+    """`make gpu-check` on a machine without CUDA: every phase at a budget of seconds (about 3 minutes on 2 cores)."""
     from mdc_core.workbench.gpu_check import run
 
     summary = run(tmp_path / "gc", tiny=True, budget_s=1500)
