@@ -10,12 +10,12 @@ out=${1:-gpu_check_out}
 py=${PYTHON:-python3}
 if [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ]; then py=.venv/bin/python; fi
 site=${MDC_SITE:-/tmp/mdc_site}
-if compgen -G ".wheelhouse/*.whl" > /dev/null; then
+tiny=$("$py" -c "import torch; print('' if torch.cuda.is_available() else '--tiny')") || exit 1
+if [ -z "$tiny" ] && compgen -G ".wheelhouse/*.whl" > /dev/null; then  # the GPU machine's missing packages
     "$py" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
         .wheelhouse/*.whl || { echo "gpu-check: could not install .wheelhouse/ into $site" >&2; exit 1; }
     export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 else
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
-tiny=$("$py" -c "import torch; print('' if torch.cuda.is_available() else '--tiny')")
 exec "$py" -m mdc_core.workbench.gpu_check --out "$out" --budget-s "${BUDGET_S:-540}" $tiny
