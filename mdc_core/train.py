@@ -55,7 +55,7 @@ from .data.loaders import BatchStream
 from .factory import create_model
 from .model import padding_mask
 from .objectives import logged_accuracy, maskable_positions, objective_spec
-from .resume import resolve_data_paths  # noqa: F401 - part of this module's interface
+from .resume import resolve_data_paths
 from .runlock import RunLock
 from .tensorboard_log import TensorBoardLog
 from .tokenizer import CaptionTokenizer, build_output_vocab
