@@ -48,6 +48,7 @@ into the JSON record that the app, the notebooks and the GIFs replay.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -176,9 +177,7 @@ def sample(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig, *, 
         remask.update(reveal, again, new, before, cand_conf)
         x[:, 1:-1] = torch.where(reveal, new, x[:, 1:-1])
         record.step(s, masked, again, model.output_ids[best], conf, reveal, new, cand_conf, att)
-    settings = {"length": N, "tokens_per_step": cfg.tokens_per_step, "temperature": cfg.temperature,
-                "top_k": cfg.top_k, "seed": cfg.seed, "threshold": cfg.threshold,
-                "remask_threshold": cfg.remask_threshold, "remask_steps": cfg.remask_steps, "steps": steps}
+    settings = {**dataclasses.asdict(cfg), "length": N, "steps": steps}  # every option, N' as sampled
     if attention:
         settings["attention_prefix_tokens"] = int(getattr(getattr(model, "encoder", None), "num_prefix_tokens", 0))
     return record.output(x[:, 1:-1].clone(), fixed, steps, settings)
