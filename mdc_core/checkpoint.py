@@ -341,16 +341,6 @@ def resume_point(run_dir: str | Path, *, set_aside_damaged: bool = False) -> tup
     return start, state_problem
 
 
-def latest_intact_checkpoint(run_dir: str | Path, *, set_aside: bool = False) -> Path | None:
-    """The newest checkpoint of `run_dir` whose files all verify (None: no checkpoint at all); damaged newer ones
-    are named in a warning and, with `set_aside`, renamed ``corrupt_step_...``. Raises :class:`CheckpointError`
-    when none is intact (see :func:`resume_point`, which also offers a weights-only start)."""
-    ckpt, state_problem = resume_point(run_dir, set_aside_damaged=set_aside)
-    if state_problem:
-        raise CheckpointError(f"{state_problem}; no checkpoint of {run_dir} has intact train state")
-    return ckpt
-
-
 def checkpoint_folders(run_dir: str | Path) -> list[Path]:
     """Every checkpoint folder ``step_*`` of a run, intact or damaged, oldest first."""
     root = Path(run_dir) / CKPT_DIR

@@ -9,14 +9,15 @@ config naming an extension's objective or keys loads without the caller importin
 core alone imports no extension. A plug-in module stays light (no torch at import): it names its functions as
 ``"module:attribute"`` strings or wraps them in small functions that import on call.
 
-This module imports nothing but the standard library (the command line builds its choices from it).
+This module imports nothing but the standard library (the command line builds its choices from it); like a row's
+loss, the tensor helpers :meth:`ObjectiveSpec.loss_denominator` counts with are named as ``"module:function"``.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -35,9 +36,23 @@ def resolve_ref(ref: str | Callable[..., Any]) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
+FAMILIES = ("masked", "causal", "contrastive")  # how a captioner's tokens are predicted, or no captioner at all
+DECODERS = ("unmask", "left_to_right", "ancestral", "none")  # how a run's captions are produced (sample, eval)
+# family -> (caption scores the compositionality evaluation allows for it, the ones it runs by default)
+SCORING: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "masked": (("mc", "heuristic", "ar"), ("mc", "heuristic")),
+    "causal": (("ar",), ("ar",)),
+    "contrastive": (("cosine",), ("cosine",)),
+}
+
+
 @dataclass(frozen=True)
 class ObjectiveSpec:
-    """One row of the objective table."""
+    """One row of the objective table: everything the rest of the code asks about an objective.
+
+    Its family (:attr:`family`), how many loss terms a batch carries (:meth:`loss_denominator`,
+    :meth:`expected_loss_terms`), its display label, its model-card sentence, its default decoder and the
+    masking ratios it is scored at (:meth:`scoring_ratios`) are all read from here, never from its name."""
 
     causal: bool  # decoder self-attention is causal (teacher forcing) instead of bidirectional
     masking: str  # "time": t ~ U[t_low, t_high] per caption; "fixed": t = mask_ratio; "all": t = 1; "none";
@@ -48,21 +63,96 @@ class ObjectiveSpec:
     model: str = "captioner"  # model family (mdc_core.factory.MODELS): "captioner" or "clip" (contrastive loss)
     prepared: bool = True  # the loss takes a PreparedBatch (objectives.prepare_batch, on the host in the trainer);
     # False: it draws its noise on the device itself
+    label: str = ""  # display label in tables ("MDC w/o 1/t"); "" = the objective's name
+    description: str = ""  # the model card's sentence; may use {t_low}, {t_high}, {mask_ratio}; "" = the name
+    decoder: str = ""  # one of DECODERS; "" = the family's (masked: unmask, causal: left_to_right, contrastive: none)
+
+    def __post_init__(self) -> None:
+        if not self.decoder:
+            default = {"masked": "unmask", "causal": "left_to_right", "contrastive": "none"}[self.family]
+            object.__setattr__(self, "decoder", default)
+        if self.decoder not in DECODERS:
+            raise ValueError(f"objective decoder {self.decoder!r}: choose one of {', '.join(DECODERS)}")
+
+    @property
+    def family(self) -> str:
+        """"contrastive" (no caption decoder), "causal" (left to right) or "masked" (tokens masked and predicted)."""
+        return "contrastive" if self.model != "captioner" else "causal" if self.causal else "masked"
+
+    @property
+    def scoring(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(compositionality scores that apply, the default ones) for this objective's family."""
+        return SCORING[self.family]
 
     def loss_fn(self) -> Callable[..., Any]:
         return resolve_ref(self.loss)
+
+    def loss_denominator(self, tokens: Any, normalization: str) -> int:
+        """What the loss of a micro-batch `tokens` (B, L) is divided by: its loss-carrying positions (``per_token``:
+        caption tokens + ``<eot>`` when nothing is masked, else the maskable positions) or its captions with any
+        (``per_sequence``); the batch size for a contrastive objective."""
+        if self.family == "contrastive":
+            return tokens.shape[0]  # a mean over the batch
+        if self.masking == "none":  # next-token targets: every token after <sot> that is not padding
+            valid = ~resolve_ref("mdc_core.model:padding_mask")(tokens)[:, 1:]  # (B, L - 1)
+        else:
+            valid = resolve_ref("mdc_core.objectives:maskable_positions")(tokens)  # (B, L)
+        per_caption = valid.sum(dim=1)  # (B,)
+        return int(per_caption.sum()) if normalization == "per_token" else int((per_caption > 0).sum())
+
+    def expected_loss_terms(self, lengths: Sequence[int], cfg: Any) -> float:
+        """Expected loss-carrying tokens of captions of `lengths` caption tokens (no ``<sot>``/``<eot>``) under
+        objective settings `cfg` (an ObjectiveConfig); 0 for a contrastive objective."""
+        n = float(sum(lengths))
+        if self.family == "contrastive":
+            return 0.0
+        if self.masking == "none":
+            return n + len(lengths)  # every caption token and <eot>
+        if self.masking == "time":
+            return (cfg.t_low + cfg.t_high) / 2 * n
+        if self.masking == "fixed":
+            return cfg.mask_ratio * n
+        return n  # "all", and a custom process (D3PM noises all): every position carries a loss term
+
+    def scoring_ratios(self, cfg: Any) -> tuple[float, ...]:
+        """Masking ratios inside the range a run of objective settings `cfg` was trained on: its fixed ratio
+        ("fixed"; 1 for "all"), else three evenly spaced ratios of [t_low, t_high] (ratio 0 left out)."""
+        if self.masking == "all":
+            return (1.0,)
+        if self.masking == "fixed":
+            return (float(cfg.mask_ratio),)
+        steps = [cfg.t_low + k * (cfg.t_high - cfg.t_low) / 2 for k in range(3)]
+        return tuple(round(r, 4) for r in steps if r > 0)
+
+    def display(self, name: str) -> str:
+        """The label of objective `name` (this row) in tables."""
+        return self.label or name
 
 
 _MASKED, _AR = "mdc_core.objectives:masked_token_loss", "mdc_core.objectives:autoregressive_loss"
 # the core's rows, in the order the command line lists them; extensions append theirs (register_objective)
 OBJECTIVES: dict[str, ObjectiveSpec] = {
-    "mdc": ObjectiveSpec(causal=False, masking="time", inv_t_weight=True, loss=_MASKED),  # masked diffusion captioning
-    "mdc_no_t": ObjectiveSpec(causal=False, masking="time", inv_t_weight=False, loss=_MASKED),  # = CMLM (Table 4)
-    "bert": ObjectiveSpec(causal=False, masking="fixed", inv_t_weight=False, loss=_MASKED),  # image-cond. BERT, r
-    "parallel": ObjectiveSpec(causal=False, masking="all", inv_t_weight=False, loss=_MASKED),  # r = 1, CapPa parallel
-    "arc": ObjectiveSpec(causal=True, masking="none", inv_t_weight=False, loss=_AR),  # autoregressive captioning
-    "clip": ObjectiveSpec(causal=True, masking="none", inv_t_weight=False, model="clip",  # contrastive baseline
-                          loss="mdc_core.objectives:clip_loss"),
+    "mdc": ObjectiveSpec(  # masked diffusion captioning
+        causal=False, masking="time", inv_t_weight=True, loss=_MASKED, label="MDC",
+        description="masked diffusion captioning (Feng, Wei, Owens 2025): each caption token masked with probability "
+                    "t ~ U[{t_low}, {t_high}], the masked tokens predicted from the image, the loss weighted by 1/t"),
+    "mdc_no_t": ObjectiveSpec(  # = CMLM (Table 4)
+        causal=False, masking="time", inv_t_weight=False, loss=_MASKED, label="MDC w/o 1/t",
+        description="masked diffusion captioning without the 1/t weight (CMLM): t ~ U[{t_low}, {t_high}]"),
+    "bert": ObjectiveSpec(  # image-conditioned BERT, r
+        causal=False, masking="fixed", inv_t_weight=False, loss=_MASKED, label="BERT",
+        description="image-conditioned BERT: a fixed fraction {mask_ratio} of the caption tokens masked and predicted"),
+    "parallel": ObjectiveSpec(  # r = 1, CapPa parallel
+        causal=False, masking="all", inv_t_weight=False, loss=_MASKED, label="Parallel",
+        description="parallel captioning (CapPa): every caption token masked and predicted at once from the image"),
+    "arc": ObjectiveSpec(  # autoregressive captioning
+        causal=True, masking="none", inv_t_weight=False, loss=_AR, label="ARC",
+        description="autoregressive captioning: the next caption token predicted from the image and the tokens "
+                    "before it"),
+    "clip": ObjectiveSpec(  # contrastive baseline
+        causal=True, masking="none", inv_t_weight=False, model="clip", loss="mdc_core.objectives:clip_loss",
+        label="CLIP", description="contrastive image-text training (CLIP) with a text transformer of the decoder's "
+                                  "shape"),
 }
 CORE_OBJECTIVES = tuple(OBJECTIVES)
 # image encoders besides timm (the default for any other model.encoder): name -> class built from a ModelConfig

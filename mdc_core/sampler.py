@@ -48,6 +48,7 @@ into the JSON record that the app, the notebooks and the GIFs replay.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -156,9 +157,7 @@ def sample(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig, *, 
     record = Recorder(max_steps, B, N, device)
     steps = max_steps
     for s in range(max_steps):
-        before = x[:, 1:-1].clone()
-        again = remask.pick(before == MASK_ID, cfg.tokens_per_step)  # (B, N) revealed tokens masked again
-        x[:, 1:-1] = before.masked_fill(again, MASK_ID)
+        again = remask.apply(x)  # (B, N) revealed tokens masked again in x (none unless remasking is on)
         masked = x[:, 1:-1] == MASK_ID  # (B, N)
         if not bool(masked.any()):  # every row finished early
             steps = s
@@ -173,12 +172,10 @@ def sample(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig, *, 
                                        for v in (conf, best, cand, cand_conf))  # (B, N), 0 where not masked
         reveal = reveal_rule(cand_conf, masked)  # (B, N)
         new = model.output_ids[cand]  # (B, N) token ids
-        remask.update(reveal, again, new, before, cand_conf)
         x[:, 1:-1] = torch.where(reveal, new, x[:, 1:-1])
+        remask.update(reveal, again, new, cand_conf)
         record.step(s, masked, again, model.output_ids[best], conf, reveal, new, cand_conf, att)
-    settings = {"length": N, "tokens_per_step": cfg.tokens_per_step, "temperature": cfg.temperature,
-                "top_k": cfg.top_k, "seed": cfg.seed, "threshold": cfg.threshold,
-                "remask_threshold": cfg.remask_threshold, "remask_steps": cfg.remask_steps, "steps": steps}
+    settings = {**dataclasses.asdict(cfg), "length": N, "steps": steps}  # every option, N' as sampled
     if attention:
         settings["attention_prefix_tokens"] = int(getattr(getattr(model, "encoder", None), "num_prefix_tokens", 0))
     return record.output(x[:, 1:-1].clone(), fixed, steps, settings)
@@ -258,16 +255,15 @@ class ConfidenceReveal:
 
 
 class NoRemasking:
-    """Revealed tokens never change (the paper's sampler)."""
+    """Revealed tokens never change (the paper's sampler): the canvas is left as it is."""
 
     def __init__(self, fixed: torch.Tensor) -> None:
         self.none = torch.zeros_like(fixed)  # (B, N) bool
 
-    def pick(self, masked: torch.Tensor, k: int) -> torch.Tensor:
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
         return self.none
 
-    def update(self, reveal: torch.Tensor, again: torch.Tensor, new: torch.Tensor, before: torch.Tensor,
-               conf: torch.Tensor) -> None:
+    def update(self, reveal: torch.Tensor, again: torch.Tensor, new: torch.Tensor, conf: torch.Tensor) -> None:
         pass
 
 
@@ -276,11 +272,19 @@ class Remasking:
     confident revealed tokens below the threshold, for at most ``remask_steps`` extra steps."""
 
     def __init__(self, cfg: SamplerConfig, fixed: torch.Tensor) -> None:
-        self.threshold, self.budget = cfg.remask_threshold, cfg.remask_steps
+        self.threshold, self.budget, self.k = cfg.remask_threshold, cfg.remask_steps, cfg.tokens_per_step
         self.fixed = fixed  # (B, N)
+        self.before = torch.zeros(fixed.shape, dtype=torch.long, device=fixed.device)  # (B, N) tokens before apply
         self.used = torch.zeros(fixed.shape[0], dtype=torch.long, device=fixed.device)  # (B,) extra steps taken
         self.checked = torch.zeros_like(fixed)  # (B, N) re-predicted from the present context, came back unchanged
         self.conf = torch.zeros(fixed.shape, device=fixed.device)  # (B, N) each token's confidence when revealed
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """Mask again in canvas x (B, N+2) the tokens :meth:`pick` chooses; returns them, (B, N) bool."""
+        self.before = x[:, 1:-1].clone()
+        again = self.pick(self.before == MASK_ID, self.k)
+        x[:, 1:-1] = self.before.masked_fill(again, MASK_ID)
+        return again
 
     def pick(self, masked: torch.Tensor, k: int) -> torch.Tensor:
         """(B, N) bool: the tokens to mask again this step, in rows that have no mask left and budget to spend."""
@@ -292,13 +296,12 @@ class Remasking:
         self.used += again.any(dim=1).long()
         return again
 
-    def update(self, reveal: torch.Tensor, again: torch.Tensor, new: torch.Tensor, before: torch.Tensor,
-               conf: torch.Tensor) -> None:
-        """After a step (all (B, N); `before`: the tokens before remasking, `conf`: the proposals' confidences):
-        re-predicted tokens are checked; in a row where one of them changed, the context of the others changed,
+    def update(self, reveal: torch.Tensor, again: torch.Tensor, new: torch.Tensor, conf: torch.Tensor) -> None:
+        """After a step (all (B, N); `conf`: the proposals' confidences): re-predicted tokens are checked against
+        the tokens before :meth:`apply`; in a row where one of them changed, the context of the others changed,
         so they may be revised again."""
         redone = again & reveal
-        changed = (redone & (new != before)).any(dim=1, keepdim=True)  # (B, 1)
+        changed = (redone & (new != self.before)).any(dim=1, keepdim=True)  # (B, 1)
         self.checked = (self.checked & ~changed) | redone
         self.conf = torch.where(reveal, conf, self.conf)
 

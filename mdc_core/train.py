@@ -53,9 +53,8 @@ from .config import ObjectiveConfig, RunConfig
 from .data import SKIP_REASONS, iter_captions
 from .data.loaders import BatchStream
 from .factory import create_model
-from .model import padding_mask
-from .objectives import logged_accuracy, maskable_positions, objective_spec
-from .resume import resolve_data_paths  # noqa: F401 - part of this module's interface
+from .objectives import logged_accuracy, objective_spec
+from .resume import resolve_data_paths
 from .runlock import RunLock
 from .tensorboard_log import TensorBoardLog
 from .tokenizer import CaptionTokenizer, build_output_vocab
@@ -137,12 +136,7 @@ def loss_denominator(tokens: torch.Tensor, objective: ObjectiveConfig) -> int:
     (``per_token``; caption tokens + ``<eot>`` for arc) or its captions with any (``per_sequence``); the batch
     size for the contrastive objective. tokens (B, L). Summed over the global batch it makes accumulation and
     DDP give the gradient of one big batch."""
-    spec = objective_spec(objective.name)
-    if spec.model != "captioner":
-        return tokens.shape[0]  # a mean over the batch
-    valid = ~padding_mask(tokens)[:, 1:] if spec.masking == "none" else maskable_positions(tokens)  # (B, L')
-    per_caption = valid.sum(dim=1)  # (B,)
-    return int(per_caption.sum()) if objective.normalization == "per_token" else int((per_caption > 0).sum())
+    return objective_spec(objective.name).loss_denominator(tokens, objective.normalization)
 
 
 def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bool = True) -> TrainResult:

@@ -105,7 +105,6 @@ def test_canvas_and_heatmap_by_hand():
         step(0, [(2, "dot", 0.9)], [(0, "a", 0.5), (1, "big", 0.2), (2, "dot", 0.9)]),
         step(1, [(0, "a", 0.6)], [(0, "a", 0.6), (1, "blue", 0.3)]),
         step(2, [(1, "red", 0.7)], [(1, "red", 0.7)])]}
-    assert trajectory_view.reveal_steps(record) == [1, 2, 0]
     assert [r["position"] for r in trajectory_view.reveal_order(record)] == [2, 0, 1]
     cells = animation.canvas_at(record, 1)
     assert cells[2] | {} == {"position": 2, "state": "revealed", "token": "dot", "confidence": 0.9, "order": 1,

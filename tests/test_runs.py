@@ -13,7 +13,7 @@ from mdc_core.workbench import progress
 from mdc_core.workbench.paper import PAPER
 from mdc_core.workbench.plans import RunSpec, load_plan
 from mdc_core.workbench.runner import result_from_markers, run_plan, run_status, thread_env, thread_share
-from mdc_core.workbench.summary import _fmt, merge_tables, table_markdown
+from mdc_core.workbench.summary import _fmt, table_markdown
 
 TINY_BODY = """\
 import json, pathlib
@@ -283,12 +283,9 @@ def test_cli_dry_run_lists_runs_without_executing(toy: Path, capsys: pytest.Capt
     assert "mdc: error: plan file not found" in capsys.readouterr().err
 
 
-def test_tables_merge_across_runs_and_sit_beside_the_paper() -> None:
-    per_run = {"a": {"tables": {"table5": {"metric": "m", "values": {"[0.5, 1.0]": 60.0}}}},
-               "b": {"tables": {"table5": {"metric": "m", "values": {"[0.0, 1.0]": 40.0, "[0.5, 1.0]": 61.0}}}}}
-    merged = merge_tables(per_run)
-    assert merged["table5"]["values"] == {"[0.5, 1.0]": 60.0, "[0.0, 1.0]": 40.0, "[0.5, 1.0] (b)": 61.0}
-    text = "\n".join(table_markdown("table5", merged["table5"]))
+def test_tables_sit_beside_the_paper() -> None:
+    ours = {"metric": "m", "values": {"[0.5, 1.0]": 60.0, "[0.0, 1.0]": 40.0}}
+    text = "\n".join(table_markdown("table5", ours))
     assert "| [0.0, 1.0] | 40.0 | 29.3 |" in text and "| [0.3, 0.8] | – | 36.1 |" in text
     # Table 1: the Average column (our mean over tasks), not ImageNet-1k's, for each backbone
     assert {row: v["ViT-B/32"] for row, v in PAPER["table1"].values.items()} == {"CLIP": 71.7, "ARC": 69.5,

@@ -192,3 +192,21 @@ def test_threshold_setting_range():
     assert SAMPLER_RANGES["threshold"] == (0.0, 1.0)
     with pytest.raises(ConfigError, match="sampler.threshold"):
         SamplerConfig(threshold=1.5).validate()
+
+
+def test_settings_record_every_option_of_the_config_and_the_length_sampled():
+    """The record is built from the dataclass: an option added to SamplerConfig is recorded without listing it."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class WithOption(SamplerConfig):
+        new_option: float = 0.25
+
+    ids = torch.tensor([10, 11, 12])
+    probs = torch.tensor([[0.6, 0.3, 0.1], [0.02, 0.95, 0.03], [0.04, 0.04, 0.92]])
+    prompt = torch.tensor([MASK_ID, MASK_ID, MASK_ID])
+    out = sample(TableModel(probs.log()[None], ids), torch.zeros(1, 4, 8), WithOption(length=9, seed=3),
+                 prompt=prompt)
+    assert out.settings == {"length": 3, "tokens_per_step": 1, "temperature": 0.0, "top_k": 0, "seed": 3,
+                            "threshold": 0.0, "remask_threshold": 0.0, "remask_steps": 0, "new_option": 0.25,
+                            "steps": 3}  # length: the prompt's N', not cfg.length

@@ -49,6 +49,7 @@ def _assert_same(new, old) -> None:
             assert torch.equal(a, b), f.name
         else:
             assert a == b, f.name
+            assert not isinstance(b, dict) or list(a) == list(b), f"{f.name}: key order"  # the JSON record's order
 
 
 @pytest.mark.parametrize("name", list(CASES))

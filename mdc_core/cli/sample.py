@@ -18,6 +18,7 @@ from mdc_core.cli import trajectory
 from mdc_core.cli.common import flags
 from mdc_core.config import SAMPLER_RANGES, SCORE_METHODS, apply_overrides
 from mdc_core.masked_conditional.plugin import GUIDANCE_MODES
+from mdc_core.registry import objective_spec
 
 # ``mdc sample`` options of MDC's confidence sampler that the D3PM sampler has no use for: (dest, flag)
 MDC_ONLY_ARGS = (("tokens_per_step", "--tokens-per-step"), ("threshold", "--threshold"), ("top_k", "--top-k"))
@@ -97,13 +98,15 @@ def cmd_sample(args: argparse.Namespace) -> None:
     from mdc_core.checkpoint import load_model
     from mdc_core.data import load_image
     model, cfg = load_model(args.run, device=args.device, ema=args.ema)
-    if cfg.objective.name == "clip":
-        raise ValueError(f"{args.run} is a CLIP run (objective clip): it has no caption decoder to sample from; "
+    spec = objective_spec(cfg.objective.name)
+    if spec.decoder == "none":
+        raise ValueError(f"{args.run} is a {spec.display(cfg.objective.name)} run (objective {cfg.objective.name}): it "
+                         "has no caption decoder to sample from; "
                          "caption with an MDC or ARC run (CLIP runs serve mdc probe and mdc eval compositionality)")
     guidance = guidance_config(args, cfg)
     image = load_image(args.image, cfg.model.image_size)[None].to(args.device)
     trajectory.check_args(args, cfg.objective.name)
-    if cfg.objective.name == "d3pm":  # MC-Diffusion: T-step ancestral sampling
+    if spec.decoder == "ancestral":  # MC-Diffusion: T-step ancestral sampling
         return cmd_sample_d3pm(args, model, cfg, image, guidance)
     check_mdc_sampler_args(args, cfg)
     cfg = apply_overrides(cfg, _sampler_overrides(args) + trajectory.sampler_overrides(args))

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mdc_core.registry import objective_spec
+
 
 def add_trajectory_args(p: argparse.ArgumentParser) -> None:
     """Flags of ``mdc sample`` handled here."""
@@ -38,7 +40,7 @@ def check_args(args: argparse.Namespace, objective: str) -> None:
     given = [f for f, v in (("--prompt", args.prompt), ("--remask-threshold", args.remask_threshold),
                             ("--remask-steps", args.remask_steps), ("--gif", args.gif),
                             ("--attention", args.attention)) if v not in (None, False)]
-    if objective == "d3pm" and given:
+    if objective_spec(objective).decoder == "ancestral" and given:
         raise ValueError(f"{', '.join(given)} belong to MDC's confidence sampler; {args.run} is a D3PM run")
     if args.prompt is not None and args.length not in (None,) and args.length != "auto":
         raise ValueError("--prompt sets the caption length (its token count); drop --length")

@@ -46,6 +46,7 @@ from mdc_core.data.sources import iter_shard_records, resolve_source
 from mdc_core.eval.caption_metrics import ALL_METRICS, MeteorSession, score_captions
 from mdc_core.eval.composition_sets import image_pixels
 from mdc_core.eval.repetition import repeated_words, repetition_rate
+from mdc_core.registry import objective_spec
 from mdc_core.tokenizer import EOT_ID, SOT_ID, CaptionTokenizer
 
 PAPER_LENGTHS = (10, 15, 20)
@@ -217,10 +218,13 @@ def parse_lengths(values: Sequence[int | str]) -> list[int | str]:
 def decoders_for(objective: str, lengths: Sequence[int | str] = PAPER_LENGTHS, beam: int = PAPER_BEAM
                  ) -> list[str]:
     """Decoder names for a run: ``mdc-N`` per length (``mdc-median``, ``mdc-oracle``, ``mdc-auto``, ``mdc-arc``
-    for the :data:`LENGTH_MODES`) for masked captioners; ``greedy`` and ``beam-B`` for ARC."""
-    if objective == "clip":
-        raise ValueError("a CLIP run cannot caption images; captioning evaluates MDC-family and ARC runs")
-    if objective == "arc":
+    for the :data:`LENGTH_MODES`) for masked captioners; ``greedy`` and ``beam-B`` for left-to-right ones (ARC):
+    the objective spec's decoder."""
+    spec = objective_spec(objective)
+    if spec.decoder == "none":
+        raise ValueError(f"a {spec.display(objective)} run cannot caption images; captioning evaluates MDC-family "
+                         "and ARC runs")
+    if spec.decoder == "left_to_right":
         if beam < 1:
             raise ValueError(f"beam must be >= 1, got {beam}")
         return ["greedy"] + ([f"beam-{beam}"] if beam > 1 else [])
@@ -321,13 +325,12 @@ def decoder_label(objective: str, decoder: str, median: int | None = None,
     """(Table 3 method, sequence length column) for a decoder, e.g. ("MDC", "10"), ("MDC", "8 (median)"),
     ("MDC", "per image (oracle)"), ("ARC (beam 6)", "-")."""
     kind, _, arg = decoder.partition("-")
+    name = objective_spec(objective).display(objective)
     if kind == "mdc":
-        name = {"mdc": "MDC", "mdc_no_t": "MDC w/o 1/t", "bert": "BERT", "parallel": "Parallel"}.get(objective,
-                                                                                                   objective)
         length = {"median": f"{median} (median)", "oracle": "per image (oracle)",
                   "auto": f"auto ({auto_range})", "arc": "per image (ARC's)"}.get(arg, arg)
         return name, length
-    return ("ARC (greedy)" if kind == "greedy" else f"ARC (beam {arg})"), "-"
+    return (f"{name} (greedy)" if kind == "greedy" else f"{name} (beam {arg})"), "-"
 
 
 def captioning_table(results: Sequence[dict[str, Any]]) -> str:
@@ -354,7 +357,7 @@ def table3_row(result: dict[str, Any]) -> str:
     ``ARC`` (beam search, the paper's ARC row); other MDC-family objectives keep their label (``BERT-10``)."""
     kind, _, arg = result["decoder"].partition("-")
     if kind == "mdc":
-        name = "MDC" if result["objective"] == "mdc" else result["label"]
+        name = result["label"]
         if arg == "arc":
             return f"{name} (ARC's length)"
         return f"{name} ({arg} length)" if arg in LENGTH_MODES else f"{name}-{arg}"
@@ -417,7 +420,8 @@ def captioning(runs: Sequence[str | Path], data: str | Path, *, lengths: Sequenc
         _, cfg = load_model(run)
         decoders = decoders_for(cfg.objective.name, lengths, beam)
         fixed = [n for n in lengths if isinstance(n, int)]
-        too_long = [n for n in fixed if n + 2 > cfg.model.context_length] if cfg.objective.name != "arc" else []
+        too_long = [n for n in fixed if n + 2 > cfg.model.context_length] \
+            if objective_spec(cfg.objective.name).decoder != "left_to_right" else []
         if too_long:
             raise ValueError(f"caption length(s) {too_long} exceed the context of {run} "
                              f"({cfg.model.context_length - 2} tokens)")

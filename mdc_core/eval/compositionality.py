@@ -4,7 +4,7 @@ For every example (:class:`~mdc_core.eval.composition_sets.Example`) the image i
 captions (the true one and every false one) are scored in one batch; the example is correct for a task when the
 true caption scores strictly higher than each false caption of that task (ties count as wrong).
 
-Scores by model family (:data:`METHODS`):
+Scores by model family (:data:`mdc_core.registry.SCORING`, read through the objective's spec):
 
 * captioners trained with a masked objective (MDC, MDC w/o 1/t, BERT, parallel): ``mc`` (Monte Carlo ELBO of
   Eq. 8) and ``heuristic`` (the paper's greedy-order score) by default; ``ar`` (fixed left-to-right order) on
@@ -38,34 +38,23 @@ from tqdm.auto import tqdm
 
 from mdc_core.config import RunConfig
 from mdc_core.eval.composition_sets import COLUMN_ORDER, COLUMNS, Example, example_pixels, load_benchmark
+from mdc_core.registry import SCORING, objective_spec
 from mdc_core.tokenizer import CaptionTokenizer
 
-MASKED_METHODS = ("mc", "heuristic", "ar")
-# model family -> (allowed methods, default methods); the family is "clip", "arc" or "masked"
-METHODS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "clip": (("cosine",), ("cosine",)),
-    "arc": (("ar",), ("ar",)),
-    "masked": (MASKED_METHODS, ("mc", "heuristic")),
-}
-OBJECTIVE_LABELS = {"clip": "CLIP", "arc": "ARC", "mdc": "MDC", "mdc_no_t": "MDC w/o 1/t", "bert": "BERT",
-                    "parallel": "Parallel"}
+MASKED_METHODS = SCORING["masked"][0]  # the likelihood scores ("mc", "heuristic", "ar")
 METHOD_LABELS = {"mc": "Monte Carlo", "heuristic": "Heuristic", "ar": "left-to-right", "cosine": ""}
-
-
-def family(objective: str) -> str:
-    """"clip", "arc" or "masked" for an objective name."""
-    return objective if objective in ("clip", "arc") else "masked"
 
 
 def check_methods(objective: str, methods: Sequence[str] | None) -> tuple[str, ...]:
     """The methods to run for a model of `objective`: its defaults when `methods` is None or empty; a method
     that does not apply to the objective (e.g. ``ar`` on a CLIP run) is a ValueError."""
-    allowed, default = METHODS[family(objective)]
+    spec = objective_spec(objective)
+    allowed, default = spec.scoring
     if not methods:
         return default
     bad = [m for m in methods if m not in allowed]
     if bad:
-        raise ValueError(f"method(s) {', '.join(bad)} do not apply to a {OBJECTIVE_LABELS.get(objective, objective)} "
+        raise ValueError(f"method(s) {', '.join(bad)} do not apply to a {spec.display(objective)} "
                          f"run (objective {objective!r}); it can be scored with: {', '.join(allowed)}")
     return tuple(dict.fromkeys(methods))
 
@@ -74,10 +63,11 @@ def row_label(objective: str, method: str, cfg: RunConfig | None = None, *, blin
               per_token: bool = False) -> str:
     """Table 2 row name, e.g. "MDC (Heuristic)", "ARC", "CLIP", "BERT r=0.15 (Monte Carlo)"; the controls add
     "per token" and "blind" (e.g. "MDC (Monte Carlo, per token), blind")."""
-    name = OBJECTIVE_LABELS.get(objective, objective)
-    if objective == "bert" and cfg is not None:
+    spec = objective_spec(objective)
+    name = spec.display(objective)
+    if spec.masking == "fixed" and cfg is not None:
         name += f" r={cfg.objective.mask_ratio:g}"
-    detail = [METHOD_LABELS[method]] if family(objective) == "masked" else []
+    detail = [METHOD_LABELS[method]] if spec.family == "masked" else []
     detail += ["per token"] if per_token else []
     name += f" ({', '.join(detail)})" if detail else ""
     return name + (", blind" if blind else "")
@@ -143,6 +133,7 @@ def evaluate_model(model: torch.nn.Module, cfg: RunConfig, examples: Sequence[Ex
     """
     objective = cfg.objective.name
     methods = check_methods(objective, methods)
+    contrastive = objective_spec(objective).family == "contrastive"
     model = model.to(device).eval()
     tokenizer = CaptionTokenizer(cfg.model.context_length)
     rows = [(m, False) for m in methods] + [(m, True) for m in methods if length_norm and m != "cosine"]
@@ -169,7 +160,7 @@ def evaluate_model(model: torch.nn.Module, cfg: RunConfig, examples: Sequence[Ex
             image = torch.zeros_like(image)  # the mean image: every pixel the CLIP mean colour, normalised
         tokens = tokenizer(captions, truncate=False).to(device)  # (C, L)
         n_tokens = [len(tokenizer.encode_text(c)) for c in captions]
-        image_tokens = model.encode_image(image) if family(objective) != "clip" else None  # once per example
+        image_tokens = model.encode_image(image) if not contrastive else None  # once per example
         for method in methods:
             start = time.perf_counter()
             scores, stderr = SCORERS[method](model, image, captions, tokens, image_tokens=image_tokens,

@@ -46,19 +46,7 @@ def expected_supervised_tokens(lengths: Sequence[int], cfg: ObjectiveConfig) -> 
     objective `cfg` (module docstring); 0 for CLIP and for objectives that do not mask tokens (D3PM noises all)."""
     from mdc_core.objectives import objective_spec
 
-    spec = objective_spec(cfg.name)
-    n = float(sum(lengths))
-    if spec.model != "captioner":
-        return 0.0
-    if spec.masking == "none":
-        return n + len(lengths)  # every caption token and <eot>
-    if spec.masking == "time":
-        return (cfg.t_low + cfg.t_high) / 2 * n
-    if spec.masking == "fixed":
-        return cfg.mask_ratio * n
-    if spec.masking == "all":
-        return n
-    return n  # d3pm: every position carries a loss term
+    return objective_spec(cfg.name).expected_loss_terms(lengths, cfg)
 
 
 def measured_supervised_tokens(tokens: torch.Tensor, cfg: ObjectiveConfig, output_index: torch.Tensor | None,
@@ -68,8 +56,8 @@ def measured_supervised_tokens(tokens: torch.Tensor, cfg: ObjectiveConfig, outpu
     from mdc_core.objectives import objective_spec, prepare_batch
 
     spec = objective_spec(cfg.name)
-    if spec.model != "captioner" or not spec.prepared:
-        return 0.0 if spec.model != "captioner" else float("nan")
+    if spec.family == "contrastive" or not spec.prepared:
+        return 0.0 if spec.family == "contrastive" else float("nan")
     total = 0
     for d in range(draws):
         gen = torch.Generator().manual_seed(seed + d)

@@ -64,13 +64,7 @@ SIGNAL_DEFINITION = "loss with a mismatched image (batch rolled by one) minus lo
 def training_ratios(cfg: RunConfig) -> tuple[float, ...]:
     """Masking ratios inside the range a masked run was trained on: its fixed ratio (BERT; 1 for parallel), else
     three evenly spaced ratios of [t_low, t_high] (ratio 0, which masks nothing, left out)."""
-    obj = cfg.objective
-    if obj.name == "parallel":
-        return (1.0,)
-    if obj.name == "bert":
-        return (float(obj.mask_ratio),)
-    steps = [obj.t_low + k * (obj.t_high - obj.t_low) / 2 for k in range(3)]
-    return tuple(round(r, 4) for r in steps if r > 0)
+    return objective_spec(cfg.objective.name).scoring_ratios(cfg.objective)
 
 
 @dataclass
@@ -350,7 +344,7 @@ def position_signal_runs(runs: Sequence[str | Path], data: str | Path, *, split:
     out = []
     for run in runs:
         model, cfg = load_model(run, device=device, ema=ema)
-        if objective_spec(cfg.objective.name).model != "captioner":
+        if objective_spec(cfg.objective.name).family == "contrastive":
             raise ValueError(f"{run} is a {cfg.objective.name} run: position signal needs a captioner (a CLIP run "
                              "has no per-token loss)")
         batches = _batches(data, split, cfg.model.image_size, cfg.model.context_length, batch_size, limit, images)

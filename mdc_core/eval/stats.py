@@ -65,11 +65,6 @@ class Estimate:
     def has_interval(self) -> bool:
         return not (math.isnan(self.low) or math.isnan(self.high))
 
-    @property
-    def half_width(self) -> float:
-        """Half the interval's width (NaN without an interval); the ``+-`` of a symmetric t-interval."""
-        return (self.high - self.low) / 2
-
     def format(self, digits: int = 1) -> str:
         """``"61.2 [58.0, 64.4]"``, or just the mean when there is no interval."""
         if not self.has_interval:
@@ -351,19 +346,6 @@ def verdict(diff: Estimate | None, relation: str = ">", margin: float = 0.0) -> 
     if not side:
         return UNRESOLVED
     return HOLDS if (side == "below") == (relation == "<") else REVERSED
-
-
-def holm_adjust(p_values: Sequence[float]) -> list[float]:
-    """Holm's adjusted p-values: ``max_{j <= i} min(1, (m - j + 1) p_(j))`` in the order of the sorted p-values,
-    returned in the input order. Example: [0.01, 0.04, 0.03] -> [0.03, 0.06, 0.06]."""
-    m = len(p_values)
-    order = sorted(range(m), key=lambda i: p_values[i])
-    out = [1.0] * m
-    running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p_values[i]))
-        out[i] = running
-    return out
 
 
 def holm_step_down(spreads: Sequence[Spread | None], nulls: Sequence[float], alpha: float = ALPHA

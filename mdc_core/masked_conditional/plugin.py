@@ -56,8 +56,9 @@ def corrupt_for_guidance(model: Any, image_tokens: Any, cfg: Any, generator: Any
 
 
 registry.register_objective("d3pm", registry.ObjectiveSpec(  # MC-Diffusion's mask-and-replace D3PM
-    causal=False, masking="custom", inv_t_weight=False, prepared=False,
-    loss="mdc_core.masked_conditional.diffusion:d3pm_objective"))
+    causal=False, masking="custom", inv_t_weight=False, prepared=False, decoder="ancestral",
+    loss="mdc_core.masked_conditional.diffusion:d3pm_objective",
+    description="MC-Diffusion: mask-and-replace discrete diffusion (D3PM) over caption tokens"))
 registry.register_encoder("vqvae", "mdc_core.masked_conditional.vqvae:VQImageEncoder")  # frozen VQ-VAE tokens
 registry.register_encoder("vqgan", "mdc_core.masked_conditional.vqgan:DiffusersVQEncoder")  # local diffusers VQModel
 registry.register_settings("objective", MaskedConditionalSettings)

@@ -28,17 +28,8 @@ from typing import Any
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from mdc_core.config import RunConfig, list_presets, load_preset
+from mdc_core.registry import objective_spec
 
-OBJECTIVES = {  # one line per row of mdc_core.registry.OBJECTIVES
-    "mdc": "masked diffusion captioning (Feng, Wei, Owens 2025): each caption token masked with probability "
-           "t ~ U[{t_low}, {t_high}], the masked tokens predicted from the image, the loss weighted by 1/t",
-    "mdc_no_t": "masked diffusion captioning without the 1/t weight (CMLM): t ~ U[{t_low}, {t_high}]",
-    "bert": "image-conditioned BERT: a fixed fraction {mask_ratio} of the caption tokens masked and predicted",
-    "parallel": "parallel captioning (CapPa): every caption token masked and predicted at once from the image",
-    "arc": "autoregressive captioning: the next caption token predicted from the image and the tokens before it",
-    "clip": "contrastive image-text training (CLIP) with a text transformer of the decoder's shape",
-    "d3pm": "MC-Diffusion: mask-and-replace discrete diffusion (D3PM) over caption tokens",
-}
 SKIPPED_KEYS = {("model", "output_vocab_size"), ("data", "path"), ("data", "images"), ("data", "path_as_given"),
                 ("objective", "name"), ("train", "steps")}  # given as flags, or filled in by the trainer
 
@@ -271,7 +262,8 @@ def render_card(*, cfg: RunConfig, run_dir: Path, step: int, ema: bool, fmt: str
     training / measured / reproduce / licence sections. `usage` is the Python snippet that loads the export, `title`
     what the encoder is (:func:`encoder_title`)."""
     m, o, t = cfg.model, cfg.objective, cfg.train
-    objective = OBJECTIVES.get(o.name, o.name).format(t_low=o.t_low, t_high=o.t_high, mask_ratio=o.mask_ratio)
+    sentence = objective_spec(o.name).description or o.name
+    objective = sentence.format(t_low=o.t_low, t_high=o.t_high, mask_ratio=o.mask_ratio)
     stem = m.encoder_kwargs.get("conv_stem")
     encoder = f"`{m.encoder}` ({json.dumps(m.encoder_kwargs)})" + (
         f" with an early-convolution stem {stem} (timm's ConvStem in a timm export)" if stem else "")

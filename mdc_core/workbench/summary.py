@@ -51,20 +51,6 @@ def read_metrics(run_dir: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def merge_tables(per_run: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """run id -> metrics.json; returns table name -> {"metric", "values"} merged over runs (see module doc)."""
-    merged: dict[str, dict[str, Any]] = {}
-    for run_id, metrics in per_run.items():
-        for name, table in (metrics.get("tables") or {}).items():
-            if not isinstance(table, dict) or not isinstance(table.get("values"), dict):
-                continue
-            slot = merged.setdefault(name, {"metric": table.get("metric", ""), "values": {}})
-            for row, value in table["values"].items():
-                key = row if row not in slot["values"] else f"{row} ({run_id})"
-                slot["values"][key] = value
-    return merged
-
-
 def _fmt(value: Any) -> str:
     if isinstance(value, bool) or value is None:
         return "–" if value is None else str(value)

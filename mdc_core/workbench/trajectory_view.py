@@ -28,15 +28,6 @@ def chip_colours(p: float) -> tuple[str, str]:
     return to_hex(rgb), "#111827" if light else "#ffffff"
 
 
-def reveal_steps(record: dict[str, Any]) -> list[int]:
-    """Per caption position, the step that revealed it."""
-    where = [-1] * len(record["token_ids"])
-    for step in record["steps"]:
-        for r in step["revealed"]:
-            where[r["position"]] = step["step"]
-    return where
-
-
 def reveal_order(record: dict[str, Any]) -> list[dict[str, Any]]:
     """Every reveal in order (by step, then by confidence within a step), numbered from 1."""
     order = []
