@@ -14,7 +14,7 @@ EXTRAS := dev,app,notebooks,eval,bench,vqgan,tensorboard# everything but [lab] (
 
 GPU_PYTHON ?= 3.12# the offline GPU machine's Python (make wheelhouse)
 
-.PHONY: demo evidence test test-all lint setup clean-outputs kernel quick-demo app lab notebooks-html gpu-check wheelhouse
+.PHONY: demo evidence evidence-more test test-all lint setup clean-outputs kernel quick-demo app lab notebooks-html gpu-check wheelhouse
 
 setup: $(STAMP)
 
@@ -27,8 +27,11 @@ $(STAMP): pyproject.toml constraints.txt
 demo: kernel  # summary: papermill_runs/cpu_demo/summary.md; then `make app`
 	$(PY) -m mdc_core runs plans/cpu_demo.yaml
 
-evidence: kernel  # summary: papermill_runs/cpu_evidence/summary.md (about an hour on 2 cores; docs/results.md)
+evidence: kernel  # summary: papermill_runs/cpu_evidence/summary.md (about 90 min on 2 cores; docs/results.md)
 	$(PY) -m mdc_core runs plans/cpu_evidence.yaml
+
+evidence-more: kernel  # after `make evidence`: annealed budget curve, Table 5's middle schedules, Tables 2, 1-long (~2 h)
+	$(PY) -m mdc_core runs plans/cpu_evidence_more.yaml
 
 quick-demo: $(STAMP)  # one model, no notebooks: synthesize, train tiny MDC, caption held-out images (outputs/demo/)
 	$(PY) -m mdc_core demo

@@ -117,11 +117,17 @@ def test_best_learning_rate_is_the_lowest_validation_loss_smaller_on_ties() -> N
 def test_evidence_plans_carry_the_budget_curve_sweep_parity_and_claims(name: str) -> None:
     plan = load_plan(ROOT / "plans" / f"{name}.yaml")
     by_id = {r.run_id: r.parameters for r in plan.runs}
-    budget = next(p for rid, p in by_id.items() if rid.startswith("03_budget"))
-    assert len(budget["budgets"]) >= 4 and max(budget["budgets"]) == budget["steps"]
-    every = budget["overrides"]["train.ckpt_every"]
-    assert all(b % every == 0 for b in budget["budgets"])
-    assert budget["overrides"]["train.keep_last"] >= len(budget["budgets"])
+    annealed = [p for rid, p in by_id.items() if rid.startswith("03_b") and not rid.startswith("03_budget")]
+    if annealed:  # separately annealed budgets: 3 seeds each, no checkpoint curve, a budget of their own
+        assert len(annealed) == 3 and all(not p.get("budgets") and p["steps"] != plan.runs[0].parameters["steps"]
+                                          for p in annealed)
+        assert not any(rid.startswith("03_budget") for rid in by_id)
+    else:  # the checkpoint curve of one long run per method
+        budget = next(p for rid, p in by_id.items() if rid.startswith("03_budget"))
+        assert len(budget["budgets"]) >= 4 and max(budget["budgets"]) == budget["steps"]
+        every = budget["overrides"]["train.ckpt_every"]
+        assert all(b % every == 0 for b in budget["budgets"])
+        assert budget["overrides"]["train.keep_last"] >= len(budget["budgets"])
     main = [p for rid, p in by_id.items() if rid.startswith("03_linear_probing")]
     assert len(main) == 3 and all(len(p["lrs"]) == 3 and p["parity"] for p in main)
     assert sum(rid.startswith("02_noise") for rid in by_id) == 3
@@ -157,3 +163,59 @@ def test_the_validation_loss_scores_every_swept_objective_clip_included(tmp_path
         model = create_model(cfg, objective)
         first = validation_loss(model, cfg, limit=12, batch_size=6, draws=2)
         assert first > 0 and first == pytest.approx(validation_loss(model, cfg, limit=12, batch_size=6, draws=2))
+
+
+def _table1(gains: dict[str, float]) -> dict:
+    rows = {m: {"top-1": 50.0 + g, "gain": g} for m, g in gains.items()}
+    rows["random init (GAP)"] = {"top-1": 50.0}
+    return {"tables": {"table1": {"metric": "probe", "values": rows}}}
+
+
+def _budget_runs() -> list[tuple[str, dict, dict]]:
+    """3 seeds at the plan's 400 steps (MDC gain 2, 3, 4) and 3 separately annealed 1600-step runs (10, 12, 14)."""
+    runs = [(f"03__seed={s}", {"steps": 400, "train_seed": s}, _table1({"MDC": 2.0 + s, "ARC": 5.0 + s}))
+            for s in range(3)]
+    runs += [(f"03_b1600__seed={s}", {"steps": 1600, "train_seed": s}, _table1({"MDC": 10.0 + 2 * s, "ARC": 6.0 + s}))
+             for s in range(3)]
+    return runs
+
+
+def test_runs_at_another_budget_are_other_models_not_repeats() -> None:
+    from mdc_core.workbench.evidence import gather_runs
+
+    gathered = gather_runs(_budget_runs(), reference=400)
+    # the 400-step table1 holds only the 400-step seeds: no 1600-step row leaks in as "MDC (run id)"
+    assert set(gathered["table1"]["cells"]) == {"MDC", "ARC", "random init (GAP)"}
+    assert gathered["table1"]["cells"]["MDC"]["gain"].values == {0: 2.0, 1: 3.0, 2: 4.0}
+    assert gathered["table1_at_1600_steps"]["cells"]["MDC"]["gain"].values == {0: 10.0, 1: 12.0, 2: 14.0}
+    curve = gathered[bc.ANNEALED_TABLE]
+    assert set(curve["cells"]) == {"MDC", "ARC"}  # the random-init row has no gain
+    assert curve["cells"]["MDC"]["400 steps"].values == {0: 2.0, 1: 3.0, 2: 4.0}
+    assert curve["cells"]["MDC"]["1600 steps"].values == {0: 10.0, 1: 12.0, 2: 14.0}
+    est = curve["cells"]["MDC"]["1600 steps"].estimate()  # mean 12, sd 2, t(0.975, 2) = 4.303: 12 +- 4.97
+    assert est.mean == pytest.approx(12.0)
+    assert est.high - est.mean == pytest.approx(4.302653 * 2.0 / 3 ** 0.5, rel=1e-4)
+    assert curve["setting"] == "400, 1600 steps; 3 training seeds"
+
+
+def test_one_budget_makes_no_annealed_curve_and_the_reference_is_the_plans_budget(tmp_path: Path) -> None:
+    from mdc_core.workbench.evidence import gather_runs, reference_steps
+    from mdc_core.workbench.summary import plan_steps
+
+    assert bc.ANNEALED_TABLE not in gather_runs(_budget_runs()[:3])
+    assert gather_runs(_budget_runs())["table1"]["cells"]["MDC"]["gain"].values[0] == 10.0  # a tie: 1600 steps
+    plan = tmp_path / "p.yaml"
+    plan.write_text("name: p\nparameters: {steps: 400}\nnotebooks: []\n")
+    assert plan_steps(plan) == 400 and plan_steps(tmp_path / "missing.yaml") is None
+    assert reference_steps([{"steps": 400}, {"steps": 400}, {"steps": 1600}]) == 400
+    assert reference_steps([{"steps": 400}, {"steps": 8000}]) == 8000  # a tie: the longer-trained runs
+    assert reference_steps([{"lr": 1}]) is None
+    assert bc.steps_table_name("table1", 800) == "table1_at_800_steps"
+    assert bc.steps_table_name("table1_at_1600_steps", 800) == "table1_at_1600_steps"
+
+
+def test_plot_annealed_budget_writes_a_png(tmp_path: Path) -> None:
+    from mdc_core.workbench.evidence import gather_runs
+
+    path = bc.plot_annealed_budget(gather_runs(_budget_runs(), 400)[bc.ANNEALED_TABLE], tmp_path / "b.png")
+    assert path.stat().st_size > 5000

@@ -142,3 +142,81 @@ def plot_budget_curve(curve: Mapping[str, Any], path: str | Path, title: str = "
     ax.legend(fontsize=8)
     ax.set_title(title or "probe gain vs training budget (95% bootstrap intervals, test-set noise)", fontsize=9)
     return save_png(fig, path)
+
+
+# --- separately annealed budgets: one run per budget (and seed), gathered by the plan summary ------------------------
+
+ANNEALED_TABLE = "budget_annealed"
+ANNEALED_BASE = "table1"  # the Table 1 whose annealed runs at other budgets make the curve
+
+
+def steps_table_name(name: str, steps: int) -> str:
+    """Name of table `name` written by a run trained `steps` steps when the plan's reference budget differs:
+    ``table1`` -> ``table1_at_1600_steps`` (names that already end in ``_steps`` are kept)."""
+    return name if name.endswith("_steps") else f"{name}_at_{int(steps)}_steps"
+
+
+def annealed_budget_table(gathered: Mapping[str, Mapping[str, Any]], reference_steps: int | None,
+                          base: str = ANNEALED_BASE, column: str = "gain") -> dict[str, Any] | None:
+    """The annealed budget curve from gathered tables (:func:`mdc_core.eval.cells.gather_tables` layout):
+    `base` (trained `reference_steps` steps) and ``<base>_at_<N>_steps`` (runs trained N steps, each its own
+    cosine schedule), as one gathered table ``{"metric", "cells": {method: {"<N> steps": Cell}}, "runs"}`` of
+    each method's `column` cell per budget; None with fewer than two budgets. Cells keep their seeds, so
+    intervals and differences are read as for any table (t over seeds)."""
+    import re
+
+    pattern = re.compile(rf"^{re.escape(base)}_at_(\d+)_steps$")
+    by_steps: dict[int, Mapping[str, Any]] = {}
+    if reference_steps is not None and base in gathered:
+        by_steps[int(reference_steps)] = gathered[base]
+    for name, table in gathered.items():
+        match = pattern.match(name)
+        if match:
+            by_steps[int(match.group(1))] = table
+    if len(by_steps) < 2:
+        return None
+    cells: dict[str, dict[str, Any]] = {}
+    runs: list[str] = []
+    for steps in sorted(by_steps):
+        table = by_steps[steps]
+        runs += list(table.get("runs", []))
+        for row, cols in table["cells"].items():
+            if column in cols and not row.lower().startswith("random"):
+                cells.setdefault(row, {})[f"{steps} steps"] = cols[column]
+    if not cells:
+        return None
+    return {"metric": f"probe {column} over random init (points) of separately annealed runs per training budget "
+                      "(each budget its own cosine schedule, never a checkpoint of a longer run)",
+            "cells": cells, "runs": runs}
+
+
+def plot_annealed_budget(table: Mapping[str, Any], path: str | Path) -> Path:
+    """Each method's gain against its training budget (log-scaled steps) with the 95% interval of every point,
+    from :func:`annealed_budget_table`; returns `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
+    for i, (method, cols) in enumerate(sorted(table["cells"].items())):
+        points = sorted((int(c.split()[0]), cell.estimate()) for c, cell in cols.items())
+        xs = [s * (1 + 0.03 * (i - 1)) for s, _ in points]  # a small dodge so intervals do not overlap
+        means = [e.mean for _, e in points]
+        lows = [e.mean - e.low if e.has_interval else 0.0 for _, e in points]
+        highs = [e.high - e.mean if e.has_interval else 0.0 for _, e in points]
+        ax.errorbar(xs, means, yerr=[lows, highs], marker="o", capsize=3, label=method)
+    ax.set_xscale("log")
+    steps = sorted({int(c.split()[0]) for cols in table["cells"].values() for c in cols})
+    ax.set_xticks(steps, [str(s) for s in steps])
+    ax.minorticks_off()
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xlabel("training steps (each point its own annealed run)")
+    ax.set_ylabel("probe gain over random init (points)")
+    ax.set_title("Training budget: separately annealed runs, 95% intervals over seeds", fontsize=10)
+    ax.legend(fontsize=9)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -10,8 +10,11 @@ noise only; without items it has none. Torch-free.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
+
+from mdc_core.eval.budget_curve import ANNEALED_TABLE, annealed_budget_table, steps_table_name
 
 from mdc_core.eval.claims import claims_markdown, evaluate_claims, gather_tables, not_encoded_markdown, table_estimates
 from mdc_core.eval.paper_claims import CHECK, CLAIM, EXPLORATORY, OBSERVATION
@@ -23,10 +26,20 @@ SECTIONS = ((CLAIM, "The paper's claims"), (CHECK, "Workbench checks (not claims
             (EXPLORATORY, "Exploratory measurements (no verdict)"))
 
 
-def gather_runs(runs: Sequence[tuple[str, dict[str, Any], dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+def gather_runs(runs: Sequence[tuple[str, dict[str, Any], dict[str, Any]]],
+                reference: int | None = None) -> dict[str, dict[str, Any]]:
     """``[(run id, parameters, metrics.json)]`` -> :func:`~mdc_core.eval.claims.gather_tables` output, each table
-    with a ``setting`` line (:func:`run_setting`) for the runs that wrote it."""
-    gathered = gather_tables([(rid, params.get(SEED_PARAM), metrics) for rid, params, metrics in runs if metrics])
+    with a ``setting`` line (:func:`run_setting`) for the runs that wrote it.
+
+    Runs trained for another number of steps than the plan's reference budget (`reference`: the plan's own
+    ``steps``; by default :func:`reference_steps`) are
+    separate models, not repeats: their tables are gathered as ``<table>_at_<N>_steps``, and Table 1 at every
+    budget makes the annealed budget curve (``budget_annealed``, :func:`~mdc_core.eval.budget_curve.
+    annealed_budget_table`)."""
+    if reference is None:
+        reference = reference_steps([params for _, params, metrics in runs if metrics])
+    gathered = gather_tables([(rid, params.get(SEED_PARAM), _at_budget(metrics, params.get("steps"), reference))
+                              for rid, params, metrics in runs if metrics])
     params = {rid: p for rid, p, _ in runs}
     for name, table in gathered.items():
         seeds = {params.get(rid, {}).get(SEED_PARAM) for rid in table["runs"]}
@@ -34,7 +47,32 @@ def gather_runs(runs: Sequence[tuple[str, dict[str, Any], dict[str, Any]]]) -> d
         table["setting"] = " | ".join(s for s in settings if s)
         if table["setting"]:
             table["setting"] += f"; {len(seeds)} training seed{'s' if len(seeds) > 1 else ''}"
+    annealed = annealed_budget_table(gathered, reference)
+    if annealed is not None:
+        seeds = {params.get(SEED_PARAM) for rid, params, _ in runs if rid in set(annealed["runs"])}
+        budgets = ", ".join(f"{n}" for n in sorted({int(c.split()[0]) for cols in annealed["cells"].values()
+                                                      for c in cols}))
+        annealed["setting"] = f"{budgets} steps; {len(seeds)} training seed{'s' if len(seeds) > 1 else ''}"
+        gathered[ANNEALED_TABLE] = annealed
     return gathered
+
+
+def reference_steps(params: Sequence[dict[str, Any]]) -> int | None:
+    """The plan's reference training budget: the ``steps`` most of its runs train (a tie: the larger), None when
+    no run names its steps. Runs at other budgets are other models (:func:`gather_runs`)."""
+    counts = Counter(int(p["steps"]) for p in params if isinstance(p.get("steps"), (int, float)))
+    if not counts:
+        return None
+    return max(counts, key=lambda steps: (counts[steps], steps))
+
+
+def _at_budget(metrics: dict[str, Any], steps: Any, reference: int | None) -> dict[str, Any]:
+    """`metrics` with every table renamed :func:`~mdc_core.eval.budget_curve.steps_table_name` when the run trained
+    another number of steps than `reference`; unchanged otherwise."""
+    if reference is None or not isinstance(steps, (int, float)) or int(steps) == reference:
+        return metrics
+    tables = metrics.get("tables") or {}
+    return {**metrics, "tables": {steps_table_name(name, int(steps)): t for name, t in tables.items()}}
 
 
 def run_setting(params: dict[str, Any], table: str = "") -> str:

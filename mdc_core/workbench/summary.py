@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mdc_core.eval.budget_curve import ANNEALED_TABLE, plot_annealed_budget
 from mdc_core.workbench.evidence import display_tables, evidence_markdown, gather_runs, interval_note
 from mdc_core.workbench.paper import PAPER
 
@@ -125,7 +126,7 @@ def write_summary(out: Path, results: list[RunResult], *, name: str, source: Pat
     """Write summary.md, summary.json and summary.png into the plan folder `out` of plan `name` (read from the
     YAML file `source`); returns the summary.md path."""
     per_run = {r.run_id: read_metrics(r.run_dir) for r in results}
-    gathered = gather_runs([(r.run_id, r.parameters, per_run[r.run_id]) for r in results])
+    gathered = gather_runs([(r.run_id, r.parameters, per_run[r.run_id]) for r in results], plan_steps(source))
     tables = display_tables(gathered)
     n_failed = sum(r.status == "failed" for r in results)
     lines = [f"# Plan `{name}`", ""]
@@ -155,7 +156,21 @@ def write_summary(out: Path, results: list[RunResult], *, name: str, source: Pat
                         "metrics": per_run.get(r.run_id, {}).get("metrics", {})} for r in results]}
     (out / "summary.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     summary_figure(results, tables, out / "summary.png")
+    if ANNEALED_TABLE in gathered:
+        plot_annealed_budget(gathered[ANNEALED_TABLE], out / "budget_annealed.png")
     return path
+
+
+def plan_steps(source: Path | str) -> int | None:
+    """The training steps the plan file `source` sets for all its notebooks (``parameters.steps``), None when it
+    sets none or cannot be read: the budget its claims are tested at (other budgets are other models)."""
+    import yaml
+
+    try:
+        steps = (yaml.safe_load(Path(source).read_text()).get("parameters") or {}).get("steps")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    return int(steps) if isinstance(steps, (int, float)) and not isinstance(steps, bool) else None
 
 
 def summary_figure(results: list[RunResult], tables: dict[str, dict[str, Any]], path: Path) -> None:
