@@ -113,24 +113,49 @@ def test_best_learning_rate_is_the_lowest_validation_loss_smaller_on_ties() -> N
     assert best_learning_rates(losses) == {"arc": 5e-4, "mdc": 1e-3}
 
 
-@pytest.mark.parametrize("name", ["cpu_evidence", "gpu_evidence"])
-def test_evidence_plans_carry_the_budget_curve_sweep_parity_and_claims(name: str) -> None:
-    plan = load_plan(ROOT / "plans" / f"{name}.yaml")
-    by_id = {r.run_id: r.parameters for r in plan.runs}
-    annealed = [p for rid, p in by_id.items() if rid.startswith("03_b") and not rid.startswith("03_budget")]
-    if annealed:  # separately annealed budgets: 3 seeds each, no checkpoint curve, a budget of their own
-        assert len(annealed) == 3 and all(not p.get("budgets") and p["steps"] != plan.runs[0].parameters["steps"]
-                                          for p in annealed)
-        assert not any(rid.startswith("03_budget") for rid in by_id)
-    else:  # the checkpoint curve of one long run per method
-        budget = next(p for rid, p in by_id.items() if rid.startswith("03_budget"))
-        assert len(budget["budgets"]) >= 4 and max(budget["budgets"]) == budget["steps"]
-        every = budget["overrides"]["train.ckpt_every"]
-        assert all(b % every == 0 for b in budget["budgets"])
-        assert budget["overrides"]["train.keep_last"] >= len(budget["budgets"])
+def _plan_runs(name: str) -> dict[str, dict]:
+    return {r.run_id: r.parameters for r in load_plan(ROOT / "plans" / f"{name}.yaml").runs}
+
+
+def _check_sweep_and_claims(by_id: dict[str, dict]) -> None:
     main = [p for rid, p in by_id.items() if rid.startswith("03_linear_probing")]
     assert len(main) == 3 and all(len(p["lrs"]) == 3 and p["parity"] for p in main)
     assert sum(rid.startswith("02_noise") for rid in by_id) == 3
+
+
+def test_make_evidence_carries_the_central_claim_first_the_sweep_parity_and_table4() -> None:
+    by_id = _plan_runs("cpu_evidence")
+    assert next(iter(by_id)).startswith("03_reliance")  # the central claim runs first
+    assert sum(p.get("position_captions") == "clauses" for p in by_id.values()) == 3
+    _check_sweep_and_claims(by_id)
+    t4 = next(p for rid, p in by_id.items() if rid.startswith("02_noise"))
+    assert [0.5, 1.0] in t4["schedules"] and {0.5, 0.75} <= set(t4["bert_ratios"])
+    assert {p["steps"] for p in by_id.values()} == {400}  # one budget: its claims are about 400-step models
+
+
+def test_make_evidence_more_carries_the_annealed_budget_curve_table5_table2_and_long_captions() -> None:
+    by_id = _plan_runs("cpu_evidence_more")
+    annealed = [p for rid, p in by_id.items() if rid.startswith("03_b1600")]
+    assert len(annealed) == 3 and all(p["steps"] == 1600 and not p.get("budgets") for p in annealed)
+    assert all(p["overrides"]["train.warmup_steps"] == 160 for p in annealed)  # 10% of the run, as at 400 steps
+    assert sum(rid.startswith("03_linear_probing") for rid in by_id) == 3  # the curve's 400-step point
+    t5 = next(p for rid, p in by_id.items() if rid.startswith("02_t5"))
+    assert len(t5["schedules"]) == 4
+    assert sum(rid.startswith("04_") for rid in by_id) == 3
+    assert sum(p.get("captions") == "long" for p in by_id.values()) == 3
+    more, core = load_plan(ROOT / "plans" / "cpu_evidence_more.yaml"), _plan_runs("cpu_evidence")
+    shared = next(iter(core.values()))  # the same data and model cache as make evidence
+    assert more.runs[0].parameters["models_dir"] == shared["models_dir"]
+
+
+def test_the_gpu_evidence_plan_carries_the_budget_curve_sweep_parity_and_claims() -> None:
+    by_id = _plan_runs("gpu_evidence")
+    budget = next(p for rid, p in by_id.items() if rid.startswith("03_budget"))
+    assert len(budget["budgets"]) >= 4 and max(budget["budgets"]) == budget["steps"]
+    every = budget["overrides"]["train.ckpt_every"]
+    assert all(b % every == 0 for b in budget["budgets"])
+    assert budget["overrides"]["train.keep_last"] >= len(budget["budgets"])
+    _check_sweep_and_claims(by_id)
     assert any(p.get("captions") == "long" and p.get("objectives", ["clip"]) for p in by_id.values())
     assert any(p.get("position_captions") == "clauses" for p in by_id.values())
 
