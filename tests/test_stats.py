@@ -222,6 +222,14 @@ def test_gather_tables_merges_seeds_and_keeps_distinct_runs_apart() -> None:
     cells = gather_tables(runs)["table1"]["cells"]
     assert cells["CLIP"][""].values == {0: 60.0, 1: 62.0} and cells["MDC"][""].values == {0: 50.0, 1: 52.0}
     assert cells["CLIP (other)"][""].values == {1: 10.0}
+    # runs that split one table's methods (03_arc, 03_mdc) report the same random-init row: kept once when
+    # identical, apart when it differs
+    split = [("03_arc", 0, _metrics("table1", {"ARC": {"gain": 5.0}, "random": {"top-1": 40.0}})),
+             ("03_mdc", 0, _metrics("table1", {"MDC": {"gain": 6.0}, "random": {"top-1": 40.0}})),
+             ("03_clip", 0, _metrics("table1", {"CLIP": {"gain": 7.0}, "random": {"top-1": 40.5}}))]
+    cells = gather_tables(split)["table1"]["cells"]
+    assert set(cells) == {"ARC", "MDC", "CLIP", "random", "random (03_clip)"}
+    assert cells["random"]["top-1"].values == {0: 40.0}
     two_d = gather_tables([("c", None, _metrics("table2", {"MDC (Heuristic)": {"swap": 70.0}},
                                                 {"MDC (Heuristic)": {"swap": [100.0, 0.0, 100.0]}}))])
     cell = two_d["table2"]["cells"]["MDC (Heuristic)"]["swap"]

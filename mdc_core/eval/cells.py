@@ -133,7 +133,9 @@ def gather_tables(runs: Sequence[tuple[str, int | None, dict[str, Any]]]) -> dic
     ``{name: {"metric": str, "cells": Table, "runs": [run ids]}}``.
 
     Runs with distinct seeds that report the same row are repeats: their values go into one cell. A row that
-    two runs report with the same seed (or without one) is kept twice, the later one suffixed with its run id.
+    two runs report with the same seed (or without one) is kept twice, the later one suffixed with its run id,
+    unless its values are identical (one measurement reported twice, e.g. the random-init row of runs that
+    split one table's methods between them): then it is kept once.
     """
     merged: dict[str, dict[str, Any]] = {}
     for run_id, seed, metrics in runs:
@@ -148,6 +150,8 @@ def gather_tables(runs: Sequence[tuple[str, int | None, dict[str, Any]]]) -> dic
             for row, value in table["values"].items():
                 owners = slot["owners"].setdefault(row, set())  # seeds that already reported this row
                 if row in slot["cells"] and (seed is None or seed in owners):
+                    if _same_values(slot["cells"][row], value, key_seed):
+                        continue  # the same measurement again (e.g. the random-init row of runs split by method)
                     target = f"{row} ({run_id})"  # not a repeat over seeds: a different run's row
                 else:
                     target = row
@@ -166,6 +170,14 @@ def gather_tables(runs: Sequence[tuple[str, int | None, dict[str, Any]]]) -> dic
     for slot in merged.values():
         slot.pop("owners")
     return merged
+
+
+def _same_values(cells: dict[str, Cell], value: Any, seed: int) -> bool:
+    """Whether `value` (a number or {column: number}) equals what `cells` already hold for `seed`, column by column."""
+    cols = value if isinstance(value, dict) else {"": value}
+    return set(cols) == set(cells) and all(seed in cells[c].values and isinstance(v, (int, float))
+                                           and math.isclose(cells[c].values[seed], float(v), rel_tol=1e-12,
+                                                            abs_tol=1e-12) for c, v in cols.items())
 
 
 def table_estimates(cells: Table) -> dict[str, dict[str, Estimate]]:
