@@ -34,7 +34,7 @@ def test_the_gpu_plan_scales_to_a_cpu_budget(tmp_path):
     assert by_id["03_reliance"]["position_limit"] == 8 and by_id["03_reliance"]["signal_grad_captions"] == 8
     assert by_id["03_reliance"]["position_data_dir"].startswith(str(tmp_path / "runs" / "tiny"))
     loaded = load_plan(tmp_path / "tiny.yaml", root=ROOT)  # still a valid plan, with its own output folder
-    assert len(loaded.runs) == 4 and loaded.out_dir == tmp_path / "runs" / "tiny"
+    assert len(loaded.runs) == 6 and loaded.out_dir == tmp_path / "runs" / "tiny"
 
 
 def test_a_budget_the_scaling_does_not_know_is_refused(tmp_path):
@@ -91,6 +91,10 @@ def test_gpu_check_runs_end_to_end_at_its_tiny_budget_on_the_cpu(tmp_path):
     assert [p["phase"] for p in record["phases"]] == ["bench_tiny", "evidence_plan"]
     assert all(p["returncode"] == 0 and not p["timed_out"] for p in record["phases"]), record["phases"]
     assert (out / "plan_summary.md").is_file() and "## bench" in (out / "summary.md").read_text()
+    plan_tables = json.loads((out / "plan_summary.json").read_text())["tables"]
+    # Table 1's split runs are one table; the 1- and 2-step runs make the annealed budget curve
+    assert {"CLIP", "ARC", "MDC"} <= set(plan_tables["table1"]["values"])
+    assert "budget_annealed" in plan_tables and (out / "plan_budget_annealed.png").is_file()
     bench = json.loads((out / "bench_tiny.json").read_text())
     assert all(row["host_ops"]["aten_ops_per_step"] > 0 for row in bench["train"].values())
 

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from mdc_core.eval.budget_curve import ANNEALED_TABLE, annealed_budget_table, steps_table_name
-
 from mdc_core.eval.claims import claims_markdown, evaluate_claims, gather_tables, not_encoded_markdown, table_estimates
 from mdc_core.eval.paper_claims import CHECK, CLAIM, EXPLORATORY, OBSERVATION
 from mdc_core.eval.stats import Estimate

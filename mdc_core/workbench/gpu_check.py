@@ -204,7 +204,7 @@ def _targets(out: Path) -> list[str]:
 
 def write_summary(out: Path, phases: list[Phase], info: dict[str, Any], plan_out: Path) -> Path:
     """``summary.md`` and ``summary.json`` of the check; the plan's summary files are copied beside them."""
-    for name in ("summary.md", "summary.json", "summary.png"):
+    for name in ("summary.md", "summary.json", "summary.png", "budget_annealed.png"):
         if (plan_out / name).is_file():
             shutil.copy(plan_out / name, out / f"plan_{name}")
     records = [p.record() for p in phases]
