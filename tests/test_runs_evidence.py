@@ -125,3 +125,20 @@ def test_progress_helpers_are_no_ops_without_the_runner(tmp_path: Path, monkeypa
     with progress.watch_training(tmp_path / "run", 20, every_s=0.05):
         __import__("time").sleep(0.3)
     assert progress.describe(target).startswith("probe 1/1: a · step 8/20")
+
+
+def test_the_kernels_own_stderr_goes_to_the_run_folder_not_the_terminal(tmp_path: Path, capfd) -> None:
+    """What a kernel prints to its process's stderr (its log, the tracebacks of a kernel stopped by Ctrl-C) lands in
+    RUN/kernel.log, so an interrupted plan shows one line; the notebook's own output is unaffected."""
+    from mdc_core.workbench.runner import KERNEL_LOG
+
+    body = ("import os, json, pathlib\nos.write(2, b'KERNEL-NOISE\\n')\nprint('cell output')\n"
+            "(pathlib.Path(output_dir) / 'metrics.json').write_text(json.dumps({}))\n")
+    write_notebook(tmp_path / "noisy.ipynb", 'output_dir: str = "."  # run folder', body)
+    plan = load_plan(write_plan(tmp_path / "p.yaml", "notebooks: [noisy.ipynb]\n"), root=tmp_path)
+    result = execute_run(plan.runs[0], tmp_path / "run", kernel="mdc", cwd=tmp_path)
+    assert result.status == "done", result.error
+    assert "KERNEL-NOISE" in (tmp_path / "run" / KERNEL_LOG).read_text()
+    captured = capfd.readouterr()
+    assert "KERNEL-NOISE" not in captured.err + captured.out
+    assert "cell output" in (tmp_path / "run" / "noisy.ipynb").read_text()

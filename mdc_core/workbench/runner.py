@@ -41,6 +41,7 @@ from mdc_core.workbench.summary import RunResult, write_summary
 
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # what a run's kernel reads for its torch thread count
 DONE, FAILED = "DONE", "FAILED"
+KERNEL_LOG = "kernel.log"  # in each run folder: what the notebook's kernel wrote to its stderr
 SHARES_DIR = ".threads"  # under the plan folder: each running run's torch-thread share (thread_share)
 
 
@@ -87,7 +88,8 @@ def _execute_locked(spec: RunSpec, run_dir: Path, *, kernel: str, timeout_s: int
         with _progress_relay(run_dir / "progress.json", on_progress):
             papermill.execute_notebook(str(spec.notebook), str(run_dir / spec.notebook.name), parameters=params,
                                        kernel_name=kernel, progress_bar=False, cwd=str(cwd or Path.cwd()),
-                                       execution_timeout=timeout_s)
+                                       execution_timeout=timeout_s,
+                                       kernel_manager_class=kernel_manager_logging_to(run_dir / KERNEL_LOG))
         if not (run_dir / "metrics.json").is_file():
             error = f"the notebook finished but wrote no metrics.json into {run_dir}"
     except KeyboardInterrupt:
@@ -104,6 +106,22 @@ def _execute_locked(spec: RunSpec, run_dir: Path, *, kernel: str, timeout_s: int
                                                 "finished": dt.datetime.now(dt.UTC).isoformat()}) + "\n")
         status = "done"
     return RunResult(spec.run_id, spec.notebook.name, status, run_dir, duration, error, spec.parameters)
+
+
+def kernel_manager_logging_to(log_path: Path) -> type:
+    """A kernel manager class (jupyter_client's ``AsyncKernelManager``) whose kernel writes its own stderr to
+    `log_path` instead of the terminal: the kernel's log lines and the tracebacks it prints when it is stopped
+    mid-cell (Ctrl-C, a deadline) stay in the run folder, so an interrupted plan prints one line. The notebook's
+    own output and errors still go into the executed notebook and ``FAILED``."""
+    from jupyter_client import AsyncKernelManager
+
+    class RunKernelManager(AsyncKernelManager):  # type: ignore[misc]
+        async def _async_launch_kernel(self, kernel_cmd: list[str], **kw: Any) -> None:
+            with open(log_path, "ab") as log:  # the kernel process holds its own copy of the descriptor
+                kw.setdefault("stderr", log)
+                await super()._async_launch_kernel(kernel_cmd, **kw)
+
+    return RunKernelManager
 
 
 @contextlib.contextmanager
