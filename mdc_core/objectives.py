@@ -20,6 +20,20 @@ the caption's unmasked words has fewer of them at larger t, so its loss rises wi
 a predictor that ignores them (fixed CE_bi) has the same expected loss at every t.
 ``per_sequence`` normalisation instead averages ``w_b * sum_i CE_bi / n_b`` over captions (CapPa-style).
 
+Without the weight there are two losses, and the paper's Table 4 row ("MDC (w/o t)") is the second:
+
+* ``mdc_no_t``, Eq. 5 with ``w_b = 1``: the masked tokens' loss per *caption* token, ``sum_b sum_i CE_bi / sum_b
+  n_b``. Its mean over the masks is ``sum_b t_b n_b CE_b(t_b) / sum_b n_b``: each caption weighted by its t.
+* ``cmlm``, Alg. 1 without ``1/t`` (``cross_entropy(logits[p < t], caps[p < t])``, PyTorch's mean over the
+  masked tokens), Eq. 1's MLM loss, and CMLM's (Ghazvininejad et al. 2019), which the paper says the ablation
+  "essentially becomes": the loss per *masked* token, ``sum_b sum_i CE_bi / sum_b m_b`` (m_b masked tokens of
+  caption b; ``per_sequence``: the mean over captions of ``sum_i CE_bi / m_b``). The row's
+  ``per_masked_token`` says so (:meth:`~mdc_core.registry.ObjectiveSpec.loss_denominator`).
+
+Per batch the two differ by the factor ``sum_b n_b / sum_b m_b`` (about ``1 / E[t]``), so under AdamW, which is
+blind to a constant scale of the loss, they train alike up to that factor's batch-to-batch variation; with
+``per_sequence`` they differ more (``cmlm`` gives each caption the same weight whatever its t).
+
 Host and device. Everything data-dependent about a batch (trimming the all-padding columns, the masking draws,
 which positions carry a loss term, their target rows, the embedding rows and the id checks) is decided by
 :func:`prepare_batch`, a pure function of the token ids. The trainer calls it on the host before the transfer
@@ -164,7 +178,8 @@ def normalized_token_loss(ce: torch.Tensor, mask: torch.Tensor, weight: torch.Te
     tokens of the masked objectives, every next token of ARC (weight 1).
 
     ce: (n,) cross-entropy at the loss positions in row-major order of `mask` (B, L);
-    weight: (B,) per-caption weight (1/t or 1); n_valid: (B,) tokens per caption that may carry a loss term;
+    weight: (B,) per-caption weight (1/t or 1); n_valid: (B,) what each caption's loss is divided by (the tokens
+    that may carry a loss term, or the masked ones for a per-masked-token loss);
     owner: (n,) the caption of each masked position when known (else found from `mask`, a sync on CUDA).
     """
     row = mask.nonzero()[:, 0] if owner is None else owner  # (n,) caption index of each masked token
@@ -180,7 +195,7 @@ def normalized_token_loss(ce: torch.Tensor, mask: torch.Tensor, weight: torch.Te
 
 def mask_rates(cfg: ObjectiveConfig, batch: int, generator: torch.Generator | None,
                device: torch.device | str) -> torch.Tensor:
-    """(B,) masking probabilities for the objective: sampled t (mdc, mdc_no_t), r (bert) or 1 (parallel)."""
+    """(B,) masking probabilities for the objective: sampled t (mdc, mdc_no_t, cmlm), r (bert) or 1 (parallel)."""
     spec = objective_spec(cfg.name)
     if spec.masking == "time":
         t = sample_t(batch, cfg.t_low, cfg.t_high, antithetic=cfg.antithetic_t, generator=generator, device=device)
@@ -190,6 +205,15 @@ def mask_rates(cfg: ObjectiveConfig, batch: int, generator: torch.Generator | No
     if spec.masking == "all":
         return torch.ones(batch, device=device)
     raise ValueError(f"objective {cfg.name!r} does not mask tokens")
+
+
+def draw_masks(tokens: torch.Tensor, cfg: ObjectiveConfig, generator: torch.Generator | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The masking draws of trimmed captions `tokens` (B, L): (t (B,), noisy tokens (B, L), mask (B, L)), in the
+    order :func:`prepare_batch` makes them, so a generator seeded alike gives the trainer the same masks."""
+    t = mask_rates(cfg, tokens.shape[0], generator, tokens.device)  # (B,)
+    inputs, mask = apply_mask(tokens, t, generator=generator, min_one=cfg.min_one_masked)
+    return t, inputs, mask
 
 
 def output_rows(output_index: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
@@ -243,8 +267,7 @@ def prepare_batch(tokens: torch.Tensor, cfg: ObjectiveConfig, generator: torch.G
         inputs, loss_mask = tokens[:, :-1], ~padding_mask(tokens)[:, 1:]  # (B, L-1) caption tokens and <eot>
         t = torch.ones(tokens.shape[0], device=tokens.device)
     else:
-        t = mask_rates(cfg, tokens.shape[0], generator, tokens.device)  # (B,)
-        inputs, loss_mask = apply_mask(tokens, t, generator=generator, min_one=cfg.min_one_masked)
+        t, inputs, loss_mask = draw_masks(tokens, cfg, generator)
         tokens, inputs = _pad_columns(tokens, width, PAD_ID), _pad_columns(inputs, width, PAD_ID)
         loss_mask = _pad_columns(loss_mask, width, False)
     target_ids = (tokens[:, 1:] if spec.masking == "none" else tokens)[loss_mask]  # (n,)
@@ -315,8 +338,9 @@ def _term_hits(logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor 
 
 def masked_token_loss(model: Captioner, images: torch.Tensor, tokens: torch.Tensor, cfg: ObjectiveConfig,
                       generator: torch.Generator | None = None, prepared: PreparedBatch | None = None) -> LossOutput:
-    """MDC and its masked baselines (mdc_no_t, bert, parallel): mask each caption token with the objective's
-    rate, predict the masked tokens, weight by 1/t where the row says so (module docstring)."""
+    """MDC and its masked baselines (mdc_no_t, cmlm, bert, parallel): mask each caption token with the objective's
+    rate, predict the masked tokens, weight by 1/t where the row says so, divide by the caption tokens or, for a
+    ``per_masked_token`` row (cmlm), the masked ones (module docstring)."""
     spec = objective_spec(cfg.name)
     image_tokens = encode_condition(model, images, cfg, generator)
     p = _prepare_for(model, tokens, cfg, generator, prepared)
@@ -325,7 +349,8 @@ def masked_token_loss(model: Captioner, images: torch.Tensor, tokens: torch.Tens
     ce = _term_ce(logits, targets, p.valid)  # (n,)
     weight = 1.0 / t if spec.inv_t_weight else torch.ones_like(t)
     n_valid = maskable_positions(p.tokens).sum(dim=1)  # (B,)
-    loss = normalized_token_loss(ce, mask, weight, n_valid, cfg.normalization, owner=p.owner)
+    n_loss = mask.sum(dim=1) if spec.per_masked_token else n_valid  # (B,) what each caption's loss is divided by
+    loss = normalized_token_loss(ce, mask, weight, n_loss, cfg.normalization, owner=p.owner)
     n_masked = mask.sum()
     metrics = {
         "loss": loss.detach(),

@@ -66,6 +66,8 @@ class ObjectiveSpec:
     label: str = ""  # display label in tables ("MDC w/o 1/t"); "" = the objective's name
     description: str = ""  # the model card's sentence; may use {t_low}, {t_high}, {mask_ratio}; "" = the name
     decoder: str = ""  # one of DECODERS; "" = the family's (masked: unmask, causal: left_to_right, contrastive: none)
+    per_masked_token: bool = False  # a masked objective's loss is divided by its masked tokens (Eq. 1, CMLM)
+    # instead of the captions' maskable tokens (Eq. 5's NELBO per caption token)
 
     def __post_init__(self) -> None:
         if not self.decoder:
@@ -87,14 +89,19 @@ class ObjectiveSpec:
     def loss_fn(self) -> Callable[..., Any]:
         return resolve_ref(self.loss)
 
-    def loss_denominator(self, tokens: Any, normalization: str) -> int:
+    def loss_denominator(self, tokens: Any, normalization: str, mask: Any = None) -> int:
         """What the loss of a micro-batch `tokens` (B, L) is divided by: its loss-carrying positions (``per_token``:
-        caption tokens + ``<eot>`` when nothing is masked, else the maskable positions) or its captions with any
+        caption tokens + ``<eot>`` when nothing is masked, the masked tokens `mask` (B, L') of a
+        :attr:`per_masked_token` objective, else the maskable positions) or its captions with any
         (``per_sequence``); the batch size for a contrastive objective."""
         if self.family == "contrastive":
             return tokens.shape[0]  # a mean over the batch
         if self.masking == "none":  # next-token targets: every token after <sot> that is not padding
             valid = ~resolve_ref("mdc_core.model:padding_mask")(tokens)[:, 1:]  # (B, L - 1)
+        elif self.per_masked_token:  # the draws decide it: the caller passes them
+            if mask is None:
+                raise ValueError("this objective divides its loss by the masked tokens: pass the batch's mask")
+            valid = mask
         else:
             valid = resolve_ref("mdc_core.objectives:maskable_positions")(tokens)  # (B, L)
         per_caption = valid.sum(dim=1)  # (B,)
@@ -136,9 +143,15 @@ OBJECTIVES: dict[str, ObjectiveSpec] = {
         causal=False, masking="time", inv_t_weight=True, loss=_MASKED, label="MDC",
         description="masked diffusion captioning (Feng, Wei, Owens 2025): each caption token masked with probability "
                     "t ~ U[{t_low}, {t_high}], the masked tokens predicted from the image, the loss weighted by 1/t"),
-    "mdc_no_t": ObjectiveSpec(  # = CMLM (Table 4)
-        causal=False, masking="time", inv_t_weight=False, loss=_MASKED, label="MDC w/o 1/t",
-        description="masked diffusion captioning without the 1/t weight (CMLM): t ~ U[{t_low}, {t_high}]"),
+    "mdc_no_t": ObjectiveSpec(  # Eq. 5 without its weight: divided by the caption tokens, as mdc is
+        causal=False, masking="time", inv_t_weight=False, loss=_MASKED, label="MDC (w/o 1/t), per caption token",
+        description="masked diffusion captioning without the 1/t weight, the masked tokens' loss divided by the "
+                    "caption tokens (as MDC's): t ~ U[{t_low}, {t_high}]"),
+    "cmlm": ObjectiveSpec(  # Table 4's "MDC (w/o t)": Alg. 1 without 1/t, which "essentially becomes CMLM"
+        causal=False, masking="time", inv_t_weight=False, loss=_MASKED, per_masked_token=True,
+        label="CMLM (w/o 1/t, per masked token)",
+        description="CMLM (the paper's MDC without the 1/t weight, Table 4): the mean cross-entropy of the masked "
+                    "tokens, each caption token masked with probability t ~ U[{t_low}, {t_high}]"),
     "bert": ObjectiveSpec(  # image-conditioned BERT, r
         causal=False, masking="fixed", inv_t_weight=False, loss=_MASKED, label="BERT",
         description="image-conditioned BERT: a fixed fraction {mask_ratio} of the caption tokens masked and predicted"),

@@ -53,7 +53,7 @@ from .config import ObjectiveConfig, RunConfig
 from .data import SKIP_REASONS, iter_captions
 from .data.loaders import BatchStream
 from .factory import create_model
-from .objectives import logged_accuracy, objective_spec
+from .objectives import draw_masks, logged_accuracy, objective_spec, trim_padding
 from .resume import resolve_data_paths
 from .runlock import RunLock
 from .tensorboard_log import TensorBoardLog
@@ -131,12 +131,23 @@ def step_seed(seed: int, step: int, index: int, stream: int = 0) -> int:
     return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0] >> np.uint64(1))
 
 
-def loss_denominator(tokens: torch.Tensor, objective: ObjectiveConfig) -> int:
+def loss_denominator(tokens: torch.Tensor, objective: ObjectiveConfig, seed: int | None = None) -> int:
     """What :func:`compute_loss` divides a micro-batch's summed (weighted) cross-entropy by: its maskable tokens
     (``per_token``; caption tokens + ``<eot>`` for arc) or its captions with any (``per_sequence``); the batch
     size for the contrastive objective. tokens (B, L). Summed over the global batch it makes accumulation and
-    DDP give the gradient of one big batch."""
-    return objective_spec(objective.name).loss_denominator(tokens, objective.normalization)
+    DDP give the gradient of one big batch.
+
+    An objective divided by its masked tokens (``per_masked_token``: cmlm) counts the masks the micro-batch's
+    masking `seed` draws (:func:`~mdc_core.objectives.draw_masks` with a CPU generator seeded as
+    :class:`~mdc_core.train_step.HostBatches` seeds its own, so the draws are the loss's own)."""
+    spec = objective_spec(objective.name)
+    if not spec.per_masked_token:
+        return spec.loss_denominator(tokens, objective.normalization)
+    if seed is None:
+        raise ValueError(f"objective {objective.name!r} divides its loss by the masked tokens: give the micro-batch's "
+                         "masking seed")
+    _, _, mask = draw_masks(trim_padding(tokens), objective, torch.Generator().manual_seed(seed))
+    return spec.loss_denominator(tokens, objective.normalization, mask=mask)
 
 
 def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bool = True) -> TrainResult:
@@ -331,18 +342,18 @@ class _Trainer:
         batch's) and gradient clipping; the batches are prepared on the host, and nothing here reads the device."""
         t, ctx, device = self.cfg.train, self.ctx, self.device
         tokens, cut = zip(*(self.tokenizer.tokenize_batch(b["caption"]) for b in micro), strict=True)
-        counts = [loss_denominator(tok, self.cfg.objective) for tok in tokens]
+        seeds = [step_seed(t.seed, self.n.step, a * ctx.world + ctx.rank) for a in range(len(micro))]  # masking
+        counts = [loss_denominator(tok, self.cfg.objective, seed) for tok, seed in zip(tokens, seeds, strict=True)]
         denom = train_step.global_terms(ctx, sum(counts))  # a number, or a device scalar all-reduced without waiting
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         means: dict[str, torch.Tensor] = {}
         torch.manual_seed(step_seed(t.seed, self.n.step, ctx.rank, stream=1))  # dropout: per step and rank
-        for a, (batch, tok, n) in enumerate(zip(micro, tokens, counts, strict=True)):
+        for a, (batch, tok, n, seed) in enumerate(zip(micro, tokens, counts, seeds, strict=True)):
             last = a == len(micro) - 1
             sync = self.loss_step.module.no_sync() if ctx.distributed and not last else contextlib.nullcontext()
             with dist.guard(ctx, "DDP forward/backward (gradient all-reduce)"), sync:
                 # the masking draws of micro-batch a on rank r are those of one rank with world x the micro-batches
-                loss, metrics = self.loss_step(batch["image"], tok, step_seed(t.seed, self.n.step,
-                                                                             a * ctx.world + ctx.rank))
+                loss, metrics = self.loss_step(batch["image"], tok, seed)
                 # DDP averages gradients over ranks: x world makes that a sum, / denom the global normalisation
                 scale = n * ctx.world / denom
                 (loss * (scale.to(loss.dtype) if torch.is_tensor(scale) else scale)).backward()

@@ -35,7 +35,7 @@ TINY = {  # per notebook: parameters on top of COMMON
 }
 EXPECTED = {  # what each notebook's metrics.json must hold: metric keys and paper tables
     "01_pretraining": ({"final_loss", "final_masked_acc", "single_object_accuracy"}, set()),
-    "02_noise_schedule_ablation": ({"probe/[0.0, 1.0]", "probe/[0.5, 1.0]", "probe/MDC (w/o 1/t)",
+    "02_noise_schedule_ablation": ({"probe/[0.0, 1.0]", "probe/[0.5, 1.0]", "probe/CMLM (w/o 1/t, per masked token)",
                                     "probe/Parallel (r = 1)", "loss_std/[0.0, 1.0]", "probe/random init"},
                                    {"table4", "table5", "fig4"}),
     "03_linear_probing": ({"probe/CLIP", "probe/ARC", "probe/MDC", "probe/random init (CLS)",

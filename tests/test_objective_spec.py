@@ -31,12 +31,13 @@ def half(monkeypatch: pytest.MonkeyPatch) -> str:
 
 def test_families_and_decoders_of_the_core_rows() -> None:
     fam = {name: objective_spec(name).family for name in registry.CORE_OBJECTIVES}
-    assert fam == {"mdc": "masked", "mdc_no_t": "masked", "bert": "masked", "parallel": "masked", "arc": "causal",
-                   "clip": "contrastive"}  # CLIP's text tower is causal, but it is no captioner
+    assert fam == {"mdc": "masked", "mdc_no_t": "masked", "cmlm": "masked", "bert": "masked", "parallel": "masked",
+                   "arc": "causal", "clip": "contrastive"}  # CLIP's text tower is causal, but it is no captioner
     assert objective_spec("arc").decoder == "left_to_right" and objective_spec("clip").decoder == "none"
     assert objective_spec("mdc").decoder == "unmask" and objective_spec("d3pm").decoder == "ancestral"
     assert objective_spec("d3pm").family == "masked" and objective_spec("d3pm").display("d3pm") == "d3pm"
-    assert [objective_spec(n).display(n) for n in ("mdc_no_t", "arc")] == ["MDC w/o 1/t", "ARC"]
+    assert [objective_spec(n).display(n) for n in ("mdc_no_t", "cmlm", "arc")] == [
+        "MDC (w/o 1/t), per caption token", "CMLM (w/o 1/t, per masked token)", "ARC"]
 
 
 def test_a_decoder_outside_the_list_is_refused() -> None:
@@ -50,6 +51,15 @@ def test_loss_terms_by_hand() -> None:
     assert objective_spec("mdc").loss_denominator(tokens, "per_sequence") == 2
     assert objective_spec("arc").loss_denominator(tokens, "per_token") == 4 + 2  # next-token targets incl. <eot>
     assert objective_spec("clip").loss_denominator(tokens, "per_token") == 2  # the batch
+    # a per-masked-token objective counts the masked tokens it is given, and refuses to guess them
+    mask = torch.zeros(2, 6, dtype=torch.bool)
+    mask[0, 2] = mask[1, 1] = mask[0, 3] = True
+    assert objective_spec("cmlm").loss_denominator(tokens, "per_token", mask=mask) == 3
+    assert objective_spec("mdc_no_t").loss_denominator(tokens, "per_token", mask=mask) == 3 + 1  # caption tokens
+    assert objective_spec("cmlm").loss_denominator(tokens, "per_sequence", mask=mask & (torch.arange(2) == 0)[:, None]
+                                                   ) == 1  # only caption 0 has a masked token
+    with pytest.raises(ValueError, match="divides its loss by the masked tokens"):
+        objective_spec("cmlm").loss_denominator(tokens, "per_token")
     cfg = ObjectiveConfig(t_low=0.2, t_high=0.6, mask_ratio=0.25)
     assert objective_spec("mdc").expected_loss_terms([3, 1], cfg) == pytest.approx(0.4 * 4)
     assert objective_spec("bert").expected_loss_terms([3, 1], cfg) == 1.0

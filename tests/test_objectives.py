@@ -107,8 +107,25 @@ def test_loss_hand_computed_per_token_and_per_sequence():
     assert normalized_token_loss(ce, mask, 1 / t, n_valid, "per_token").item() == pytest.approx(2.2)
     # per-sequence: mean(6 / 3, 5 / 2) = 2.25
     assert normalized_token_loss(ce, mask, 1 / t, n_valid, "per_sequence").item() == pytest.approx(2.25)
-    # no 1/t weight (CMLM): (3 + 4) / 5
+    # no 1/t weight, per caption token (mdc_no_t): (3 + 4) / 5; per sequence: mean(3 / 3, 4 / 2) = 1.5
     assert normalized_token_loss(ce, mask, torch.ones(2), n_valid, "per_token").item() == pytest.approx(1.4)
+    assert normalized_token_loss(ce, mask, torch.ones(2), n_valid, "per_sequence").item() == pytest.approx(1.5)
+    # no 1/t weight, per masked token (cmlm: Alg. 1 without 1/t, Eq. 1): (1 + 2 + 4) / 3; per sequence:
+    # mean(3 / 2, 4 / 1) = 2.75
+    n_masked = mask.sum(dim=1)
+    assert normalized_token_loss(ce, mask, torch.ones(2), n_masked, "per_token").item() == pytest.approx(7 / 3)
+    assert normalized_token_loss(ce, mask, torch.ones(2), n_masked, "per_sequence").item() == pytest.approx(2.75)
+
+
+def test_the_three_losses_of_one_caption_by_hand():
+    """One caption of 4 maskable tokens at t = 0.5, one token masked with cross-entropy 2 nats: MDC (Eq. 5)
+    2 x 2 / 4 = 1; without 1/t per caption token (mdc_no_t) 2 / 4 = 0.5; per masked token (cmlm) 2 / 1 = 2."""
+    mask = torch.tensor([[False, False, True, False, False, False]])  # <sot> a b c d <eot>: b masked
+    ce, t, n_valid, n_masked = torch.tensor([2.0]), torch.tensor([0.5]), torch.tensor([4]), torch.tensor([1])
+    for normalization in ("per_token", "per_sequence"):  # one caption: the two agree
+        assert normalized_token_loss(ce, mask, 1 / t, n_valid, normalization).item() == pytest.approx(1.0)
+        assert normalized_token_loss(ce, mask, torch.ones(1), n_valid, normalization).item() == pytest.approx(0.5)
+        assert normalized_token_loss(ce, mask, torch.ones(1), n_masked, normalization).item() == pytest.approx(2.0)
 
 
 @pytest.mark.parametrize("normalization", ["per_token", "per_sequence"])
@@ -152,7 +169,7 @@ def test_objective_table_rows_are_the_config_names_and_name_their_loss_functions
     """registry.objective_names (torch-free, used by the CLI and config validation) is the table's key list, the
     core's rows first, then the plug-ins'; every row's "module:function" loss resolves to a function."""
     assert objective_names() == tuple(OBJECTIVES) and objective_names()[:len(CORE_OBJECTIVES)] == CORE_OBJECTIVES
-    assert CORE_OBJECTIVES == ("mdc", "mdc_no_t", "bert", "parallel", "arc", "clip")
+    assert CORE_OBJECTIVES == ("mdc", "mdc_no_t", "cmlm", "bert", "parallel", "arc", "clip")
     for name, spec in OBJECTIVES.items():
         assert callable(spec.loss_fn()), name
     assert OBJECTIVES["d3pm"].loss_fn().__module__ == "mdc_core.masked_conditional.diffusion"  # the plug-in's row
@@ -176,6 +193,31 @@ def test_compute_loss_mdc_matches_manual(tiny_model):
     expected = weighted.sum() / maskable_positions(trimmed).sum()
     assert out.loss.item() == pytest.approx(expected.item(), rel=1e-5)
     assert out.metrics["masked_frac"].item() == pytest.approx(mask.sum().item() / 10)
+
+
+@pytest.mark.parametrize("name", ["mdc_no_t", "cmlm"])
+def test_compute_loss_without_the_weight_matches_manual(tiny_model, name):
+    """The two losses without 1/t on a model's own logits: the masked tokens' cross-entropy summed and divided by
+    the caption tokens (mdc_no_t) or by the masked tokens (cmlm, Alg. 1's mean); their ratio is the batch's
+    caption tokens over its masked tokens."""
+    model = tiny_model()
+    images = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    tokens = batch(3, 5, 2, length=16)
+    cfg = ObjectiveConfig(name=name)
+    out = compute_loss(model, images, tokens, cfg, torch.Generator().manual_seed(9))
+    g2 = torch.Generator().manual_seed(9)
+    trimmed = trim_padding(tokens)
+    t = mask_rates(cfg, 3, g2, "cpu")
+    noisy, mask = apply_mask(trimmed, t, generator=g2)
+    logits = model.decode(noisy, model.encode_image(images))
+    ce = F.cross_entropy(logits[mask], trimmed[mask], reduction="none")
+    assert 0 < mask.sum() < 10  # some tokens masked, not all: the two denominators differ
+    expected = ce.sum() / (mask.sum() if name == "cmlm" else 10)  # 3 + 5 + 2 caption tokens
+    assert out.loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    other = compute_loss(model, images, tokens, ObjectiveConfig(name="cmlm" if name == "mdc_no_t" else "mdc_no_t"),
+                         torch.Generator().manual_seed(9))
+    per_masked, per_caption = (out, other) if name == "cmlm" else (other, out)
+    assert (per_masked.loss / per_caption.loss).item() == pytest.approx(10 / mask.sum().item(), rel=1e-5)
 
 
 def test_compute_loss_arc_is_teacher_forced_ce(tiny_model):
@@ -218,7 +260,7 @@ def test_prepare_batch_hand_example():
         prepare_batch(tokens, ObjectiveConfig(name="d3pm"), output_index=out_index)
 
 
-@pytest.mark.parametrize("name", ["mdc", "bert", "parallel", "arc", "clip"])
+@pytest.mark.parametrize("name", ["mdc", "cmlm", "bert", "parallel", "arc", "clip"])
 def test_a_prepared_batch_gives_the_loss_of_the_same_draws(tiny_model, name):
     from mdc_core.factory import create_model
     from mdc_core.objectives import id_tables

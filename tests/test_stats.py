@@ -23,7 +23,7 @@ from mdc_core.eval.claims import (
     position_fade,
     position_fade_items,
 )
-from mdc_core.eval.paper_claims import TABLE1_MARGIN, TABLE2_COLUMNS
+from mdc_core.eval.paper_claims import TABLE1_MARGIN, TABLE2_COLUMNS, TABLE4_ROW
 from mdc_core.eval.stats import (
     EQUIVALENT,
     HOLDS,
@@ -518,7 +518,7 @@ def test_the_smallest_resolvable_difference_and_underpowered_by_hand() -> None:
     assert power_verdict(UNRESOLVED, 1.6, 0.8) == UNDERPOWERED
     assert power_verdict(UNRESOLVED, 0.5, 0.8) == UNRESOLVED  # could have resolved it: a real "not resolved"
     assert power_verdict(HOLDS, 1.6, 0.8) == HOLDS and power_verdict(UNRESOLVED, 1.6, None) == UNRESOLVED
-    values = {"MDC": [60.0, 61.0, 59.0], "MDC (w/o 1/t)": [59.5, 61.0, 58.9]}  # diffs 0.5, 0, 0.1
+    values = {"MDC": [60.0, 61.0, 59.0], TABLE4_ROW: [59.5, 61.0, 58.9]}  # diffs 0.5, 0, 0.1
     res = evaluate_claim(_claim("table4"), _seeds("top-1", values))
     # mean 0.2, sd 0.265, half-width 4.303 x 0.265 / sqrt(3) = 0.657 < 0.8: a true "not resolved"
     assert res["verdict"] == UNRESOLVED and res["parts"][0]["resolvable"] == pytest.approx(0.657, abs=1e-3)
@@ -526,6 +526,20 @@ def test_the_smallest_resolvable_difference_and_underpowered_by_hand() -> None:
     res = evaluate_claim(_claim("table4"), _seeds("top-1", values))
     assert res["verdict"] == UNDERPOWERED and res["verdict_text"].startswith("underpowered over 3 seeds")
     assert "(paper's effect or margin 0.8)" in "\n".join(claims_markdown([res]))
+
+
+def test_table4_tests_the_papers_row_and_reads_the_per_caption_token_rows_old_and_new() -> None:
+    """Table 4's claim compares MDC with the paper's row (cmlm, per masked token); mdc_no_t (per caption token) is
+    an observation, read under its label and under the name runs gave it before cmlm existed."""
+    mdc, other = [60.0, 61.0, 59.0], [59.5, 61.0, 58.9]
+    legacy = _seeds("top-1", {"MDC": mdc, "MDC (w/o 1/t)": other})
+    res = evaluate_claim(_claim("table4"), legacy)
+    assert res["verdict"] == UNMEASURED and res["missing"] == [f"row {TABLE4_ROW}"]  # the paper's row not trained
+    for name in ("MDC (w/o 1/t)", "MDC (w/o 1/t), per caption token"):
+        obs = evaluate_claim(_claim("table4_per_caption_token"), _seeds("top-1", {"MDC": mdc, name: other}))
+        assert [p["worse"] for p in obs["parts"]] == [name] and obs["verdict"] is None  # an observation
+    both = _seeds("top-1", {"MDC": mdc, TABLE4_ROW: other, "MDC (w/o 1/t), per caption token": other})
+    assert [p["worse"] for p in evaluate_claim(_claim("table4"), both)["parts"]] == [TABLE4_ROW]
 
 
 def test_combined_verdicts_keep_a_shared_word_and_flag_inequivalence() -> None:

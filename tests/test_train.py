@@ -15,6 +15,7 @@ from mdc_core import checkpoint as ck
 from mdc_core import train_step
 from mdc_core.config import ConfigError, ObjectiveConfig
 from mdc_core.data import make_example
+from mdc_core.objectives import prepare_batch
 from mdc_core.tokenizer import CaptionTokenizer
 from mdc_core.train import TrainingDiverged, loss_denominator, lr_lambda, step_seed, train
 from tests.train_helpers import (
@@ -54,29 +55,47 @@ def test_loss_denominator_hand_values():
     assert step_seed(0, 5, 1) == step_seed(0, 5, 1) != step_seed(0, 5, 2) != step_seed(0, 6, 1)
 
 
+@pytest.mark.parametrize("normalization", ["per_token", "per_sequence"])
+def test_a_per_masked_token_denominator_counts_the_losss_own_draws(normalization):
+    """cmlm divides by its masked tokens: the trainer counts them from the micro-batch's masking seed, and they
+    are the masks prepare_batch (HostBatches) draws from that seed."""
+    tokens, _ = CaptionTokenizer(12).tokenize_batch(["a red circle left of a blue square", "a", "two small stars"])
+    cfg = ObjectiveConfig(name="cmlm", normalization=normalization)
+    out_index = torch.arange(49409)
+    counts = []
+    for seed in range(6):
+        mask = prepare_batch(tokens, cfg, torch.Generator().manual_seed(seed), output_index=out_index).loss_mask
+        want = int(mask.sum()) if normalization == "per_token" else int((mask.sum(dim=1) > 0).sum())
+        counts.append(loss_denominator(tokens, cfg, seed))
+        assert counts[-1] == want
+    assert len(set(counts)) > 1  # the draws, not the captions, decide it
+    with pytest.raises(ValueError, match="masking seed"):
+        loss_denominator(tokens, cfg)
+
+
 def test_config_rejects_unknown_nonfinite_policy(data):
     with pytest.raises(ConfigError, match="train.nonfinite"):
         micro_run(data, nonfinite="ignore")
 
 
 @pytest.mark.parametrize("objective,normalization", [("arc", "per_token"), ("parallel", "per_sequence"),
-                                                     ("mdc", "per_token")])
+                                                     ("mdc", "per_token"), ("cmlm", "per_token")])
 def test_accumulation_equals_one_bigger_batch(data, tmp_path, objective, normalization):
     # the same 8 samples as 1 batch of 8 or 2 micro-batches of 4: same loss, same gradient, same update
     # (the captions differ in length, so dividing each micro-batch by its own token count would not agree)
     common = [f"objective.name={objective}", f"objective.normalization={normalization}"]
     big = micro_run(data, *common, steps=2, batch_size=8, grad_accum=1, ckpt_every=2)
     acc = micro_run(data, *common, steps=2, batch_size=4, grad_accum=2, ckpt_every=2)
-    if objective == "mdc":  # random masks are drawn per micro-batch: compare the deterministic objectives only
+    if objective in ("mdc", "cmlm"):  # masks drawn per micro-batch: compare at t ~ 1
         big = micro_run(data, *common, "objective.t_low=0.999", steps=2, batch_size=8, ckpt_every=2)
         acc = micro_run(data, *common, "objective.t_low=0.999", steps=2, batch_size=4, grad_accum=2, ckpt_every=2)
     train(big, tmp_path / "big", progress=False)
     train(acc, tmp_path / "acc", progress=False)
     for a, b in zip(read_metrics(tmp_path / "big"), read_metrics(tmp_path / "acc"), strict=True):
         for key in ("loss", "grad_norm"):
-            tol = 1e-5 if objective != "mdc" else 2e-2  # mdc at t ~ 1: almost every token masked either way
+            tol = 1e-5 if objective not in ("mdc", "cmlm") else 2e-2  # t ~ 1: almost every token masked either way
             assert a[key] == pytest.approx(b[key], rel=tol), key
-    if objective != "mdc":
+    if objective not in ("mdc", "cmlm"):
         wa, wb = (load_file(str(ck.latest_checkpoint(tmp_path / r) / "model.safetensors")) for r in ("big", "acc"))
         assert all(torch.allclose(wa[k], wb[k], atol=1e-5) for k in wa)
 
