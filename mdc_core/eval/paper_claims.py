@@ -193,8 +193,8 @@ PAPER_CLAIMS: tuple[Claim, ...] = (
 # Statements of the paper no table of the workbench tests yet: listed in every summary as not measured.
 NOT_ENCODED: tuple[tuple[str, str, str], ...] = (
     ("Sec. 4.2 'Dataset size scaling'; Fig. 5", "'the more image text pairs used for pretraining, the better "
-     "performance on the downstream tasks'", "needs MDC trained on several data-set sizes (a `fig5` table); no "
-     "notebook trains them yet"),
+     "performance on the downstream tasks'", "plans/data_scaling.yaml trains the methods on several data-set sizes "
+     "and mdc_core.eval.data_scaling gathers them by size (descriptive); not run yet"),
     ("Sec. 4.3 'Noise schedule'", "with t ~ U[0, 1] the 'loss is very unstable' on short captions",
      "notebook 02 plots each schedule's loss spread; a spread is not a mean over test items, so it gets no verdict"),
     ("Sec. 4.2 'Image captioning'; Table 3", "MDC 'can sample reasonable captions'; SPICE and the LLM-judge column",
