@@ -244,3 +244,18 @@ def test_plot_annealed_budget_writes_a_png(tmp_path: Path) -> None:
 
     path = bc.plot_annealed_budget(gather_runs(_budget_runs(), 400)[bc.ANNEALED_TABLE], tmp_path / "b.png")
     assert path.stat().st_size > 5000
+
+
+def test_runs_at_other_training_set_sizes_make_the_data_scaling_table() -> None:
+    from mdc_core.workbench.evidence import SCALING_TABLE, gather_runs
+
+    runs = [(f"03_n{n}__seed={s}", {"steps": 400, "n_train": n, "train_seed": s},
+             _table1({"MDC": g + s, "ARC": 5.0 + s})) for n, g in ((20000, 10.0), (5000, 4.0)) for s in range(3)]
+    gathered = gather_runs(runs, reference=400, reference_size=20000)
+    assert gathered["table1"]["cells"]["MDC"]["gain"].values == {0: 10.0, 1: 11.0, 2: 12.0}  # 20000 images only
+    assert gathered["table1_at_5000_images"]["cells"]["MDC"]["gain"].values == {0: 4.0, 1: 5.0, 2: 6.0}
+    scaling = gathered[SCALING_TABLE]
+    assert scaling["sizes"] == [5000, 20000] and scaling["cells"]["MDC @ 5000"]["gain"].values == {0: 4.0, 1: 5.0,
+                                                                                                 2: 6.0}
+    assert scaling["setting"] == "5000, 20000 training images, 400 steps; 3 training seeds"
+    assert SCALING_TABLE not in gather_runs(runs[:3], reference=400)  # one size: nothing to scale

@@ -16,9 +16,11 @@ from typing import Any
 
 from mdc_core.eval.budget_curve import ANNEALED_TABLE, annealed_budget_table, steps_table_name
 from mdc_core.eval.claims import claims_markdown, evaluate_claims, gather_tables, not_encoded_markdown, table_estimates
+from mdc_core.eval.data_scaling import data_scaling_table
 from mdc_core.eval.paper_claims import CHECK, CLAIM, EXPLORATORY, OBSERVATION
 from mdc_core.eval.stats import Estimate
 
+SCALING_TABLE = "data_scaling"  # Fig. 5: Table 1 gathered by training-set size
 SEED_PARAM = "train_seed"  # the notebook parameter a plan's `seeds` sets (mdc_core.workbench.plans)
 SECTIONS = ((CLAIM, "The paper's claims"), (CHECK, "Workbench checks (not claims of the paper)"),
             (OBSERVATION, "Observations: row orders the paper's tables show but its text does not claim (no verdict)"),
@@ -26,7 +28,7 @@ SECTIONS = ((CLAIM, "The paper's claims"), (CHECK, "Workbench checks (not claims
 
 
 def gather_runs(runs: Sequence[tuple[str, dict[str, Any], dict[str, Any]]],
-                reference: int | None = None) -> dict[str, dict[str, Any]]:
+                reference: int | None = None, reference_size: int | None = None) -> dict[str, dict[str, Any]]:
     """``[(run id, parameters, metrics.json)]`` -> :func:`~mdc_core.eval.claims.gather_tables` output, each table
     with a ``setting`` line (:func:`run_setting`) for the runs that wrote it.
 
@@ -34,11 +36,19 @@ def gather_runs(runs: Sequence[tuple[str, dict[str, Any], dict[str, Any]]],
     ``steps``; by default :func:`reference_steps`) are
     separate models, not repeats: their tables are gathered as ``<table>_at_<N>_steps``, and Table 1 at every
     budget makes the annealed budget curve (``budget_annealed``, :func:`~mdc_core.eval.budget_curve.
-    annealed_budget_table`)."""
+    annealed_budget_table`). Likewise runs trained on another number of images than the plan's own ``n_train``
+    (`reference_size`; by default the most common): their tables are ``<table>_at_<N>_images``, and Table 1 at every
+    size makes the data-scaling table (``data_scaling``, Fig. 5, :func:`~mdc_core.eval.data_scaling.
+    data_scaling_table`)."""
+    measured = [(rid, params, metrics) for rid, params, metrics in runs if metrics]
     if reference is None:
-        reference = reference_steps([params for _, params, metrics in runs if metrics])
-    gathered = gather_tables([(rid, params.get(SEED_PARAM), _at_budget(metrics, params.get("steps"), reference))
-                              for rid, params, metrics in runs if metrics])
+        reference = reference_steps([params for _, params, _ in measured])
+    if reference_size is None:
+        reference_size = reference_steps([{"steps": p.get("n_train")} for _, p, _ in measured])
+    gathered = gather_tables([(rid, params.get(SEED_PARAM),
+                               _at_size(_at_budget(metrics, params.get("steps"), reference), params.get("n_train"),
+                                        reference_size))
+                              for rid, params, metrics in measured])
     params = {rid: p for rid, p, _ in runs}
     for name, table in gathered.items():
         seeds = {params.get(rid, {}).get(SEED_PARAM) for rid in table["runs"]}
@@ -53,6 +63,17 @@ def gather_runs(runs: Sequence[tuple[str, dict[str, Any], dict[str, Any]]],
                                                       for c in cols}))
         annealed["setting"] = f"{budgets} steps; {len(seeds)} training seed{'s' if len(seeds) > 1 else ''}"
         gathered[ANNEALED_TABLE] = annealed
+    scaling = None
+    if len({p.get("n_train") for _, p, _ in measured if p.get("n_train") is not None}) > 1:
+        try:
+            scaling = data_scaling_table(measured, steps=reference)
+        except ValueError as err:  # e.g. one method, size and seed twice: the tables above still stand
+            print(f"data scaling: not gathered ({err})")
+    if scaling is not None:
+        seeds = {params.get(SEED_PARAM) for rid, params, _ in measured if rid in set(scaling["runs"])}
+        scaling["setting"] = (f"{', '.join(str(n) for n in scaling['sizes'])} training images, {reference} steps; "
+                              f"{len(seeds)} training seed{'s' if len(seeds) > 1 else ''}")
+        gathered[SCALING_TABLE] = scaling
     return gathered
 
 
@@ -63,6 +84,15 @@ def reference_steps(params: Sequence[dict[str, Any]]) -> int | None:
     if not counts:
         return None
     return max(counts, key=lambda steps: (counts[steps], steps))
+
+
+def _at_size(metrics: dict[str, Any], n_train: Any, reference: int | None) -> dict[str, Any]:
+    """`metrics` with every table renamed ``<table>_at_<N>_images`` when the run trained on another number of images
+    than `reference`; unchanged otherwise."""
+    if reference is None or not isinstance(n_train, (int, float)) or int(n_train) == reference:
+        return metrics
+    tables = metrics.get("tables") or {}
+    return {**metrics, "tables": {f"{name}_at_{int(n_train)}_images": t for name, t in tables.items()}}
 
 
 def _at_budget(metrics: dict[str, Any], steps: Any, reference: int | None) -> dict[str, Any]:

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from mdc_core.eval.budget_curve import ANNEALED_TABLE, plot_annealed_budget
-from mdc_core.workbench.evidence import display_tables, evidence_markdown, gather_runs, interval_note
+from mdc_core.eval.data_scaling import plot_data_scaling
+from mdc_core.workbench.evidence import SCALING_TABLE, display_tables, evidence_markdown, gather_runs, interval_note
 from mdc_core.workbench.paper import PAPER
 
 
@@ -126,7 +127,8 @@ def write_summary(out: Path, results: list[RunResult], *, name: str, source: Pat
     """Write summary.md, summary.json and summary.png into the plan folder `out` of plan `name` (read from the
     YAML file `source`); returns the summary.md path."""
     per_run = {r.run_id: read_metrics(r.run_dir) for r in results}
-    gathered = gather_runs([(r.run_id, r.parameters, per_run[r.run_id]) for r in results], plan_steps(source))
+    gathered = gather_runs([(r.run_id, r.parameters, per_run[r.run_id]) for r in results], plan_steps(source),
+                           plan_steps(source, "n_train"))
     tables = display_tables(gathered)
     n_failed = sum(r.status == "failed" for r in results)
     lines = [f"# Plan `{name}`", ""]
@@ -158,16 +160,20 @@ def write_summary(out: Path, results: list[RunResult], *, name: str, source: Pat
     summary_figure(results, tables, out / "summary.png")
     if ANNEALED_TABLE in gathered:
         plot_annealed_budget(gathered[ANNEALED_TABLE], out / "budget_annealed.png")
+    if SCALING_TABLE in gathered:
+        plot_data_scaling(gathered[SCALING_TABLE], out / "data_scaling.png",
+                          title="Fig. 5 at this scale: probe gain against training images (95% intervals over seeds)")
     return path
 
 
-def plan_steps(source: Path | str) -> int | None:
-    """The training steps the plan file `source` sets for all its notebooks (``parameters.steps``), None when it
-    sets none or cannot be read: the budget its claims are tested at (other budgets are other models)."""
+def plan_steps(source: Path | str, key: str = "steps") -> int | None:
+    """The training steps (or another integer `key`, e.g. ``n_train``) the plan file `source` sets for all its
+    notebooks (``parameters.<key>``), None when it sets none or cannot be read: the budget its claims are tested
+    at (other budgets, other training-set sizes: other models)."""
     import yaml
 
     try:
-        steps = (yaml.safe_load(Path(source).read_text()).get("parameters") or {}).get("steps")
+        steps = (yaml.safe_load(Path(source).read_text()).get("parameters") or {}).get(key)
     except (OSError, yaml.YAMLError, AttributeError):
         return None
     return int(steps) if isinstance(steps, (int, float)) and not isinstance(steps, bool) else None
