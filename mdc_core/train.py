@@ -19,6 +19,10 @@ checkpoints, which bounds the work a crash can lose. A non-finite loss or gradie
 (``train.nonfinite=stop``), or skips that update (``skip``; at most ``train.max_skipped_steps`` in a row). Records
 skipped as corrupt are counted per epoch in ``epochs.jsonl``.
 
+What a checkpoint holds besides the weights is one :class:`~mdc_core.train_state.TrainState`. ``train(cfg, out,
+init_from=RUN)`` starts a new run from the weights of another run or checkpoint: weights only, with a fresh
+optimizer, schedule, EMA and counters (fine-tuning).
+
 The step never waits for the device between logging steps (:mod:`mdc_core.train_step`): batches are prepared on the
 host, and the loss, metrics, gradient norm and the non-finite check are read at logging and checkpoint steps only.
 """
@@ -58,6 +62,7 @@ from .resume import resolve_data_paths
 from .runlock import RunLock
 from .tensorboard_log import TensorBoardLog
 from .tokenizer import CaptionTokenizer, build_output_vocab
+from .train_state import Counters, TrainState
 
 
 class TrainingDiverged(RuntimeError):
@@ -123,6 +128,36 @@ def init_model(cfg: RunConfig, progress: bool = False) -> tuple[torch.nn.Module,
     return create_model(cfg, cfg.objective.name, output_ids), cfg
 
 
+def init_from_weights(cfg: RunConfig, source: str | Path) -> tuple[torch.nn.Module, RunConfig]:
+    """A model for the run `cfg` holding the weights (not the EMA) of run or checkpoint folder `source`, and the
+    run's config as it must be saved (a corpus head's size taken from `source` when `cfg` leaves it 0). Raises
+    ``ValueError`` when `source`'s model differs from ``cfg.model`` (the encoder's ``pretrained`` settings aside:
+    the weights replace them) or its weights do not fit `cfg`'s objective."""
+    source_model, saved = ckpt_io.load_model(source)
+    arch = cfg.model
+    if arch.output_vocab == "corpus" and arch.output_vocab_size == 0:
+        arch = dataclasses.replace(arch, output_vocab_size=saved.model.output_vocab_size)
+    there, here = dataclasses.asdict(saved.model), dataclasses.asdict(arch)
+    diffs = [f"model.{k} {there[k]!r} there, {here[k]!r} here" for k in here
+             if k not in ("pretrained", "pretrained_path") and there.get(k) != here[k]]
+    if diffs:
+        raise ValueError(f"init_from {source}: its model differs from this run's ({'; '.join(diffs[:4])})")
+    model = create_model(dataclasses.replace(arch, pretrained=False, pretrained_path=""), cfg.objective.name)
+    try:
+        model.load_state_dict(source_model.state_dict())
+    except (RuntimeError, ValueError) as err:  # CLIPModel says ValueError
+        raise ValueError(f"init_from {source}: the weights of its {saved.objective.name} model do not fit a "
+                         f"{cfg.objective.name} model ({str(err).splitlines()[0][:160]})") from None
+    return model, dataclasses.replace(cfg, model=arch)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch, Python's and NumPy's generators (the initial weights, and what a fresh run draws)."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
 def step_seed(seed: int, step: int, index: int, stream: int = 0) -> int:
     """A 63-bit seed for micro-batch `index` (global, see the module docstring) of optimizer step `step`; stream
     0 is the masking draws, stream 1 dropout (index = rank). Every random draw of a step derives from these, so
@@ -139,8 +174,14 @@ def loss_denominator(tokens: torch.Tensor, objective: ObjectiveConfig) -> int:
     return objective_spec(objective.name).loss_denominator(tokens, objective.normalization)
 
 
-def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bool = True) -> TrainResult:
+def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, init_from: str | Path | None = None,
+          progress: bool = True) -> TrainResult:
     """Train `cfg` into run folder `out`. With `resume`, continue from its latest complete checkpoint.
+
+    `init_from` (a run or checkpoint folder) starts the run from that model's weights instead of a fresh
+    initialisation (:func:`init_from_weights`), with a fresh optimizer, schedule, EMA and counters. It applies
+    whenever the run starts at step 0 (also a ``resume`` that finds no checkpoint and starts over); a run that
+    resumes from its own checkpoint continues from that.
 
     Under ``torchrun`` every rank calls this: DistributedDataParallel (NCCL on CUDA, gloo on CPU), each rank
     reading its share of the data; the global batch is ``batch_size x world x grad_accum``. Only rank 0 writes,
@@ -157,7 +198,7 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
         cfg, start_ckpt, state_problem = resume_io.prepare_run(resolve_data_paths(cfg), out, resume, ctx.is_main,
                                                                lr_lambda)
         dist.barrier(ctx, "start-up")  # every rank has checked the run folder before rank 0 writes to it
-        return _Trainer(cfg, out, ctx, start_ckpt, progress, state_problem).run()
+        return _Trainer(cfg, out, ctx, start_ckpt, progress, state_problem, init_from).run()
     except BaseException:
         if lock.held and created and resume_io.never_started(out):  # a run that could not start leaves no folder behind
             shutil.rmtree(out, ignore_errors=True)
@@ -165,17 +206,6 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
     finally:
         lock.release()
         dist.teardown(ctx)
-
-
-@dataclass
-class _Counters:
-    """The run's bookkeeping, all-rank totals (the same on every rank); saved in ``state.pt``."""
-
-    step: int = 0  # optimizer steps taken
-    truncated: int = 0  # captions cut to the context length
-    nonfinite_skipped: int = 0  # updates skipped for a non-finite loss (train.nonfinite=skip)
-    skipped: Counter[str] = field(default_factory=Counter)  # corrupt records skipped over the run, by reason
-    skipped_epoch: Counter[str] = field(default_factory=Counter)  # ... in the current epoch
 
 
 @dataclass
@@ -197,19 +227,20 @@ class _Trainer:
     """The state of one training run (model, optimizer, schedule, EMA, data position, counters) and its loop."""
 
     def __init__(self, cfg: RunConfig, out: Path, ctx: dist.DistContext, start_ckpt: Path | None, progress: bool,
-                 state_problem: str = ""):
+                 state_problem: str = "", init_from: str | Path | None = None):
         t = cfg.train
         self.cfg, self.out, self.ctx, self.progress = cfg, out, ctx, progress
         self.device, self.main = ctx.device, ctx.is_main
-        torch.manual_seed(t.seed)  # the same initial weights on every rank
-        random.seed(t.seed)
-        np.random.seed(t.seed)
+        seed_everything(t.seed)  # the same initial weights on every rank
         self.bf16 = use_bf16(t.precision, self.device)
-        if start_ckpt is None:
-            model, cfg = init_model(cfg, progress=progress and self.main)  # cfg: with the corpus vocabulary's size
+        if start_ckpt is not None:
+            model = ckpt_io.load_model(start_ckpt)[0]
+        elif init_from is not None:
+            model, cfg = init_from_weights(cfg, init_from)  # cfg: with the source's corpus vocabulary size
             self.cfg = cfg
         else:
-            model = ckpt_io.load_model(start_ckpt)[0]
+            model, cfg = init_model(cfg, progress=progress and self.main)  # cfg: with the corpus vocabulary's size
+            self.cfg = cfg
         self.model = model.to(self.device).train()
         if self.main:
             out.mkdir(parents=True, exist_ok=True)
@@ -228,12 +259,14 @@ class _Trainer:
         self.pending_samples, self.pending_truncated = 0.0, 0  # this rank's, since the last read
         self.tokenizer = CaptionTokenizer(cfg.model.context_length)
         self.global_batch = t.batch_size * ctx.world * t.grad_accum
-        self.n = _Counters()
+        self.n = Counters()
         self.last_ckpt = start_ckpt
         self.consecutive_skips = 0
         self.saved_at = time.monotonic()
         self.stop = dist.StopRequest(repeat_aborts=not ctx.distributed)
         epoch, batch_in_epoch = self._restore(start_ckpt, state_problem) if start_ckpt is not None else (0, 0)
+        if start_ckpt is None and init_from is not None:
+            seed_everything(t.seed)  # the RNG state of a fresh run's first step, not what loading the weights drew
         self.start_step = self.n.step
         self.tensorboard = TensorBoardLog(out, self.n.step) if self.main and t.tensorboard else None
         self.stream = BatchStream(cfg, ctx, epoch, batch_in_epoch, self._end_epoch)
@@ -246,23 +279,22 @@ class _Trainer:
             state = resume_io.weights_only_state(self.out, step, self.cfg.train.grad_accum)
             resume_io.set_schedule_step(self.sched, step)
         else:
-            state = ckpt_io.load_train_state(ckpt)
-            self.opt.load_state_dict(state["optimizer"])
-            self.sched.load_state_dict(state["scheduler"])
+            state = TrainState.from_state_dict(ckpt_io.load_train_state(ckpt))
+            self.opt.load_state_dict(state.optimizer)
+            self.sched.load_state_dict(state.scheduler)
         if self.ema is not None and (ckpt / "ema.safetensors").is_file():
             self.ema.module.load_state_dict(ckpt_io.load_weights(ckpt / "ema.safetensors"))
-            self.ema.n_averaged.fill_(state.get("ema_n_averaged", 1))
-        if "rng" in state:
-            ckpt_io.set_rng_state(state["rng"])
-        epoch, batch_in_epoch = state["epoch"], state["batch_in_epoch"]
-        saved_world = state.get("world", 1)
+            self.ema.n_averaged.fill_(state.ema_n_averaged)
+        if state.rng is not None:
+            ckpt_io.set_rng_state(state.rng)
+        epoch, batch_in_epoch = state.epoch, state.batch_in_epoch
+        saved_world = state.world
         if saved_world != self.ctx.world:  # the same number of samples of this epoch, but not the same samples
             batch_in_epoch = batch_in_epoch * saved_world // self.ctx.world
             warnings.warn(f"resuming a {saved_world}-rank run on {self.ctx.world} ranks: the global batch and the "
                           "data order of the current epoch change; metrics will not match an uninterrupted run",
                           stacklevel=3)
-        self.n = _Counters(state["step"], state.get("truncated", 0), state.get("nonfinite_skipped", 0),
-                           Counter(state.get("skipped", {})), Counter(state.get("skipped_epoch", {})))
+        self.n = state.counters
         if self.main:
             ckpt_io.truncate_jsonl(self.out / "metrics.jsonl", self.n.step)
             ckpt_io.truncate_jsonl(self.out / "epochs.jsonl", self.n.step)
@@ -444,14 +476,10 @@ class _Trainer:
         if not self.main:
             self.last_ckpt = self.out / ckpt_io.CKPT_DIR / f"step_{self.n.step:08d}"
             return
-        n, ema = self.n, self.ema
-        train_state = {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
-                       "rng": ckpt_io.rng_state(),
-                       "step": n.step, "epoch": self.stream.epoch, "batch_in_epoch": self.stream.batch_in_epoch,
-                       "world": self.ctx.world, "global_batch": self.global_batch, "skipped": dict(n.skipped),
-                       "skipped_epoch": dict(n.skipped_epoch), "truncated": n.truncated,
-                       "nonfinite_skipped": n.nonfinite_skipped,
-                       "ema_n_averaged": int(ema.n_averaged) if ema is not None else 0}
-        self.last_ckpt = ckpt_io.save_checkpoint(self.out, n.step, self.cfg, self.model,
+        ema = self.ema
+        state = TrainState(self.n, self.stream.epoch, self.stream.batch_in_epoch, self.ctx.world, self.global_batch,
+                           int(ema.n_averaged) if ema is not None else 0, self.opt.state_dict(),
+                           self.sched.state_dict(), ckpt_io.rng_state())
+        self.last_ckpt = ckpt_io.save_checkpoint(self.out, self.n.step, self.cfg, self.model,
                                                  ema_state=ema.module.state_dict() if ema is not None else None,
-                                                 train_state=train_state, keep_last=self.cfg.train.keep_last)
+                                                 train_state=state.state_dict(), keep_last=self.cfg.train.keep_last)
