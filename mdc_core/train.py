@@ -228,11 +228,11 @@ class _Trainer:
 
     def __init__(self, cfg: RunConfig, out: Path, ctx: dist.DistContext, start_ckpt: Path | None, progress: bool,
                  state_problem: str = "", init_from: str | Path | None = None):
-        t = cfg.train
+        tcfg = cfg.train
         self.cfg, self.out, self.ctx, self.progress = cfg, out, ctx, progress
         self.device, self.main = ctx.device, ctx.is_main
-        seed_everything(t.seed)  # the same initial weights on every rank
-        self.bf16 = use_bf16(t.precision, self.device)
+        seed_everything(tcfg.seed)  # the same initial weights on every rank
+        self.bf16 = use_bf16(tcfg.precision, self.device)
         if start_ckpt is not None:
             model = ckpt_io.load_model(start_ckpt)[0]
         elif init_from is not None:
@@ -246,19 +246,20 @@ class _Trainer:
             out.mkdir(parents=True, exist_ok=True)
             cfg.save(out / "config.json")  # a run started over found its old logs set aside (resume.set_logs_aside)
         # forward + loss of a micro-batch: host batches (static shapes), autocast, train.compile (CUDA graphs)
-        self.loss_step = train_step.LossStep(model, cfg.objective, t, self.device, self.bf16,
+        self.loss_step = train_step.LossStep(model, cfg.objective, tcfg, self.device, self.bf16,
                                              distributed=ctx.distributed)
         if ctx.distributed:
             self.loss_step.module = DistributedDataParallel(self.loss_step.module, device_ids=[self.device.index]
                                                             if self.device.type == "cuda" else None)
-        self.opt = train_step.build_optimizer(param_groups(model, t.weight_decay), t, self.device)  # fused on CUDA
+        # fused on CUDA
+        self.opt = train_step.build_optimizer(param_groups(model, tcfg.weight_decay), tcfg, self.device)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda s: lr_lambda(s, t.warmup_steps, t.steps, t.min_lr_ratio))
-        self.ema = AveragedModel(model, use_buffers=True) if t.ema_decay > 0 else None  # train_step.ema_update
+            self.opt, lambda s: lr_lambda(s, tcfg.warmup_steps, tcfg.steps, tcfg.min_lr_ratio))
+        self.ema = AveragedModel(model, use_buffers=True) if tcfg.ema_decay > 0 else None  # train_step.ema_update
         self.watch = train_step.NonFiniteWatch(self.device)
         self.pending_samples, self.pending_truncated = 0.0, 0  # this rank's, since the last read
         self.tokenizer = CaptionTokenizer(cfg.model.context_length)
-        self.global_batch = t.batch_size * ctx.world * t.grad_accum
+        self.global_batch = tcfg.batch_size * ctx.world * tcfg.grad_accum
         self.n = Counters()
         self.last_ckpt = start_ckpt
         self.consecutive_skips = 0
@@ -266,9 +267,9 @@ class _Trainer:
         self.stop = dist.StopRequest(repeat_aborts=not ctx.distributed)
         epoch, batch_in_epoch = self._restore(start_ckpt, state_problem) if start_ckpt is not None else (0, 0)
         if start_ckpt is None and init_from is not None:
-            seed_everything(t.seed)  # the RNG state of a fresh run's first step, not what loading the weights drew
+            seed_everything(tcfg.seed)  # the RNG state of a fresh run's first step, not what loading the weights drew
         self.start_step = self.n.step
-        self.tensorboard = TensorBoardLog(out, self.n.step) if self.main and t.tensorboard else None
+        self.tensorboard = TensorBoardLog(out, self.n.step) if self.main and tcfg.tensorboard else None
         self.stream = BatchStream(cfg, ctx, epoch, batch_in_epoch, self._end_epoch)
 
     def _restore(self, ckpt: Path, state_problem: str = "") -> tuple[int, int]:
@@ -301,12 +302,12 @@ class _Trainer:
         return epoch, batch_in_epoch
 
     def run(self) -> TrainResult:
-        t, main = self.cfg.train, self.main
+        tcfg, main = self.cfg.train, self.main
         if main and self.progress:
-            tqdm.write(f"global batch {self.global_batch} = {t.batch_size} per device x {self.ctx.world} devices "
-                       f"({self.device.type}) x {t.grad_accum} accumulation; step: compile "
+            tqdm.write(f"global batch {self.global_batch} = {tcfg.batch_size} per device x {self.ctx.world} devices "
+                       f"({self.device.type}) x {tcfg.grad_accum} accumulation; step: compile "
                        f"{self.loss_step.mode or 'off'}, static shapes {self.loss_step.static}")
-        self.bar = tqdm(total=t.steps, initial=self.n.step, desc=f"train {self.cfg.objective.name}", unit="step",
+        self.bar = tqdm(total=tcfg.steps, initial=self.n.step, desc=f"train {self.cfg.objective.name}", unit="step",
                         disable=not (self.progress and main))
         self.metrics_file = open(self.out / "metrics.jsonl", "a") if main else None
         self.window_start, self.window_samples = time.perf_counter(), 0.0
@@ -331,24 +332,24 @@ class _Trainer:
     def _loop(self) -> int:
         """Optimizer steps until train.steps or a stop request; returns the stopping signal (0: none). Device values
         are read only at logging and checkpoint steps (every step with train.nonfinite=skip, which must decide)."""
-        t = self.cfg.train
-        while self.n.step < t.steps:
-            step, stats = self._accumulate(self.stream.take(t.grad_accum)), None
-            if t.nonfinite == "skip":
-                stats = self._read(step)
+        tcfg = self.cfg.train
+        while self.n.step < tcfg.steps:
+            device_step, stats = self._accumulate(self.stream.take(tcfg.grad_accum)), None
+            if tcfg.nonfinite == "skip":
+                stats = self._read(device_step)
                 if not stats.finite:
                     self._skip_nonfinite(stats)
                     continue
                 self.consecutive_skips = 0
             else:  # train.nonfinite=stop: noted on the device, raised at the next read, before anything is written
-                self.watch.note(self.n.step, step.loss_sum / step.denom, step.grad_norm)
+                self.watch.note(self.n.step, device_step.loss_sum / device_step.denom, device_step.grad_norm)
             self._update()
-            stop, due = train_step.agree_flags(self.ctx, self.stop.signum > 0, t.ckpt_every_minutes > 0 and
-                                               time.monotonic() - self.saved_at >= 60 * t.ckpt_every_minutes)
-            log = self.n.step % t.log_every == 0 or self.n.step == t.steps
-            save = self.n.step % t.ckpt_every == 0 or self.n.step == t.steps or due or stop
+            stop, due = train_step.agree_flags(self.ctx, self.stop.signum > 0, tcfg.ckpt_every_minutes > 0 and
+                                               time.monotonic() - self.saved_at >= 60 * tcfg.ckpt_every_minutes)
+            log = self.n.step % tcfg.log_every == 0 or self.n.step == tcfg.steps
+            save = self.n.step % tcfg.ckpt_every == 0 or self.n.step == tcfg.steps or due or stop
             if log or save:
-                stats = stats or self._read(step)
+                stats = stats or self._read(device_step)
                 self.loss = stats.loss
                 if log:
                     self._log(stats)
@@ -361,19 +362,19 @@ class _Trainer:
     def _accumulate(self, micro: list[dict[str, Any]]) -> train_step.DeviceStep:
         """The step body: forward and backward over this rank's micro-batches (gradients add up to the global
         batch's) and gradient clipping; the batches are prepared on the host, and nothing here reads the device."""
-        t, ctx, device = self.cfg.train, self.ctx, self.device
+        tcfg, ctx, device = self.cfg.train, self.ctx, self.device
         tokens, cut = zip(*(self.tokenizer.tokenize_batch(b["caption"]) for b in micro), strict=True)
         counts = [loss_denominator(tok, self.cfg.objective) for tok in tokens]
         denom = train_step.global_terms(ctx, sum(counts))  # a number, or a device scalar all-reduced without waiting
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         means: dict[str, torch.Tensor] = {}
-        torch.manual_seed(step_seed(t.seed, self.n.step, ctx.rank, stream=1))  # dropout: per step and rank
+        torch.manual_seed(step_seed(tcfg.seed, self.n.step, ctx.rank, stream=1))  # dropout: per step and rank
         for a, (batch, tok, n) in enumerate(zip(micro, tokens, counts, strict=True)):
             last = a == len(micro) - 1
             sync = self.loss_step.module.no_sync() if ctx.distributed and not last else contextlib.nullcontext()
             with dist.guard(ctx, "DDP forward/backward (gradient all-reduce)"), sync:
                 # the masking draws of micro-batch a on rank r are those of one rank with world x the micro-batches
-                loss, metrics = self.loss_step(batch["image"], tok, step_seed(t.seed, self.n.step,
+                loss, metrics = self.loss_step(batch["image"], tok, step_seed(tcfg.seed, self.n.step,
                                                                              a * ctx.world + ctx.rank))
                 # DDP averages gradients over ranks: x world makes that a sum, / denom the global normalisation
                 scale = n * ctx.world / denom
@@ -382,17 +383,18 @@ class _Trainer:
             for k, v in metrics.items():
                 if k != "loss":
                     means[k] = means.get(k, 0) + v.detach().double() / len(micro)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip if t.grad_clip > 0 else
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tcfg.grad_clip if tcfg.grad_clip > 0 else
                                                    float("inf"))
         self.pending_samples += float(sum(len(b["caption"]) for b in micro))
         self.pending_truncated += sum(cut)
         return train_step.DeviceStep(loss_sum, denom, {k: v / ctx.world for k, v in sorted(means.items())}, grad_norm)
 
-    def _read(self, step: train_step.DeviceStep) -> StepStats:
+    def _read(self, device_step: train_step.DeviceStep) -> StepStats:
         """The step's values and the counts since the last read, summed over ranks in one collective: where the host
         waits for the device. TrainingDiverged if a step since the last read was not finite (nonfinite=stop)."""
-        local = {"loss": step.loss_sum, "samples": self.pending_samples, "truncated": float(self.pending_truncated),
-                 "nonfinite": self.watch.flag(), **{f"metric/{k}": v for k, v in step.metrics.items()}}
+        local = {"loss": device_step.loss_sum, "samples": self.pending_samples,
+                 "truncated": float(self.pending_truncated), "nonfinite": self.watch.flag(),
+                 **{f"metric/{k}": v for k, v in device_step.metrics.items()}}
         total = dist.all_reduce_named(self.ctx, local, "step metrics")
         self.pending_samples, self.pending_truncated = 0.0, 0
         self._reduce_pending()
@@ -401,8 +403,8 @@ class _Trainer:
         if total["nonfinite"] > 0:
             self._diverged(self.watch.describe(), "train.nonfinite=stop")
         metrics = {k.removeprefix("metric/"): v for k, v in total.items() if k.startswith("metric/")}
-        return StepStats(total["loss"] / float(step.denom), metrics, total["samples"], int(total["truncated"]),
-                         float(step.grad_norm))
+        return StepStats(total["loss"] / float(device_step.denom), metrics, total["samples"],
+                         int(total["truncated"]), float(device_step.grad_norm))
 
     def _update(self) -> None:
         """Apply the accumulated gradients: optimizer, schedule and EMA step; one more step taken."""
@@ -416,13 +418,13 @@ class _Trainer:
 
     def _skip_nonfinite(self, stats: StepStats) -> None:
         """Drop a non-finite update (train.nonfinite=skip), or stop the run without saving."""
-        t = self.cfg.train
+        tcfg = self.cfg.train
         self.opt.zero_grad(set_to_none=True)
         what = f"loss became {stats.loss} (grad norm {stats.grad_norm}) at step {self.n.step}"
         self.consecutive_skips += 1
-        if self.consecutive_skips > t.max_skipped_steps:
+        if self.consecutive_skips > tcfg.max_skipped_steps:
             self._diverged(what, f"train.nonfinite=skip, but {self.consecutive_skips} updates in a row were "
-                           f"non-finite (train.max_skipped_steps={t.max_skipped_steps})")
+                           f"non-finite (train.max_skipped_steps={tcfg.max_skipped_steps})")
         self.n.nonfinite_skipped += 1
         if self.main:
             tqdm.write(f"{what}; skipped this update (train.nonfinite=skip; {self.n.nonfinite_skipped} so far)")

@@ -70,12 +70,13 @@ def _hand_built_step_0(out: Path, cfg: RunConfig, source: Path) -> None:
     """What eval/captioning._seed_run did before train() had init_from: a step-0 checkpoint holding the source's
     weights, a fresh AdamW and schedule and the seed's RNG state, for ``train(resume=True)`` to continue."""
     model = ck.load_model(source)[0]
-    t = cfg.train
-    opt = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=t.betas)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, t.warmup_steps, t.steps, t.min_lr_ratio))
-    seed_everything(t.seed)
+    tcfg = cfg.train
+    opt = torch.optim.AdamW(param_groups(model, tcfg.weight_decay), lr=tcfg.lr, betas=tcfg.betas)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: lr_lambda(s, tcfg.warmup_steps, tcfg.steps, tcfg.min_lr_ratio))
+    seed_everything(tcfg.seed)
     state = TrainState(optimizer=opt.state_dict(), scheduler=sched.state_dict(), rng=ck.rng_state())
-    ck.save_checkpoint(out, 0, cfg, model, train_state=state.state_dict(), keep_last=t.keep_last)
+    ck.save_checkpoint(out, 0, cfg, model, train_state=state.state_dict(), keep_last=tcfg.keep_last)
 
 
 def test_init_from_trains_as_the_hand_built_step_0_checkpoint_did(source_run, tmp_path):
