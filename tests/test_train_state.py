@@ -97,6 +97,23 @@ def test_init_from_trains_as_the_hand_built_step_0_checkpoint_did(source_run, tm
     assert RunConfig.load(tmp_path / "after" / "config.json") == RunConfig.load(tmp_path / "before" / "config.json")
 
 
+def test_a_run_from_given_weights_that_stopped_before_its_first_checkpoint_starts_over_from_them(source_run,
+                                                                                                 tmp_path):
+    _, src = source_run
+    cfg = apply_overrides(RunConfig.load(src / "config.json"), ["train.steps=2", "train.ckpt_every=2"])
+    clean = train(cfg, tmp_path / "clean", init_from=src, progress=False)
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    cfg.save(stopped / "config.json")
+    (stopped / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 9.0}) + "\n")  # killed after step 1
+    with pytest.warns(UserWarning, match="stopped before its first checkpoint; starting it over from step 0"):
+        again = train(cfg, stopped, resume=True, init_from=src, progress=False)
+    a = load_file(str(clean.checkpoint / "model.safetensors"))
+    b = load_file(str(again.checkpoint / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)  # from the given weights again, not a fresh initialisation
+    assert (stopped / "metrics_before_start_over_1.jsonl").is_file()
+
+
 def test_init_from_a_different_model_fails_naming_the_key(source_run, tmp_path):
     data, src = source_run
     wider = micro_run(data, "model.text_width=48", steps=1)
