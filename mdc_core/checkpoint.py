@@ -6,8 +6,8 @@ Layout of a run folder::
     RUN/metrics.jsonl               one JSON object per logged step (rank 0; truncated to the step on resume)
     RUN/epochs.jsonl                one JSON object per finished epoch: corrupt records skipped, by reason
     RUN/checkpoints/step_00001500/  model.safetensors, ema.safetensors (optional), config.json,
-                                    state.pt (optimizer, scheduler, RNG, data position,
-                                    world size, counters), meta.json
+                                    state.pt (optimizer, scheduler, RNG, data position, world size,
+                                    counters: mdc_core.train_state.TrainState), meta.json
     RUN/checkpoints/latest          name of the newest complete checkpoint
 
 A checkpoint is assembled in a hidden temporary folder and renamed into place (atomic on POSIX), and

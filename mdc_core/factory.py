@@ -1,8 +1,9 @@
 """One place that turns (model config, objective) into a model: the trainer and the checkpoint loader both call
 :func:`create_model`, so every objective's run saves and loads the same way (safetensors + ``config.json``).
 
-The objective table (:data:`mdc_core.registry.OBJECTIVES`) names each objective's model family; the families
-are the rows of :data:`MODELS`.
+The objective table (:data:`mdc_core.registry.OBJECTIVES`) names each objective's architecture (its spec's
+``model``); the architectures are the rows of :data:`MODELS`. (An objective's *family*, masked / causal /
+contrastive, is another thing: :attr:`mdc_core.registry.ObjectiveSpec.family`.)
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ MODELS: dict[str, Callable[[ModelConfig, ObjectiveSpec, torch.Tensor | None], nn
     "clip": lambda cfg, spec, ids: CLIPModel(cfg, vocab_ids=ids),
 }
 
-# probe feature of each family: GAP over patch tokens for captioners (the paper's choice), CLS for CLIP
+# probe feature of each architecture: GAP over patch tokens for captioners (the paper's choice), CLS for CLIP
 PROBE_POOL: dict[str, str] = {"captioner": "gap", "clip": "cls"}
 
 
@@ -38,11 +39,11 @@ def create_model(cfg: RunConfig | ModelConfig, objective: str, output_ids: torch
     return MODELS[spec.model](model_cfg, spec, output_ids)
 
 
-def model_family(objective: str) -> str:
-    """The model family ("captioner" or "clip") of an objective."""
+def model_architecture(objective: str) -> str:
+    """The architecture ("captioner" or "clip") an objective trains: a row of :data:`MODELS`."""
     return objective_spec(objective).model
 
 
 def probe_pool(objective: str) -> str:
     """The pooling (``"gap"`` or ``"cls"``) that gives the probe feature of a run with this objective."""
-    return PROBE_POOL[model_family(objective)]
+    return PROBE_POOL[model_architecture(objective)]

@@ -60,7 +60,7 @@ class ObjectiveSpec:
     inv_t_weight: bool  # weight each caption's masked CE by 1/t (the diffusion ELBO weight)
     loss: str | Callable[..., Any]  # the batch loss (model, images, tokens, cfg, generator) -> LossOutput, or its
     # "module:function" (resolved on use, so that registering a row imports nothing)
-    model: str = "captioner"  # model family (mdc_core.factory.MODELS): "captioner" or "clip" (contrastive loss)
+    model: str = "captioner"  # architecture (mdc_core.factory.MODELS): "captioner" or "clip" (contrastive loss)
     prepared: bool = True  # the loss takes a PreparedBatch (objectives.prepare_batch, on the host in the trainer);
     # False: it draws its noise on the device itself
     label: str = ""  # display label in tables ("MDC w/o 1/t"); "" = the objective's name

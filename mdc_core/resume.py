@@ -23,7 +23,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -36,40 +35,18 @@ from typing import Any
 from . import checkpoint as ckpt_io
 from . import distributed as dist
 from .config import RunConfig
-from .data.sources import Source, resolve_source
+from .data.sources import resolve_source
 from .runlock import RunFolderBusy, RunLock
+from .train_state import Counters, TrainState
 
 FINGERPRINT_FILE = "data_fingerprint.json"
 
 
-def source_fingerprint(source: Source) -> dict[str, Any] | None:
-    """A content fingerprint of a resolved training source (None for remote shards, which cannot be listed):
-    ``{"kind", "items", "digest"}`` where the digest covers each shard's name and size (or the caption table's
-    bytes) and the data set's ``manifest.json``, but no folder name, so a moved copy gives the same one."""
-    parts: list[str] = [source.kind]
-    if source.kind == "wds":
-        for shard in source.shards:
-            path = Path(shard)
-            if not path.is_file():
-                return None
-            parts.append(f"{path.name}:{path.stat().st_size}")
-        items = len(source.shards)
-    else:
-        table = Path(source.location)
-        if not table.is_file():
-            return None
-        parts.append(ckpt_io.file_sha256(table))
-        items = len(source.rows)
-    manifest = source.root / "manifest.json" if source.root is not None else None
-    if manifest is not None and manifest.is_file():
-        parts.append(ckpt_io.file_sha256(manifest))
-    return {"kind": source.kind, "items": items, "digest": hashlib.sha256("\n".join(parts).encode()).hexdigest()}
-
-
 def data_fingerprint(data: Any) -> dict[str, Any] | None:
-    """:func:`source_fingerprint` of a :class:`~mdc_core.config.DataConfig`'s training split (None: not readable)."""
+    """The :meth:`~mdc_core.data.sources.Source.fingerprint` of a :class:`~mdc_core.config.DataConfig`'s training
+    split (None: not readable)."""
     try:
-        return source_fingerprint(resolve_source(data.path, data.format, "train", data.images or None))
+        return resolve_source(data.path, data.format, "train", data.images or None).fingerprint()
     except (OSError, ValueError):
         return None
 
@@ -128,10 +105,10 @@ def read_jsonl(path: Path, step: int) -> list[dict[str, Any]]:
     return records
 
 
-def weights_only_state(out: Path, step: int, grad_accum: int) -> dict[str, Any]:
-    """The parts of a ``state.pt`` for step `step` that the run folder's logs give back: the step, the data
+def weights_only_state(out: Path, step: int, grad_accum: int) -> TrainState:
+    """The parts of the train state of step `step` that the run folder's logs give back: the step, the data
     position (the epoch after the last one ``epochs.jsonl`` records, and the micro-batches read since) and the
-    counters. No ``optimizer``, ``scheduler`` or ``rng`` key: those are lost."""
+    counters. No optimizer, scheduler or RNG state (None): those are lost."""
     epochs = read_jsonl(out / "epochs.jsonl", step)
     metrics = read_jsonl(out / "metrics.jsonl", step)
     last = metrics[-1] if metrics else {}
@@ -142,9 +119,8 @@ def weights_only_state(out: Path, step: int, grad_accum: int) -> dict[str, Any]:
     skipped: Counter[str] = Counter()
     for record in epochs:
         skipped.update(record.get("skipped", {}))
-    return {"step": step, "epoch": epoch, "batch_in_epoch": batch, "skipped": dict(skipped), "skipped_epoch": {},
-            "truncated": int(last.get("truncated", 0)), "nonfinite_skipped": int(last.get("nonfinite_skipped", 0)),
-            "ema_n_averaged": step}
+    counters = Counters(step, int(last.get("truncated", 0)), int(last.get("nonfinite_skipped", 0)), skipped)
+    return TrainState(counters, epoch, batch, ema_n_averaged=step)
 
 
 def weights_only_warning(ckpt: Path, problem: str) -> str:
@@ -225,7 +201,7 @@ def prepare_run(cfg: RunConfig, out: Path, resume: bool, main: bool, lr_lambda: 
             raise
         raise FileNotFoundError(f"{err}. If the run's data moved, pass --data NEW_PATH: --resume accepts it when "
                                 "its content is the same") from None
-    fingerprint = source_fingerprint(source)
+    fingerprint = source.fingerprint()
     if main:
         removed = ckpt_io.remove_stale_temporaries(out)
         if removed:

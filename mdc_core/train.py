@@ -19,6 +19,10 @@ checkpoints, which bounds the work a crash can lose. A non-finite loss or gradie
 (``train.nonfinite=stop``), or skips that update (``skip``; at most ``train.max_skipped_steps`` in a row). Records
 skipped as corrupt are counted per epoch in ``epochs.jsonl``.
 
+What a checkpoint holds besides the weights is one :class:`~mdc_core.train_state.TrainState`. ``train(cfg, out,
+init_from=RUN)`` starts a new run from the weights of another run or checkpoint: weights only, with a fresh
+optimizer, schedule, EMA and counters (fine-tuning).
+
 The step never waits for the device between logging steps (:mod:`mdc_core.train_step`): batches are prepared on the
 host, and the loss, metrics, gradient norm and the non-finite check are read at logging and checkpoint steps only.
 """
@@ -58,6 +62,7 @@ from .resume import resolve_data_paths
 from .runlock import RunLock
 from .tensorboard_log import TensorBoardLog
 from .tokenizer import CaptionTokenizer, build_output_vocab
+from .train_state import Counters, TrainState
 
 
 class TrainingDiverged(RuntimeError):
@@ -123,6 +128,36 @@ def init_model(cfg: RunConfig, progress: bool = False) -> tuple[torch.nn.Module,
     return create_model(cfg, cfg.objective.name, output_ids), cfg
 
 
+def init_from_weights(cfg: RunConfig, source: str | Path) -> tuple[torch.nn.Module, RunConfig]:
+    """A model for the run `cfg` holding the weights (not the EMA) of run or checkpoint folder `source`, and the
+    run's config as it must be saved (a corpus head's size taken from `source` when `cfg` leaves it 0). Raises
+    ``ValueError`` when `source`'s model differs from ``cfg.model`` (the encoder's ``pretrained`` settings aside:
+    the weights replace them) or its weights do not fit `cfg`'s objective."""
+    source_model, saved = ckpt_io.load_model(source)
+    arch = cfg.model
+    if arch.output_vocab == "corpus" and arch.output_vocab_size == 0:
+        arch = dataclasses.replace(arch, output_vocab_size=saved.model.output_vocab_size)
+    there, here = dataclasses.asdict(saved.model), dataclasses.asdict(arch)
+    diffs = [f"model.{k} {there[k]!r} there, {here[k]!r} here" for k in here
+             if k not in ("pretrained", "pretrained_path") and there.get(k) != here[k]]
+    if diffs:
+        raise ValueError(f"init_from {source}: its model differs from this run's ({'; '.join(diffs[:4])})")
+    model = create_model(dataclasses.replace(arch, pretrained=False, pretrained_path=""), cfg.objective.name)
+    try:
+        model.load_state_dict(source_model.state_dict())
+    except (RuntimeError, ValueError) as err:  # CLIPModel says ValueError
+        raise ValueError(f"init_from {source}: the weights of its {saved.objective.name} model do not fit a "
+                         f"{cfg.objective.name} model ({str(err).splitlines()[0][:160]})") from None
+    return model, dataclasses.replace(cfg, model=arch)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch, Python's and NumPy's generators (the initial weights, and what a fresh run draws)."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
 def step_seed(seed: int, step: int, index: int, stream: int = 0) -> int:
     """A 63-bit seed for micro-batch `index` (global, see the module docstring) of optimizer step `step`; stream
     0 is the masking draws, stream 1 dropout (index = rank). Every random draw of a step derives from these, so
@@ -150,8 +185,14 @@ def loss_denominator(tokens: torch.Tensor, objective: ObjectiveConfig, seed: int
     return spec.loss_denominator(tokens, objective.normalization, mask=mask)
 
 
-def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bool = True) -> TrainResult:
+def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, init_from: str | Path | None = None,
+          progress: bool = True) -> TrainResult:
     """Train `cfg` into run folder `out`. With `resume`, continue from its latest complete checkpoint.
+
+    `init_from` (a run or checkpoint folder) starts the run from that model's weights instead of a fresh
+    initialisation (:func:`init_from_weights`), with a fresh optimizer, schedule, EMA and counters. It applies
+    whenever the run starts at step 0 (also a ``resume`` that finds no checkpoint and starts over); a run that
+    resumes from its own checkpoint continues from that.
 
     Under ``torchrun`` every rank calls this: DistributedDataParallel (NCCL on CUDA, gloo on CPU), each rank
     reading its share of the data; the global batch is ``batch_size x world x grad_accum``. Only rank 0 writes,
@@ -168,7 +209,7 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
         cfg, start_ckpt, state_problem = resume_io.prepare_run(resolve_data_paths(cfg), out, resume, ctx.is_main,
                                                                lr_lambda)
         dist.barrier(ctx, "start-up")  # every rank has checked the run folder before rank 0 writes to it
-        return _Trainer(cfg, out, ctx, start_ckpt, progress, state_problem).run()
+        return _Trainer(cfg, out, ctx, start_ckpt, progress, state_problem, init_from).run()
     except BaseException:
         if lock.held and created and resume_io.never_started(out):  # a run that could not start leaves no folder behind
             shutil.rmtree(out, ignore_errors=True)
@@ -176,17 +217,6 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
     finally:
         lock.release()
         dist.teardown(ctx)
-
-
-@dataclass
-class _Counters:
-    """The run's bookkeeping, all-rank totals (the same on every rank); saved in ``state.pt``."""
-
-    step: int = 0  # optimizer steps taken
-    truncated: int = 0  # captions cut to the context length
-    nonfinite_skipped: int = 0  # updates skipped for a non-finite loss (train.nonfinite=skip)
-    skipped: Counter[str] = field(default_factory=Counter)  # corrupt records skipped over the run, by reason
-    skipped_epoch: Counter[str] = field(default_factory=Counter)  # ... in the current epoch
 
 
 @dataclass
@@ -208,45 +238,49 @@ class _Trainer:
     """The state of one training run (model, optimizer, schedule, EMA, data position, counters) and its loop."""
 
     def __init__(self, cfg: RunConfig, out: Path, ctx: dist.DistContext, start_ckpt: Path | None, progress: bool,
-                 state_problem: str = ""):
-        t = cfg.train
+                 state_problem: str = "", init_from: str | Path | None = None):
+        tcfg = cfg.train
         self.cfg, self.out, self.ctx, self.progress = cfg, out, ctx, progress
         self.device, self.main = ctx.device, ctx.is_main
-        torch.manual_seed(t.seed)  # the same initial weights on every rank
-        random.seed(t.seed)
-        np.random.seed(t.seed)
-        self.bf16 = use_bf16(t.precision, self.device)
-        if start_ckpt is None:
-            model, cfg = init_model(cfg, progress=progress and self.main)  # cfg: with the corpus vocabulary's size
+        seed_everything(tcfg.seed)  # the same initial weights on every rank
+        self.bf16 = use_bf16(tcfg.precision, self.device)
+        if start_ckpt is not None:
+            model = ckpt_io.load_model(start_ckpt)[0]
+        elif init_from is not None:
+            model, cfg = init_from_weights(cfg, init_from)  # cfg: with the source's corpus vocabulary size
             self.cfg = cfg
         else:
-            model = ckpt_io.load_model(start_ckpt)[0]
+            model, cfg = init_model(cfg, progress=progress and self.main)  # cfg: with the corpus vocabulary's size
+            self.cfg = cfg
         self.model = model.to(self.device).train()
         if self.main:
             out.mkdir(parents=True, exist_ok=True)
             cfg.save(out / "config.json")  # a run started over found its old logs set aside (resume.set_logs_aside)
         # forward + loss of a micro-batch: host batches (static shapes), autocast, train.compile (CUDA graphs)
-        self.loss_step = train_step.LossStep(model, cfg.objective, t, self.device, self.bf16,
+        self.loss_step = train_step.LossStep(model, cfg.objective, tcfg, self.device, self.bf16,
                                              distributed=ctx.distributed)
         if ctx.distributed:
             self.loss_step.module = DistributedDataParallel(self.loss_step.module, device_ids=[self.device.index]
                                                             if self.device.type == "cuda" else None)
-        self.opt = train_step.build_optimizer(param_groups(model, t.weight_decay), t, self.device)  # fused on CUDA
+        # fused on CUDA
+        self.opt = train_step.build_optimizer(param_groups(model, tcfg.weight_decay), tcfg, self.device)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda s: lr_lambda(s, t.warmup_steps, t.steps, t.min_lr_ratio))
-        self.ema = AveragedModel(model, use_buffers=True) if t.ema_decay > 0 else None  # train_step.ema_update
+            self.opt, lambda s: lr_lambda(s, tcfg.warmup_steps, tcfg.steps, tcfg.min_lr_ratio))
+        self.ema = AveragedModel(model, use_buffers=True) if tcfg.ema_decay > 0 else None  # train_step.ema_update
         self.watch = train_step.NonFiniteWatch(self.device)
         self.pending_samples, self.pending_truncated = 0.0, 0  # this rank's, since the last read
         self.tokenizer = CaptionTokenizer(cfg.model.context_length)
-        self.global_batch = t.batch_size * ctx.world * t.grad_accum
-        self.n = _Counters()
+        self.global_batch = tcfg.batch_size * ctx.world * tcfg.grad_accum
+        self.n = Counters()
         self.last_ckpt = start_ckpt
         self.consecutive_skips = 0
         self.saved_at = time.monotonic()
         self.stop = dist.StopRequest(repeat_aborts=not ctx.distributed)
         epoch, batch_in_epoch = self._restore(start_ckpt, state_problem) if start_ckpt is not None else (0, 0)
+        if start_ckpt is None and init_from is not None:
+            seed_everything(tcfg.seed)  # the RNG state of a fresh run's first step, not what loading the weights drew
         self.start_step = self.n.step
-        self.tensorboard = TensorBoardLog(out, self.n.step) if self.main and t.tensorboard else None
+        self.tensorboard = TensorBoardLog(out, self.n.step) if self.main and tcfg.tensorboard else None
         self.stream = BatchStream(cfg, ctx, epoch, batch_in_epoch, self._end_epoch)
 
     def _restore(self, ckpt: Path, state_problem: str = "") -> tuple[int, int]:
@@ -257,35 +291,34 @@ class _Trainer:
             state = resume_io.weights_only_state(self.out, step, self.cfg.train.grad_accum)
             resume_io.set_schedule_step(self.sched, step)
         else:
-            state = ckpt_io.load_train_state(ckpt)
-            self.opt.load_state_dict(state["optimizer"])
-            self.sched.load_state_dict(state["scheduler"])
+            state = TrainState.from_state_dict(ckpt_io.load_train_state(ckpt))
+            self.opt.load_state_dict(state.optimizer)
+            self.sched.load_state_dict(state.scheduler)
         if self.ema is not None and (ckpt / "ema.safetensors").is_file():
             self.ema.module.load_state_dict(ckpt_io.load_weights(ckpt / "ema.safetensors"))
-            self.ema.n_averaged.fill_(state.get("ema_n_averaged", 1))
-        if "rng" in state:
-            ckpt_io.set_rng_state(state["rng"])
-        epoch, batch_in_epoch = state["epoch"], state["batch_in_epoch"]
-        saved_world = state.get("world", 1)
+            self.ema.n_averaged.fill_(state.ema_n_averaged)
+        if state.rng is not None:
+            ckpt_io.set_rng_state(state.rng)
+        epoch, batch_in_epoch = state.epoch, state.batch_in_epoch
+        saved_world = state.world
         if saved_world != self.ctx.world:  # the same number of samples of this epoch, but not the same samples
             batch_in_epoch = batch_in_epoch * saved_world // self.ctx.world
             warnings.warn(f"resuming a {saved_world}-rank run on {self.ctx.world} ranks: the global batch and the "
                           "data order of the current epoch change; metrics will not match an uninterrupted run",
                           stacklevel=3)
-        self.n = _Counters(state["step"], state.get("truncated", 0), state.get("nonfinite_skipped", 0),
-                           Counter(state.get("skipped", {})), Counter(state.get("skipped_epoch", {})))
+        self.n = state.counters
         if self.main:
             ckpt_io.truncate_jsonl(self.out / "metrics.jsonl", self.n.step)
             ckpt_io.truncate_jsonl(self.out / "epochs.jsonl", self.n.step)
         return epoch, batch_in_epoch
 
     def run(self) -> TrainResult:
-        t, main = self.cfg.train, self.main
+        tcfg, main = self.cfg.train, self.main
         if main and self.progress:
-            tqdm.write(f"global batch {self.global_batch} = {t.batch_size} per device x {self.ctx.world} devices "
-                       f"({self.device.type}) x {t.grad_accum} accumulation; step: compile "
+            tqdm.write(f"global batch {self.global_batch} = {tcfg.batch_size} per device x {self.ctx.world} devices "
+                       f"({self.device.type}) x {tcfg.grad_accum} accumulation; step: compile "
                        f"{self.loss_step.mode or 'off'}, static shapes {self.loss_step.static}")
-        self.bar = tqdm(total=t.steps, initial=self.n.step, desc=f"train {self.cfg.objective.name}", unit="step",
+        self.bar = tqdm(total=tcfg.steps, initial=self.n.step, desc=f"train {self.cfg.objective.name}", unit="step",
                         disable=not (self.progress and main))
         self.metrics_file = open(self.out / "metrics.jsonl", "a") if main else None
         self.window_start, self.window_samples = time.perf_counter(), 0.0
@@ -310,24 +343,24 @@ class _Trainer:
     def _loop(self) -> int:
         """Optimizer steps until train.steps or a stop request; returns the stopping signal (0: none). Device values
         are read only at logging and checkpoint steps (every step with train.nonfinite=skip, which must decide)."""
-        t = self.cfg.train
-        while self.n.step < t.steps:
-            step, stats = self._accumulate(self.stream.take(t.grad_accum)), None
-            if t.nonfinite == "skip":
-                stats = self._read(step)
+        tcfg = self.cfg.train
+        while self.n.step < tcfg.steps:
+            device_step, stats = self._accumulate(self.stream.take(tcfg.grad_accum)), None
+            if tcfg.nonfinite == "skip":
+                stats = self._read(device_step)
                 if not stats.finite:
                     self._skip_nonfinite(stats)
                     continue
                 self.consecutive_skips = 0
             else:  # train.nonfinite=stop: noted on the device, raised at the next read, before anything is written
-                self.watch.note(self.n.step, step.loss_sum / step.denom, step.grad_norm)
+                self.watch.note(self.n.step, device_step.loss_sum / device_step.denom, device_step.grad_norm)
             self._update()
-            stop, due = train_step.agree_flags(self.ctx, self.stop.signum > 0, t.ckpt_every_minutes > 0 and
-                                               time.monotonic() - self.saved_at >= 60 * t.ckpt_every_minutes)
-            log = self.n.step % t.log_every == 0 or self.n.step == t.steps
-            save = self.n.step % t.ckpt_every == 0 or self.n.step == t.steps or due or stop
+            stop, due = train_step.agree_flags(self.ctx, self.stop.signum > 0, tcfg.ckpt_every_minutes > 0 and
+                                               time.monotonic() - self.saved_at >= 60 * tcfg.ckpt_every_minutes)
+            log = self.n.step % tcfg.log_every == 0 or self.n.step == tcfg.steps
+            save = self.n.step % tcfg.ckpt_every == 0 or self.n.step == tcfg.steps or due or stop
             if log or save:
-                stats = stats or self._read(step)
+                stats = stats or self._read(device_step)
                 self.loss = stats.loss
                 if log:
                     self._log(stats)
@@ -340,14 +373,14 @@ class _Trainer:
     def _accumulate(self, micro: list[dict[str, Any]]) -> train_step.DeviceStep:
         """The step body: forward and backward over this rank's micro-batches (gradients add up to the global
         batch's) and gradient clipping; the batches are prepared on the host, and nothing here reads the device."""
-        t, ctx, device = self.cfg.train, self.ctx, self.device
+        tcfg, ctx, device = self.cfg.train, self.ctx, self.device
         tokens, cut = zip(*(self.tokenizer.tokenize_batch(b["caption"]) for b in micro), strict=True)
-        seeds = [step_seed(t.seed, self.n.step, a * ctx.world + ctx.rank) for a in range(len(micro))]  # masking
+        seeds = [step_seed(tcfg.seed, self.n.step, a * ctx.world + ctx.rank) for a in range(len(micro))]  # masking
         counts = [loss_denominator(tok, self.cfg.objective, seed) for tok, seed in zip(tokens, seeds, strict=True)]
         denom = train_step.global_terms(ctx, sum(counts))  # a number, or a device scalar all-reduced without waiting
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         means: dict[str, torch.Tensor] = {}
-        torch.manual_seed(step_seed(t.seed, self.n.step, ctx.rank, stream=1))  # dropout: per step and rank
+        torch.manual_seed(step_seed(tcfg.seed, self.n.step, ctx.rank, stream=1))  # dropout: per step and rank
         for a, (batch, tok, n, seed) in enumerate(zip(micro, tokens, counts, seeds, strict=True)):
             last = a == len(micro) - 1
             sync = self.loss_step.module.no_sync() if ctx.distributed and not last else contextlib.nullcontext()
@@ -361,17 +394,18 @@ class _Trainer:
             for k, v in metrics.items():
                 if k != "loss":
                     means[k] = means.get(k, 0) + v.detach().double() / len(micro)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip if t.grad_clip > 0 else
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tcfg.grad_clip if tcfg.grad_clip > 0 else
                                                    float("inf"))
         self.pending_samples += float(sum(len(b["caption"]) for b in micro))
         self.pending_truncated += sum(cut)
         return train_step.DeviceStep(loss_sum, denom, {k: v / ctx.world for k, v in sorted(means.items())}, grad_norm)
 
-    def _read(self, step: train_step.DeviceStep) -> StepStats:
+    def _read(self, device_step: train_step.DeviceStep) -> StepStats:
         """The step's values and the counts since the last read, summed over ranks in one collective: where the host
         waits for the device. TrainingDiverged if a step since the last read was not finite (nonfinite=stop)."""
-        local = {"loss": step.loss_sum, "samples": self.pending_samples, "truncated": float(self.pending_truncated),
-                 "nonfinite": self.watch.flag(), **{f"metric/{k}": v for k, v in step.metrics.items()}}
+        local = {"loss": device_step.loss_sum, "samples": self.pending_samples,
+                 "truncated": float(self.pending_truncated), "nonfinite": self.watch.flag(),
+                 **{f"metric/{k}": v for k, v in device_step.metrics.items()}}
         total = dist.all_reduce_named(self.ctx, local, "step metrics")
         self.pending_samples, self.pending_truncated = 0.0, 0
         self._reduce_pending()
@@ -380,8 +414,8 @@ class _Trainer:
         if total["nonfinite"] > 0:
             self._diverged(self.watch.describe(), "train.nonfinite=stop")
         metrics = {k.removeprefix("metric/"): v for k, v in total.items() if k.startswith("metric/")}
-        return StepStats(total["loss"] / float(step.denom), metrics, total["samples"], int(total["truncated"]),
-                         float(step.grad_norm))
+        return StepStats(total["loss"] / float(device_step.denom), metrics, total["samples"],
+                         int(total["truncated"]), float(device_step.grad_norm))
 
     def _update(self) -> None:
         """Apply the accumulated gradients: optimizer, schedule and EMA step; one more step taken."""
@@ -395,13 +429,13 @@ class _Trainer:
 
     def _skip_nonfinite(self, stats: StepStats) -> None:
         """Drop a non-finite update (train.nonfinite=skip), or stop the run without saving."""
-        t = self.cfg.train
+        tcfg = self.cfg.train
         self.opt.zero_grad(set_to_none=True)
         what = f"loss became {stats.loss} (grad norm {stats.grad_norm}) at step {self.n.step}"
         self.consecutive_skips += 1
-        if self.consecutive_skips > t.max_skipped_steps:
+        if self.consecutive_skips > tcfg.max_skipped_steps:
             self._diverged(what, f"train.nonfinite=skip, but {self.consecutive_skips} updates in a row were "
-                           f"non-finite (train.max_skipped_steps={t.max_skipped_steps})")
+                           f"non-finite (train.max_skipped_steps={tcfg.max_skipped_steps})")
         self.n.nonfinite_skipped += 1
         if self.main:
             tqdm.write(f"{what}; skipped this update (train.nonfinite=skip; {self.n.nonfinite_skipped} so far)")
@@ -455,14 +489,10 @@ class _Trainer:
         if not self.main:
             self.last_ckpt = self.out / ckpt_io.CKPT_DIR / f"step_{self.n.step:08d}"
             return
-        n, ema = self.n, self.ema
-        train_state = {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
-                       "rng": ckpt_io.rng_state(),
-                       "step": n.step, "epoch": self.stream.epoch, "batch_in_epoch": self.stream.batch_in_epoch,
-                       "world": self.ctx.world, "global_batch": self.global_batch, "skipped": dict(n.skipped),
-                       "skipped_epoch": dict(n.skipped_epoch), "truncated": n.truncated,
-                       "nonfinite_skipped": n.nonfinite_skipped,
-                       "ema_n_averaged": int(ema.n_averaged) if ema is not None else 0}
-        self.last_ckpt = ckpt_io.save_checkpoint(self.out, n.step, self.cfg, self.model,
+        ema = self.ema
+        state = TrainState(self.n, self.stream.epoch, self.stream.batch_in_epoch, self.ctx.world, self.global_batch,
+                           int(ema.n_averaged) if ema is not None else 0, self.opt.state_dict(),
+                           self.sched.state_dict(), ckpt_io.rng_state())
+        self.last_ckpt = ckpt_io.save_checkpoint(self.out, self.n.step, self.cfg, self.model,
                                                  ema_state=ema.module.state_dict() if ema is not None else None,
-                                                 train_state=train_state, keep_last=self.cfg.train.keep_last)
+                                                 train_state=state.state_dict(), keep_last=self.cfg.train.keep_last)

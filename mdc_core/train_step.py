@@ -68,12 +68,13 @@ def agree_flags(ctx: dist.DistContext, stop: bool, due: bool) -> tuple[bool, boo
     return total["stop"] > 0, total["due"] > 0
 
 
-def build_optimizer(param_groups: list[dict[str, Any]], t: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+def build_optimizer(param_groups: list[dict[str, Any]], tcfg: TrainConfig, device: torch.device
+                    ) -> torch.optim.Optimizer:
     """AdamW with the run's lr and betas: the fused kernel on CUDA (all parameters floating point on one device),
     the default implementation elsewhere."""
     params = [p for g in param_groups for p in g["params"]]
     fused = device.type == "cuda" and all(p.is_cuda and p.is_floating_point() for p in params)
-    return torch.optim.AdamW(param_groups, lr=t.lr, betas=t.betas, **({"fused": True} if fused else {}))
+    return torch.optim.AdamW(param_groups, lr=tcfg.lr, betas=tcfg.betas, **({"fused": True} if fused else {}))
 
 
 @torch.no_grad()
@@ -101,24 +102,24 @@ class NonFiniteWatch:
     """The first step whose loss or gradient norm was not finite, its loss and norm, kept on the device."""
 
     def __init__(self, device: torch.device) -> None:
-        self.step = torch.full((), -1, dtype=torch.long, device=device)
+        self.first_step = torch.full((), -1, dtype=torch.long, device=device)
         self.loss = torch.zeros((), dtype=torch.float64, device=device)
         self.grad_norm = torch.zeros((), dtype=torch.float64, device=device)
 
     def note(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
         """Record step `step` if it is the first non-finite one (device ops only)."""
-        first = (self.step < 0) & ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
-        self.step = torch.where(first, step, self.step)
+        first = (self.first_step < 0) & ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
+        self.first_step = torch.where(first, step, self.first_step)
         self.loss = torch.where(first, loss.double(), self.loss)
         self.grad_norm = torch.where(first, grad_norm.double(), self.grad_norm)
 
     def flag(self) -> torch.Tensor:
         """1.0 if some step was not finite, else 0.0 (a device scalar, to read with the step's other values)."""
-        return (self.step >= 0).double()
+        return (self.first_step >= 0).double()
 
     def describe(self) -> str:
         """What happened, for the error message (reads the device)."""
-        return f"loss became {float(self.loss)} (grad norm {float(self.grad_norm)}) at step {int(self.step)}"
+        return f"loss became {float(self.loss)} (grad norm {float(self.grad_norm)}) at step {int(self.first_step)}"
 
 
 class HostBatches:
@@ -187,23 +188,23 @@ class LossStep:
     ``aot_eager``, which traces forward and backward like inductor without generating code).
     """
 
-    def __init__(self, model: torch.nn.Module, cfg: ObjectiveConfig, t: TrainConfig, device: torch.device,
+    def __init__(self, model: torch.nn.Module, cfg: ObjectiveConfig, tcfg: TrainConfig, device: torch.device,
                  bf16: bool, backend: str = "inductor", distributed: bool = False) -> None:
         prepared = objective_spec(cfg.name).prepared  # an objective that draws its own noise is not compiled by auto
         self.device, self.bf16 = device, bf16
-        self.mode = t.compile_mode(device.type, distributed) if prepared or t.compile != "auto" else None
-        if uses_cudagraphs(self.mode, device) and t.grad_accum > 1:  # pytorch/pytorch#169545: silently wrong grads
+        self.mode = tcfg.compile_mode(device.type, distributed) if prepared or tcfg.compile != "auto" else None
+        if uses_cudagraphs(self.mode, device) and tcfg.grad_accum > 1:  # pytorch/pytorch#169545: silently wrong grads
             raise ValueError(f"train.compile={self.mode} replays the backward as a CUDA graph, and a second "
                              "micro-batch would overwrite the first one's gradients (CUDA graph trees hand .grad "
                              "their output buffers); use train.grad_accum=1 or train.compile=true")
-        static = t.static_mode(self.mode) if prepared else "off"
-        if static != "off" and t.static_shapes == "auto" and getattr(getattr(model, "cfg", None), "attend_to_pads",
+        static = tcfg.static_mode(self.mode) if prepared else "off"
+        if static != "off" and tcfg.static_shapes == "auto" and getattr(getattr(model, "cfg", None), "attend_to_pads",
                                                                      False):
             static = "off"  # padding would be visible to such a model (explicit static shapes are refused by validate)
         self.static = static
         if device.type == "cuda":  # one image shape per run: let cuDNN pick its fastest kernels for it once
             torch.backends.cudnn.benchmark = True
-        self.batches = HostBatches(model, cfg, device, static, t.length_bucket)
+        self.batches = HostBatches(model, cfg, device, static, tcfg.length_bucket)
         self.module: torch.nn.Module = Objective(model, cfg)
         if self.mode is not None:
             options = {"mode": self.mode} if backend == "inductor" else {}  # modes are inductor's

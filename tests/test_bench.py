@@ -59,7 +59,7 @@ def test_a_row_past_its_time_limit_is_an_error_that_names_it(tmp_path):
     assert "row 'mdc' timed out after" in got["mdc"]["error"]
 
 
-def test_best_rows_by_family_leave_out_the_full_vocabulary_head():
+def test_best_rows_by_prefix_leave_out_the_full_vocabulary_head():
     from mdc_core.bench.run import _best
 
     report = {"train": {"mdc": {"samples_per_s": 10.0}, "mdc_graphs": {"samples_per_s": 30.0},

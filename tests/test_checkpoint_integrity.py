@@ -10,6 +10,7 @@ import webdataset as wds
 
 from mdc_core import checkpoint as ck
 from mdc_core.cli import main
+from mdc_core.train_state import TrainState
 from tests.test_cli import MICRO_SETS
 from tests.train_helpers import read_metrics
 
@@ -161,10 +162,11 @@ def test_train_state_missing_everywhere_resumes_weights_only_never_from_step_0(t
     weights = broken / "checkpoints" / "step_00000004" / "model.safetensors"
     before = weights.read_bytes()
     # what the logs give back equals what state.pt held: data position (24 samples, 3 steps an epoch) and counters
-    real = ck.load_train_state(run / "checkpoints" / "step_00000004")
+    real = TrainState.from_state_dict(ck.load_train_state(run / "checkpoints" / "step_00000004"))
     rebuilt = weights_only_state(broken, 4, grad_accum=1)
-    assert (rebuilt["epoch"], rebuilt["batch_in_epoch"]) == (real["epoch"], real["batch_in_epoch"]) == (1, 1)
-    assert rebuilt["truncated"] == real["truncated"] and rebuilt["skipped"] == real["skipped"]
+    assert (rebuilt.epoch, rebuilt.batch_in_epoch) == (real.epoch, real.batch_in_epoch) == (1, 1)
+    assert rebuilt.counters == real.counters
+    assert (rebuilt.optimizer, rebuilt.scheduler, rebuilt.rng) == (None, None, None)
     with pytest.warns(UserWarning, match=r"resuming from step_00000004's weights.*Lost: the optimizer state"):
         assert main(_resume_argv(data, broken, steps=6)) == 0
     assert "trained 6 steps (resumed at step 4)" in capsys.readouterr().out

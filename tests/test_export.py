@@ -29,7 +29,7 @@ from mdc_core.hub import MDCCaptioner
 from mdc_core.sampler import sample
 from mdc_core.tokenizer import CaptionTokenizer, build_output_vocab
 from mdc_core.train import train
-from mdc_core.workbench.export import export_run
+from mdc_core.workbench.encoder_export import export_run
 from mdc_core.workbench.model_card import rebuild_command
 from tests.train_helpers import micro_run, one_thread, write_micro_data  # noqa: F401 - one_thread is a fixture
 

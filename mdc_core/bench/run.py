@@ -121,11 +121,11 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def _best(report: dict[str, Any], family: str, key: str) -> float | None:
-    """The largest `key` over the training rows of `family` ("mdc": mdc, mdc_compiled, mdc_graphs, ...; not the
-    full-vocabulary row, whose head differs), or None when none measured it."""
+def _best(report: dict[str, Any], prefix: str, key: str) -> float | None:
+    """The largest `key` over the training rows named `prefix` or ``prefix_*`` ("mdc": mdc, mdc_compiled,
+    mdc_graphs, ...; not the full-vocabulary row, whose head differs), or None when none measured it."""
     values = [_get(report, "train", name, key) for name in report.get("train", {})
-              if (name == family or name.startswith(family + "_")) and "full_vocab" not in name]
+              if (name == prefix or name.startswith(prefix + "_")) and "full_vocab" not in name]
     values = [v for v in values if v is not None]
     return max(values) if values else None
 

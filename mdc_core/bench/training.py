@@ -41,7 +41,7 @@ from ..train_step import LossStep, build_optimizer
 class TrainSpec:
     """One row of the training benchmark."""
 
-    family: str  # "ours" (mdc_core.model.Captioner + mdc_core.objectives) | "coca" (open_clip CoCa, caption loss)
+    implementation: str  # "ours" (mdc_core.model.Captioner + mdc_core.objectives) | "coca" (open_clip CoCa)
     objective: str = "mdc"  # ours: objective name
     output_vocab: str = ""  # ours: "" = the preset's, "full" = the 49408-way head (CoCa's)
     compile: str = ""  # ours: train.compile's mode ("" = eager, whatever the preset says): as the trainer compiles
@@ -71,7 +71,7 @@ def build_step_model(spec: TrainSpec, cfg: RunConfig, output_ids: torch.Tensor |
     """(model on `device`, loss_fn(images, tokens, seed) -> scalar) for one row of :data:`TRAIN_SPECS`: images on
     the device, tokens (B, L) on the host, prepared for the step there as the trainer does (our rows: the trainer's
     :class:`~mdc_core.train_step.LossStep`, bf16 autocast inside it on CUDA; CoCa: the caller's autocast)."""
-    if spec.family == "coca":
+    if spec.implementation == "coca":
         from .coca import CocaCaptionLoss, build_coca
 
         model = build_coca(cfg.model, spec.coca_layout).to(device)
@@ -85,8 +85,8 @@ def build_step_model(spec: TrainSpec, cfg: RunConfig, output_ids: torch.Tensor |
     objective = dataclasses.replace(cfg.objective, name=spec.objective)
     train = dataclasses.replace(cfg.train, compile=spec.compile or False,
                                 static_shapes=spec.static or cfg.train.static_shapes)
-    step = LossStep(model, objective, train, device, use_bf16(cfg.train.precision, device))
-    return model, lambda images, tokens, seed: step(images, tokens, seed)[0]
+    loss_step = LossStep(model, objective, train, device, use_bf16(cfg.train.precision, device))
+    return model, lambda images, tokens, seed: loss_step(images, tokens, seed)[0]
 
 
 def count_step_flops(loss_fn: Callable[..., torch.Tensor], images: torch.Tensor, tokens: torch.Tensor,
@@ -165,12 +165,12 @@ def measure_train_step(name: str, payload: dict[str, Any], *, steps: int, warmup
     bf16 = use_bf16(cfg.train.precision, dev)
     seeds = itertools.count(1)  # new masks every step, as in training
 
-    step = _optimizer_step(loss_fn, model, opt, images, tokens, seeds, bf16 and spec.family == "coca")
+    take_step = _optimizer_step(loss_fn, model, opt, images, tokens, seeds, bf16 and spec.implementation == "coca")
 
     rss_before = _status_mib("VmRSS") or 0.0
     start = time.perf_counter()
     for _ in range(warmup):  # torch.compile compiles here; its memory is not part of the step's peak
-        step()
+        take_step()
     sync(dev)
     warmup_s = time.perf_counter() - start
     was_reset = reset_peak_rss()
@@ -179,11 +179,11 @@ def measure_train_step(name: str, payload: dict[str, Any], *, steps: int, warmup
     times = []
     for _ in range(steps):
         start = time.perf_counter()
-        step()
+        take_step()
         sync(dev)
         times.append(time.perf_counter() - start)
     step_s = statistics.median(times)
-    host_ops = _count_ops(step, dev) if count_ops else None
+    host_ops = _count_ops(take_step, dev) if count_ops else None
     if dev.type == "cuda":
         peak = {"peak_mem_mib": torch.cuda.max_memory_allocated(dev) / 2**20, "memory": "cuda max allocated"}
     else:
@@ -194,7 +194,7 @@ def measure_train_step(name: str, payload: dict[str, Any], *, steps: int, warmup
         eager = dataclasses.replace(spec, compile="", static="off")
         model, loss_fn = build_step_model(eager, cfg, payload["output_ids"], dev)
         model.train()
-    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16 and spec.family == "coca"):
+    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16 and spec.implementation == "coca"):
         flops = count_step_flops(loss_fn, images, tokens)
     batch = images.shape[0]
     return {"name": name, "note": spec.note, "batch": batch, "step_s": step_s, "samples_per_s": batch / step_s,
@@ -204,15 +204,15 @@ def measure_train_step(name: str, payload: dict[str, Any], *, steps: int, warmup
             "params": sum(p.numel() for p in model.parameters()), "threads": torch.get_num_threads(), **peak}
 
 
-def _count_ops(step: Callable[[], None], dev: torch.device, steps: int = 2) -> dict[str, float]:
-    """Host operations per optimizer step, counted by torch.profiler over `steps` more steps of the warm step (a
+def _count_ops(take_step: Callable[[], None], dev: torch.device, steps: int = 2) -> dict[str, float]:
+    """Host operations per optimizer step, counted by torch.profiler over `steps` more calls of the warm `take_step` (a
     compiled row's graphs are compiled and recorded already): operator calls (``aten::*``) and all CPU events.
     Every one is host work that a small model's step waits for: the figure CUDA graphs and fusion cut."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
-            step()
+            take_step()
         sync(dev)
     events = prof.key_averages()
     return {"aten_ops_per_step": sum(e.count for e in events if e.key.startswith("aten::")) / steps,
@@ -267,15 +267,15 @@ def _profiled_steps(payload: dict[str, Any], name: str, steps: int, device: str)
     model.train()
     images, tokens = payload["images"].to(dev), payload["tokens"]
     opt = build_optimizer(param_groups(model, cfg.train.weight_decay), cfg.train, dev)
-    step = _optimizer_step(loss_fn, model, opt, images, tokens, itertools.count(1),
-                           use_bf16(cfg.train.precision, dev) and spec.family == "coca")
-    step()
-    step()  # warm-up (a compiled row compiles, CUDA graphs record)
+    take_step = _optimizer_step(loss_fn, model, opt, images, tokens, itertools.count(1),
+                                use_bf16(cfg.train.precision, dev) and spec.implementation == "coca")
+    take_step()
+    take_step()  # warm-up (a compiled row compiles, CUDA graphs record)
     sync(dev)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     with profile(activities=activities) as prof:
         for _ in range(steps):
-            step()
+            take_step()
         sync(dev)
     return prof
 

@@ -90,8 +90,8 @@ def cmd_train(args: argparse.Namespace) -> None:
     if result.skipped:
         print(f"skipped corrupt records: {result.skipped}")
     if result.truncated:
-        t = cfg.train
-        print(truncation_note(result.truncated, (result.steps - result.start_step) * t.batch_size * t.grad_accum,
+        tcfg = cfg.train
+        print(truncation_note(result.truncated, (result.steps - result.start_step) * tcfg.batch_size * tcfg.grad_accum,
                               cfg.model.context_length))
 
 

@@ -6,7 +6,7 @@ Writing: :func:`write_synthetic_dataset` (WebDataset shards as img2dataset write
 """
 
 from mdc_core.data.captions import NEGATIVE_TYPES
-from mdc_core.data.export import export_coco
+from mdc_core.data.coco_export import export_coco
 from mdc_core.data.loaders import SKIP_REASONS, build_loader, iter_captions
 from mdc_core.data.scene import (
     BACKGROUNDS,

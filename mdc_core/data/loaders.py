@@ -384,9 +384,9 @@ class BatchStream:
         self._it: Iterator[dict[str, Any]] | None = None
 
     def _open(self) -> Iterator[dict[str, Any]]:
-        t = self.cfg.train
+        tcfg = self.cfg.train
         return iter(build_loader(self.cfg.data, split="train", image_size=self.cfg.model.image_size,
-                                 batch_size=t.batch_size, seed=t.seed, epoch=self.epoch,
+                                 batch_size=tcfg.batch_size, seed=tcfg.seed, epoch=self.epoch,
                                  skip_batches=self.batch_in_epoch, rank=self.ctx.rank, world=self.ctx.world))
 
     def take(self, n: int) -> list[dict[str, Any]]:
@@ -407,11 +407,11 @@ class BatchStream:
 
     def _too_little_data(self, n: int, got: int) -> str:
         """Why a whole epoch gave this rank `got` < `n` micro-batches: what is wrong with the data, in one line."""
-        t, d = self.cfg.train, self.cfg.data
+        batch, d = self.cfg.train.batch_size, self.cfg.data
         shown = d.path_as_given or d.path
         if got:
             ranks = f" on each of {self.ctx.world} ranks" if self.ctx.world > 1 else ""
-            return (f"data at {shown} gave only {got} batch(es) of {t.batch_size} in a whole epoch, and a step needs "
+            return (f"data at {shown} gave only {got} batch(es) of {batch} in a whole epoch, and a step needs "
                     f"{n} (train.grad_accum){ranks}: lower train.batch_size or train.grad_accum, or use more data")
         skipped = ", ".join(f"{reason} {count}" for reason, count in self.pending.most_common())
         source = resolve_source(d.path, d.format, "train", d.images or None)
@@ -422,10 +422,10 @@ class BatchStream:
         ranks = f" for each of {self.ctx.world} ranks" if self.ctx.world > 1 else ""
         if missing or skipped:
             what = f"{len(missing)} of {len(source.rows)} images missing" if missing else f"skipped: {skipped}"
-            return (f"data at {shown} gave no batch of {t.batch_size} usable samples{ranks} in a whole epoch "
+            return (f"data at {shown} gave no batch of {batch} usable samples{ranks} in a whole epoch "
                     f"({what}): lower train.batch_size or repair the data (`mdc data shards --from` the data lists "
                     "what it skips, by reason)")
-        return f"data at {shown} holds fewer than {t.batch_size} samples{ranks}: lower train.batch_size or add data"
+        return f"data at {shown} holds fewer than {batch} samples{ranks}: lower train.batch_size or add data"
 
     def close(self) -> None:
         """Stop this rank's DataLoader workers now. Dropping the iterator is not enough when the trainer sits in a

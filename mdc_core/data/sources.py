@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import hashlib
 import json
 import logging
 import warnings
@@ -63,6 +64,31 @@ class Source:
 
     def __len__(self) -> int:
         return len(self.shards) if self.kind == "wds" else len(self.rows)
+
+    def fingerprint(self) -> dict[str, Any] | None:
+        """A content fingerprint ``{"kind", "items", "digest"}`` (None for remote shards, which cannot be listed):
+        the digest covers each shard's name and size (or the caption table's bytes) and the data set's
+        ``manifest.json``, but no folder name, so a moved copy gives the same one. No byte of a shard is read: one
+        ``stat`` per shard at any scale."""
+        parts: list[str] = [self.kind]
+        if self.kind == "wds":
+            for shard in map(Path, self.shards):
+                if not shard.is_file():
+                    return None
+                parts.append(f"{shard.name}:{shard.stat().st_size}")
+        elif Path(self.location).is_file():
+            parts.append(_file_sha256(Path(self.location)))
+        else:
+            return None
+        manifest = self.root / "manifest.json" if self.root is not None else None
+        if manifest is not None and manifest.is_file():
+            parts.append(_file_sha256(manifest))
+        return {"kind": self.kind, "items": len(self), "digest": hashlib.sha256("\n".join(parts).encode()).hexdigest()}
+
+
+def _file_sha256(path: Path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def _is_shard(p: Path) -> bool:

@@ -3,8 +3,8 @@
 * Fine-tuning (:func:`finetune`) continues a run on a caption data set with :func:`mdc_core.train.train`: the
   run's own config (objective, optimizer, batch size ...) with ``data.path`` set to the new data, a fresh
   optimizer and schedule of ``steps`` steps (warm-up cut to at most a tenth of them), starting from the run's
-  weights. The fine-tuned run is an ordinary run folder under ``<out>/finetune/``; an existing one that is
-  complete is reused, an unfinished one is resumed.
+  weights (``train(..., init_from=run)``). The fine-tuned run is an ordinary run folder under ``<out>/finetune/``;
+  an existing one that is complete is reused, an unfinished one is resumed.
 * Decoding: MDC-family captioners by greedy confidence unmasking (:func:`mdc_core.sampler.sample`) at each fixed
   length N' (10 / 15 / 20 in the paper) and at lengths taken from the test set (:data:`LENGTH_MODES`):
   ``median`` (the test captions' median token length, one N' for all), ``oracle`` (each image at its own
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -151,22 +150,6 @@ def _check_vocabulary(model: torch.nn.Module, cfg: RunConfig) -> None:
                          f"{', '.join(sorted(words)[:8])}). Fine-tune a run trained with model.output_vocab=full")
 
 
-def _seed_run(out: Path, cfg: RunConfig, model: torch.nn.Module) -> None:
-    """Write step 0 of run `out`: the pretrained weights with a fresh optimizer, schedule and RNG state, so that
-    ``train(cfg, out, resume=True)`` fine-tunes them. (train() has no "initialise from weights" option.)"""
-    from mdc_core import checkpoint as ckpt_io
-    from mdc_core.train import lr_lambda, param_groups
-    t = cfg.train
-    opt = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=t.betas)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, t.warmup_steps, t.steps, t.min_lr_ratio))
-    torch.manual_seed(t.seed)  # the RNG state a fresh run starts from
-    random.seed(t.seed)
-    np.random.seed(t.seed)
-    state = {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": ckpt_io.rng_state(), "step": 0,
-             "epoch": 0, "batch_in_epoch": 0}
-    ckpt_io.save_checkpoint(out, 0, cfg, model, train_state=state, keep_last=t.keep_last)
-
-
 def finetune(run: str | Path, data: str | Path, out: str | Path, steps: int, *, overrides: Sequence[str] = (),
              images: str | Path | None = None, progress: bool = True) -> Path:
     """Fine-tune run `run` on `data` (its train split) for `steps` steps into run folder `out`; returns `out`.
@@ -192,8 +175,8 @@ def finetune(run: str | Path, data: str | Path, out: str | Path, steps: int, *, 
     if done is None:
         resolve_source(str(data), "auto", "train", ft.data.images or None)  # fails before anything is written
         _check_vocabulary(model, ft)
-        _seed_run(out, ft, model)
-    train(ft, out, resume=True, progress=progress)
+    # a run that stopped before its first checkpoint starts over from the run's weights (init_from)
+    train(ft, out, resume=done is not None or (out / "config.json").is_file(), init_from=run, progress=progress)
     return out
 
 

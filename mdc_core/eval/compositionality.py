@@ -4,7 +4,7 @@ For every example (:class:`~mdc_core.eval.composition_sets.Example`) the image i
 captions (the true one and every false one) are scored in one batch; the example is correct for a task when the
 true caption scores strictly higher than each false caption of that task (ties count as wrong).
 
-Scores by model family (:data:`mdc_core.registry.SCORING`, read through the objective's spec):
+Scores by objective family (:data:`mdc_core.registry.SCORING`, read through the objective's spec):
 
 * captioners trained with a masked objective (MDC, MDC w/o 1/t, BERT, parallel): ``mc`` (Monte Carlo ELBO of
   Eq. 8) and ``heuristic`` (the paper's greedy-order score) by default; ``ar`` (fixed left-to-right order) on

@@ -1,5 +1,8 @@
 """Guidance for image-conditioned masked-diffusion captioners (MC-Diffusion, Definitions 1 and 2).
 
+In this module ``cfg`` names classifier-free guidance only (the option value ``"cfg"``, as users type it);
+a config is called by what it configures (``objective``, ``guidance``).
+
 Training (``objective.guidance``), applied to the image tokens y (B, M, D) before the decoder sees them:
 
 * ``cfg``  classifier-free guidance: in a ``p_cond`` fraction of the examples the whole condition is dropped
@@ -77,12 +80,12 @@ def corrupt_condition(image_tokens: torch.Tensor, mode: str, p_cond: float, p_ma
     return mask_tokens(image_tokens, token_mask, mask_value)
 
 
-def corrupt_training_condition(model: Any, image_tokens: torch.Tensor, cfg: Any,
+def corrupt_training_condition(model: Any, image_tokens: torch.Tensor, objective: Any,
                                generator: torch.Generator | None = None) -> torch.Tensor:
-    """:func:`corrupt_condition` with the settings of ObjectiveConfig `cfg` and `model`'s null token: the hook
-    the core's losses call (through the plug-in's condition transform) when ``objective.guidance`` is set."""
-    return corrupt_condition(image_tokens, cfg.guidance, cfg.p_cond, cfg.p_mask, condition_mask_value(model),
-                             generator)
+    """:func:`corrupt_condition` with the settings of ObjectiveConfig `objective` and `model`'s null token: the
+    hook the core's losses call (through the plug-in's condition transform) when ``objective.guidance`` is set."""
+    return corrupt_condition(image_tokens, objective.guidance, objective.p_cond, objective.p_mask,
+                             condition_mask_value(model), generator)
 
 
 def reference_condition(image_tokens: torch.Tensor, mode: str, p_mask: float, mask_value: torch.Tensor,
@@ -136,16 +139,16 @@ class GuidedCache:
 class GuidedCaptioner:
     """A captioner whose ``decode`` returns guided log-probabilities; samplers use it in place of the model.
 
-    Everything else (``causal``, ``cfg``, ``output_ids``, ``encode_image`` ...) is the wrapped model's. With
-    mode ``none``, or a scale that gives the reference model weight 0, ``decode`` is the model's own.
+    Everything else (``causal``, the model config ``cfg``, ``output_ids``, ``encode_image`` ...) is the wrapped
+    model's. With mode ``none``, or a scale that gives the reference model weight 0, ``decode`` is the model's own.
     """
 
-    def __init__(self, model: Any, cfg: GuidanceConfig) -> None:
+    def __init__(self, model: Any, guidance: GuidanceConfig) -> None:
         self.model = model
-        self.guidance = cfg.validate()
+        self.guidance = guidance.validate()
         self._generators: dict[str, torch.Generator] = {}
 
-    def __getattr__(self, name: str) -> Any:  # delegate causal, cfg, output_ids, encode_image, ...
+    def __getattr__(self, name: str) -> Any:  # delegate causal, the model config, output_ids, encode_image, ...
         model = self.__dict__.get("model")
         if model is None:
             raise AttributeError(name)

@@ -47,12 +47,12 @@ class MaskedConditionalSettings:
                               f"{self.p_mask}")
 
 
-def corrupt_for_guidance(model: Any, image_tokens: Any, cfg: Any, generator: Any = None) -> Any:
+def corrupt_for_guidance(model: Any, image_tokens: Any, objective: Any, generator: Any = None) -> Any:
     """The condition transform: unchanged (no draws) unless ``objective.guidance`` is cfg or mcs."""
-    if cfg.guidance == "none":
+    if objective.guidance == "none":
         return image_tokens
     corrupt = registry.resolve_ref("mdc_core.masked_conditional.guidance:corrupt_training_condition")
-    return corrupt(model, image_tokens, cfg, generator)
+    return corrupt(model, image_tokens, objective, generator)
 
 
 registry.register_objective("d3pm", registry.ObjectiveSpec(  # MC-Diffusion's mask-and-replace D3PM

@@ -261,7 +261,7 @@ def render_card(*, cfg: RunConfig, run_dir: Path, step: int, ema: bool, fmt: str
     """The README.md of an export as a huggingface_hub ModelCard: the metadata of :func:`card_data`, then load /
     training / measured / reproduce / licence sections. `usage` is the Python snippet that loads the export, `title`
     what the encoder is (:func:`encoder_title`)."""
-    m, o, t = cfg.model, cfg.objective, cfg.train
+    m, o, tcfg = cfg.model, cfg.objective, cfg.train
     sentence = objective_spec(o.name).description or o.name
     objective = sentence.format(t_low=o.t_low, t_high=o.t_high, mask_ratio=o.mask_ratio)
     stem = m.encoder_kwargs.get("conv_stem")
@@ -282,16 +282,16 @@ def render_card(*, cfg: RunConfig, run_dir: Path, step: int, ema: bool, fmt: str
     accuracy = logged_accuracy(record)
     logged = ", ".join(([f"loss {_number(record['loss'])}"] if "loss" in record else []) +
                        ([f"{accuracy[0]} {_number(accuracy[1])}"] if accuracy else []))
-    weights = f"EMA of the weights (decay {t.ema_decay})" if ema else "the trained weights" + (
-        " (the run also kept an EMA; exported without it)" if t.ema_decay > 0 else " (the run kept no EMA)")
+    weights = f"EMA of the weights (decay {tcfg.ema_decay})" if ema else "the trained weights" + (
+        " (the run also kept an EMA; exported without it)" if tcfg.ema_decay > 0 else " (the run kept no EMA)")
     rows = [("objective", f"`{o.name}`: {objective}"), ("preset", f"`{cfg.preset or '(none)'}`"),
             ("encoder", f"{encoder}; {params / 1e6:.2f} M parameters; {m.image_size} px input"),
-            ("data", data), ("steps", f"{step} (checkpoint step; the run was configured for {t.steps})"),
-            ("batch", f"{t.batch_size} per device x {t.grad_accum} accumulation"
+            ("data", data), ("steps", f"{step} (checkpoint step; the run was configured for {tcfg.steps})"),
+            ("batch", f"{tcfg.batch_size} per device x {tcfg.grad_accum} accumulation"
                       + (f" (global batch {record['global_batch']})" if "global_batch" in record else "")),
-            ("optimiser", f"AdamW lr {t.lr}, betas {list(t.betas)}, weight decay {t.weight_decay}, "
-                          f"{t.warmup_steps} warm-up steps, cosine to {t.min_lr_ratio} x lr"),
-            ("seed", str(t.seed)), ("weights", weights)]
+            ("optimiser", f"AdamW lr {tcfg.lr}, betas {list(tcfg.betas)}, weight decay {tcfg.weight_decay}, "
+                          f"{tcfg.warmup_steps} warm-up steps, cosine to {tcfg.min_lr_ratio} x lr"),
+            ("seed", str(tcfg.seed)), ("weights", weights)]
     if logged:
         rows.append(("training metrics at that step", f"{logged} (step {record.get('step')}, metrics.jsonl)"))
     lines = ["---", card_data(cfg, run_dir, fmt, measurements).to_yaml(), "---", "",

@@ -54,7 +54,7 @@ from mdc_core.encoder_io import (
     timm_state_dict,
 )
 from mdc_core.encoders import ImageEncoder
-from mdc_core.factory import model_family, probe_pool
+from mdc_core.factory import model_architecture, probe_pool
 from mdc_core.hub import MDCCaptioner, hub_captioner
 from mdc_core.workbench.model_card import candidate_files, encoder_title, find_measurements, render_card
 
@@ -233,9 +233,9 @@ def _probe_image(cfg: RunConfig) -> torch.Tensor:
 def _write_hf(source: Source, tmp: Path, final: Path) -> str:
     """The whole captioner as a checkpoint folder (config.json, model.safetensors, meta.json); returns the usage.
     A captioner is written by huggingface_hub's ``save_pretrained`` (:class:`mdc_core.hub.MDCCaptioner`), so the
-    Hub's ``from_pretrained`` opens the folder; another model family (CLIP) as a checkpoint folder."""
+    Hub's ``from_pretrained`` opens the folder; another architecture (CLIP) as a checkpoint folder."""
     state = {k: v.detach().to("cpu").contiguous() for k, v in source.model.state_dict().items()}
-    hub = model_family(source.cfg.objective.name) == "captioner"
+    hub = model_architecture(source.cfg.objective.name) == "captioner"
     if hub:
         hub_captioner(source.cfg, state).save_pretrained(tmp)  # config.json (the run's config), model.safetensors
         (tmp / "README.md").unlink(missing_ok=True)  # the mixin's stub card; render_card writes the real one
