@@ -288,7 +288,7 @@ def unmasking_image(out: Any, tokenizer: Any, index: int = 0) -> np.ndarray:
     im = ax.imshow(np.ma.masked_invalid(grid), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto",
                    interpolation="nearest")
     order = sorted((int(s), p) for p, s in enumerate(reveal) if s >= 0)
-    ax.plot([p for _, p in order], [s for s, _ in order], color="#f97316", lw=1.5, marker="o", mfc="white")
+    ax.plot([p for _, p in order], [s for s, _ in order], color="#f97316", lw=1.5, marker="o", ms=13, mfc="white")
     for rank, (s, p) in enumerate(order, start=1):
         ax.annotate(str(rank), (p, s), ha="center", va="center", fontsize=7)
     tokens = [tokenizer.token_string(int(i)) for i in out.tokens[index]]
