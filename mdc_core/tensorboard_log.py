@@ -134,11 +134,17 @@ class TensorBoardLog:
             return
         from .objectives import objective_spec
         device = next(model.parameters()).device
+        if self.val is None:
+            try:
+                with _rng_kept(device):
+                    self.val = ValidationImages.load(self.cfg, model)
+            except ValueError as err:  # no validation caption the model can represent: say so, train on
+                self.val_problem = str(err)
+                self.writer.add_text("val/note", f"no val/* curves: {err}", global_step=step)
+                return
         with _rng_kept(device), torch.no_grad():
             model.eval()
             try:
-                if self.val is None:
-                    self.val = ValidationImages.load(self.cfg, model)
                 self.writer.add_scalar("val/loss", self.val.loss(model, self.cfg), global_step=step)
                 decoder = objective_spec(self.cfg.objective.name).decoder
                 if decoder in ("unmask", "left_to_right"):

@@ -171,3 +171,17 @@ def test_flat_hparams_are_scalars_and_text(tmp_path):
     assert flat["train.steps"] == 4000 and flat["train.lr"] == 1e-3  # the tiny preset's
     assert flat["train.betas"] == "(0.9, 0.98)" and isinstance(flat["model.encoder_kwargs"], str)
     assert all(isinstance(v, int | float | str | bool) for v in flat.values())
+
+
+def test_validation_captions_the_model_cannot_represent_give_a_note_not_a_crash(tmp_path, monkeypatch):
+    import torch
+
+    import mdc_core.tensorboard_log as tb
+    monkeypatch.setattr(tb, "in_vocabulary", lambda model, tokens: torch.zeros(tokens.shape[0], dtype=torch.bool))
+    data = write_micro_data(tmp_path / "data", 16)
+    train(micro_run(data, steps=2, batch_size=8, ckpt_every=1, tensorboard=True), tmp_path / "run", progress=False)
+    acc = EventAccumulator(str(tmp_path / "run"), size_guidance={"tensors": 0})
+    acc.Reload()
+    assert "val/loss" not in acc.Tags()["scalars"]
+    notes = acc.Tensors("val/note/text_summary")
+    assert len(notes) == 1 and "is in the model's vocabulary" in notes[0].tensor_proto.string_val[0].decode()
