@@ -120,10 +120,11 @@ def init_model(cfg: RunConfig, progress: bool = False) -> tuple[torch.nn.Module,
     ``model.output_vocab_size`` (so ``config.json`` rebuilds the same shape); `cfg` itself is never changed."""
     if cfg.model.output_vocab != "corpus":
         return create_model(cfg, cfg.objective.name), cfg
-    captions = iter_captions(cfg.data, split="train")
-    if progress:
-        captions = tqdm(captions, desc="corpus vocabulary", unit=" captions", leave=False)
+    captions = tqdm(iter_captions(cfg.data, split="train"), desc="corpus vocabulary: reading the training captions",
+                    unit=" captions", leave=False, delay=1.0, disable=not progress)  # shown when reading takes a while
     output_ids = build_output_vocab(captions, CaptionTokenizer(cfg.model.context_length))
+    if progress:
+        tqdm.write(f"corpus vocabulary: {len(output_ids)} token ids from {captions.n} training captions")
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, output_vocab_size=len(output_ids)))
     return create_model(cfg, cfg.objective.name, output_ids), cfg
 
@@ -280,7 +281,7 @@ class _Trainer:
         if start_ckpt is None and init_from is not None:
             seed_everything(tcfg.seed)  # the RNG state of a fresh run's first step, not what loading the weights drew
         self.start_step = self.n.step
-        self.tensorboard = TensorBoardLog(out, self.n.step) if self.main and tcfg.tensorboard else None
+        self.tensorboard = TensorBoardLog(out, self.n.step, cfg) if self.main and tcfg.tensorboard else None
         self.stream = BatchStream(cfg, ctx, epoch, batch_in_epoch, self._end_epoch)
 
     def _restore(self, ckpt: Path, state_problem: str = "") -> tuple[int, int]:
@@ -357,7 +358,7 @@ class _Trainer:
             self._update()
             stop, due = train_step.agree_flags(self.ctx, self.stop.signum > 0, tcfg.ckpt_every_minutes > 0 and
                                                time.monotonic() - self.saved_at >= 60 * tcfg.ckpt_every_minutes)
-            log = self.n.step % tcfg.log_every == 0 or self.n.step == tcfg.steps
+            log = self.n.step % tcfg.log_every == 0 or self.n.step in (1, tcfg.steps)  # step 1: a first loss at once
             save = self.n.step % tcfg.ckpt_every == 0 or self.n.step == tcfg.steps or due or stop
             if log or save:
                 stats = stats or self._read(device_step)
@@ -366,6 +367,8 @@ class _Trainer:
                     self._log(stats)
                 if save:
                     self._checkpoint()
+                    if self.tensorboard is not None and not stop:  # val/* at the checkpoint cadence
+                        self.tensorboard.evaluate(self.n.step, self.model)
             if stop:
                 return int(self.stop.signum or signal.SIGTERM)  # a rank that got no signal reports SIGTERM
         return 0

@@ -27,8 +27,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its last intact "
                        "checkpoint, with its saved config (no other flag needed; --steps N extends it, --data "
                        "may name its data's new location)")
-    train.add_argument("--tensorboard", action="store_true", help="also write the logged scalars as TensorBoard "
-                       "events into the run folder (train.tensorboard=true; needs the [tensorboard] extra)")
+    train.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events into the run "
+                       "folder: the logged scalars, validation loss, sample captions, the unmasking image, hparams "
+                       "(train.tensorboard=true; needs the [tensorboard] extra)")
 
     demo = sub.add_parser("demo", help="the main job: synthesize data, train the tiny MDC model, caption test images",
                           parents=[flags(out={"required": False, "default": "outputs/demo",
@@ -133,9 +134,15 @@ def cmd_demo(args: argparse.Namespace) -> None:
     if done is not None and json.loads((done / "meta.json").read_text())["step"] >= cfg.train.steps:
         print(f"reusing trained run {run_dir}")
     else:
+        if warmup_note(cfg.train.steps, cfg.train.warmup_steps):
+            print(warmup_note(cfg.train.steps, cfg.train.warmup_steps))
         start = time.perf_counter()
-        train(cfg, run_dir, resume=done is not None, progress=not args.quiet)
+        result = train(cfg, run_dir, resume=done is not None, progress=not args.quiet)
         print(f"trained in {time.perf_counter() - start:.0f} s")
+        if result.truncated:
+            t = cfg.train
+            print(truncation_note(result.truncated, (result.steps - result.start_step) * t.batch_size * t.grad_accum,
+                                  cfg.model.context_length))
     model, cfg = load_model(run_dir)
     report = caption_report(model, cfg.data, cfg.sampler, split="test", limit=args.limit, progress=not args.quiet)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,72 +180,174 @@ def plan_steps(source: Path | str, key: str = "steps") -> int | None:
     return int(steps) if isinstance(steps, (int, float)) and not isinstance(steps, bool) else None
 
 
-def summary_figure(results: list[RunResult], tables: dict[str, dict[str, Any]], path: Path) -> None:
-    """One panel per table (ours beside the paper's for 1-D tables) plus a panel of run durations."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    panels = len(tables) + 1
-    cols = min(3, panels)
-    nrows = math.ceil(panels / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 3.8 * nrows), squeeze=False)
-    flat = list(axes.ravel())
-    for ax, name in zip(flat, _table_order(tables), strict=False):
-        _table_panel(ax, name, tables[name])
-    ax = flat[len(tables)]
-    colours = {"done": "tab:green", "skipped": "tab:gray", "failed": "tab:red"}
-    ids = [r.run_id for r in results]
-    ax.barh(range(len(ids)), [r.duration_s for r in results], color=[colours[r.status] for r in results])
-    ax.set_yticks(range(len(ids)), [i[:40] for i in ids], fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("seconds (green: run, grey: skipped, red: failed)")
-    ax.set_title("runs")
-    for extra in flat[panels:]:
-        extra.axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+# columns of a paper table measured in a unit of their own: each gets a panel apart from the table's scores
+UNIT_COLUMNS = {"repetition": "captions repeating a word (%)", "length": "mean caption length (tokens)"}
+LABEL_WIDTH = 44  # characters per line of a panel's title and y label (a 5.2-inch panel at 8-9 pt)
 
 
-def _table_panel(ax: Any, name: str, table: dict[str, Any]) -> None:
-    import numpy as np
+@dataclass
+class Panel:
+    """One axes of summary.png: a table, the columns it draws (None: a 1-D table) and the y axis' unit."""
 
-    paper = PAPER.get(name)
-    values = table["values"]
-    ax.set_title(paper.title if paper else name, fontsize=9)
-    if any(isinstance(v, dict) for v in values.values()):
-        rows = [r for r, v in values.items() if isinstance(v, dict)]
-        columns = list(dict.fromkeys(c for r in rows for c in values[r]))
+    name: str
+    table: dict[str, Any]
+    columns: list[str] | None
+    unit: str
+    part: str = ""  # which of the table's unit groups, when it has several ("scores", "repetition", ...)
+
+
+def metric_unit(metric: str) -> str:
+    """The unit a table's metric text states first (before any ``;``, parenthesis or ``:`` explanation): the y label
+    of its panel, never cut mid-word (``"probe top-1 % and gain over random init (mean over ...)"`` -> ``"probe
+    top-1 % and gain over random init"``)."""
+    head = metric.split(";")[0].split(" (")[0].strip()
+    name, colon, rest = head.partition(": ")
+    return (rest if colon and len(name) < 30 and rest else head) or "value"
+
+
+def summary_panels(tables: dict[str, dict[str, Any]]) -> list[Panel]:
+    """The panels of the tables in the paper's order: one per table, or, for a table whose columns are in
+    different units (Table 3's scores x 100, repetition %, length in tokens; :data:`UNIT_COLUMNS`), one per unit."""
+    panels = []
+    for name in _table_order(tables):
+        table = tables[name]
+        values = table["values"]
+        unit = metric_unit(table.get("metric", ""))
+        if not any(isinstance(v, dict) for v in values.values()):
+            panels.append(Panel(name, table, None, unit))
+            continue
+        columns = list(dict.fromkeys(c for v in values.values() if isinstance(v, dict) for c in v))
         if "gain" in columns:  # probe tables: the raw and chance-corrected means (per-task gains: summary.md)
             columns = [c for c in columns if not c.startswith("gain ")]
+        apart = [c for c in columns if c in UNIT_COLUMNS]
+        rest = [c for c in columns if c not in UNIT_COLUMNS]
+        if rest:
+            panels.append(Panel(name, table, rest, unit.split(", ")[0] if apart else unit,
+                                "scores" if apart else ""))
+        panels += [Panel(name, table, [c], UNIT_COLUMNS[c], c) for c in apart]
+    return panels
+
+
+def panel_title(panel: Panel) -> str:
+    """What the panel shows and on which data: the paper's table (without the setting of the paper's own numbers,
+    such as "(MSCOCO, after fine-tuning)") and the embedded data and scale it was measured at."""
+    paper = PAPER.get(panel.name)
+    title = paper.title if paper else panel.name
+    if paper and paper.values:  # a table of the paper's results: its parenthesis is the paper's data
+        title = re.sub(r"\s*\([^)]*\)$", "", title)
+    if panel.part:
+        title += f": {panel.part}"
+    data = f"embedded data: {panel.table['setting']}" if panel.table.get("setting") else "embedded data"
+    return "\n".join(textwrap.wrap(title, LABEL_WIDTH) + textwrap.wrap(data, LABEL_WIDTH + 14))
+
+
+def clipped_texts(fig: Any) -> list[str]:
+    """The visible texts of `fig` that do not lie wholly inside it (each as ``'text' [x0, y0, x1, y1] px``), drawn
+    by its own renderer: what a reader of the saved PNG would find cut. [] when every text fits."""
+    from matplotlib.text import Text
+
+    renderer = fig.canvas.get_renderer()
+    fig.draw(renderer)
+    box = fig.bbox
+    out = []
+    for text in fig.findobj(Text):
+        if not text.get_visible() or not text.get_text().strip():
+            continue
+        ext = text.get_window_extent(renderer)
+        if ext.x0 < box.x0 - 0.5 or ext.y0 < box.y0 - 0.5 or ext.x1 > box.x1 + 0.5 or ext.y1 > box.y1 + 0.5:
+            out.append(f"{text.get_text()!r} [{ext.x0:.0f}, {ext.y0:.0f}, {ext.x1:.0f}, {ext.y1:.0f}] px")
+    return out
+
+
+def summary_figure(results: list[RunResult], tables: dict[str, dict[str, Any]], path: Path | None = None) -> Any:
+    """One panel per table (per unit of a table with several: :func:`summary_panels`), ours beside the paper's for
+    1-D tables, plus a panel of run durations; saved to `path` (when given) and returned (a matplotlib Figure)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    panels = summary_panels(tables)
+    cols = min(3, len(panels) + 1)
+    nrows = math.ceil((len(panels) + 1) / cols)
+    fig = Figure(figsize=(5.6 * cols, 4.4 * nrows))
+    FigureCanvasAgg(fig)  # draws off screen, with no pyplot state
+    axes = fig.subplots(nrows, cols, squeeze=False)
+    flat = list(axes.ravel())
+    for ax, panel in zip(flat, panels, strict=False):
+        _table_panel(ax, panel)
+    ax = flat[len(panels)]
+    colours = {"done": "tab:green", "skipped": "tab:gray", "failed": "tab:red"}
+    ids = [r.run_id for r in results]
+    if ids:
+        ax.barh(range(len(ids)), [r.duration_s for r in results], color=[colours[r.status] for r in results])
+        ax.set_yticks(range(len(ids)), [i[:40] for i in ids], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("seconds (green: run, grey: skipped, red: failed)", fontsize=8)
+        ax.set_title("runs", fontsize=9)
+    else:
+        ax.axis("off")
+    for extra in flat[len(panels) + 1:]:
+        extra.axis("off")
+    fig.tight_layout()
+    for ax in flat[:len(panels)]:
+        _clear_legend(ax, fig.canvas.get_renderer())
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig
+
+
+def _table_panel(ax: Any, panel: Panel) -> None:
+    import numpy as np
+
+    paper, table = PAPER.get(panel.name), panel.table
+    values = table["values"]
+    means = table.get("means", values)  # display tables hold text cells; their numbers are in "means"
+    ax.set_title(panel_title(panel), fontsize=9)
+    if panel.columns is not None:
+        rows = [r for r, v in values.items() if isinstance(v, dict) and any(c in v for c in panel.columns)]
+        columns = panel.columns
         width = 0.8 / max(1, len(rows))
-        means = table.get("means", values)
         for i, row in enumerate(rows):
             ys = [float(means[row].get(c, np.nan)) for c in columns]
             spans = [((table.get("intervals") or {}).get(row) or {}).get(c) for c in columns]
-            yerr = np.array([[y - s[0], s[1] - y] if s else [0.0, 0.0] for y, s in zip(ys, spans, strict=True)]).T
-            ax.bar(np.arange(len(columns)) + i * width, ys, width, yerr=yerr, capsize=2, label=row)
-        ax.set_xticks(np.arange(len(columns)) + 0.4 - width / 2, columns, rotation=30, ha="right", fontsize=7)
-        ax.legend(fontsize=6, ncol=2 if len(rows) > 4 else 1, loc="upper left")
-        headroom = 0.25 + 0.06 * max(0, math.ceil(len(rows) / 2) - 2)  # room above the bars for a tall legend
+            ax.bar(np.arange(len(columns)) + i * width, ys, width, yerr=_error_bars(ys, spans), capsize=2, label=row)
+        ax.set_xticks(np.arange(len(columns)) + 0.4 - width / 2, columns, rotation=30 if len(columns) > 2 else 0,
+                      ha="right" if len(columns) > 2 else "center", fontsize=8)
+        ax.legend(fontsize=8, ncol=2 if len(rows) > 3 else 1, loc="upper left")
     else:
         paper_vals = _one_column(paper)  # a paper table of several columns gets no bar beside ours
         rows = list(dict.fromkeys([*paper_vals, *values]))
         x = np.arange(len(rows))
-        means = table.get("means", values)  # display tables hold text cells; their numbers are in "means"
         ours = [float(means[r]) if isinstance(means.get(r), (int, float)) else np.nan for r in rows]
         spans = [(table.get("intervals") or {}).get(r) for r in rows]
-        yerr = np.array([[m - s[0], s[1] - m] if s else [0.0, 0.0] for m, s in zip(ours, spans, strict=True)]).T
-        ax.bar(x - 0.2, ours, 0.4, yerr=yerr, capsize=3, label="embedded data (ours, 95% interval)")
+        ax.bar(x - 0.2, ours, 0.4, yerr=_error_bars(ours, spans), capsize=3, label="embedded data (ours, 95% interval)")
         if paper_vals:
             ax.bar(x + 0.2, [float(paper_vals.get(r, np.nan)) for r in rows], 0.4, label="paper", color="tab:gray")
-        ax.set_xticks(x, rows, rotation=30, ha="right", fontsize=7)
-        ax.legend(fontsize=7)
-        headroom = 0.25
-    low, high = ax.get_ylim()
-    if high > 0:
-        ax.set_ylim(low, high + headroom * (high - low))  # so the legend does not sit on the bars
-    metric = table.get("metric", "").split(";")[0]
-    ax.set_ylabel(textwrap.fill(metric[:80], 40), fontsize=7)
+        ax.set_xticks(x, rows, rotation=30 if len(rows) > 3 else 0, ha="right" if len(rows) > 3 else "center",
+                      fontsize=8)
+        ax.legend(fontsize=8, loc="upper left")
+    ax.axhline(0.0, color="black", lw=0.6)
+    ax.set_ylabel(textwrap.fill(panel.unit, LABEL_WIDTH - 8), fontsize=8)
+    ax.tick_params(axis="y", labelsize=8)
+
+
+def _error_bars(means: list[float], spans: list[Any]) -> Any:
+    """(2, n) lower and upper error bar lengths from (low, high) intervals (0 without one; never negative, also
+    for an interval that does not hold its mean, as a bootstrap's may not)."""
+    import numpy as np
+
+    return np.array([[max(0.0, m - s[0]), max(0.0, s[1] - m)] if s else [0.0, 0.0]
+                     for m, s in zip(means, spans, strict=True)]).T
+
+
+def _clear_legend(ax: Any, renderer: Any) -> None:
+    """Raise the y limit so that the bars (with their error bars) end below the legend in the upper left."""
+    legend = ax.get_legend()
+    if legend is None:
+        return
+    bottom = legend.get_window_extent(renderer).transformed(ax.transAxes.inverted()).y0  # axes fraction
+    low, _ = ax.get_ylim()
+    top = ax.dataLim.y1  # the highest bar or error bar
+    if top <= low or bottom <= 0.2:
+        return
+    ax.set_ylim(low, low + (top - low) / (bottom - 0.04))
