@@ -394,13 +394,10 @@ def build_app(models: Mapping[str, tuple[torch.nn.Module, RunConfig]], *, root: 
                              root_state=gr.State(str(root) if root else None))
         gr.Markdown("## Masked diffusion captioning: watch a caption being unmasked\nThe decoder starts from "
                     "`[MASK] x N'` and, at every step, reveals the masked position it is most confident about.")
-        with gr.Row():  # the run menu spans the page: its labels say what each run is
-            ui.run = gr.Dropdown(choices, value=default, label="trained run (objective · preset · steps · notebook)",
-                                 scale=8)
-            ui.rescan_btn = gr.Button("rescan", scale=1, size="sm", min_width=60)
         with gr.Row(equal_height=False):  # inputs on the left, the unmasking beside them: both on the first screen
             with gr.Column(scale=2, min_width=330):
-                _input_panel(ui, init, defaults, first.cfg.model.context_length - 2, initial_scene)
+                _input_panel(ui, init, choices, default, defaults, first.cfg.model.context_length - 2,
+                             initial_scene)
             with gr.Column(scale=5), gr.Tabs():
                 _unmasking_tab(ui, init, first, defaults.length)
                 _compare_tab(ui, choices)
@@ -424,10 +421,13 @@ def _register_models(models: Mapping[str, tuple[Any, ...]], root: str | Path | N
     return default or (next(iter(models)) if models else choices[0][1]), choices
 
 
-def _input_panel(ui: SimpleNamespace, init: dict[str, Any], defaults: SamplerConfig, max_length: int,
-                 initial_scene: int) -> None:
-    """The left column: the image (scene or upload), the unmask button and prompt, the caption length and tokens
-    per step; the other sampler settings in a closed accordion, the upload box last."""
+def _input_panel(ui: SimpleNamespace, init: dict[str, Any], choices: list[tuple[str, str]], default: str,
+                 defaults: SamplerConfig, max_length: int, initial_scene: int) -> None:
+    """The left column: the run, the image (scene or upload), the unmask button and prompt, the caption length
+    and tokens per step; the other sampler settings in a closed accordion, the upload box last."""
+    with gr.Row():
+        ui.run = gr.Dropdown(choices, value=default, label="trained run", scale=4)
+        ui.rescan_btn = gr.Button("rescan", scale=1, size="sm", min_width=60)
     ui.image = gr.Image(init.get("image"), label="image", type="pil", interactive=False, height=220)
     ui.image_info = gr.Markdown(init.get("info", ""), label="image info")
     with gr.Row():
