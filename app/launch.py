@@ -72,7 +72,11 @@ def serve(run: str | Path | None = None, *, root: str | Path | None = DEFAULT_RO
     warnings.filterwarnings("ignore", message=GRADIO_422_WARNING)  # a StarletteDeprecationWarning (a UserWarning)
     try:
         with _sigterm_stops(block):
-            demo.launch(server_name=host, server_port=port, share=share, prevent_thread_lock=not block, **LAUNCH_KW)
+            demo.launch(server_name=host, server_port=port, share=share, prevent_thread_lock=True, quiet=True,
+                        **LAUNCH_KW)
+            print(console_text(demo.local_url, share), flush=True)
+            if block:
+                demo.block_thread()  # until Ctrl-C or SIGTERM
     except OSError as err:
         if "port" not in str(err).lower():
             raise
@@ -81,6 +85,17 @@ def serve(run: str | Path | None = None, *, root: str | Path | None = DEFAULT_RO
         if block:
             explore.cleanup_temp()
     return demo
+
+
+def console_text(local_url: str, share: bool) -> str:
+    """What `serve` prints once the app is up (gradio's own lines are silenced: they advise ``share=True`` in
+    ``launch()``, a call the user never writes): the local URL, the API page, and how to get a public link."""
+    lines = [f"* Running on local URL:  {local_url}",
+             f"* API (gradio_client, named parameters): {local_url.rstrip('/')}/?view=api"]
+    if not share:
+        lines.append("* To create a public link, start it with `mdc app --share` (a gradio.live tunnel: anyone with "
+                     "the link can use the app)")
+    return "\n".join(lines)
 
 
 _OWN_GRADIO_DIR = ""  # the GRADIO_TEMP_DIR this process set (inside the app's temporary folder)

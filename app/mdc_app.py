@@ -31,6 +31,7 @@ from mdc_core.config import SAMPLER_RANGES, RunConfig, SamplerConfig
 from mdc_core.data import make_example
 from mdc_core.data.transforms import eval_transform, open_image
 from mdc_core.sampler import trajectory
+from mdc_core.tokenizer import MASK_ID, CaptionTokenizer
 from mdc_core.workbench import trajectory_view
 
 SCENE_SEED, SCENE_SPLIT, INITIAL_SCENE = 0, "test", 3  # data seed (when the run's is unknown), held-out split
@@ -43,6 +44,7 @@ DELETE_CACHE = (3600, 3600)  # gradio deletes its copies of uploads and download
 MAX_SCORED = 20  # captions per scoring request
 SCORE_METHODS = ["heuristic", "mc", "ar"]  # mdc_core.scoring.METHODS: greedy-order path, Monte Carlo ELBO, chain rule
 SAMPLER_FIELDS = (*SAMPLER_RANGES, "seed")  # the sampler inputs, in the order the callbacks take them
+SAMPLER_MAIN = ("length", "tokens_per_step")  # the first SAMPLER_FIELDS, shown; the others sit in an accordion
 SAMPLER_LABELS = {"length": "caption length N'", "tokens_per_step": "tokens revealed per step k",
                   "temperature": "temperature (0 = greedy)", "top_k": "top-k (0 = all tokens)",
                   "threshold": "confidence threshold", "remask_threshold": "remask tokens below this confidence",
@@ -63,32 +65,33 @@ def _display(img: Image.Image) -> Image.Image:
     return out
 
 
-def show_scene(index: float | None, run_key: str, state: dict | None) -> tuple[dict, Image.Image, str]:
-    """Scene `index` of the embedded generator's held-out split, drawn with the settings of the run's training data
-    (difficulty, seed, caption style; the default ones when unknown) at the run's image size. A new image drops
-    the prompt's fixed words (they described the previous one)."""
-    if index is None or index < 0 or index != int(index):
-        raise gr.Error(f"scene number must be a whole number >= 0, got {index}")
-    run = get_run(run_key)
-    data = run.scenes  # the scenes this run was trained on (its data's difficulty, seed and caption style)
-    ex = make_example(data.get("seed", SCENE_SEED), SCENE_SPLIT, int(index), image_size=run.cfg.model.image_size,
+def show_scene(scene: float | None, run: str, state: dict | None) -> tuple[dict, Image.Image, str]:
+    """Scene number `scene` of the embedded generator's held-out split, drawn with the settings of the training
+    data of `run` (difficulty, seed, caption style; the default ones when unknown) at its image size. A new image
+    drops the prompt's fixed words (they described the previous one)."""
+    if scene is None or scene < 0 or scene != int(scene):
+        raise gr.Error(f"scene number must be a whole number >= 0, got {scene}")
+    index, loaded = int(scene), get_run(run)
+    data = loaded.scenes  # the scenes this run was trained on (its data's difficulty, seed and caption style)
+    ex = make_example(data.get("seed", SCENE_SEED), SCENE_SPLIT, index, image_size=loaded.cfg.model.image_size,
                       captions=data.get("captions", "mixed"), difficulty=data.get("difficulty", "paper"))
-    img = open_image(ex["jpg"], f"scene {int(index)}")
-    info = (f"**scene #{int(index)}** ({SCENE_SPLIT} split, {img.width} px) &middot; reference: "
+    img = open_image(ex["jpg"], f"scene {index}")
+    info = (f"**scene #{index}** ({SCENE_SPLIT} split, {img.width} px) &middot; reference: "
             f"*{html.escape(ex['txt'])}*")
-    new = {**(state or {}), "image": img, "source": f"scene {int(index)}", "record": None, "prompt": ""}
+    new = {**(state or {}), "image": img, "source": f"scene {index}", "record": None, "prompt": ""}
     return new, _display(img), info
 
 
-def new_scene(run_key: str, state: dict | None) -> tuple[int, dict, Image.Image, str]:
+def new_scene(run: str, state: dict | None) -> tuple[int, dict, Image.Image, str]:
     """A random scene (the scene number is shown so it can be reproduced)."""
     index = random.randrange(100_000)
-    return (index, *show_scene(index, run_key, state))
+    return (index, *show_scene(index, run, state))
 
 
-def load_upload(path: str | None, state: dict | None) -> tuple[dict, Image.Image, str]:
+def load_upload(image: str | None, state: dict | None) -> tuple[dict, Image.Image, str]:
     """An uploaded file, decoded with the workbench's own checks (empty, not an image, too large); the prompt is
     dropped as for a new scene."""
+    path = image
     if not path:
         raise gr.Error("no file was uploaded")
     name = Path(path).name
@@ -134,10 +137,13 @@ def _unmask(run: LoadedRun, image_tokens: torch.Tensor, cfg: SamplerConfig, prom
     return record
 
 
-def run_caption(run_key: str, state: dict | None, *settings: Any) -> tuple[dict, str, Any, Any, str]:
-    """Caption the current image; show the final canvas, the step slider at its end, the heatmap, a summary."""
-    run = get_run(run_key)
-    cfg = sampler_config(*settings)
+def run_caption(run: str, state: dict | None, length: int, tokens_per_step: int, temperature: float, top_k: int,
+                threshold: float, remask_threshold: float, remask_steps: int, seed: int
+                ) -> tuple[dict, str, Any, Any, str]:
+    """Caption the current image; show the final canvas, the step slider at its end, the heatmap, a summary.
+    The parameters after `state` are :data:`SAMPLER_FIELDS` (their names are the ``/caption`` API's)."""
+    run_key, run = run, get_run(run)
+    cfg = sampler_config(length, tokens_per_step, temperature, top_k, threshold, remask_threshold, remask_steps, seed)
     start = time.perf_counter()
     image_tokens = _image_tokens(run, state)
     record = _unmask(run, image_tokens, cfg, explore.prompt_ids(run, state))
@@ -159,6 +165,47 @@ def show_step(step: float | None, state: dict | None) -> str:
     if record is None:
         return ""
     return trajectory_view.chips_html(record, min(max(int(step or 0), 0), len(record["steps"])))
+
+
+def trajectory_json(record: dict[str, Any], tokenizer: CaptionTokenizer) -> dict[str, Any]:
+    """A :func:`mdc_core.sampler.trajectory` record as plain JSON for scripts (the ``/caption_json`` API): the
+    caption, its tokens, the sampler settings, and per step the tokens it revealed with their confidences (most
+    confident first), the tokens it masked again (remasking) and the canvas after it (``[MASK]`` where masked)
+    with its text; the last step's text is the caption. Attention weights and top guesses are left out."""
+    ids = [MASK_ID] * len(record["token_ids"])
+    for p in record["fixed"]:
+        ids[p] = record["token_ids"][p]
+    steps = []
+    for step in record["steps"]:
+        for r in step["remasked"]:
+            ids[r["position"]] = MASK_ID
+        for r in step["revealed"]:
+            ids[r["position"]] = r["token_id"]
+        steps.append({"step": step["step"],
+                      "revealed": [{k: r[k] for k in ("position", "token", "confidence")} for r in step["revealed"]],
+                      "remasked": [{k: r[k] for k in ("position", "token")} for r in step["remasked"]],
+                      "canvas": tokenizer.token_strings(ids), "text": tokenizer.decode(ids)})
+    return {"caption": record["caption"], "tokens": record["tokens"], "fixed": record["fixed"],
+            "settings": record["settings"], "latency_s": record.get("latency_s"), "steps": steps}
+
+
+def caption_json(run: str, length: int, tokens_per_step: int, temperature: float, top_k: int, threshold: float,
+                 remask_threshold: float, remask_steps: int, seed: int, image: Image.Image | None = None,
+                 scene: float | None = None, prompt: str | None = "") -> dict[str, Any]:
+    """Caption `image` (else scene number `scene` of the held-out split) with `run` and return the caption and its
+    trajectory as JSON (:func:`trajectory_json`, plus ``run`` and ``source``). `prompt` fixes words as the
+    "fix some words" box does. This is the ``/caption_json`` API endpoint; the page never calls it."""
+    if image is not None:
+        state = {"image": image.convert("RGB"), "source": "image"}
+    elif scene is not None:
+        state = show_scene(scene, run, None)[0]
+    else:
+        raise gr.Error("give an image or a scene number")
+    state["prompt"] = (prompt or "").strip()
+    loaded = get_run(run)
+    cfg = sampler_config(length, tokens_per_step, temperature, top_k, threshold, remask_threshold, remask_steps, seed)
+    record = _unmask(loaded, _image_tokens(loaded, state), cfg, explore.prompt_ids(loaded, state))
+    return {"run": run, "source": state["source"], **trajectory_json(record, loaded.tokenizer)}
 
 
 def start_play(state: dict | None) -> tuple[Any, Any]:
@@ -208,13 +255,17 @@ def _arc_rows(arc_key: str, state: dict | None) -> list[list[str]]:
     return rows
 
 
-def compare_lengths(run_key: str, arc_key: str | None, state: dict | None, *settings: Any) -> str:
-    """Captions of the MDC run at N' = 10 / 15 / 20 side by side (and the ARC run's, if one is chosen)."""
-    run = get_run(run_key) if run_key else None
+def compare_lengths(run: str, arc_run: str | None, state: dict | None, length: int, tokens_per_step: int,
+                    temperature: float, top_k: int, threshold: float, remask_threshold: float, remask_steps: int,
+                    seed: int) -> str:
+    """Captions of the MDC run at N' = 10 / 15 / 20 side by side (and the ARC run's, if one is chosen); `length`
+    is unused (the table sets it), the other sampler settings apply."""
+    arc_key = arc_run
+    run = get_run(run) if run else None
     arc = get_run(arc_key) if arc_key else None
     if arc is not None and not arc.is_arc:
         raise gr.Error(f"{arc.label} is not an ARC run (objective {arc.cfg.objective.name!r})")
-    cfg = sampler_config(*settings)
+    cfg = sampler_config(length, tokens_per_step, temperature, top_k, threshold, remask_threshold, remask_steps, seed)
     rows = []
     if run is not None and not run.is_arc:
         image_tokens = _image_tokens(run, state)
@@ -251,8 +302,9 @@ def _check_vocab(run: LoadedRun, captions: list[str]) -> None:
                                f"{', '.join(unknown)}")
 
 
-def score_own(run_key: str, state: dict | None, text: str, methods: list[str] | None, mc_samples: float) -> str:
+def score_own(run: str, state: dict | None, captions: str, methods: list[str] | None, mc_samples: float) -> str:
     """Score typed captions (one per line) against the image; rank them; show the heuristic path's log-probs."""
+    text, run_key = captions, run
     scoring = optional_module("mdc_core.scoring")
     if scoring is None:
         raise gr.Error("caption scoring needs mdc_core/scoring.py, which is not in this checkout yet")
@@ -311,8 +363,8 @@ def _sampler_inputs(defaults: SamplerConfig, max_length: int) -> list[gr.compone
         hi = min(hi, max_length) if name in ("length", "tokens_per_step") else hi
         step = 1 if hints[name] is int else 0.05
         inputs.append(gr.Slider(lo, hi, value=min(getattr(defaults, name), hi), step=step,
-                                label=SAMPLER_LABELS.get(name, name)))
-    inputs.append(gr.Number(value=defaults.seed, precision=0, label="seed (temperature > 0)"))
+                                label=SAMPLER_LABELS.get(name, name), render=False))
+    inputs.append(gr.Number(value=defaults.seed, precision=0, label="seed (temperature > 0)", render=False))
     return inputs
 
 
@@ -342,11 +394,15 @@ def build_app(models: Mapping[str, tuple[torch.nn.Module, RunConfig]], *, root: 
                              root_state=gr.State(str(root) if root else None))
         gr.Markdown("## Masked diffusion captioning: watch a caption being unmasked\nThe decoder starts from "
                     "`[MASK] x N'` and, at every step, reveals the masked position it is most confident about.")
-        _input_panel(ui, init, choices, default, defaults, first.cfg.model.context_length - 2, initial_scene)
-        with gr.Tabs():
-            _unmasking_tab(ui, init, first, defaults.length)
-            _compare_tab(ui, choices)
-            _score_tab(ui)
+        with gr.Row(equal_height=False):  # inputs on the left, the unmasking beside them: both on the first screen
+            with gr.Column(scale=2, min_width=330):
+                _input_panel(ui, init, choices, default, defaults, first.cfg.model.context_length - 2,
+                             initial_scene)
+            with gr.Column(scale=5), gr.Tabs():
+                _unmasking_tab(ui, init, first, defaults.length)
+                _compare_tab(ui, choices)
+                _score_tab(ui)
+        _api_only(ui)
         _wire_events(ui)
     return demo
 
@@ -367,41 +423,46 @@ def _register_models(models: Mapping[str, tuple[Any, ...]], root: str | Path | N
 
 def _input_panel(ui: SimpleNamespace, init: dict[str, Any], choices: list[tuple[str, str]], default: str,
                  defaults: SamplerConfig, max_length: int, initial_scene: int) -> None:
-    """The image (scene or upload) on the left; the run, the sampler settings and the prompt on the right."""
+    """The left column: the run, the image (scene or upload), the unmask button and prompt, the caption length
+    and tokens per step; the other sampler settings in a closed accordion, the upload box last."""
     with gr.Row():
-        with gr.Column(scale=2, min_width=260):
-            ui.image = gr.Image(init.get("image"), label="image", type="pil", interactive=False, height=256)
-            ui.image_info = gr.Markdown(init.get("info", ""))
-            with gr.Row():
-                ui.scene_btn = gr.Button("new random scene")
-                ui.scene_index = gr.Number(value=initial_scene, precision=0, minimum=0, label="scene #")
-            ui.upload = gr.File(label="or upload an image (PNG, JPEG, WebP)", file_types=list(UPLOAD_TYPES),
-                                type="filepath", height=120)
-        with gr.Column(scale=3):
-            with gr.Row():
-                ui.run = gr.Dropdown(choices, value=default, label="trained run", scale=4)
-                ui.rescan_btn = gr.Button("rescan", scale=1, size="sm")
-            ui.settings = _sampler_inputs(defaults, max_length)
-            ui.prompt = gr.Textbox(label="fix some words (optional): [MASK] or _ marks a word to generate; the "
-                                   "prompt sets N'", placeholder="a [MASK] square on the _", max_lines=1)
-            ui.caption_btn = gr.Button("unmask", variant="primary")
+        ui.run = gr.Dropdown(choices, value=default, label="trained run", scale=4)
+        ui.rescan_btn = gr.Button("rescan", scale=1, size="sm", min_width=60)
+    ui.image = gr.Image(init.get("image"), label="image", type="pil", interactive=False, height=220)
+    ui.image_info = gr.Markdown(init.get("info", ""), label="image info")
+    with gr.Row():
+        ui.scene_btn = gr.Button("new random scene", size="sm")
+        ui.scene_index = gr.Number(value=initial_scene, precision=0, minimum=0, label="scene #", min_width=90)
+    ui.caption_btn = gr.Button("unmask", variant="primary")
+    ui.prompt = gr.Textbox(label="fix some words (optional): [MASK] or _ marks a word to generate; the prompt sets "
+                           "N'", placeholder="a [MASK] square on the _", max_lines=1)
+    sliders = _sampler_inputs(defaults, max_length)
+    main = len(SAMPLER_MAIN)
+    for slider in sliders[:main]:
+        slider.render()
+    with gr.Accordion("more sampler settings: temperature, top-k, threshold, remasking, seed", open=False):
+        for slider in sliders[main:]:
+            slider.render()
+    ui.settings = sliders
+    ui.upload = gr.File(label="or upload an image (PNG, JPEG, WebP)", file_types=list(UPLOAD_TYPES),
+                        type="filepath", height=100)
 
 
 def _unmasking_tab(ui: SimpleNamespace, init: dict[str, Any], first: LoadedRun, length: int) -> None:
     """The step slider and player, the token chips, the attention map, the confidence heatmap, GIF and JSON."""
     with gr.Tab("Step-by-step unmasking"):
-        ui.summary = gr.Markdown(init.get("summary", ""))
+        ui.summary = gr.Markdown(init.get("summary", ""), label="summary")
         with gr.Row():
             ui.play_btn = gr.Button("\u25b6 play", scale=1, min_width=90)
             n_steps = init.get("steps", length)
             ui.step = gr.Slider(0, n_steps, value=n_steps, step=1, label="step", scale=8)
         layers, heads = explore.layer_choices(first) if not first.is_arc else ([explore.LAST], [explore.MEAN])
         with gr.Row():
-            ui.chips = gr.HTML(init.get("chips", ""))
+            ui.chips = gr.HTML(init.get("chips", ""), label="canvas", show_label=False)
             with gr.Column(scale=0, min_width=270):
                 ui.att_image = gr.Image(init.get("attention"), label="attention", type="pil",
                                         interactive=False, height=256, width=256)
-                ui.att_label = gr.HTML(init.get("attention_label", ""))
+                ui.att_label = gr.HTML(init.get("attention_label", ""), label="attention info", show_label=False)
                 with gr.Row():
                     ui.layer = gr.Dropdown(layers, value=explore.LAST, label="layer", min_width=80)
                     ui.head = gr.Dropdown(heads, value=explore.MEAN, label="head", min_width=80)
@@ -419,7 +480,7 @@ def _compare_tab(ui: SimpleNamespace, choices: list[tuple[str, str]]) -> None:
     with gr.Tab("Compare"):
         ui.arc = gr.Dropdown([("(none)", "")] + choices, value="", label="ARC run (optional)")
         ui.compare_btn = gr.Button("compare N' = 10 / 15 / 20")
-        ui.compare_out = gr.HTML()
+        ui.compare_out = gr.HTML(label="captions compared", show_label=False)
 
 
 def _score_tab(ui: SimpleNamespace) -> None:
@@ -430,7 +491,18 @@ def _score_tab(ui: SimpleNamespace) -> None:
             ui.methods = gr.CheckboxGroup(SCORE_METHODS, value=["heuristic"], label="scores")
             ui.mc_samples = gr.Slider(4, 256, value=32, step=4, label="Monte Carlo samples")
         ui.score_btn = gr.Button("score")
-        ui.score_out = gr.HTML()
+        ui.score_out = gr.HTML(label="scores", show_label=False)
+
+
+def _api_only(ui: SimpleNamespace) -> None:
+    """Hidden inputs and output of the ``/caption_json`` API endpoint (a script's image, scene number and prompt;
+    the JSON answer): components, so that gradio checks and converts what a client sends."""
+    with gr.Column(visible=False):
+        ui.api_image = gr.Image(label="image", type="pil", image_mode="RGB")
+        ui.api_scene = gr.Number(label="scene", precision=0, minimum=0)
+        ui.api_prompt = gr.Textbox(label="prompt", value="")
+        ui.api_json = gr.JSON(label="caption and trajectory")
+        ui.api_btn = gr.Button("caption_json")
 
 
 def _wire_events(ui: SimpleNamespace) -> None:
@@ -455,6 +527,8 @@ def _wire_events(ui: SimpleNamespace) -> None:
     captioned(ui.run.change(on_run_change, [ui.run], [ui.settings[0]], api_visibility=PRIVATE))
     ui.run.change(explore.reload_run, [ui.run], [ui.layer, ui.head], api_visibility=PRIVATE)
     ui.rescan_btn.click(rescan_runs, [ui.root_state, ui.run], [ui.run], api_visibility=PRIVATE)
+    ui.api_btn.click(caption_json, [ui.run, *ui.settings, ui.api_image, ui.api_scene, ui.api_prompt], [ui.api_json],
+                     api_name="caption_json")
     ui.step.change(show_step, [ui.step, ui.state], [ui.chips], api_name="step", show_progress="hidden")
     ui.step.change(explore.attention_view, att_in, att_out, api_visibility=PRIVATE, show_progress="hidden")
     ui.layer.change(explore.attention_view, att_in, att_out, api_visibility=PRIVATE)

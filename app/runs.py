@@ -36,6 +36,7 @@ class LoadedRun:
     cfg: RunConfig
     tokenizer: CaptionTokenizer
     scenes: dict = dataclasses.field(default_factory=dict)  # generator parameters of its training data ({}: unknown)
+    folder: Path | None = None  # the run or checkpoint folder it was loaded from (None: registered without one)
 
     @property
     def is_arc(self) -> bool:
@@ -55,7 +56,7 @@ def register_run(key: str, model: torch.nn.Module, cfg: RunConfig, label: str | 
         raise ValueError(f"run {label or key} holds a {type(model).__name__} (objective {cfg.objective.name!r}), "
                          "not a captioner: it has no caption decoder to show")
     run = LoadedRun(key, label or key, model.eval(), cfg, CaptionTokenizer(cfg.model.context_length),
-                    training_scenes(cfg, folder))
+                    training_scenes(cfg, folder), Path(folder) if folder else None)
     with _LOCK:
         _CACHE[key] = run
     return run
@@ -90,42 +91,88 @@ def training_scenes(cfg: RunConfig, folder: str | Path | None = None) -> dict:
     return {}
 
 
+def _walk(root: Path, max_depth: int) -> Iterator[tuple[Path, list[str], list[str]]]:
+    """os.walk of `root` down to `max_depth` levels, in name order, hidden and data folders skipped; a run folder
+    (one with ``checkpoints/``) is not entered."""
+    for folder, dirs, files in os.walk(root):
+        here = Path(folder)
+        yield here, dirs, files
+        if "checkpoints" in dirs or len(here.relative_to(root).parts) >= max_depth:
+            dirs.clear()
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in ("data", "shards"))
+
+
 def discover_runs(root: str | Path, max_depth: int = 4) -> dict[str, Path]:
     """Run folders (with a complete checkpoint) under `root`: resolved path -> folder. Data folders are skipped."""
     root = Path(root)
-    found: dict[str, Path] = {}
+    if not root.is_dir():
+        return {}
+    return {str(here.resolve()): here for here, dirs, _ in _walk(root, max_depth)
+            if "checkpoints" in dirs and latest_checkpoint(here) is not None}
+
+
+def run_notebooks(root: str | Path, max_depth: int = 4) -> dict[str, str]:
+    """Resolved run folder -> the notebook whose ``metrics.json`` (under `root`, e.g. ``papermill_runs/PLAN/NB/``)
+    names it as its ``run_dir`` or among its ``runs``: which notebook trained or used a cached run such as
+    ``_models/mdc-7030b7bbf4``. Relative paths count from `root`; the first notebook in name order wins."""
+    root = Path(root)
+    found: dict[str, str] = {}
     if not root.is_dir():
         return found
-    for folder, dirs, _ in os.walk(root):
-        here = Path(folder)
-        if "checkpoints" in dirs:
-            if latest_checkpoint(here) is not None:
-                found[str(here.resolve())] = here
-            dirs.clear()
-        elif len(here.relative_to(root).parts) >= max_depth:
-            dirs.clear()
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in ("data", "shards"))
+    for here, _, files in _walk(root, max_depth):
+        if "metrics.json" not in files:
+            continue
+        try:
+            record = json.loads((here / "metrics.json").read_text())
+            paths = [record.get("run_dir"), *(record.get("runs") or {}).values()]
+            notebook = str(record["notebook"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        for path in filter(None, paths):
+            found.setdefault(str((root / str(path)).resolve()), notebook)
     return found
 
 
-def _objective(folder: Path) -> str:
+def describe_run(objective: str, preset: str, steps: int | None, notebook: str | None) -> str:
+    """What the run menu says of a run besides its folder: "mdc · preset tiny_lean · 1500 steps · notebook
+    01_pretraining" (the parts that are known)."""
+    parts = [objective, f"preset {preset}" if preset else "", f"{steps} steps" if steps is not None else "",
+             f"notebook {notebook}" if notebook else ""]
+    return " · ".join(p for p in parts if p)
+
+
+def _folder_description(folder: Path, notebooks: dict[str, str]) -> str:
+    """:func:`describe_run` of a run folder not loaded yet, from its latest checkpoint's config and step."""
     ckpt = latest_checkpoint(folder)
     try:
-        return json.loads(((ckpt or folder) / "config.json").read_text())["objective"]["name"]
+        config = json.loads(((ckpt or folder) / "config.json").read_text())
+        objective, preset = config["objective"]["name"], config.get("preset") or ""
     except (OSError, ValueError, KeyError, TypeError):
-        return "?"
+        objective, preset = "?", ""
+    try:
+        steps = int(json.loads((ckpt / "meta.json").read_text())["step"]) if ckpt else None
+    except (OSError, ValueError, KeyError, TypeError):
+        steps = None
+    return describe_run(objective, preset, steps, notebooks.get(str(folder.resolve())))
 
 
 def run_choices(root: str | Path | None) -> list[tuple[str, str]]:
-    """(label, key) pairs for the run menu: registered runs first, then folders found under `root`."""
+    """(label, key) pairs for the run menu: registered runs first, then folders found under `root`. A label says
+    what the run is: its name, objective, preset, steps and the notebook that trained it (:func:`describe_run`)."""
+    notebooks = run_notebooks(root) if root else {}
     with _LOCK:
-        choices = [(f"{r.label} ({r.cfg.objective.name})", k) for k, r in _CACHE.items()]
+        loaded = list(_CACHE.items())
+    choices = []
+    for key, r in loaded:
+        notebook = notebooks.get(str(r.folder.resolve())) if r.folder else None
+        choices.append((f"{r.label} ({describe_run(r.cfg.objective.name, r.cfg.preset, r.cfg.train.steps, notebook)})",
+                        key))
     if root:
         for folder in discover_runs(root).values():
             key = os.path.relpath(folder, root)  # what the page and /config show: never an absolute path
             if all(key != k for _, k in choices):
                 _FOLDERS.setdefault(key, (folder, key))
-                choices.append((f"{key} ({_objective(folder)})", key))
+                choices.append((f"{key} ({_folder_description(folder, notebooks)})", key))
     return choices
 
 

@@ -3,7 +3,9 @@ an end-to-end run through gradio_client on a loopback port, and (slow) a headles
 
 from __future__ import annotations
 
+import dataclasses
 import html
+import json
 import re
 import shutil
 import socket
@@ -17,6 +19,7 @@ from PIL import Image
 
 from app import launch as S
 from app import mdc_app as A
+from app import runs
 from mdc_core.checkpoint import save_checkpoint
 from mdc_core.config import SAMPLER_RANGES, RunConfig, SamplerConfig
 from mdc_core.data.transforms import eval_transform
@@ -207,9 +210,11 @@ def test_compare_lengths_and_arc(app):
 def test_runs_under_root_are_found_and_loaded_once(app):
     choices = A.run_choices(app["root"])
     labels = [label for label, _ in choices]
-    assert "micro (mdc)" in labels and "micro-arc (arc)" in labels and "saved/run (mdc)" in labels
+    steps = RunConfig().train.steps
+    assert f"micro (mdc · {steps} steps)" in labels and f"micro-arc (arc · {steps} steps)" in labels
+    assert "saved/run (mdc · 1 steps)" in labels  # a folder: the step of its latest checkpoint
     assert not any(label.startswith("data") for label in labels)
-    key = dict(choices)["saved/run (mdc)"]
+    key = dict(choices)["saved/run (mdc · 1 steps)"]
     first = A.get_run(key)
     assert A.get_run(key) is first and torch.equal(first.model.output_ids, app["model"].output_ids)
     with pytest.raises(gr.Error, match="unknown run"):
@@ -302,3 +307,87 @@ def test_screenshot_after_full_unmasking(app, tmp_path):
     img = Image.open(out)
     assert img.size[0] >= 500 and len(set(img.convert("L").resize((64, 64)).getdata())) > 20  # not a blank page
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_run_menu_says_what_each_run_is(tmp_path):
+    """A cached run's hashed folder is labelled with its objective, preset, steps and the notebook whose
+    metrics.json names it (relative to the root or absolute; the first notebook in name order wins)."""
+    model, cfg = _micro_run()
+    cfg = dataclasses.replace(cfg, preset="tiny_lean")
+    for name in ("mdc-0123456789", "mdc-aaaaaaaaaa", "mdc-bbbbbbbbbb"):
+        save_checkpoint(tmp_path / "_models" / name, 7, cfg, model)
+    metrics = {"01_pretraining": {"run_dir": "_models/mdc-0123456789"},
+               "03_linear_probing": {"runs": {"MDC": str(tmp_path / "_models" / "mdc-0123456789"),
+                                              "ARC": str(tmp_path / "_models" / "mdc-aaaaaaaaaa")}},
+               "04_broken": None}
+    for notebook, record in metrics.items():
+        folder = tmp_path / "papermill_runs" / "plan" / notebook
+        folder.mkdir(parents=True)
+        text = "{not json" if record is None else json.dumps({"notebook": notebook, **record})
+        (folder / "metrics.json").write_text(text)
+    assert runs.describe_run("mdc", "", None, None) == "mdc"
+    A.register_run("bbb", model, cfg, folder=tmp_path / "_models" / "mdc-bbbbbbbbbb")
+    labels = {key: label for label, key in A.run_choices(tmp_path)}
+    assert labels["_models/mdc-0123456789"] == ("_models/mdc-0123456789 (mdc · preset tiny_lean · 7 steps · "
+                                                "notebook 01_pretraining)")
+    assert labels["_models/mdc-aaaaaaaaaa"].endswith("(mdc · preset tiny_lean · 7 steps · notebook 03_linear_probing)")
+    assert labels["bbb"] == f"bbb (mdc · preset tiny_lean · {cfg.train.steps} steps)"  # registered; no notebook
+
+
+def test_trajectory_json_by_hand():
+    """Position 0 fixed by a prompt; step 0 reveals "box" at 2, step 1 masks it again and reveals "red" at 1,
+    step 2 reveals "dot" at 2: the canvases replay that (a replay that ignored remasking would show "a red box")."""
+    tok = CaptionTokenizer()
+    a, red, dot, box = (tok.encode_text(w)[0] for w in ("a", "red", "dot", "box"))
+    rev = lambda p, w, i, c: {"position": p, "token": w, "token_id": i, "confidence": c, "attention": [[0.5]]}
+    record = {"caption": "a red dot", "tokens": ["a", "red", "dot"], "token_ids": [a, red, dot], "fixed": [0],
+              "settings": {"length": 3}, "latency_s": 0.01, "steps": [
+                  {"step": 0, "revealed": [rev(2, "box", box, 0.4)], "remasked": [], "masked": []},
+                  {"step": 1, "revealed": [rev(1, "red", red, 0.7)],
+                   "remasked": [{"position": 2, "token": "box", "token_id": box}], "masked": []},
+                  {"step": 2, "revealed": [rev(2, "dot", dot, 0.9)], "remasked": [], "masked": []}]}
+    out = A.trajectory_json(record, tok)
+    assert [s["canvas"] for s in out["steps"]] == [["a", "[MASK]", "box"], ["a", "red", "[MASK]"], ["a", "red", "dot"]]
+    assert [s["text"] for s in out["steps"]] == ["a [MASK] box", "a red [MASK]", "a red dot"]
+    assert out["steps"][1]["revealed"] == [{"position": 1, "token": "red", "confidence": 0.7}]  # no attention
+    assert out["steps"][1]["remasked"] == [{"position": 2, "token": "box"}]
+    assert out["caption"] == out["steps"][-1]["text"] and json.loads(json.dumps(out)) == out
+
+
+def test_caption_json_is_the_pages_trajectory_as_plain_json(app):
+    state = A.show_scene(4, "micro", None)[0]
+    settings = _settings(length=9, tokens_per_step=2)
+    record = A.run_caption("micro", state, *settings)[0]["record"]
+    got = A.caption_json("micro", *settings, scene=4)
+    assert got["run"] == "micro" and got["source"] == "scene 4" and got["tokens"] == record["tokens"]
+    assert got["caption"] == record["caption"] == got["steps"][-1]["text"]
+    assert [[(r["position"], r["token"], r["confidence"]) for r in s["revealed"]] for s in got["steps"]] == [
+        [(r["position"], r["token"], r["confidence"]) for r in s["revealed"]] for s in record["steps"]]
+    assert {tuple(r) for s in got["steps"] for r in s["revealed"]} == {("position", "token", "confidence")}
+    assert A.caption_json("micro", *settings, image=state["image"])["caption"] == got["caption"]
+    fixed = A.caption_json("micro", *_settings(length=6), scene=4, prompt="a [MASK] square on the _")
+    assert fixed["fixed"] == [0, 2, 3, 4] and fixed["steps"][0]["canvas"][2:5] == ["square", "on", "the"]
+    with pytest.raises(gr.Error, match="give an image or a scene number"):
+        A.caption_json("micro", *settings)
+    with pytest.raises(gr.Error, match="autoregressive"):
+        A.caption_json("micro-arc", *settings, scene=4)
+
+
+def test_api_parameters_and_outputs_have_names(app):
+    """Every public endpoint's parameters are named after its function's arguments (no ``param_3``) and every
+    output after its component's label (no ``value_38``)."""
+    info = app["demo"].get_api_info()["named_endpoints"]
+    names = {e: [p["parameter_name"] for p in info[e]["parameters"]] for e in info}
+    assert names["/caption"] == ["run", *A.SAMPLER_FIELDS]
+    assert names["/caption_json"] == ["run", *A.SAMPLER_FIELDS, "image", "scene", "prompt"]
+    assert names["/show_scene"] == ["scene", "run"] and names["/compare"][:2] == ["run", "arc_run"]
+    assert not [(e, n) for e, ns in names.items() for n in ns if n.startswith("param_")]
+    assert not [(e, r["label"]) for e, v in info.items() for r in v["returns"] if r["label"].startswith("value_")]
+    assert [r["label"] for r in info["/caption_json"]["returns"]] == ["caption and trajectory"]
+
+
+def test_console_points_to_the_clis_share_flag():
+    text = S.console_text("http://127.0.0.1:7860/", share=False)
+    assert "`mdc app --share`" in text and "share=True" not in text
+    assert "http://127.0.0.1:7860/?view=api" in text
+    assert "--share" not in S.console_text("http://127.0.0.1:7860/", share=True)

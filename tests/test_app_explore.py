@@ -94,8 +94,8 @@ def test_downloads_live_in_one_temporary_folder_that_cleanup_removes(app):  # no
 
 def test_hidden_callbacks_are_no_api_endpoints(app):  # noqa: F811
     public = {fn.api_name for fn in app["demo"].fns.values() if fn.api_visibility == "public"}
-    assert public == {"new_scene", "show_scene", "upload", "caption", "step", "gif", "save_json", "replay", "compare",
-                      "score"}
+    assert public == {"new_scene", "show_scene", "upload", "caption", "caption_json", "step", "gif", "save_json",
+                      "replay", "compare", "score"}
     assert all(fn.api_name != "False" for fn in app["demo"].fns.values())
 
 

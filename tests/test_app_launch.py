@@ -1,7 +1,7 @@
 """``mdc app`` as a user starts it, in a fresh folder (no trained run): it opens on the shipped model, captions a
 scene through the public API, logs no deprecation warning per request, a second app on the same port gets a
-one-line error, and after SIGTERM no ``mdc-app-*`` folder (nor gradio's copies of the downloads) is left in the
-temporary folder."""
+one-line error, the console points to ``mdc app --share`` (not gradio's ``share=True``), and after SIGTERM no
+``mdc-app-*`` folder (nor gradio's copies of the downloads) is left in the temporary folder."""
 
 from __future__ import annotations
 
@@ -70,8 +70,10 @@ def test_mdc_app_in_a_fresh_folder_captions_with_the_shipped_model_and_cleans_up
         assert list(temp.glob("mdc-app-*"))  # the downloads were written ...
     finally:
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=60)
     assert proc.returncode in (0, -signal.SIGTERM), err[-3000:]
+    assert f"* Running on local URL:  http://127.0.0.1:{port}/" in out, out
+    assert "`mdc app --share`" in out and "share=True" not in out + err  # the CLI's flag, not gradio's launch()
     assert "DeprecationWarning" not in err and "Traceback" not in err, err[-3000:]
     assert not list(temp.glob("mdc-app-*"))  # ... and removed when the app stopped
     left = [p for p in temp.rglob("*") if p.is_file()]
