@@ -259,3 +259,13 @@ def test_runs_at_other_training_set_sizes_make_the_data_scaling_table() -> None:
                                                                                                  2: 6.0}
     assert scaling["setting"] == "5000, 20000 training images, 400 steps; 3 training seeds"
     assert SCALING_TABLE not in gather_runs(runs[:3], reference=400)  # one size: nothing to scale
+
+
+def test_the_central_claims_tables_name_the_caption_style_they_were_measured_on() -> None:
+    from mdc_core.workbench.evidence import run_setting
+
+    params = {"preset": "tiny_fast", "steps": 400, "n_train": 20000, "difficulty": "easy", "captions": "short",
+              "position_captions": "clauses"}
+    for table in ("visual_signal", "reliance_slope", "position_signal"):
+        assert "clauses captions" in run_setting(params, table)
+    assert "short captions" in run_setting(params, "table1")

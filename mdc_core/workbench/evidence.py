@@ -111,7 +111,7 @@ def run_setting(params: dict[str, Any], table: str = "") -> str:
     if params.get("preset"):
         bits.append(f"{params['preset']} models" + (f", {params['steps']} steps" if params.get("steps") else ""))
     captions = params.get("captions")
-    if table.startswith(("position", "reliance")) and params.get("position_captions"):
+    if table.startswith(("position", "reliance", "visual_signal")) and params.get("position_captions"):
         captions = params["position_captions"]  # notebook 03 measures the central claim on a pair of its own
     if params.get("n_train"):
         detail = ", ".join(x for x in (params.get("difficulty"), f"{captions} captions" if captions else "") if x)
