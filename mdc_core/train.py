@@ -30,7 +30,6 @@ host, and the loss, metrics, gradient norm and the non-finite check are read at 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 import random
@@ -54,14 +53,14 @@ from . import distributed as dist
 from . import resume as resume_io
 from . import train_step
 from .config import ObjectiveConfig, RunConfig
-from .data import SKIP_REASONS, iter_captions
+from .data import SKIP_REASONS
 from .data.loaders import BatchStream
-from .factory import create_model
+from .model_init import init_from_weights, init_model
 from .objectives import draw_masks, logged_accuracy, objective_spec, trim_padding
 from .resume import resolve_data_paths
 from .runlock import RunLock
 from .tensorboard_log import TensorBoardLog
-from .tokenizer import CaptionTokenizer, build_output_vocab
+from .tokenizer import CaptionTokenizer
 from .train_state import Counters, TrainState
 
 
@@ -113,45 +112,6 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def init_model(cfg: RunConfig, progress: bool = False) -> tuple[torch.nn.Module, RunConfig]:
-    """A freshly initialised model for the run `cfg` (a captioner, or CLIP for objective "clip"; built by
-    :func:`mdc_core.factory.create_model`) and the run's config as it must be saved: with ``output_vocab="corpus"``
-    the id table is built from the training captions and the returned config is a copy with its size in
-    ``model.output_vocab_size`` (so ``config.json`` rebuilds the same shape); `cfg` itself is never changed."""
-    if cfg.model.output_vocab != "corpus":
-        return create_model(cfg, cfg.objective.name), cfg
-    captions = tqdm(iter_captions(cfg.data, split="train"), desc="corpus vocabulary: reading the training captions",
-                    unit=" captions", leave=False, delay=1.0, disable=not progress)  # shown when reading takes a while
-    output_ids = build_output_vocab(captions, CaptionTokenizer(cfg.model.context_length))
-    if progress:
-        tqdm.write(f"corpus vocabulary: {len(output_ids)} token ids from {captions.n} training captions")
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, output_vocab_size=len(output_ids)))
-    return create_model(cfg, cfg.objective.name, output_ids), cfg
-
-
-def init_from_weights(cfg: RunConfig, source: str | Path) -> tuple[torch.nn.Module, RunConfig]:
-    """A model for the run `cfg` holding the weights (not the EMA) of run or checkpoint folder `source`, and the
-    run's config as it must be saved (a corpus head's size taken from `source` when `cfg` leaves it 0). Raises
-    ``ValueError`` when `source`'s model differs from ``cfg.model`` (the encoder's ``pretrained`` settings aside:
-    the weights replace them) or its weights do not fit `cfg`'s objective."""
-    source_model, saved = ckpt_io.load_model(source)
-    arch = cfg.model
-    if arch.output_vocab == "corpus" and arch.output_vocab_size == 0:
-        arch = dataclasses.replace(arch, output_vocab_size=saved.model.output_vocab_size)
-    there, here = dataclasses.asdict(saved.model), dataclasses.asdict(arch)
-    diffs = [f"model.{k} {there[k]!r} there, {here[k]!r} here" for k in here
-             if k not in ("pretrained", "pretrained_path") and there.get(k) != here[k]]
-    if diffs:
-        raise ValueError(f"init_from {source}: its model differs from this run's ({'; '.join(diffs[:4])})")
-    model = create_model(dataclasses.replace(arch, pretrained=False, pretrained_path=""), cfg.objective.name)
-    try:
-        model.load_state_dict(source_model.state_dict())
-    except (RuntimeError, ValueError) as err:  # CLIPModel says ValueError
-        raise ValueError(f"init_from {source}: the weights of its {saved.objective.name} model do not fit a "
-                         f"{cfg.objective.name} model ({str(err).splitlines()[0][:160]})") from None
-    return model, dataclasses.replace(cfg, model=arch)
-
-
 def seed_everything(seed: int) -> None:
     """Seed torch, Python's and NumPy's generators (the initial weights, and what a fresh run draws)."""
     torch.manual_seed(seed)
@@ -191,7 +151,7 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, init_from: s
     """Train `cfg` into run folder `out`. With `resume`, continue from its latest complete checkpoint.
 
     `init_from` (a run or checkpoint folder) starts the run from that model's weights instead of a fresh
-    initialisation (:func:`init_from_weights`), with a fresh optimizer, schedule, EMA and counters. It applies
+    initialisation (:func:`~mdc_core.model_init.init_from_weights`), with a fresh optimizer, schedule, EMA and counters. It applies
     whenever the run starts at step 0 (also a ``resume`` that finds no checkpoint and starts over); a run that
     resumes from its own checkpoint continues from that.
 
