@@ -151,9 +151,9 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, init_from: s
     """Train `cfg` into run folder `out`. With `resume`, continue from its latest complete checkpoint.
 
     `init_from` (a run or checkpoint folder) starts the run from that model's weights instead of a fresh
-    initialisation (:func:`~mdc_core.model_init.init_from_weights`), with a fresh optimizer, schedule, EMA and counters. It applies
-    whenever the run starts at step 0 (also a ``resume`` that finds no checkpoint and starts over); a run that
-    resumes from its own checkpoint continues from that.
+    initialisation (:func:`~mdc_core.model_init.init_from_weights`), with a fresh optimizer, schedule, EMA and
+    counters. It applies whenever the run starts at step 0 (also a ``resume`` that finds no checkpoint and starts
+    over); a run that resumes from its own checkpoint continues from that.
 
     Under ``torchrun`` every rank calls this: DistributedDataParallel (NCCL on CUDA, gloo on CPU), each rank
     reading its share of the data; the global batch is ``batch_size x world x grad_accum``. Only rank 0 writes,

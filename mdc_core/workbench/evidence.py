@@ -44,7 +44,7 @@ def gather_runs(runs: Sequence[tuple[str, dict[str, Any], dict[str, Any]]],
     if reference is None:
         reference = reference_steps([params for _, params, _ in measured])
     if reference_size is None:
-        reference_size = reference_steps([{"steps": p.get("n_train")} for _, p, _ in measured])
+        reference_size = reference_steps([p for _, p, _ in measured], "n_train")
     gathered = gather_tables([(rid, params.get(SEED_PARAM),
                                _at_size(_at_budget(metrics, params.get("steps"), reference), params.get("n_train"),
                                         reference_size))
@@ -77,13 +77,14 @@ def gather_runs(runs: Sequence[tuple[str, dict[str, Any], dict[str, Any]]],
     return gathered
 
 
-def reference_steps(params: Sequence[dict[str, Any]]) -> int | None:
-    """The plan's reference training budget: the ``steps`` most of its runs train (a tie: the larger), None when
-    no run names its steps. Runs at other budgets are other models (:func:`gather_runs`)."""
-    counts = Counter(int(p["steps"]) for p in params if isinstance(p.get("steps"), (int, float)))
+def reference_steps(params: Sequence[dict[str, Any]], key: str = "steps") -> int | None:
+    """The plan's reference training budget: the ``steps`` (or another integer parameter `key`, e.g. ``n_train``)
+    most of its runs use (a tie: the larger), None when no run names it. Runs at other values are other models
+    (:func:`gather_runs`)."""
+    counts = Counter(int(p[key]) for p in params if isinstance(p.get(key), (int, float)))
     if not counts:
         return None
-    return max(counts, key=lambda steps: (counts[steps], steps))
+    return max(counts, key=lambda value: (counts[value], value))
 
 
 def _at_size(metrics: dict[str, Any], n_train: Any, reference: int | None) -> dict[str, Any]:
