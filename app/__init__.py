@@ -1,6 +1,7 @@
-"""The MDC app (gradio): ``build_app(models) -> gr.Blocks``; run it with ``mdc app --run RUN``.
+"""The MDC app (gradio), installed as ``mdc_app`` from the ``app/`` folder: ``build_app(models) -> gr.Blocks``; run
+it with ``mdc app --run RUN``.
 
-``app.render`` (captions, tables) imports without gradio; ``build_app``/``serve`` import it on first use. Analytics
+``mdc_app.render`` (captions, tables) imports without gradio; ``build_app``/``serve`` import it on first use. Analytics
 and telemetry are switched off here, before any submodule imports gradio (no network access is needed).
 """
 
@@ -15,9 +16,9 @@ __all__ = ["build_app", "serve"]
 
 def __getattr__(name: str) -> Any:
     if name == "build_app":
-        from app import mdc_app
-        return mdc_app.build_app
+        from .layout import build_app
+        return build_app
     if name == "serve":
-        from app import launch
-        return launch.serve
-    raise AttributeError(f"module 'app' has no attribute {name!r}")
+        from .launch import serve
+        return serve
+    raise AttributeError(f"module 'mdc_app' has no attribute {name!r}")

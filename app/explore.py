@@ -22,10 +22,11 @@ import gradio as gr
 import torch
 from PIL import Image
 
-from app.runs import LoadedRun, get_run, user_errors
 from mdc_core.config import SamplerConfig
 from mdc_core.infill import parse_prompt
 from mdc_core.workbench import animation, trajectory_view
+
+from .runs import LoadedRun, get_run, user_errors
 
 MEAN, LAST = "mean", "last"
 MAX_JSON_BYTES = 20 * 2**20
@@ -38,7 +39,7 @@ def set_prompt(text: str | None, state: dict | None) -> dict:
 
 def clear_prompt() -> str:
     """Empty the prompt box: a new image drops the words fixed for the previous one (the state's prompt goes with
-    the image, see :func:`app.mdc_app.show_scene`)."""
+    the image, see :func:`mdc_app.callbacks.show_scene`)."""
     return ""
 
 

@@ -1,5 +1,5 @@
 """Launching the app: which run it opens on, and :func:`serve` (the CLI verb ``mdc app``), which builds the
-:func:`app.mdc_app.build_app` Blocks and serves them on 127.0.0.1 until Ctrl-C or SIGTERM, then deletes the app's
+:func:`mdc_app.layout.build_app` Blocks and serves them on 127.0.0.1 until Ctrl-C or SIGTERM, then deletes the app's
 temporary files. The shipped model (:mod:`mdc_core.workbench.shipped`) is always in the run menu, and the default
 run when nothing was trained yet.
 """
@@ -7,11 +7,9 @@ run when nothing was trained yet.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import signal
-import socket
 import threading
 import warnings
 from collections.abc import Iterator
@@ -20,10 +18,13 @@ from typing import Any
 
 import gradio as gr
 
-from app import explore
-from app.mdc_app import MAX_UPLOAD_BYTES, build_app
 from mdc_core.checkpoint import load_model
 from mdc_core.workbench.shipped import SHIPPED_DIR, SHIPPED_LABEL, load_shipped
+
+from . import explore
+from .callbacks import MAX_UPLOAD_BYTES
+from .layout import build_app
+from .ports import check_port_free, port_message
 
 DEFAULT_ROOT = "."  # run folders under it (4 levels deep, hidden folders skipped) are offered in the run menu
 DEMO_METRICS = "papermill_runs/cpu_demo/01_pretraining/metrics.json"  # names the model `make demo` trains
@@ -53,7 +54,7 @@ def serve(run: str | Path | None = None, *, root: str | Path | None = DEFAULT_RO
     launch it on `host` (loopback unless told otherwise). With `block`, serve until Ctrl-C or SIGTERM, then delete
     the app's temporary files. A port in use is a ValueError that says so."""
     if port is not None:
-        _check_port_free(host, port)  # before minutes of loading: a port in use is known at once
+        check_port_free(host, port)  # before minutes of loading: a port in use is known at once
     run = str(run or default_run())
     shipped = SHIPPED_DIR.resolve()
     models: dict[str, tuple[Any, ...]] = {}
@@ -80,7 +81,7 @@ def serve(run: str | Path | None = None, *, root: str | Path | None = DEFAULT_RO
     except OSError as err:
         if "port" not in str(err).lower():
             raise
-        raise ValueError(_port_message(host, port)) from None
+        raise ValueError(port_message(host, port)) from None
     finally:
         if block:
             explore.cleanup_temp()
@@ -107,22 +108,6 @@ def _gradio_files_in_our_temp_folder() -> None:
     global _OWN_GRADIO_DIR
     if os.environ.get("GRADIO_TEMP_DIR", "") in ("", _OWN_GRADIO_DIR):
         _OWN_GRADIO_DIR = os.environ["GRADIO_TEMP_DIR"] = str(explore.temp_folder() / "gradio")
-
-
-def _port_message(host: str, port: int | None) -> str:
-    where = f"port {port} on {host} is" if port else f"every port gradio tries from 7860 on {host} is"
-    return f"{where} in use (another app or server runs there); stop it or pass --port with a free port"
-
-
-def _check_port_free(host: str, port: int) -> None:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a listener blocks, TIME_WAIT not
-        try:
-            probe.bind((host, port))
-        except OSError as err:
-            if err.errno == errno.EADDRINUSE:
-                raise ValueError(_port_message(host, port)) from None
-            raise ValueError(f"cannot serve on {host}:{port}: {err.strerror}") from None
 
 
 # gradio <= 6.19 reads starlette's deprecated HTTP_422 constant on every queued request (gradio-app/gradio#13548)

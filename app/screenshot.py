@@ -1,7 +1,7 @@
 """Headless-Chromium screenshot of the app after one full unmasking (the README picture).
 
-``python -m app.screenshot [--run RUN] [--out docs/app_screenshot.png]`` launches the app on a free loopback port
-in this process, lets Debian's ``chromium`` (``apt-get install -y chromium``) load the page, whose load event
+``python -m mdc_app.screenshot [--run RUN] [--out docs/app_screenshot.png]`` launches the app on a free loopback
+port in this process, lets Debian's ``chromium`` (``apt-get install -y chromium``) load the page, whose load event
 shows a scene and unmasks its caption to the last step, saves the screenshot, shrinks it to a small PNG and
 stops the app. Chromium runs with networking extras off, so nothing but 127.0.0.1 is contacted.
 """
@@ -92,7 +92,7 @@ def shrink(path: str | Path, width: int = 900, colours: int = 128) -> Path:
 def screenshot(out: str | Path, *, run: str | Path | None = None, root: str | Path | None = None,
                width: int = 1200, height: int = 1600, budget_ms: int = 30000, small: int | None = None) -> Path:
     """Launch the app on a free loopback port, screenshot it after the first full unmasking, stop it."""
-    from app.launch import serve
+    from .launch import serve
     port = _free_port()
     demo = serve(run, root=root, port=port, block=False)
     try:
@@ -105,8 +105,9 @@ def screenshot(out: str | Path, *, run: str | Path | None = None, root: str | Pa
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m app.screenshot", description=__doc__.splitlines()[0])
-    p.add_argument("--run", default=None, help="run folder (default: what `make app` opens, app.launch.default_run)")
+    p = argparse.ArgumentParser(prog="python -m mdc_app.screenshot", description=__doc__.splitlines()[0])
+    p.add_argument("--run", default=None,
+                   help="run folder (default: what `make app` opens, mdc_app.launch.default_run)")
     p.add_argument("--out", default="docs/app_screenshot.png", help="PNG to write")
     p.add_argument("--width", type=int, default=1200)
     p.add_argument("--height", type=int, default=1600)

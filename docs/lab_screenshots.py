@@ -46,7 +46,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from app.screenshot import CHROMIUM_FLAGS, find_chromium  # noqa: E402
+from mdc_app.screenshot import CHROMIUM_FLAGS, find_chromium  # noqa: E402
 
 WIDTH, HEIGHT = 1500, 1100
 
@@ -286,7 +286,7 @@ true
 def app(page: Page, out: Path) -> None:
     """The app on the shipped model: fixed words in the text line above the chips, the prompt dropped by a new
     scene, the attention label readable."""
-    from app.launch import serve
+    from mdc_app.launch import serve
 
     print("app: the shipped model, a prompt, a new scene")
     port = _free_port()

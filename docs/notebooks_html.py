@@ -11,7 +11,8 @@ its own defaults (papermill, kernel ``mdc``), timed, and converted to HTML (nbco
 LaTeX when the page is written (``latex2mathml``; browsers draw MathML themselves), and no script is loaded from a
 CDN (nbconvert's pages load MathJax and require.js from one, which a class machine without network cannot reach).
 Executed copies go to ``papermill_runs/notebooks/<name>.ipynb`` (ignored by git) with ``timings.json`` (wall
-seconds of each execution, the kernel's start included, and the load average before and after: a load above the core count means the machine was shared). The defaults share ``make demo``'s
+seconds of each execution, the kernel's start included, and the load average before and after: a load above the
+core count means the machine was shared). The defaults share ``make demo``'s
 data and model cache, so a notebook run after ``make demo`` (or after the notebooks before it) reuses their models
 and takes less time than on a fresh clone; the notebooks say "reusing ..." when they do. The pages carry their
 figures as PNG and no widget state (the trajectory explorer of 05 needs a kernel; its figures are shown).

@@ -238,21 +238,23 @@ def prepare_run(cfg: RunConfig, out: Path, resume: bool, main: bool, lr_lambda: 
         state_problem
 
 
-def refuse_start_over(out: Path, ckpt_every: int) -> None:
+def refuse_start_over(out: Path, ckpt_every: int, *, asked: str = "--resume",
+                      remedy: str = "train into another --out") -> None:
     """Raise ``FileNotFoundError`` when run folder `out`, which has no checkpoint to resume from, once held one:
     damaged checkpoints set aside (``corrupt_step_*``), or a metrics log past the first checkpoint step. Starting
-    such a run over from step 0 would bury what is left of it."""
+    such a run over from step 0 would bury what is left of it. `asked` names what asked for the run (the message's
+    first words) and `remedy` what the user can do instead."""
     aside = sorted(p.name for p in (out / ckpt_io.CKPT_DIR).glob(ckpt_io.CORRUPT_PREFIX + "*"))
     if aside:
-        raise FileNotFoundError(f"--resume: {out} holds no intact checkpoint: its checkpoints were damaged and set "
+        raise FileNotFoundError(f"{asked}: {out} holds no intact checkpoint: its checkpoints were damaged and set "
                                 f"aside as {', '.join(aside[::-1][:4])} (kept as found); nothing to resume from, and "
-                                "it is not started over. Train into another --out")
+                                f"it is not started over: {remedy}")
     logged = max((r.get("step", 0) for r in read_jsonl(out / "metrics.jsonl", math.inf)), default=0)
     if logged > ckpt_every:  # step ckpt_every itself is logged just before its checkpoint is written
-        raise FileNotFoundError(f"--resume: {out} has no checkpoint, but its metrics.jsonl logged step {logged}, "
+        raise FileNotFoundError(f"{asked}: {out} has no checkpoint, but its metrics.jsonl logged step {logged}, "
                                 f"past its first checkpoint (step {ckpt_every}): its checkpoints were "
-                                "deleted or moved. Nothing to resume from, and it is not started over. Put the "
-                                "checkpoints back or train into another --out")
+                                "deleted or moved. Nothing to resume from, and it is not started over: put the "
+                                f"checkpoints back or {remedy}")
 
 
 def set_logs_aside(out: Path) -> list[str]:

@@ -23,7 +23,7 @@ What a checkpoint holds besides the weights is one :class:`~mdc_core.train_state
 init_from=RUN)`` starts a new run from the weights of another run or checkpoint: weights only, with a fresh
 optimizer, schedule, EMA and counters (fine-tuning).
 
-The step never waits for the device between logging steps (:mod:`mdc_core.train_step`): batches are prepared on the
+The step never waits for the device between logging steps (:mod:`mdc_core.step_parts`): batches are prepared on the
 host, and the loss, metrics, gradient norm and the non-finite check are read at logging and checkpoint steps only.
 """
 
@@ -51,7 +51,7 @@ from tqdm.auto import tqdm
 from . import checkpoint as ckpt_io
 from . import distributed as dist
 from . import resume as resume_io
-from . import train_step
+from . import step_parts
 from .config import ObjectiveConfig, RunConfig
 from .data import SKIP_REASONS
 from .data.loaders import BatchStream
@@ -135,7 +135,7 @@ def loss_denominator(tokens: torch.Tensor, objective: ObjectiveConfig, seed: int
 
     An objective divided by its masked tokens (``per_masked_token``: cmlm) counts the masks the micro-batch's
     masking `seed` draws (:func:`~mdc_core.objectives.draw_masks` with a CPU generator seeded as
-    :class:`~mdc_core.train_step.HostBatches` seeds its own, so the draws are the loss's own)."""
+    :class:`~mdc_core.step_parts.HostBatches` seeds its own, so the draws are the loss's own)."""
     spec = objective_spec(objective.name)
     if not spec.per_masked_token:
         return spec.loss_denominator(tokens, objective.normalization)
@@ -218,17 +218,17 @@ class _Trainer:
             out.mkdir(parents=True, exist_ok=True)
             cfg.save(out / "config.json")  # a run started over found its old logs set aside (resume.set_logs_aside)
         # forward + loss of a micro-batch: host batches (static shapes), autocast, train.compile (CUDA graphs)
-        self.loss_step = train_step.LossStep(model, cfg.objective, tcfg, self.device, self.bf16,
+        self.loss_step = step_parts.LossStep(model, cfg.objective, tcfg, self.device, self.bf16,
                                              distributed=ctx.distributed)
         if ctx.distributed:
             self.loss_step.module = DistributedDataParallel(self.loss_step.module, device_ids=[self.device.index]
                                                             if self.device.type == "cuda" else None)
         # fused on CUDA
-        self.opt = train_step.build_optimizer(param_groups(model, tcfg.weight_decay), tcfg, self.device)
+        self.opt = step_parts.build_optimizer(param_groups(model, tcfg.weight_decay), tcfg, self.device)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt, lambda s: lr_lambda(s, tcfg.warmup_steps, tcfg.steps, tcfg.min_lr_ratio))
-        self.ema = AveragedModel(model, use_buffers=True) if tcfg.ema_decay > 0 else None  # train_step.ema_update
-        self.watch = train_step.NonFiniteWatch(self.device)
+        self.ema = AveragedModel(model, use_buffers=True) if tcfg.ema_decay > 0 else None  # step_parts.ema_update
+        self.watch = step_parts.NonFiniteWatch(self.device)
         self.pending_samples, self.pending_truncated = 0.0, 0  # this rank's, since the last read
         self.tokenizer = CaptionTokenizer(cfg.model.context_length)
         self.global_batch = tcfg.batch_size * ctx.world * tcfg.grad_accum
@@ -316,7 +316,7 @@ class _Trainer:
             else:  # train.nonfinite=stop: noted on the device, raised at the next read, before anything is written
                 self.watch.note(self.n.step, device_step.loss_sum / device_step.denom, device_step.grad_norm)
             self._update()
-            stop, due = train_step.agree_flags(self.ctx, self.stop.signum > 0, tcfg.ckpt_every_minutes > 0 and
+            stop, due = step_parts.agree_flags(self.ctx, self.stop.signum > 0, tcfg.ckpt_every_minutes > 0 and
                                                time.monotonic() - self.saved_at >= 60 * tcfg.ckpt_every_minutes)
             log = self.n.step % tcfg.log_every == 0 or self.n.step in (1, tcfg.steps)  # step 1: a first loss at once
             save = self.n.step % tcfg.ckpt_every == 0 or self.n.step == tcfg.steps or due or stop
@@ -333,14 +333,14 @@ class _Trainer:
                 return int(self.stop.signum or signal.SIGTERM)  # a rank that got no signal reports SIGTERM
         return 0
 
-    def _accumulate(self, micro: list[dict[str, Any]]) -> train_step.DeviceStep:
+    def _accumulate(self, micro: list[dict[str, Any]]) -> step_parts.DeviceStep:
         """The step body: forward and backward over this rank's micro-batches (gradients add up to the global
         batch's) and gradient clipping; the batches are prepared on the host, and nothing here reads the device."""
         tcfg, ctx, device = self.cfg.train, self.ctx, self.device
         tokens, cut = zip(*(self.tokenizer.tokenize_batch(b["caption"]) for b in micro), strict=True)
         seeds = [step_seed(tcfg.seed, self.n.step, a * ctx.world + ctx.rank) for a in range(len(micro))]  # masking
         counts = [loss_denominator(tok, self.cfg.objective, seed) for tok, seed in zip(tokens, seeds, strict=True)]
-        denom = train_step.global_terms(ctx, sum(counts))  # a number, or a device scalar all-reduced without waiting
+        denom = step_parts.global_terms(ctx, sum(counts))  # a number, or a device scalar all-reduced without waiting
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         means: dict[str, torch.Tensor] = {}
         torch.manual_seed(step_seed(tcfg.seed, self.n.step, ctx.rank, stream=1))  # dropout: per step and rank
@@ -361,9 +361,9 @@ class _Trainer:
                                                    float("inf"))
         self.pending_samples += float(sum(len(b["caption"]) for b in micro))
         self.pending_truncated += sum(cut)
-        return train_step.DeviceStep(loss_sum, denom, {k: v / ctx.world for k, v in sorted(means.items())}, grad_norm)
+        return step_parts.DeviceStep(loss_sum, denom, {k: v / ctx.world for k, v in sorted(means.items())}, grad_norm)
 
-    def _read(self, device_step: train_step.DeviceStep) -> StepStats:
+    def _read(self, device_step: step_parts.DeviceStep) -> StepStats:
         """The step's values and the counts since the last read, summed over ranks in one collective: where the host
         waits for the device. TrainingDiverged if a step since the last read was not finite (nonfinite=stop)."""
         local = {"loss": device_step.loss_sum, "samples": self.pending_samples,
@@ -386,7 +386,7 @@ class _Trainer:
         self.opt.zero_grad(set_to_none=True)
         self.sched.step()
         if self.ema is not None:
-            train_step.ema_update(self.ema, self.model, self.cfg.train.ema_decay)
+            step_parts.ema_update(self.ema, self.model, self.cfg.train.ema_decay)
         self.n.step += 1
         self.bar.update(1)
 

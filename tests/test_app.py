@@ -15,11 +15,12 @@ import zlib
 import gradio as gr
 import pytest
 import torch
+from mdc_app import callbacks as A
+from mdc_app import launch as S
+from mdc_app import runs
+from mdc_app.layout import build_app
 from PIL import Image
 
-from app import launch as S
-from app import mdc_app as A
-from app import runs
 from mdc_core.checkpoint import save_checkpoint
 from mdc_core.config import SAMPLER_RANGES, RunConfig, SamplerConfig
 from mdc_core.data.transforms import eval_transform
@@ -63,7 +64,7 @@ def app(tmp_path_factory):
     model, cfg = _micro_run()
     save_checkpoint(root / "saved" / "run", 1, cfg, model)
     (root / "data" / "checkpoints").mkdir(parents=True)  # a data folder is never scanned
-    demo = A.build_app({"micro": (model, cfg), "micro-arc": _micro_run(causal=True)}, root=root, default="micro")
+    demo = build_app({"micro": (model, cfg), "micro-arc": _micro_run(causal=True)}, root=root, default="micro")
     return {"demo": demo, "root": root, "model": model}
 
 
@@ -201,24 +202,24 @@ def test_compare_lengths_and_arc(app):
     table = A.compare_lengths("", "micro-arc", state, *GREEDY)
     assert "ARC micro-arc, greedy" in table and "ARC micro-arc, beam 4" in table and "MDC N" not in table
     ar_decode = pytest.importorskip("mdc_core.ar_decode")
-    arc = A.get_run("micro-arc")
+    arc = runs.get_run("micro-arc")
     out = ar_decode.ar_decode(arc.model, A._image_tokens(arc, state), "greedy")
     greedy = " ".join(arc.tokenizer.token_strings(out.tokens[0, : int(out.lengths[0])]))
     assert html.unescape(re.findall(r'data-caption="([^"]*)"', table)[0]) == greedy
 
 
 def test_runs_under_root_are_found_and_loaded_once(app):
-    choices = A.run_choices(app["root"])
+    choices = runs.run_choices(app["root"])
     labels = [label for label, _ in choices]
     steps = RunConfig().train.steps
     assert f"micro (mdc · {steps} steps)" in labels and f"micro-arc (arc · {steps} steps)" in labels
     assert "saved/run (mdc · 1 steps)" in labels  # a folder: the step of its latest checkpoint
     assert not any(label.startswith("data") for label in labels)
     key = dict(choices)["saved/run (mdc · 1 steps)"]
-    first = A.get_run(key)
-    assert A.get_run(key) is first and torch.equal(first.model.output_ids, app["model"].output_ids)
+    first = runs.get_run(key)
+    assert runs.get_run(key) is first and torch.equal(first.model.output_ids, app["model"].output_ids)
     with pytest.raises(gr.Error, match="unknown run"):
-        A.get_run("no-such-run")
+        runs.get_run("no-such-run")
 
 
 def test_score_own_captions_ranked_as_the_scorer_says(app):
@@ -227,7 +228,7 @@ def test_score_own_captions_ranked_as_the_scorer_says(app):
     ids = torch.tensor(sorted({*tok.encode_text("a red circle square"), 49407}))
     torch.manual_seed(0)
     cfg = RunConfig(model=micro_config(output_vocab="corpus", output_vocab_size=len(ids))).validate()
-    run = A.register_run("micro-corpus", Captioner(cfg.model, output_ids=ids).eval(), cfg)
+    run = runs.register_run("micro-corpus", Captioner(cfg.model, output_ids=ids).eval(), cfg)
     state = A.show_scene(0, "micro-corpus", None)[0]
     with pytest.raises(gr.Error, match="never saw in training: blue"):
         A.score_own("micro-corpus", state, "a blue circle", ["heuristic"], 8)
@@ -300,7 +301,7 @@ def test_end_to_end_through_gradio_client(app, tmp_path):
 
 @pytest.mark.slow
 def test_screenshot_after_full_unmasking(app, tmp_path):
-    from app.screenshot import find_chromium, screenshot
+    from mdc_app.screenshot import find_chromium, screenshot
     if find_chromium() is None:
         pytest.skip("no chromium installed (apt-get install -y chromium)")
     out = screenshot(tmp_path / "shot.png", run=app["root"] / "saved" / "run", width=1100, height=1500)
@@ -326,8 +327,8 @@ def test_run_menu_says_what_each_run_is(tmp_path):
         text = "{not json" if record is None else json.dumps({"notebook": notebook, **record})
         (folder / "metrics.json").write_text(text)
     assert runs.describe_run("mdc", "", None, None) == "mdc"
-    A.register_run("bbb", model, cfg, folder=tmp_path / "_models" / "mdc-bbbbbbbbbb")
-    labels = {key: label for label, key in A.run_choices(tmp_path)}
+    runs.register_run("bbb", model, cfg, folder=tmp_path / "_models" / "mdc-bbbbbbbbbb")
+    labels = {key: label for label, key in runs.run_choices(tmp_path)}
     assert labels["_models/mdc-0123456789"] == ("_models/mdc-0123456789 (mdc · preset tiny_lean · 7 steps · "
                                                 "notebook 01_pretraining)")
     assert labels["_models/mdc-aaaaaaaaaa"].endswith("(mdc · preset tiny_lean · 7 steps · notebook 03_linear_probing)")

@@ -26,8 +26,7 @@ DOCS_URL = "http://127.0.0.1:7860/"
 def served(tmp_path_factory):
     """The app on the shipped model, on 127.0.0.1 and a free port; a client of it."""
     from gradio_client import Client
-
-    from app.launch import serve
+    from mdc_app.launch import serve
     port = free_port()
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -93,7 +92,7 @@ def test_named_parameters_an_uploaded_image_and_the_pages_endpoints(served):
 
     scene = client.predict(scene=3, length=8, api_name="/caption_json")
     image_path = served["tmp"] / "scene3.png"
-    from app.mdc_app import show_scene
+    from mdc_app.callbacks import show_scene
     show_scene(3, SHIPPED_LABEL, None)[0]["image"].save(image_path)
     uploaded = client.predict(image=handle_file(str(image_path)), length=8, api_name="/caption_json")
     assert uploaded["source"] == "image" and uploaded["caption"] == scene["caption"]  # the same pixels

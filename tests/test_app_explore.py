@@ -6,10 +6,10 @@ from pathlib import Path
 
 import gradio as gr
 import pytest
+from mdc_app import callbacks as A
+from mdc_app import explore
 from PIL import Image
 
-from app import explore
-from app import mdc_app as A
 from tests.test_app import CHIP, _settings, app  # noqa: F401 - the module-scoped app fixture
 
 GREEDY = _settings(length=6)
@@ -100,7 +100,7 @@ def test_hidden_callbacks_are_no_api_endpoints(app):  # noqa: F811
 
 
 def test_errors_name_no_absolute_server_path(tmp_path, monkeypatch):
-    from app.runs import scrub_paths, user_errors
+    from mdc_app.runs import scrub_paths, user_errors
 
     monkeypatch.chdir(tmp_path)
     message = f"checkpoint file {tmp_path}/runs/r/model.safetensors is corrupt; see /srv/secret/x.json."

@@ -37,8 +37,7 @@ def _wait_up(url: str, proc: subprocess.Popen, timeout_s: float = 240.0) -> None
 
 def test_mdc_app_in_a_fresh_folder_captions_with_the_shipped_model_and_cleans_up(tmp_path: Path) -> None:
     from gradio_client import Client
-
-    from app.mdc_app import SAMPLER_FIELDS
+    from mdc_app.callbacks import SAMPLER_FIELDS
 
     assert list(SAMPLER_FIELDS) == ["length", "tokens_per_step", "temperature", "top_k", "threshold",
                                     "remask_threshold", "remask_steps", "seed"]

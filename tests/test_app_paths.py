@@ -2,7 +2,9 @@
 
 import json
 
-import app.mdc_app as A
+from mdc_app.layout import build_app
+from mdc_app.runs import get_run
+
 from mdc_core.checkpoint import save_checkpoint
 from tests.test_app import _micro_run
 
@@ -13,8 +15,8 @@ def test_config_holds_no_absolute_run_path(tmp_path):
     save_checkpoint(root / "exp" / "served", 1, cfg, model)
     save_checkpoint(root / "exp" / "other", 1, cfg, model)
     served = str((root / "exp" / "served").resolve())
-    demo = A.build_app({served: (model, cfg)}, root=root, default=served)
+    demo = build_app({served: (model, cfg)}, root=root, default=served)
     config = json.dumps(demo.get_config_file(), default=str)
     assert str(tmp_path) not in config and str(tmp_path.resolve()) not in config
     assert '"exp/served"' in config and '"exp/other"' in config  # the run menu's values, relative to the root
-    assert A.get_run("exp/other").cfg.model == cfg.model
+    assert get_run("exp/other").cfg.model == cfg.model

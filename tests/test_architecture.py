@@ -1,9 +1,9 @@
 """The package's shape: no import cycles, and a thin core that imports no extension.
 
 The core is every module at the top level of ``mdc_core`` (except ``__main__``) plus ``mdc_core.data``; the
-extensions are the other subpackages (``eval``, ``bench``, ``masked_conditional``, ``workbench``, ``cli``) and the
-top-level ``app``. The import graph is read with ``ast`` from every ``import`` statement, also those inside
-functions (a cycle dodged by a lazy import is still a cycle).
+extensions are the other subpackages (``eval``, ``bench``, ``masked_conditional``, ``workbench``, ``cli``) and
+the app (the ``app/`` folder, installed as the package ``mdc_app``). The import graph is read with ``ast`` from
+every ``import`` statement, also those inside functions (a cycle dodged by a lazy import is still a cycle).
 
 Not importing an extension is not enough: the core's text (code, strings, docstrings, comments) must not name one
 either, neither by module path nor by anything a plug-in registers (objective and encoder names, config keys), so a
@@ -19,20 +19,20 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("mdc_core", "app")
+PACKAGES = {"mdc_core": "mdc_core", "mdc_app": "app"}  # installed name -> folder (setup.py)
 EXTENSIONS = ("mdc_core.eval", "mdc_core.bench", "mdc_core.masked_conditional", "mdc_core.workbench", "mdc_core.cli",
-              "app")
+              "mdc_app")
 HEAVY_OPTIONAL = ("papermill", "gradio", "nbformat", "jupyter_client", "ipykernel", "matplotlib.pyplot",
                   "sklearn", "transformers", "open_clip",  # open_clip's package init pulls in the other two
                   "tensorboard")  # train.tensorboard=true imports it when a run asks (mdc_core.tensorboard_log)
 
 
 def module_files() -> dict[str, Path]:
-    """Dotted module name -> file, for every module of mdc_core and app."""
+    """Dotted module name (as installed) -> file, for every module of mdc_core and the app."""
     modules = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    for package, folder in PACKAGES.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = [package, *path.relative_to(ROOT / folder).with_suffix("").parts]
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             modules[".".join(parts)] = path
@@ -172,7 +172,7 @@ def naming_problems(source: str, words: set[str]) -> list[str]:
 def test_the_name_check_fails_on_a_core_string_or_config_field_naming_an_extension():
     words = extension_words()
     assert {"d3pm", "vqvae", "guidance", "p_mask", "mdc_core.masked_conditional", "masked_conditional.guidance",
-            "mdc_core.eval.probe", "app.render"} <= words
+            "mdc_core.eval.probe", "mdc_app.render"} <= words
     leaky = (
         "@dataclass\n"
         "class ObjectiveConfig:\n"
@@ -194,8 +194,8 @@ def test_the_core_names_no_extension_and_no_key_a_plug_in_registers():
 
 
 LAYERS = {  # docs/design.md "Core and extensions": what each part may import besides the core (and itself)
-    "mdc_core.cli": {"app", "mdc_core.workbench", "mdc_core.bench", "mdc_core.masked_conditional", "mdc_core.eval"},
-    "app": {"mdc_core.workbench"},
+    "mdc_core.cli": {"mdc_app", "mdc_core.workbench", "mdc_core.bench", "mdc_core.masked_conditional", "mdc_core.eval"},
+    "mdc_app": {"mdc_core.workbench"},
     "mdc_core.workbench": {"mdc_core.masked_conditional", "mdc_core.eval"},
     "mdc_core.bench": {"mdc_core.eval"},
     "mdc_core.masked_conditional": {"mdc_core.eval"},
@@ -211,14 +211,33 @@ def test_the_parts_import_as_the_picture_in_design_md_draws():
     graph = import_graph()
     arrows = {(part(a), part(b)) for a, deps in graph.items() for b in deps if a != "mdc_core.__main__"}
     assert {(a, b) for a, b in arrows if a != b and b != "core" and b not in LAYERS.get(a, set())} == set()
-    assert ("app", "mdc_core.workbench") in arrows  # the app draws trajectories with the workbench's code
+    assert ("mdc_app", "mdc_core.workbench") in arrows  # the app draws trajectories with the workbench's code
 
 
 def test_the_app_builds_on_the_workbench_never_the_reverse():
     """The app imports the workbench's drawings (trajectory_view, animation); no extension below the command line
     imports the app (only ``mdc app`` in mdc_core.cli launches it)."""
     graph = import_graph()
-    assert "mdc_core.workbench.trajectory_view" in graph["app.mdc_app"]
-    upward = {name: sorted(t for t in deps if t == "app" or t.startswith("app."))
+    assert "mdc_core.workbench.trajectory_view" in graph["mdc_app.callbacks"]
+    upward = {name: sorted(t for t in deps if t == "mdc_app" or t.startswith("mdc_app."))
               for name, deps in graph.items() if name.startswith("mdc_core.") and not name.startswith("mdc_core.cli")}
     assert {k: v for k, v in upward.items() if v} == {}
+
+
+def folder_imports(source: str) -> list[str]:
+    """Absolute imports of the top-level name ``app``: the app's folder, which is not an installed package."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+        found += [n for n in names if n == "app" or n.startswith("app.")]
+    return found
+
+
+def test_nothing_imports_the_app_by_its_folder_name():
+    """The app is installed as ``mdc_app``; ``import app`` only works by accident from the repository root (and
+    would load a second copy of its modules), so no module, test or docs script writes it."""
+    assert folder_imports("from app.launch import serve\nimport app.runs\nfrom . import app\nimport mdc_app\n") == [
+        "app.launch", "app.runs"]
+    paths = [*module_files().values(), *(ROOT / "tests").glob("*.py"), *(ROOT / "docs").glob("*.py")]
+    assert {str(p.relative_to(ROOT)): f for p in paths if (f := folder_imports(p.read_text()))} == {}

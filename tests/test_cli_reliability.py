@@ -76,11 +76,29 @@ def test_score_names_the_out_of_vocabulary_word_and_long_prompts_are_cut(setup, 
 
 
 def test_app_with_a_missing_root_is_one_line(setup, capsys, monkeypatch):
-    import app.launch
+    import mdc_app.launch
     _, run, _ = setup
-    monkeypatch.setattr(app.launch, "serve", lambda *a, **k: None)  # never start a server here
+    monkeypatch.setattr(mdc_app.launch, "serve", lambda *a, **k: None)  # never start a server here
     assert main(["app", "--run", str(run), "--root", "/nonexistent/runs"]) == 2
     assert "--root /nonexistent/runs is not a folder" in _one_line(capsys)
+
+
+def test_app_on_a_port_in_use_says_so_before_importing_anything_heavy(capsys, monkeypatch):
+    """`mdc app --port N` with N taken answers at once: the port is checked before the preloaded imports (torch,
+    gradio: tens of seconds on a busy machine)."""
+    import socket
+    import sys
+
+    cli_main = sys.modules["mdc_core.cli.main"]  # the module (the package exports its `main` function)
+    imported = []
+    monkeypatch.setattr(cli_main.importlib, "import_module", lambda name: imported.append(name))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["app", "--port", str(port)]) == 2
+    assert f"port {port} on 127.0.0.1 is in use" in _one_line(capsys)
+    assert imported == []
 
 
 def test_a_caption_table_whose_images_are_all_missing_says_so(tmp_path, capsys):

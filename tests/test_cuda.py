@@ -1,7 +1,7 @@
 """The CUDA path: bf16 autocast training, CPU/GPU agreement of the loss, sampler and scorers (fp32), bf16
 inference as the CUDA default and its agreement with fp32, fused AdamW and train.compile on the GPU, a CUDA-trained
 run reloaded on the CPU, and the CLI under torchrun on one GPU. Skipped without a GPU (CI has none); on a GPU
-machine run ``pytest tests/test_cuda.py`` (``tests/test_train_step.py`` adds the step's sync checks on CUDA)."""
+machine run ``pytest tests/test_cuda.py`` (``tests/test_step_parts.py`` adds the step's sync checks on CUDA)."""
 
 from __future__ import annotations
 

@@ -83,3 +83,27 @@ def test_trained_or_shipped_opens_on_the_shipped_model_only_when_nothing_is_cach
     arc = micro_run(data, 'objective.name="arc"', steps=2, batch_size=4)
     with pytest.raises(ValueError, match="MDC model"):
         wb.trained_or_shipped(arc, tmp_path / "models", shipped=True)
+
+
+
+def test_a_cached_model_whose_checkpoints_were_set_aside_is_kept_not_trained_over(tmp_path: Path) -> None:
+    """A cache folder without an intact checkpoint is started over only when it never had one (a run stopped before
+    its first checkpoint); damaged checkpoints set aside stay where they are, and the error says what to do."""
+    from mdc_core.checkpoint import CKPT_DIR, CORRUPT_PREFIX
+    from tests.train_helpers import micro_run, write_micro_data
+
+    data = write_micro_data(tmp_path / "data", 16)
+    cfg = micro_run(data, steps=2, batch_size=4)
+    run_dir = wb.cached_run_dir(tmp_path / "models", cfg)
+    aside = run_dir / CKPT_DIR / f"{CORRUPT_PREFIX}step_00000002"
+    aside.mkdir(parents=True)
+    (aside / "model.safetensors").write_bytes(b"damaged")
+    with pytest.raises(FileNotFoundError, match="the cached model: .*set aside.*delete the folder"):
+        wb.train_cached(cfg, tmp_path / "models")
+    assert (aside / "model.safetensors").read_bytes() == b"damaged"
+
+    import shutil
+    shutil.rmtree(run_dir / CKPT_DIR)  # stopped before its first checkpoint: nothing to keep, trained from scratch
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 9.0}\n')
+    assert wb.train_cached(cfg, tmp_path / "models")[2] == run_dir
+    assert wb._finished(run_dir, cfg.train.steps)

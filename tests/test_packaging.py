@@ -1,6 +1,10 @@
 """environment.yml (conda users) and pyproject.toml (pip users) describe the same dependencies."""
 
+import importlib.metadata
+import json
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -83,3 +87,16 @@ def test_make_lab_installs_lab_registers_the_notebooks_kernel_and_serves_on_loop
     assert out.index("ipykernel install") < out.index("-e \".[lab]\"") < out.index("-m jupyterlab")
     names = {json.loads(p.read_text())["metadata"]["kernelspec"]["name"] for p in (ROOT / "notebooks").glob("*.ipynb")}
     assert names == {registered} == {KERNEL_NAME}
+
+
+def test_the_install_holds_mdc_core_and_the_app_as_mdc_app_never_a_top_level_app(tmp_path):
+    """The app's folder is ``app/``; installed, it is ``mdc_app`` (setup.py), so site-packages gets no generic
+    ``app``. Imported from outside the checkout, ``mdc_app`` is that folder and ``app`` is nothing."""
+    top = importlib.metadata.distribution(_project()["name"]).read_text("top_level.txt").split()
+    assert sorted(top) == ["mdc_app", "mdc_core"]
+    code = ("import importlib.util, json, mdc_app\n"
+            "print(json.dumps([mdc_app.__file__, importlib.util.find_spec('app') is None,"
+            " callable(mdc_app.build_app)]))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    file, no_app, builds = json.loads(out.stdout.strip().splitlines()[-1])
+    assert Path(file).parent.name == "app" and no_app and builds

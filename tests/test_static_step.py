@@ -21,8 +21,8 @@ from mdc_core.objectives import (
     prepare_batch,
     term_capacity,
 )
+from mdc_core.step_parts import LossStep
 from mdc_core.tokenizer import CaptionTokenizer, build_output_vocab
-from mdc_core.train_step import LossStep
 from tests.train_helpers import micro_run, write_micro_data
 
 WORDS = "a red blue green circle square star triangle small large on the left right above below of two".split()

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 import mdc_core.train as train_mod
 from mdc_core import checkpoint as ck
-from mdc_core import train_step
+from mdc_core import step_parts
 from mdc_core.config import ConfigError, ObjectiveConfig
 from mdc_core.data import make_example
 from mdc_core.objectives import prepare_batch
@@ -133,8 +133,8 @@ def test_ema_is_the_exponential_average_of_the_weights(data, tmp_path):
 
 
 def _poison(monkeypatch, bad_calls: set[int]) -> None:
-    """The step's loss (train_step.Objective) is NaN on the given call numbers (1-based micro-batches)."""
-    real, calls = train_step.Objective.forward, [0]
+    """The step's loss (step_parts.Objective) is NaN on the given call numbers (1-based micro-batches)."""
+    real, calls = step_parts.Objective.forward, [0]
 
     def poisoned(self, *args, **kwargs):
         calls[0] += 1
@@ -143,7 +143,7 @@ def _poison(monkeypatch, bad_calls: set[int]) -> None:
             loss = loss * float("nan")
         return loss, metrics
 
-    monkeypatch.setattr(train_step.Objective, "forward", poisoned)
+    monkeypatch.setattr(step_parts.Objective, "forward", poisoned)
 
 
 def test_nan_stops_and_keeps_the_last_good_checkpoint(data, tmp_path, monkeypatch):

@@ -19,14 +19,23 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     app.add_argument("--share", action="store_true", help="also open a public gradio.live link (off by default)")
 
 
-def cmd_app(args: argparse.Namespace) -> None:
+def check_app(args: argparse.Namespace) -> None:
+    """What ``mdc app`` can tell before importing torch and gradio (tens of seconds on a busy machine): a missing
+    --root, a --port in use."""
     from pathlib import Path
     if not Path(args.root).is_dir():
         raise FileNotFoundError(f"--root {args.root} is not a folder (the run menu offers the run folders under it)")
-    from app.launch import serve
+    if args.port is not None:
+        from mdc_app.ports import check_port_free
+        check_port_free(args.host, args.port)
+
+
+def cmd_app(args: argparse.Namespace) -> None:
+    from mdc_app.launch import serve
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"mdc app: binding {args.host}: anyone who can reach this machine can use the app", file=sys.stderr)
     serve(args.run, root=args.root, host=args.host, port=args.port, share=args.share)
 
 
 HANDLERS = {"app": cmd_app}
+CHECKS = {"app": check_app}  # run before the heavy imports (mdc_core.cli.main)

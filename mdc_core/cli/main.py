@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 LIGHT_VERBS = frozenset({"presets", "runs"})  # verbs that import no torch
-PRELOAD = {"app": ("mdc_core.train", "app.mdc_app")}  # default: mdc_core.train (torch, torchvision, timm)
+PRELOAD = {"app": ("mdc_core.train", "mdc_app.layout")}  # default: mdc_core.train (torch, torchvision, timm)
 
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -158,6 +158,8 @@ def _run(argv: list[str] | None, use: Callable[[Callable[[int, object], None]], 
         args = build_parser().parse_args(argv)
         handler = {verb: fn for group in GROUPS for verb, fn in group.HANDLERS.items()}[args.verb]
         check_numeric_args(args)  # e.g. --steps 0: an error, never the preset's default
+        for group in GROUPS:  # what a verb can refuse before the imports below (mdc app: a port in use)
+            getattr(group, "CHECKS", {}).get(args.verb, lambda _: None)(args)
         for module in () if args.verb in LIGHT_VERBS else PRELOAD.get(args.verb, ("mdc_core.train",)):
             importlib.import_module(module)
         use(_raise)

@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 
 PLAN = Path("plans/gpu_check.yaml")
-CUDA_TESTS = ["tests/test_cuda.py", "tests/test_train_step.py", "tests/test_static_step.py"]
+CUDA_TESTS = ["tests/test_cuda.py", "tests/test_step_parts.py", "tests/test_static_step.py"]
 
 
 @dataclass

@@ -185,8 +185,12 @@ def train_cached(cfg: RunConfig, models_dir: str | Path, *, live: bool = False, 
             resume = latest_checkpoint(run_dir) is not None
             if resume:
                 print(f"resuming {run_dir.name} from its checkpoint {latest_checkpoint(run_dir).name}")
-            if not resume and run_dir.exists():  # a run killed before its first checkpoint: start it over
-                import shutil
+            if not resume and run_dir.exists():  # a run killed before its first checkpoint: start it over,
+                import shutil  # unless it once had checkpoints (damaged and set aside, or deleted): that stays
+
+                from mdc_core.resume import refuse_start_over
+                refuse_start_over(run_dir, cfg.train.ckpt_every, asked="the cached model",
+                                  remedy="delete the folder to train this model again")
                 shutil.rmtree(run_dir)
             with watch_training(run_dir, cfg.train.steps):  # the runner shows the step (mdc_core.workbench.progress)
                 if live:

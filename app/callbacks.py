@@ -1,11 +1,12 @@
-"""Gradio app: watch a caption being unmasked token by token, with per-token confidence.
+"""The app's callbacks: what happens when a control of the page is used (a scene, an upload, unmask, a step,
+compare, score), each a named module-level function of plain values, so tests call them without a server.
 
-:func:`build_app` turns already loaded models into a ``gr.Blocks``; :func:`app.launch.serve` (the CLI verb
-``mdc app --run RUN``) loads a run and launches it on 127.0.0.1. Every callback is a
-named module-level function of plain values, so tests call them without a server. Per-user data (the image and
-the last trajectory) lives in a ``gr.State`` dict; models live in a process-wide cache keyed by run folder.
+:func:`mdc_app.layout.build_app` lays the page out and wires its controls to these functions;
+:func:`mdc_app.launch.serve` (the CLI verb ``mdc app --run RUN``) loads a run and launches it on 127.0.0.1.
+Per-user data (the image and the last trajectory) lives in a ``gr.State`` dict; models live in a process-wide
+cache keyed by run folder.
 The trajectory's chips and heatmap are :mod:`mdc_core.workbench.trajectory_view`'s (the notebooks draw with it
-too), the other rendering (captions, tables) is in :mod:`app.render`, the model cache in :mod:`app.runs`.
+too), the other rendering (captions, tables) is in :mod:`mdc_app.render`, the model cache in :mod:`mdc_app.runs`.
 """
 
 from __future__ import annotations
@@ -16,23 +17,22 @@ import os
 import random
 import time
 import typing
-from collections.abc import Mapping
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import gradio as gr
 import torch
 from PIL import Image
 
-from app import explore, render
-from app.runs import LoadedRun, get_run, optional_module, register_run, run_choices, user_errors
-from mdc_core.config import SAMPLER_RANGES, RunConfig, SamplerConfig
+from mdc_core.config import SAMPLER_RANGES, SamplerConfig
 from mdc_core.data import make_example
 from mdc_core.data.transforms import eval_transform, open_image
 from mdc_core.sampler import trajectory
 from mdc_core.tokenizer import MASK_ID, CaptionTokenizer
 from mdc_core.workbench import trajectory_view
+
+from . import explore, render
+from .runs import LoadedRun, get_run, optional_module, run_choices, user_errors
 
 SCENE_SEED, SCENE_SPLIT, INITIAL_SCENE = 0, "test", 3  # data seed (when the run's is unknown), held-out split
 COMPARE_LENGTHS = (10, 15, 20)
@@ -350,197 +350,3 @@ def score_own(run: str, state: dict | None, captions: str, methods: list[str] | 
 def rescan_runs(root: str | None, current: str) -> Any:
     """Look for new run folders under the root."""
     return gr.Dropdown(choices=run_choices(root), value=current)
-
-
-# ------------------------------------------------------------------------------------------------------------
-# layout
-
-
-def _sampler_inputs(defaults: SamplerConfig, max_length: int) -> list[gr.components.Component]:
-    hints = typing.get_type_hints(SamplerConfig)
-    inputs: list[gr.components.Component] = []
-    for name, (lo, hi) in SAMPLER_RANGES.items():
-        hi = min(hi, max_length) if name in ("length", "tokens_per_step") else hi
-        step = 1 if hints[name] is int else 0.05
-        inputs.append(gr.Slider(lo, hi, value=min(getattr(defaults, name), hi), step=step,
-                                label=SAMPLER_LABELS.get(name, name), render=False))
-    inputs.append(gr.Number(value=defaults.seed, precision=0, label="seed (temperature > 0)", render=False))
-    return inputs
-
-
-def _initial_view(run_key: str, scene: int, cfg: SamplerConfig) -> dict[str, Any]:
-    """What the page shows when it opens: `scene` captioned by the default run, unmasked to the last step."""
-    if get_run(run_key).is_arc:
-        return {}
-    state, image, info = show_scene(scene, run_key, None)
-    state, chips, _, fig, summary = run_caption(run_key, state, *(getattr(cfg, f) for f in SAMPLER_FIELDS))
-    steps = len(state["record"]["steps"])
-    attention, label = explore.attention_view(steps, explore.LAST, explore.MEAN, state)
-    return {"state": state, "image": image, "info": info, "chips": chips, "heatmap": fig, "summary": summary,
-            "steps": steps, "attention": attention, "attention_label": label}
-
-
-def build_app(models: Mapping[str, tuple[torch.nn.Module, RunConfig]], *, root: str | Path | None = None,
-              default: str | None = None, initial_scene: int = INITIAL_SCENE) -> gr.Blocks:
-    """The app's Blocks from loaded models ``{name or run folder: (model, cfg)}`` (or ``(model, cfg, folder)``: the
-    folder a named model was loaded from); run folders under `root` are offered too (loaded on first use).
-    `default` names the run selected at start (the first model if None)."""
-    default, choices = _register_models(models, root, default)
-    first = get_run(default)
-    defaults = dataclasses.replace(first.cfg.sampler) if not first.is_arc else SamplerConfig()
-    init = _initial_view(default, initial_scene, defaults)
-    with gr.Blocks(title="MDC: watch a caption being unmasked", delete_cache=DELETE_CACHE) as demo:
-        ui = SimpleNamespace(state=gr.State(init.get("state")),  # per user: {"image", "source", "record", "run"}
-                             root_state=gr.State(str(root) if root else None))
-        gr.Markdown("## Masked diffusion captioning: watch a caption being unmasked\nThe decoder starts from "
-                    "`[MASK] x N'` and, at every step, reveals the masked position it is most confident about.")
-        with gr.Row(equal_height=False):  # inputs on the left, the unmasking beside them: both on the first screen
-            with gr.Column(scale=2, min_width=330):
-                _input_panel(ui, init, choices, default, defaults, first.cfg.model.context_length - 2,
-                             initial_scene)
-            with gr.Column(scale=5), gr.Tabs():
-                _unmasking_tab(ui, init, first, defaults.length)
-                _compare_tab(ui, choices)
-                _score_tab(ui)
-        _api_only(ui)
-        _wire_events(ui)
-    return demo
-
-
-def _register_models(models: Mapping[str, tuple[Any, ...]], root: str | Path | None,
-                     default: str | None) -> tuple[str, list[tuple[str, str]]]:
-    """Register the loaded models in the run cache; (the run selected at start, the run menu's choices)."""
-    shown = {}
-    for key, (model, cfg, *folder) in models.items():  # a run folder is named relative to the root (or cwd)
-        shown[key] = os.path.relpath(key, Path(root or os.getcwd()).resolve()) if Path(key).is_absolute() else key
-        register_run(shown[key], model, cfg, folder=folder[0] if folder else key if Path(key).is_dir() else None)
-    default = shown.get(default, default) if default else None
-    choices = run_choices(root)
-    if not choices:
-        raise ValueError("the app needs at least one run: pass a loaded model or a root with run folders")
-    return default or (next(iter(models)) if models else choices[0][1]), choices
-
-
-def _input_panel(ui: SimpleNamespace, init: dict[str, Any], choices: list[tuple[str, str]], default: str,
-                 defaults: SamplerConfig, max_length: int, initial_scene: int) -> None:
-    """The left column: the run, the image (scene or upload), the unmask button and prompt, the caption length
-    and tokens per step; the other sampler settings in a closed accordion, the upload box last."""
-    with gr.Row():
-        ui.run = gr.Dropdown(choices, value=default, label="trained run", scale=4)
-        ui.rescan_btn = gr.Button("rescan", scale=1, size="sm", min_width=60)
-    ui.image = gr.Image(init.get("image"), label="image", type="pil", interactive=False, height=220)
-    ui.image_info = gr.Markdown(init.get("info", ""), label="image info")
-    with gr.Row():
-        ui.scene_btn = gr.Button("new random scene", size="sm")
-        ui.scene_index = gr.Number(value=initial_scene, precision=0, minimum=0, label="scene #", min_width=90)
-    ui.caption_btn = gr.Button("unmask", variant="primary")
-    ui.prompt = gr.Textbox(label="fix some words (optional): [MASK] or _ marks a word to generate; the prompt sets "
-                           "N'", placeholder="a [MASK] square on the _", max_lines=1)
-    sliders = _sampler_inputs(defaults, max_length)
-    main = len(SAMPLER_MAIN)
-    for slider in sliders[:main]:
-        slider.render()
-    with gr.Accordion("more sampler settings: temperature, top-k, threshold, remasking, seed", open=False):
-        for slider in sliders[main:]:
-            slider.render()
-    ui.settings = sliders
-    ui.upload = gr.File(label="or upload an image (PNG, JPEG, WebP)", file_types=list(UPLOAD_TYPES),
-                        type="filepath", height=100)
-
-
-def _unmasking_tab(ui: SimpleNamespace, init: dict[str, Any], first: LoadedRun, length: int) -> None:
-    """The step slider and player, the token chips, the attention map, the confidence heatmap, GIF and JSON."""
-    with gr.Tab("Step-by-step unmasking"):
-        ui.summary = gr.Markdown(init.get("summary", ""), label="summary")
-        with gr.Row():
-            ui.play_btn = gr.Button("\u25b6 play", scale=1, min_width=90)
-            n_steps = init.get("steps", length)
-            ui.step = gr.Slider(0, n_steps, value=n_steps, step=1, label="step", scale=8)
-        layers, heads = explore.layer_choices(first) if not first.is_arc else ([explore.LAST], [explore.MEAN])
-        with gr.Row():
-            ui.chips = gr.HTML(init.get("chips", ""), label="canvas", show_label=False)
-            with gr.Column(scale=0, min_width=270):
-                ui.att_image = gr.Image(init.get("attention"), label="attention", type="pil",
-                                        interactive=False, height=256, width=256)
-                ui.att_label = gr.HTML(init.get("attention_label", ""), label="attention info", show_label=False)
-                with gr.Row():
-                    ui.layer = gr.Dropdown(layers, value=explore.LAST, label="layer", min_width=80)
-                    ui.head = gr.Dropdown(heads, value=explore.MEAN, label="head", min_width=80)
-        ui.heatmap = gr.Plot(init.get("heatmap"), label="confidence heatmap: steps x positions", show_label=False)
-        with gr.Row():
-            ui.gif_btn = gr.Button("GIF of this unmasking", size="sm")
-            ui.json_btn = gr.Button("save trajectory (JSON)", size="sm")
-            ui.download = gr.File(label="download", interactive=False, height=80)
-            ui.replay = gr.File(label="replay a saved trajectory (JSON)", file_types=[".json"], type="filepath",
-                                height=80)
-        ui.timer = gr.Timer(PLAY_INTERVAL_S, active=False)
-
-
-def _compare_tab(ui: SimpleNamespace, choices: list[tuple[str, str]]) -> None:
-    with gr.Tab("Compare"):
-        ui.arc = gr.Dropdown([("(none)", "")] + choices, value="", label="ARC run (optional)")
-        ui.compare_btn = gr.Button("compare N' = 10 / 15 / 20")
-        ui.compare_out = gr.HTML(label="captions compared", show_label=False)
-
-
-def _score_tab(ui: SimpleNamespace) -> None:
-    with gr.Tab("Score your own captions"):
-        ui.typed = gr.Textbox(lines=4, label="captions, one per line",
-                              placeholder="a small red circle in the top left\na big blue square")
-        with gr.Row():
-            ui.methods = gr.CheckboxGroup(SCORE_METHODS, value=["heuristic"], label="scores")
-            ui.mc_samples = gr.Slider(4, 256, value=32, step=4, label="Monte Carlo samples")
-        ui.score_btn = gr.Button("score")
-        ui.score_out = gr.HTML(label="scores", show_label=False)
-
-
-def _api_only(ui: SimpleNamespace) -> None:
-    """Hidden inputs and output of the ``/caption_json`` API endpoint (a script's image, scene number and prompt;
-    the JSON answer): components, so that gradio checks and converts what a client sends."""
-    with gr.Column(visible=False):
-        ui.api_image = gr.Image(label="image", type="pil", image_mode="RGB")
-        ui.api_scene = gr.Number(label="scene", precision=0, minimum=0)
-        ui.api_prompt = gr.Textbox(label="prompt", value="")
-        ui.api_json = gr.JSON(label="caption and trajectory")
-        ui.api_btn = gr.Button("caption_json")
-
-
-def _wire_events(ui: SimpleNamespace) -> None:
-    """Connect every control to its callback (the module-level functions above and :mod:`app.explore`)."""
-    cap_in, cap_out = [ui.run, ui.state, *ui.settings], [ui.state, ui.chips, ui.step, ui.heatmap, ui.summary]
-    img_out = [ui.state, ui.image, ui.image_info]
-    att_in, att_out = [ui.step, ui.layer, ui.head, ui.state], [ui.att_image, ui.att_label]
-
-    def captioned(event: Any) -> Any:  # after every caption: the attention of the step shown
-        return event.success(run_caption, cap_in, cap_out, api_visibility=PRIVATE).success(
-            explore.attention_view, att_in, att_out, api_visibility=PRIVATE)
-
-    captioned(ui.scene_btn.click(new_scene, [ui.run, ui.state], [ui.scene_index, *img_out], api_name="new_scene"))
-    captioned(ui.scene_index.submit(show_scene, [ui.scene_index, ui.run, ui.state], img_out, api_name="show_scene"))
-    captioned(ui.upload.upload(load_upload, [ui.upload, ui.state], img_out, api_name="upload"))
-    for new_image in (ui.scene_btn.click, ui.scene_index.submit, ui.upload.upload):  # the prompt went with the image
-        new_image(explore.clear_prompt, None, [ui.prompt], api_visibility=PRIVATE)
-    ui.caption_btn.click(explore.set_prompt, [ui.prompt, ui.state], [ui.state], api_visibility=PRIVATE).success(
-        run_caption, cap_in, cap_out, api_name="caption").success(explore.attention_view, att_in, att_out,
-                                                                  api_visibility=PRIVATE)
-    captioned(ui.prompt.submit(explore.set_prompt, [ui.prompt, ui.state], [ui.state], api_visibility=PRIVATE))
-    captioned(ui.run.change(on_run_change, [ui.run], [ui.settings[0]], api_visibility=PRIVATE))
-    ui.run.change(explore.reload_run, [ui.run], [ui.layer, ui.head], api_visibility=PRIVATE)
-    ui.rescan_btn.click(rescan_runs, [ui.root_state, ui.run], [ui.run], api_visibility=PRIVATE)
-    ui.api_btn.click(caption_json, [ui.run, *ui.settings, ui.api_image, ui.api_scene, ui.api_prompt], [ui.api_json],
-                     api_name="caption_json")
-    ui.step.change(show_step, [ui.step, ui.state], [ui.chips], api_name="step", show_progress="hidden")
-    ui.step.change(explore.attention_view, att_in, att_out, api_visibility=PRIVATE, show_progress="hidden")
-    ui.layer.change(explore.attention_view, att_in, att_out, api_visibility=PRIVATE)
-    ui.head.change(explore.attention_view, att_in, att_out, api_visibility=PRIVATE)
-    ui.gif_btn.click(explore.save_gif, [ui.state, ui.layer, ui.head], [ui.download], api_name="gif")
-    ui.json_btn.click(explore.save_json, [ui.state], [ui.download], api_name="save_json")
-    ui.replay.upload(explore.load_replay, [ui.replay, ui.state], [ui.state, ui.image, ui.image_info, ui.chips, ui.step,
-                                                                  ui.heatmap, ui.summary, ui.prompt],
-                     api_name="replay").success(explore.attention_view, att_in, att_out, api_visibility=PRIVATE)
-    ui.play_btn.click(start_play, [ui.state], [ui.step, ui.timer], api_visibility=PRIVATE)
-    ui.timer.tick(play_tick, [ui.step, ui.state], [ui.step, ui.timer], api_visibility=PRIVATE, show_progress="hidden")
-    ui.compare_btn.click(compare_lengths, [ui.run, ui.arc, ui.state, *ui.settings], [ui.compare_out],
-                         api_name="compare")
-    ui.score_btn.click(score_own, [ui.run, ui.state, ui.typed, ui.methods, ui.mc_samples], [ui.score_out],
-                       api_name="score")

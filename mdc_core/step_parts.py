@@ -1,5 +1,6 @@
-"""What keeps the training step from waiting on the device: host-side batches, fused AdamW, a sync-free EMA, lazy
-non-finite checks, compilation.
+"""The parts the training step is made of (the step itself is ``_Trainer._accumulate`` in :mod:`mdc_core.train`),
+each built so that the step never waits on the device: host-side batches, the loss step, fused AdamW, a sync-free
+EMA, lazy non-finite checks, compilation.
 
 On CUDA, the host queues kernels and runs ahead of the GPU until it needs a value the GPU has not computed yet:
 ``.item()``, ``float()``/``int()``/``bool()`` of a tensor, ``.tolist()``, ``.cpu()``, ``nonzero``, boolean-mask
@@ -16,7 +17,7 @@ GPU idles while the host catches up. :mod:`mdc_core.train` does none of them bet
 - :func:`build_optimizer` takes PyTorch's fused AdamW kernel on CUDA (one kernel for all parameters); on the CPU
   the default implementation, so CPU runs keep their numbers to the bit.
 
-``tests/test_train_step.py`` counts the calls that would synchronise during a non-logging step for every objective.
+``tests/test_step_parts.py`` counts the calls that would synchronise during a non-logging step for every objective.
 
 :class:`LossStep` is one micro-batch's forward and loss as the trainer and ``mdc bench`` run it: host batch, bf16
 autocast on CUDA, and ``train.compile``: forward + loss compile as one graph (the same test file checks it with
