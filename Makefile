@@ -18,7 +18,7 @@ GPU_PYTHON ?= 3.12# the offline GPU machine's Python (make wheelhouse)
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --progress-bar off -c constraints.txt -e ".[$(EXTRAS)]"
