@@ -182,11 +182,12 @@ def train_cached(cfg: RunConfig, models_dir: str | Path, *, live: bool = False, 
                 show_figure(loss_figure(rows, title=f"{cfg.objective.name}: {rows[-1]['step']} / {cfg.train.steps} "
                                                     "steps (trained before)"))
         else:
-            resume = latest_checkpoint(run_dir) is not None
+            latest = latest_checkpoint(run_dir)
+            resume = latest is not None
             if resume:
-                print(f"resuming {run_dir.name} from its checkpoint {latest_checkpoint(run_dir).name}")
-            if not resume and run_dir.exists():  # a run killed before its first checkpoint: start it over,
-                import shutil  # unless it once had checkpoints (damaged and set aside, or deleted): that stays
+                print(f"resuming {run_dir.name} from its checkpoint {latest.name}")
+            elif run_dir.exists():  # stopped before its first checkpoint: start it over, unless it once had
+                import shutil  # checkpoints (damaged and set aside, or deleted): then it stays as found
 
                 from mdc_core.resume import refuse_start_over
                 refuse_start_over(run_dir, cfg.train.ckpt_every, asked="the cached model",
