@@ -81,6 +81,16 @@ def mathml(tex: str, display: str) -> str:
         raise ValueError(f"cannot render the formula {tex!r} as MathML: {err}") from err
 
 
+# An absolute path under a usual root of home or work folders, not inside a URL, a base64 figure or a relative path.
+MACHINE_PATH = re.compile(r"(?<![\w+/=.:~-])/(?:home|root|work|tmp|Users|mnt|srv|opt|var)/[\w.-]+(?:/[\w.-]+)*")
+
+
+def machine_paths(page: str) -> list[str]:
+    """The absolute paths a page shows: folders of the machine that executed it, which mean nothing to a reader
+    (notebooks print their run folders relative to the checkout, ``wb.checkout_relative``)."""
+    return sorted(set(MACHINE_PATH.findall(page)))
+
+
 def offline(page: str) -> str:
     """An nbconvert page that works without network: the LaTeX of its markdown cells as MathML, the CDN scripts
     (MathJax, require.js) and MathJax's configuration removed."""
@@ -109,6 +119,8 @@ def convert(executed: Path, out_dir: Path) -> Path:
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": executed.stem}})
     page = out_dir / f"{executed.stem}.html"
     page.write_text(offline(body), encoding="utf-8")
+    if paths := machine_paths(body):
+        print(f"warning: {page.name} shows absolute paths of this machine: {', '.join(paths[:3])}", file=sys.stderr)
     return page
 
 

@@ -75,10 +75,24 @@ def test_an_unreadable_formula_is_named() -> None:
         _script().mathml("\\left( x", "inline")
 
 
-def test_the_committed_pages_work_offline() -> None:
+def test_the_committed_pages_work_offline_and_show_no_folder_of_the_machine_that_ran_them() -> None:
+    module = _script()
     pages = sorted((SCRIPT.parent / "notebooks_html").glob("*.html"))
     assert pages
     for page in pages:
         html = page.read_text(encoding="utf-8")
         assert 'src="http' not in html and "x-mathjax-config" not in html, page.name
         assert "<math" in html or "$" not in html, page.name
+        assert module.machine_paths(html) == [], page.name
+
+
+def test_a_page_that_shows_the_executing_machines_folders_is_caught() -> None:
+    module = _script()
+    shown = ("<pre>run folder: /work/demo/papermill_runs/cpu_demo/_models/mdc-34266d8522; loss 3.9</pre>"
+             "<pre>CLIP  -&gt; /home/ada/mdc/papermill_runs/x</pre>")
+    assert module.machine_paths(shown) == ["/home/ada/mdc/papermill_runs/x",
+                                           "/work/demo/papermill_runs/cpu_demo/_models/mdc-34266d8522"]
+    fine = ('<pre>run folder: papermill_runs/cpu_demo/_models/mdc-34266d8522</pre><a href="https://x.org/home/a">'
+            '<img src="data:image/png;base64,AAAA+/home/BB=/tmp/CC"> $HOME/work/x ~/work/y '
+            '<math xmlns="http://www.w3.org/1998/Math/MathML">')
+    assert module.machine_paths(fine) == []

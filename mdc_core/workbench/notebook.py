@@ -125,13 +125,14 @@ def make_config(preset: str, data_dir: str | Path, objective: str, steps: int,
 STEP_ONLY_KEYS = ("compile", "static_shapes", "length_bucket")  # train keys that config_key leaves out
 
 
-def checkout_relative(path: str) -> str:
+def checkout_relative(path: str | Path) -> str:
     """`path` relative to the checkout (``PROJECT_ROOT``) when it lies inside it, as given otherwise: what a cache
-    key may contain, so that a copied or moved checkout finds the models it trained."""
+    key may contain, so that a copied or moved checkout finds the models it trained, and what a notebook prints,
+    so that its page does not show the folder of the machine that executed it."""
     if not path:
-        return path
+        return str(path)
     resolved = Path(path).expanduser().resolve()
-    return resolved.relative_to(PROJECT_ROOT).as_posix() if resolved.is_relative_to(PROJECT_ROOT) else path
+    return resolved.relative_to(PROJECT_ROOT).as_posix() if resolved.is_relative_to(PROJECT_ROOT) else str(path)
 
 
 def config_key(cfg: RunConfig) -> str:
