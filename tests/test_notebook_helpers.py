@@ -107,3 +107,22 @@ def test_a_cached_model_whose_checkpoints_were_set_aside_is_kept_not_trained_ove
     (run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 9.0}\n')
     assert wb.train_cached(cfg, tmp_path / "models")[2] == run_dir
     assert wb._finished(run_dir, cfg.train.steps)
+
+
+def test_a_reused_model_shows_its_loss_curve_and_no_empty_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys) -> None:
+    """01's cell, run again on a cached model in a kernel, shows the curve of the earlier training and nothing else:
+    no display slot created only to ask whether there is a kernel (it printed ``None`` on 01's page)."""
+    from IPython.display import Image
+
+    from tests.train_helpers import micro_run, write_micro_data
+
+    data = write_micro_data(tmp_path / "data", 16)
+    cfg = micro_run(data, steps=2, batch_size=4)
+    wb.train_cached(cfg, tmp_path / "models")
+    shown = []
+    monkeypatch.setattr("IPython.get_ipython", lambda: object())  # as in a kernel
+    monkeypatch.setattr("IPython.display.display", lambda obj, **kw: shown.append(obj))
+    wb.train_cached(cfg, tmp_path / "models", live=True)
+    assert "reusing the trained run" in capsys.readouterr().out
+    assert len(shown) == 1 and isinstance(shown[0], Image), shown

@@ -179,7 +179,7 @@ def train_cached(cfg: RunConfig, models_dir: str | Path, *, live: bool = False, 
             print(f"reusing the trained run {run_dir.name} in {models_dir} (the same config and data; delete the "
                   "folder to train it again)")
             rows = read_train_metrics(run_dir)
-            if live and rows and _display_slot() is not None:  # the cell shows its curve, trained now or before
+            if live and rows and _in_ipython():  # the cell shows its curve, trained now or before
                 show_figure(loss_figure(rows, title=f"{cfg.objective.name}: {rows[-1]['step']} / {cfg.train.steps} "
                                                     "steps (trained before)"))
         else:
@@ -282,14 +282,22 @@ def live_train(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, ref
         redraw()  # the curve up to the last step trained
 
 
-def _display_slot() -> Any:
-    """An updatable display slot in the running notebook (None outside IPython)."""
+def _in_ipython() -> bool:
     try:
         from IPython import get_ipython
-        from IPython.display import display
     except ImportError:
+        return False
+    return get_ipython() is not None
+
+
+def _display_slot() -> Any:
+    """An updatable display slot in the running notebook (None outside IPython). It is an output of the cell at
+    once (showing ``None`` until it is updated): create it only to fill it."""
+    if not _in_ipython():
         return None
-    return display(None, display_id=True) if get_ipython() is not None else None
+    from IPython.display import display
+
+    return display(None, display_id=True)
 
 
 def loss_figure(rows: list[dict[str, Any]], title: str = "training loss"):
