@@ -116,3 +116,23 @@ def test_the_shipped_plan_gives_the_table_its_sizes():
     table = data_scaling_table(runs_)
     assert table["sizes"] == [2500, 5000, 10000, 20000] and all(
         len(table["cells"][row_name("MDC", n)]["gain"].values) == 3 for n in table["sizes"])
+
+
+def test_the_summary_lists_fig5_as_measured_without_a_verdict_once_the_sizes_are_gathered():
+    """With runs at several sizes the claims section lists Fig. 5 under "Measured without a verdict", pointing at the
+    table; without them it stays "not measured". The other unencoded statements stay not measured either way."""
+    from mdc_core.eval.claims import not_encoded_markdown
+
+    described, missing = not_encoded_markdown()
+    assert described == [] and any("Fig. 5" in line and "*not measured*" in line for line in missing)
+    described, missing = not_encoded_markdown({"table1", "data_scaling"})
+    assert len(described) == 1 and "Fig. 5" in described[0] and "the table `data_scaling` above" in described[0]
+    assert not any("Fig. 5" in line for line in missing) and any("Table 3" in line for line in missing)
+
+    lines, _ = evidence.evidence_markdown(evidence.gather_runs(runs()))
+    text = "\n".join(lines)
+    measured, not_measured = text.split("### Not measured in these runs")
+    assert "### Measured without a verdict" in measured and "Fig. 5" in measured and "Fig. 5" not in not_measured
+    one_size = [r for r in runs() if r[1]["n_train"] == 20000]
+    text = "\n".join(evidence.evidence_markdown(evidence.gather_runs(one_size))[0])
+    assert "### Measured without a verdict" not in text and "Fig. 5" in text.split("### Not measured in these runs")[1]

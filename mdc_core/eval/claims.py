@@ -13,7 +13,7 @@ are missing says so ("not measured"), and one training seed makes every verdict 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from mdc_core.eval.cells import (  # noqa: F401  (re-exported: the notebooks and tests import them from here)
@@ -28,6 +28,7 @@ from mdc_core.eval.paper_claims import (  # noqa: F401
     BASELINE_ROWS,
     CHECK,
     CLAIM,
+    DESCRIPTIVE_TABLES,
     EXPLORATORY,
     NOT_ENCODED,
     OBSERVATION,
@@ -321,9 +322,18 @@ def claims_markdown(results: Sequence[dict[str, Any]], digits: int = 1,
     return lines
 
 
-def not_encoded_markdown() -> list[str]:
-    """The paper's statements no workbench table tests yet (:data:`NOT_ENCODED`), as markdown lines."""
-    return [f"- **{source}**: {text} -> *not measured*: {why}" for source, text, why in NOT_ENCODED]
+def not_encoded_markdown(tables: Collection[str] = ()) -> tuple[list[str], list[str]]:
+    """The paper's statements no workbench table tests with a verdict (:data:`NOT_ENCODED`), as markdown lines:
+    ``(described, not_measured)``. A statement whose descriptive table (:data:`DESCRIPTIVE_TABLES`) is among
+    `tables` (the names of the tables in the runs) is described, with no verdict; the others are not measured."""
+    described, missing = [], []
+    for source, text, why in NOT_ENCODED:
+        table = DESCRIPTIVE_TABLES.get(source)
+        if table is not None and table in tables:
+            described.append(f"- **{source}**: {text} -> *measured without a verdict*: the table `{table}` above")
+        else:
+            missing.append(f"- **{source}**: {text} -> *not measured*: {why}")
+    return described, missing
 
 
 def report_markdown(tables: dict[str, dict[str, Any]], seed: int | None = None, digits: int = 1) -> str:

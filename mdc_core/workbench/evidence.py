@@ -192,6 +192,9 @@ def evidence_markdown(gathered: dict[str, dict[str, Any]]) -> tuple[list[str], l
         if chosen:
             lines += [f"### {title}", "", *claims_markdown(chosen, settings=settings), ""]
     absent = [v for v in verdicts if not v["parts"]]
+    described, not_measured = not_encoded_markdown(gathered)
+    if described:
+        lines += ["### Measured without a verdict", "", *described, ""]
     lines += ["### Not measured in these runs", "",
-              *claims_markdown(absent), *not_encoded_markdown(), ""]
+              *claims_markdown(absent), *not_measured, ""]
     return lines, verdicts
