@@ -163,7 +163,7 @@ def write_summary(out: Path, results: list[RunResult], *, name: str, source: Pat
         plot_annealed_budget(gathered[ANNEALED_TABLE], out / "budget_annealed.png")
     if SCALING_TABLE in gathered:
         plot_data_scaling(gathered[SCALING_TABLE], out / "data_scaling.png",
-                          title="Fig. 5 at this scale: probe gain against training images (95% intervals over seeds)")
+                          title="Fig. 5 at this scale: probe gain against training images\n(95% intervals over seeds)")
     return path
 
 
