@@ -28,7 +28,6 @@ from mdc_core.eval.paper_claims import (  # noqa: F401
     BASELINE_ROWS,
     CHECK,
     CLAIM,
-    DESCRIPTIVE_TABLES,
     EXPLORATORY,
     NOT_ENCODED,
     OBSERVATION,
@@ -324,11 +323,10 @@ def claims_markdown(results: Sequence[dict[str, Any]], digits: int = 1,
 
 def not_encoded_markdown(tables: Collection[str] = ()) -> tuple[list[str], list[str]]:
     """The paper's statements no workbench table tests with a verdict (:data:`NOT_ENCODED`), as markdown lines:
-    ``(described, not_measured)``. A statement whose descriptive table (:data:`DESCRIPTIVE_TABLES`) is among
-    `tables` (the names of the tables in the runs) is described, with no verdict; the others are not measured."""
+    ``(described, not_measured)``. A statement whose descriptive table is among `tables` (the names of the tables
+    in the runs) is described, with no verdict; the others are not measured."""
     described, missing = [], []
-    for source, text, why in NOT_ENCODED:
-        table = DESCRIPTIVE_TABLES.get(source)
+    for source, text, why, table in NOT_ENCODED:
         if table is not None and table in tables:
             described.append(f"- **{source}**: {text} -> *measured without a verdict*: the table `{table}` above")
         else:

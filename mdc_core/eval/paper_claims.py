@@ -190,22 +190,20 @@ PAPER_CLAIMS: tuple[Claim, ...] = (
     _training_check("fig4", "Fig. 4's models"),
 )
 
-# Statements of the paper no table of the workbench tests yet: listed in every summary as not measured.
-NOT_ENCODED: tuple[tuple[str, str, str], ...] = (
+# Statements of the paper no table of the workbench tests with a verdict: (source, text, why, descriptive table).
+# Every summary lists them as not measured, except one whose descriptive table (the fourth field; None: there is none)
+# is among its runs' tables: that one it lists as measured without a verdict.
+NOT_ENCODED: tuple[tuple[str, str, str, str | None], ...] = (
     ("Sec. 4.2 'Dataset size scaling'; Fig. 5", "'the more image text pairs used for pretraining, the better "
      "performance on the downstream tasks'", "plans/data_scaling.yaml trains the methods on several data-set sizes "
-     "and mdc_core.eval.data_scaling gathers them by size (descriptive)"),
+     "and mdc_core.eval.data_scaling gathers them by size (descriptive)",
+     "data_scaling"),  # = mdc_core.workbench.evidence.SCALING_TABLE
     ("Sec. 4.3 'Noise schedule'", "with t ~ U[0, 1] the 'loss is very unstable' on short captions",
-     "notebook 02 plots each schedule's loss spread; a spread is not a mean over test items, so it gets no verdict"),
+     "notebook 02 plots each schedule's loss spread; a spread is not a mean over test items, so it gets no verdict",
+     None),
     ("Sec. 4.2 'Image captioning'; Table 3", "MDC 'can sample reasonable captions'; SPICE and the LLM-judge column",
      "qualitative (notebook 05 shows the captions); SPICE needs the Stanford CoreNLP jars that pycocoevalcap "
-     "downloads from the network, the LLM judge a 72B vision-language model: neither runs offline"),
+     "downloads from the network, the LLM judge a 72B vision-language model: neither runs offline", None),
     ("Sec. 1", "image-conditioned BERT 'can achieve features competitive with those of other learning approaches "
-     "when properly tuned'", "Fig. 4's table shows BERT beside MDC; 'competitive' names no comparison to test"),
+     "when properly tuned'", "Fig. 4's table shows BERT beside MDC; 'competitive' names no comparison to test", None),
 )
-
-# The statements of NOT_ENCODED a table measures without a verdict (by source): where the runs have that table, the
-# summary lists the statement as measured, descriptively, instead of "not measured".
-DESCRIPTIVE_TABLES: dict[str, str] = {
-    "Sec. 4.2 'Dataset size scaling'; Fig. 5": "data_scaling",  # mdc_core.workbench.evidence.SCALING_TABLE
-}
