@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mdc_core.workbench.gpu_check import Phase, scale_plan, write_summary
+from mdc_core.workbench.gpu_check import GOAL_MIN, Phase, plan_minutes, scale_plan, write_summary
 from mdc_core.workbench.plans import load_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,16 +30,41 @@ def test_the_gpu_plan_scales_to_a_cpu_budget(tmp_path):
     assert base["overrides"]["train.warmup_steps"] == 1  # 800 of 8000 -> 0.4 of 4, at least 1
     assert base["data_dir"].startswith(str(tmp_path / "runs" / "tiny"))
     by_id = {e.get("id"): e["parameters"] for e in plan["notebooks"]}
-    assert by_id["03_b1600"]["steps"] == 2 and by_id["03_b400"]["steps"] == 1
+    assert set(by_id) == {"03_reliance", "03_arc", "03_mdc"}
     assert by_id["03_reliance"]["position_limit"] == 8 and by_id["03_reliance"]["signal_grad_captions"] == 8
     assert by_id["03_reliance"]["position_data_dir"].startswith(str(tmp_path / "runs" / "tiny"))
     loaded = load_plan(tmp_path / "tiny.yaml", root=ROOT)  # still a valid plan, with its own output folder
-    assert len(loaded.runs) == 6 and loaded.out_dir == tmp_path / "runs" / "tiny"
+    assert len(loaded.runs) == 3 and loaded.out_dir == tmp_path / "runs" / "tiny"
 
 
 def test_a_budget_the_scaling_does_not_know_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="no scaled budget for 1600 steps"):
-        scaled(tmp_path, steps={8000: 4, 400: 1})
+    with pytest.raises(ValueError, match="no scaled budget for 8000 steps"):
+        scaled(tmp_path, steps={1600: 2, 400: 1})
+
+
+def test_the_gpu_plan_holds_ten_seeds_of_arc_and_mdc_inside_its_estimate():
+    plan = load_plan(ROOT / "plans" / "gpu_check.yaml", root=ROOT)
+    seeds = {rid: [r for r in plan.runs if r.run_id.startswith(f"{rid}__")] for rid in ("03_arc", "03_mdc")}
+    assert all(len(runs) == 10 and all(r.parameters["steps"] == 8000 for r in runs) for runs in seeds.values())
+    total, schedule = plan_minutes(plan)
+    assert total <= GOAL_MIN and len(schedule) == len(plan.runs)
+    assert plan_minutes(plan, jobs=12)[0] > GOAL_MIN  # one slot fewer: the 20 Table 1 runs need a third wave
+
+
+def test_the_plan_estimate_schedules_runs_in_plan_order(tmp_path):
+    nb = ROOT / "notebooks" / "03_linear_probing.ipynb"
+    (tmp_path / "p.yaml").write_text(
+        f"name: p\njobs: 1\nparameters: {{steps: 1000}}\nnotebooks:\n"
+        f"  - {{path: {nb}, id: a, parameters: {{objectives: [arc], position_signal: false}}}}\n"
+        f"  - {{path: {nb}, id: b, parameters: {{objectives: [arc, mdc], lrs: [0.1, 0.2, 0.3]}}}}\n"
+        f"  - {{path: {nb}, id: c, parameters: {{objectives: [], position_captions: clauses}}}}\n")
+    plan = load_plan(tmp_path / "p.yaml", root=ROOT)
+    total, schedule = plan_minutes(plan, step_s=0.06, extra_s=0.0)  # 1000 steps of 0.06 s: 1 minute per model
+    assert [(rid, start, end) for rid, start, end in schedule] == [("a", 0, 1), ("b", 1, 7), ("c", 7, 9)]
+    assert total == 9  # b: 2 objectives + 2 x 2 more learning rates; c: its ARC + MDC pair
+    assert plan_minutes(plan, step_s=0.06, extra_s=0.0, jobs=3)[0] == 6
+    with pytest.raises(ValueError, match="step_s must be > 0"):
+        plan_minutes(plan, step_s=0.0)
 
 
 def test_a_phase_past_its_time_limit_is_stopped_and_reported(tmp_path):
@@ -92,9 +117,8 @@ def test_gpu_check_runs_end_to_end_at_its_tiny_budget_on_the_cpu(tmp_path):
     assert all(p["returncode"] == 0 and not p["timed_out"] for p in record["phases"]), record["phases"]
     assert (out / "plan_summary.md").is_file() and "## bench" in (out / "summary.md").read_text()
     plan_tables = json.loads((out / "plan_summary.json").read_text())["tables"]
-    # Table 1's split runs are one table; the 1- and 2-step runs make the annealed budget curve
-    assert {"CLIP", "ARC", "MDC"} <= set(plan_tables["table1"]["values"])
-    assert "budget_annealed" in plan_tables and (out / "plan_budget_annealed.png").is_file()
+    # Table 1's split runs are one table
+    assert {"ARC", "MDC"} <= set(plan_tables["table1"]["values"])
     bench = json.loads((out / "bench_tiny.json").read_text())
     assert all(row["host_ops"]["aten_ops_per_step"] > 0 for row in bench["train"].values())
 

@@ -35,6 +35,9 @@ from typing import Any
 import yaml
 
 PLAN = Path("plans/gpu_check.yaml")
+GOAL_MIN = 8.0  # the evidence plan's wall-clock goal on one GPU (minutes)
+STEP_S = 0.0228  # tiny_fast training step, batch 64, eager, one process on an H200 (benchmarks/README.md)
+RUN_EXTRA_S = 45.0  # per run: kernel start, data load, probes or the signal measure (an allowance, not measured)
 CUDA_TESTS = ["tests/test_cuda.py", "tests/test_step_parts.py", "tests/test_static_step.py"]
 
 
@@ -97,6 +100,8 @@ def scale_plan(source: Path, out: Path, *, steps: dict[int, int], device: str, s
     def rescale(params: dict[str, Any]) -> None:
         if "steps" in params:
             old = params["steps"]
+            if old not in steps:
+                raise ValueError(f"plan {source}: no scaled budget for {old} steps; give scale_plan one")
             new = steps[old]
             params["steps"] = new
             over = params.get("overrides", {})
@@ -130,6 +135,48 @@ def scale_plan(source: Path, out: Path, *, steps: dict[int, int], device: str, s
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(yaml.safe_dump(plan, sort_keys=False))
     return out
+
+
+def _param(run: Any, declared: dict[str, Any], key: str) -> Any:
+    """A run's parameter `key`: the plan's value, else the notebook's declared default."""
+    import ast
+
+    if key in run.parameters:
+        return run.parameters[key]
+    default = declared.get(key, {}).get("default")
+    return None if default is None else ast.literal_eval(default.replace("true", "True").replace("false", "False"))
+
+
+def trained_models(run: Any, declared: dict[str, Any]) -> int:
+    """How many models of the run's ``steps`` notebook 03 trains for `run`: one per objective, one per (objective,
+    learning rate) of a sweep (``lrs``; the chosen one is reused), and an ARC + MDC pair for a position signal on
+    captions of its own (``position_captions``)."""
+    objectives = _param(run, declared, "objectives") or []
+    swept = [o for o in objectives if o in ("clip", "arc", "mdc")]
+    n = len(objectives) + len(swept) * max(0, len(_param(run, declared, "lrs") or []) - 1)
+    if _param(run, declared, "position_signal") and _param(run, declared, "position_captions"):
+        n += 2
+    return n
+
+
+def plan_minutes(plan: Any, *, step_s: float = STEP_S, extra_s: float = RUN_EXTRA_S, jobs: int | None = None
+                 ) -> tuple[float, list[tuple[str, float, float]]]:
+    """The plan's wall-clock estimate on one GPU, in minutes, and ``(run id, start, end)`` per run (minutes): each
+    run takes ``trained_models x steps x step_s + extra_s``, and runs start in plan order as one of `jobs` slots
+    frees (:mod:`mdc_core.workbench.runner`), taking runs that share the GPU not to slow each other (not measured).
+    `plan` is a :class:`~mdc_core.workbench.plans.Plan`. Example: 2 runs of 1 model x 1000 steps at 0.06 s,
+    ``extra_s=0``, one slot: 1 + 1 = 2.0 minutes."""
+    if step_s <= 0 or extra_s < 0:
+        raise ValueError(f"step_s must be > 0 and extra_s >= 0, got {step_s} and {extra_s}")
+    slots = [0.0] * (jobs or plan.jobs)
+    schedule = []
+    for run in plan.runs:
+        declared = plan.declared.get(str(run.notebook), {})
+        seconds = trained_models(run, declared) * int(_param(run, declared, "steps")) * step_s + extra_s
+        k = min(range(len(slots)), key=slots.__getitem__)
+        schedule.append((run.run_id, slots[k] / 60, (slots[k] + seconds) / 60))
+        slots[k] += seconds
+    return max(slots) / 60, schedule
 
 
 def machine() -> dict[str, Any]:
@@ -258,7 +305,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default="gpu_check_out", help="folder for every result (default gpu_check_out)")
     ap.add_argument("--tiny", action="store_true", help="the same structure on the CPU at a budget of seconds")
     ap.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget of the whole check (s)")
+    ap.add_argument("--estimate", action="store_true", help="print the plan's GPU time estimate and exit")
     args = ap.parse_args(argv)
+    if args.estimate:
+        from mdc_core.workbench.plans import load_plan
+
+        total, schedule = plan_minutes(load_plan(PLAN))
+        for run_id, begin, end in schedule:
+            print(f"{run_id:28s} {begin:5.1f} -> {end:5.1f} min")
+        print(f"{PLAN}: about {total:.1f} minutes (goal {GOAL_MIN:g}; step {STEP_S * 1000:.1f} ms, "
+              f"{RUN_EXTRA_S:.0f} s per run besides training, runs sharing the GPU assumed not to slow each other)")
+        return
     run(Path(args.out), tiny=args.tiny, budget_s=args.budget_s)
 
 
