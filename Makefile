@@ -14,7 +14,7 @@ EXTRAS := dev,app,notebooks,eval,bench,vqgan,tensorboard# everything but [lab] (
 
 GPU_PYTHON ?= 3.12# the offline GPU machine's Python (make wheelhouse)
 
-.PHONY: demo evidence evidence-more test test-all lint setup clean-outputs kernel quick-demo app lab notebooks-html gpu-check wheelhouse
+.PHONY: demo evidence evidence-1600 evidence-more test test-all lint setup clean-outputs kernel quick-demo app lab notebooks-html gpu-check wheelhouse
 
 setup: $(STAMP)
 
@@ -29,6 +29,9 @@ demo: kernel  # summary: papermill_runs/cpu_demo/summary.md; then `make app`
 
 evidence: kernel  # summary: papermill_runs/cpu_evidence/summary.md (about 90 min on 2 cores; docs/results.md)
 	$(PY) -m mdc_core runs plans/cpu_evidence.yaml
+
+evidence-1600: kernel  # Table 1's deciding CPU budget: ARC and MDC, 1600 steps, 5 seeds, LR re-chosen (~1.7 h)
+	$(PY) -m mdc_core runs plans/cpu_table1_1600.yaml
 
 evidence-more: kernel  # after `make evidence`: annealed budget curve, Table 5's middle schedules, Tables 2, 1-long (~2 h)
 	$(PY) -m mdc_core runs plans/cpu_evidence_more.yaml
