@@ -332,6 +332,9 @@ def test_a_deadline_stops_the_plan_and_keeps_what_finished(tmp_path: Path) -> No
     assert time.monotonic() - t0 < 300  # the 600 s run did not run to its end
     assert [r.status for r in results] == ["skipped", "failed", "failed"]
     assert (tmp_path / "out" / "p" / "sleep__value=600" / "FAILED").is_file()
+    stopped = (tmp_path / "out" / "p" / "sleep__value=600" / "FAILED").read_text()
+    assert stopped.startswith("stopped at the plan's deadline") and "KeyboardInterrupt" not in stopped
+    assert results[1].error == "stopped at the plan's deadline (deadline_s) before it finished"
     assert "not started" in results[2].error and "deadline" in results[2].error
     assert not (tmp_path / "out" / "p" / "sleep__value=1").exists()
     assert "FAILED" in (tmp_path / "out" / "p" / "summary.md").read_text()

@@ -112,7 +112,7 @@ def load_plan(path: str | Path, *, root: str | Path | None = None) -> Plan:
     path = Path(path)
     data = _read_plan_file(path)
     root = Path(root) if root is not None else Path.cwd()
-    name = str(data.get("name") or path.stem)
+    name = folder_name(str(data.get("name") or path.stem), f"plan {path}: name")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise ValueError(f"plan name {name!r} may hold only letters, digits, '_', '-' and '.'")
     base = _mapping(data.get("parameters"), "parameters")
@@ -150,6 +150,18 @@ def load_plan(path: str | Path, *, root: str | Path | None = None) -> Plan:
                 output_root=Path(data.get("output_root") or "papermill_runs"), timeout_s=timeout, jobs=jobs,
                 deadline_s=None if deadline is None else float(deadline),
                 description=str(data.get("description") or ""), declared=declared)
+
+
+def folder_name(value: str, what: str) -> str:
+    """`value` when it is one folder name that :mod:`mdc_core.workbench.runner` may clear: a plan's name (its folder
+    under ``output_root``) or a run id (a folder inside the plan's). Not empty, no ``/``, ``\\`` or NUL (so not
+    absolute, never ``..`` or ``.``), and not starting with ``.`` or ``_`` (the plan folder's own entries:
+    ``.mdc.lock``, ``.threads``, the notebooks' ``_data`` and ``_models`` caches); ValueError naming `what` else."""
+    if not re.fullmatch(r"[A-Za-z0-9][^/\\\x00]*", value) or value.strip() != value:
+        raise ValueError(f"{what} {value!r} must be one folder name: not empty, no '/', '\\' or NUL, not '.' or "
+                         "'..', and starting with a letter or digit (the plan folder's own entries start with "
+                         "'.' or '_')")
+    return value
 
 
 def _read_plan_file(path: Path) -> dict[str, Any]:
@@ -192,7 +204,7 @@ def _entry_runs(entry: Any, where: str, *, root: Path, plan_dir: Path, base: dic
     grid = {**top_grid, **_grid(entry.get("grid"), f"{where}.grid")}
     shared = {k: v for k, v in base.items() if k in params}
     used_base.update(shared)
-    prefix = str(entry.get("id") or notebook.stem)
+    prefix = folder_name(str(entry.get("id") or notebook.stem), f"{where}: id")
     seeds = _entry_seeds(entry, top_seeds, params, notebook, where)
     runs = []
     for combo in _combinations(grid):

@@ -4,8 +4,11 @@ Every run gets ``output_dir`` (its own run folder, absolute) on top of its param
 ``<output_root>/<name>/<run-id>/`` as ``<run-id>/<notebook>.ipynb`` beside ``parameters.json``, the
 ``metrics.json`` and ``figures/*.png`` the notebook writes, and a marker: ``DONE`` (JSON: duration) or
 ``FAILED`` (the error). A failed run is kept and the plan goes on; re-running a plan skips runs whose ``DONE``
-marker and ``parameters.json`` match (a changed parameter re-runs that run), and retries failed ones. When the
-plan ends :mod:`mdc_core.workbench.summary` writes ``summary.md``, ``summary.json`` and ``summary.png``.
+marker and ``parameters.json`` match (a changed parameter, or a changed notebook: ``DONE`` records the notebook's
+SHA-256, re-runs that run), and retries failed ones. When the plan ends :mod:`mdc_core.workbench.summary` writes
+``summary.md``, ``summary.json`` and ``summary.png``. A run folder is cleared before it executes, so it is checked
+first to be a folder directly inside the plan's (:func:`check_run_folder`; the plan's checks already refuse a run id
+or plan name that is a path).
 
 ``jobs`` runs that many notebooks at once, each in its own process and kernel with ``cpu_count // jobs``
 torch threads (``OMP_NUM_THREADS``); ``mdc runs --jobs N`` overrides it. Runs start in plan order as slots
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import hashlib
 import json
 import os
 import shutil
@@ -36,17 +40,25 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from mdc_core.runlock import LOCK_NAME, RunLock
-from mdc_core.workbench.plans import Plan, RunSpec, ensure_kernel
+from mdc_core.workbench.plans import Plan, RunSpec, ensure_kernel, folder_name
 from mdc_core.workbench.summary import RunResult, write_summary
 
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # what a run's kernel reads for its torch thread count
 DONE, FAILED = "DONE", "FAILED"
+INTERRUPTED = "interrupted (KeyboardInterrupt)"  # what a run's FAILED marker says after Ctrl-C
 KERNEL_LOG = "kernel.log"  # in each run folder: what the notebook's kernel wrote to its stderr
+DEADLINE_STOP = "stopped at the plan's deadline (deadline_s) before it finished"
 SHARES_DIR = ".threads"  # under the plan folder: each running run's torch-thread share (thread_share)
 
 
-def run_status(run_dir: Path, parameters: dict[str, Any]) -> str:
-    """'done' when the run finished with exactly these parameters, 'failed' when marked so, else 'pending'."""
+def notebook_digest(notebook: Path) -> str:
+    """SHA-256 of the notebook file: with the parameters, what a finished run was produced by."""
+    return hashlib.sha256(Path(notebook).read_bytes()).hexdigest()
+
+
+def run_status(run_dir: Path, parameters: dict[str, Any], notebook: Path | None = None) -> str:
+    """'done' when the run finished with exactly these parameters (and, given `notebook`, from this notebook's
+    content: its ``DONE`` marker records :func:`notebook_digest`), 'failed' when marked so, else 'pending'."""
     try:
         saved = json.loads((run_dir / "parameters.json").read_text())
     except (OSError, json.JSONDecodeError):
@@ -54,26 +66,52 @@ def run_status(run_dir: Path, parameters: dict[str, Any]) -> str:
     if saved != json.loads(json.dumps(parameters)):
         return "pending"
     if (run_dir / DONE).is_file():
-        return "done"
+        if notebook is None:
+            return "done"
+        try:
+            marker = json.loads((run_dir / DONE).read_text())
+        except (OSError, ValueError):
+            return "pending"
+        same = isinstance(marker, dict) and marker.get("notebook_sha256") == notebook_digest(notebook)
+        return "done" if same else "pending"
     return "failed" if (run_dir / FAILED).is_file() else "pending"
 
 
+def check_run_folder(run_dir: Path, plan_dir: Path) -> Path:
+    """`run_dir` when it is a folder directly inside `plan_dir` (after resolving links and ``..``) with a valid
+    name (:func:`~mdc_core.workbench.plans.folder_name`); ValueError else. The runner clears a run folder before
+    executing it, so this is checked right before anything is removed."""
+    folder_name(run_dir.name, "run id")
+    inside = plan_dir.resolve() / run_dir.name
+    if run_dir.resolve() != inside or run_dir.is_symlink():
+        raise ValueError(f"run folder {run_dir} is not the folder {inside} of its plan (a link or '..' leads "
+                         "elsewhere): refusing to clear it")
+    return run_dir
+
+
 def execute_run(spec: RunSpec, run_dir: Path, *, kernel: str, timeout_s: int | None = None,
-                cwd: Path | None = None, on_progress: Callable[[str], None] | None = None) -> RunResult:
+                cwd: Path | None = None, on_progress: Callable[[str], None] | None = None,
+                plan_dir: Path | None = None) -> RunResult:
     """Execute one run into `run_dir` (cleared first), holding its lock (:mod:`mdc_core.runlock`; a second
     writer raises :class:`~mdc_core.runlock.RunFolderBusy`). Never raises for a failing notebook: the error is
-    written to ``FAILED`` and returned; KeyboardInterrupt marks the run and propagates.
+    written to ``FAILED`` and returned; KeyboardInterrupt marks the run and propagates. `run_dir` must lie
+    directly inside `plan_dir` (default: its parent; :func:`check_run_folder`), else ValueError and nothing is
+    touched.
 
     ``on_progress(text)`` is called about once a second with what the notebook reports through
     :mod:`mdc_core.workbench.progress` (its stage and training step), read from ``<run_dir>/progress.json``."""
+    plan_dir = run_dir.parent if plan_dir is None else plan_dir
+    check_run_folder(run_dir, plan_dir)
     with RunLock(run_dir, "mdc runs"):
-        return _execute_locked(spec, run_dir, kernel=kernel, timeout_s=timeout_s, cwd=cwd, on_progress=on_progress)
+        return _execute_locked(spec, run_dir, kernel=kernel, timeout_s=timeout_s, cwd=cwd, on_progress=on_progress,
+                               plan_dir=plan_dir)
 
 
 def _execute_locked(spec: RunSpec, run_dir: Path, *, kernel: str, timeout_s: int | None, cwd: Path | None,
-                    on_progress: Callable[[str], None] | None) -> RunResult:
+                    on_progress: Callable[[str], None] | None, plan_dir: Path) -> RunResult:
     import papermill
 
+    check_run_folder(run_dir, plan_dir)  # again under the lock, right before clearing
     for old in run_dir.iterdir():  # cleared, but for the lock file
         if old.is_dir() and not old.is_symlink():
             shutil.rmtree(old)
@@ -81,6 +119,7 @@ def _execute_locked(spec: RunSpec, run_dir: Path, *, kernel: str, timeout_s: int
             old.unlink()
     (run_dir / "figures").mkdir(parents=True)
     params = spec.injected(run_dir)
+    digest = notebook_digest(spec.notebook)  # read before it executes: what this run was produced by
     (run_dir / "parameters.json").write_text(json.dumps(spec.parameters, indent=2, sort_keys=True) + "\n")
     start = time.perf_counter()
     error = ""
@@ -93,7 +132,7 @@ def _execute_locked(spec: RunSpec, run_dir: Path, *, kernel: str, timeout_s: int
         if not (run_dir / "metrics.json").is_file():
             error = f"the notebook finished but wrote no metrics.json into {run_dir}"
     except KeyboardInterrupt:
-        _mark_failed(run_dir, "interrupted (KeyboardInterrupt)", time.perf_counter() - start)
+        _mark_failed(run_dir, INTERRUPTED, time.perf_counter() - start)
         raise
     except Exception as err:  # any failure of this run is recorded; the plan goes on
         error = _describe(err)
@@ -103,7 +142,8 @@ def _execute_locked(spec: RunSpec, run_dir: Path, *, kernel: str, timeout_s: int
         status = "failed"
     else:
         (run_dir / DONE).write_text(json.dumps({"duration_s": round(duration, 2),
-                                                "finished": dt.datetime.now(dt.UTC).isoformat()}) + "\n")
+                                                "finished": dt.datetime.now(dt.UTC).isoformat(),
+                                                "notebook_sha256": digest}) + "\n")
         status = "done"
     return RunResult(spec.run_id, spec.notebook.name, status, run_dir, duration, error, spec.parameters)
 
@@ -192,11 +232,13 @@ def run_plan(plan: Plan, *, progress: bool = True, cwd: Path | None = None, jobs
 def _run_plan_locked(plan: Plan, kernel: str, *, progress: bool, cwd: Path | None, jobs: int,
                      stop_at: float | None = None) -> list[RunResult]:
     out = plan.out_dir
+    for spec in plan.runs:  # a RunSpec built by hand has not been through load_plan's checks
+        check_run_folder(out / spec.run_id, out)
     results: dict[int, RunResult] = {}
     todo: list[tuple[int, RunSpec]] = []
     for i, spec in enumerate(plan.runs):
         run_dir = out / spec.run_id
-        if run_status(run_dir, spec.parameters) == "done":
+        if run_status(run_dir, spec.parameters, spec.notebook) == "done":
             done = json.loads((run_dir / DONE).read_text())
             results[i] = RunResult(spec.run_id, spec.notebook.name, "skipped", run_dir,
                                    float(done.get("duration_s", 0.0)), parameters=spec.parameters)
@@ -217,7 +259,7 @@ def _run_plan_locked(plan: Plan, kernel: str, *, progress: bool, cwd: Path | Non
             report = (lambda text, rid=spec.run_id: bar.set_postfix_str(f"{rid}: {text}", refresh=True)) \
                 if progress else None
             finished(i, execute_run(spec, out / spec.run_id, kernel=kernel, timeout_s=plan.timeout_s, cwd=cwd,
-                                    on_progress=report))
+                                    on_progress=report, plan_dir=out))
     else:
         _run_concurrently(plan, todo, kernel=kernel, cwd=cwd, jobs=jobs, bar=bar if progress else None,
                           on_finished=finished, stop_at=stop_at)
@@ -242,11 +284,11 @@ def thread_share(jobs: int, running: int, queued: bool, cpus: int | None = None)
 
 
 def _execute_in_child(spec: RunSpec, run_dir: Path, kernel: str, timeout_s: int | None, cwd: Path | None,
-                      env: dict[str, str]) -> None:
+                      env: dict[str, str], plan_dir: Path) -> None:
     """Process target of a concurrent run: the run's outcome is its marker file (``DONE`` / ``FAILED``)."""
     os.environ.update(env)  # inherited by the kernel papermill starts
     try:
-        execute_run(spec, run_dir, kernel=kernel, timeout_s=timeout_s, cwd=cwd)
+        execute_run(spec, run_dir, kernel=kernel, timeout_s=timeout_s, cwd=cwd, plan_dir=plan_dir)
     except KeyboardInterrupt:  # execute_run has marked the run
         sys.exit(130)
 
@@ -293,9 +335,16 @@ def _stop_runs(active: dict[int, tuple[Any, RunSpec, Path]], why: str, grace_s: 
                 proc.kill()
                 proc.join()
     for _, _spec, run_dir in active.values():
-        if not (run_dir / DONE).is_file() and not (run_dir / FAILED).is_file():
+        if (run_dir / DONE).is_file():
+            continue
+        try:  # a run's process marks itself "interrupted" when signalled; the runner knows why it was stopped
+            lines = (run_dir / FAILED).read_text().splitlines()
+        except OSError:
+            lines = []
+        if not lines or lines[0] == INTERRUPTED:
+            duration = next((float(line.split(":", 1)[1]) for line in lines if line.startswith("duration_s:")), 0.0)
             run_dir.mkdir(parents=True, exist_ok=True)
-            _mark_failed(run_dir, why, 0.0)
+            _mark_failed(run_dir, why, duration)
 
 
 def _run_concurrently(plan: Plan, todo: list[tuple[int, RunSpec]], *, kernel: str, cwd: Path | None, jobs: int,
@@ -319,7 +368,7 @@ def _run_concurrently(plan: Plan, todo: list[tuple[int, RunSpec]], *, kernel: st
     try:
         while queue or active:
             if stop_at is not None and time.monotonic() >= stop_at:
-                why = "stopped at the plan's deadline (deadline_s) before it finished"
+                why = DEADLINE_STOP
                 _stop_runs(active, why, grace_s=0, join_s=15)
                 for i, (_, spec, run_dir) in active.items():
                     on_finished(i, result_from_markers(spec, run_dir))
@@ -336,7 +385,7 @@ def _run_concurrently(plan: Plan, todo: list[tuple[int, RunSpec]], *, kernel: st
                 given[spec.run_id] = int(env[THREAD_ENV[0]])
                 proc = ctx.Process(target=_execute_in_child, name=f"mdc-runs-{spec.run_id}",
                                    args=(spec, run_dir, kernel, plan.timeout_s, cwd,
-                                         {**env, THREADS_ENV: str(share_file.resolve())}))
+                                         {**env, THREADS_ENV: str(share_file.resolve())}, plan.out_dir))
                 proc.start()
                 active[i] = (proc, spec, run_dir)
             wait([proc.sentinel for proc, _, _ in active.values()], timeout=poll_s)
@@ -356,7 +405,7 @@ def _run_concurrently(plan: Plan, todo: list[tuple[int, RunSpec]], *, kernel: st
                 bar.set_postfix_str(" | ".join(f"{spec.run_id}: {describe(run_dir / 'progress.json') or 'starting'}"
                                                for _, spec, run_dir in active.values()), refresh=True)
     except KeyboardInterrupt:
-        _stop_runs(active, "interrupted (KeyboardInterrupt)")
+        _stop_runs(active, INTERRUPTED)
         raise
 
 
@@ -365,7 +414,7 @@ def describe_plan(plan: Plan) -> str:
     at_once = f", {plan.jobs} at a time" if plan.jobs > 1 else ""
     lines = [f"plan {plan.name} ({plan.source}): {len(plan.runs)} run(s){at_once} -> {plan.out_dir}/", ""]
     for spec in plan.runs:
-        status = run_status(plan.out_dir / spec.run_id, spec.parameters)
+        status = run_status(plan.out_dir / spec.run_id, spec.parameters, spec.notebook)
         params = ", ".join(f"{k}={json.dumps(v)}" for k, v in spec.parameters.items())
         lines.append(f"  [{status:7s}] {spec.run_id}  <- {spec.notebook.name}  {params}")
     return "\n".join(lines)
