@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -37,6 +38,15 @@ PRECISIONS = ("auto", "fp32", "bf16")  # train.precision and inference --precisi
 
 class ConfigError(ValueError):
     """A configuration key is unknown, mistyped, or contradicts another key."""
+
+
+# Upper bounds of the sizes a config builds (ModelConfig.validate): far above every preset (ViT-L/14's decoder is
+# 768 wide, 12 layers), so only a damaged or hostile config.json meets them, before it allocates anything
+MODEL_LIMITS = {"image_size": 4096, "text_width": 16384, "text_layers": 256, "text_heads": 256,
+                "context_length": 4096, "output_vocab_size": 49408}  # 49408: the CLIP vocabulary (tokenizer)
+MAX_MLP_RATIO = 64.0
+ENCODER_KWARG_MAX = 65536  # any number in model.encoder_kwargs (widths, sizes, rates)
+ENCODER_DEPTH_MAX = 256  # an encoder_kwargs entry named depth / *_depth / *layers (each number of it)
 
 
 @dataclass
@@ -60,6 +70,14 @@ class ModelConfig:
 
     def validate(self) -> None:
         _positive(self, "image_size", "text_width", "text_layers", "text_heads", "context_length")
+        for name, most in MODEL_LIMITS.items():
+            if getattr(self, name) > most:
+                raise ConfigError(f"model.{name} must be <= {most}, got {getattr(self, name)} (a larger model than "
+                                  "any this workbench builds: a damaged or hostile config)")
+        if not 0.0 < self.mlp_ratio <= MAX_MLP_RATIO or self.text_width * self.mlp_ratio < 1:
+            raise ConfigError(f"model.mlp_ratio must be in (0, {MAX_MLP_RATIO}] (an MLP of at least one unit), got "
+                              f"{self.mlp_ratio}")
+        _check_encoder_kwargs(self.encoder_kwargs)
         if self.text_width % self.text_heads:
             raise ConfigError(f"model.text_width ({self.text_width}) must be divisible by model.text_heads "
                               f"({self.text_heads})")
@@ -415,6 +433,8 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where} must be a number, got {value!r}")
+        if not math.isfinite(value):  # JSON's Infinity and NaN parse, but no config value may be one
+            raise ConfigError(f"{where} must be a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
@@ -437,6 +457,20 @@ def _positive(obj: Any, *names: str) -> None:
     for name in names:
         if getattr(obj, name) <= 0:
             raise ConfigError(f"{section}.{name} must be > 0, got {getattr(obj, name)}")
+
+
+def _check_encoder_kwargs(kwargs: dict[str, Any]) -> None:
+    """Every number in ``model.encoder_kwargs`` (lists included) finite and at most :data:`ENCODER_KWARG_MAX` in
+    size, a depth at most :data:`ENCODER_DEPTH_MAX`: timm builds what they say before any weight is read."""
+    for key, value in kwargs.items():
+        deep = key == "depth" or key.endswith(("_depth", "layers"))
+        most = ENCODER_DEPTH_MAX if deep else ENCODER_KWARG_MAX
+        for x in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(x, bool) or not isinstance(x, (int, float)):
+                continue
+            if not math.isfinite(x) or abs(x) > most:
+                raise ConfigError(f"model.encoder_kwargs.{key} must be a finite number of at most {most} in size, "
+                                  f"got {x!r}")
 
 
 def _choice(obj: Any, name: str, choices: tuple[str, ...]) -> None:

@@ -9,21 +9,29 @@ with huggingface_hub's ``PyTorchModelHubMixin``.
     model.save_pretrained("copy/")                      # the same layout back (config.json, model.safetensors)
 
 The folder is also a checkpoint folder (``meta.json`` beside it), so :func:`mdc_core.checkpoint.load_model` and every
-``mdc`` verb read it too. Loading is strict, unlike the mixin's default: a weights file that does not fit the config
-is a one-line ValueError, never a half-initialised model. Nothing is downloaded unless a Hub repo id is given.
+``mdc`` verb read it too. Loading checks what it opens as ``load_model`` does, before building anything: a local
+folder's ``model.safetensors`` must match the size and SHA-256 its ``meta.json`` records (a folder without one, as
+``save_pretrained`` writes it, is checked from here on); ``config.json`` passes validation (every size bounded) and
+must build exactly the tensors and shapes of the weights file's header
+(:func:`~mdc_core.checkpoint.check_fits`); an encoder named by a Hub name (``hf-hub:...``) is refused. Loading is
+strict, unlike the mixin's default: a weights file that does not fit is a one-line ValueError, never a
+half-initialised model. Nothing is downloaded unless a Hub repo id is given.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from huggingface_hub import PyTorchModelHubMixin
 
-from .checkpoint import load_weights
+from .checkpoint import check_fits, load_weights, verify_checkpoint
 from .config import RunConfig
 from .model import Captioner
 from .registry import objective_spec
+
+WEIGHTS = "model.safetensors"  # huggingface_hub's constants.SAFETENSORS_SINGLE_FILE
 
 
 class MDCCaptioner(Captioner, PyTorchModelHubMixin, library_name="mdc-workbench", pipeline_tag="image-to-text",
@@ -40,6 +48,22 @@ class MDCCaptioner(Captioner, PyTorchModelHubMixin, library_name="mdc-workbench"
         # the weights come from model.safetensors, never from the run's pretrained encoder file
         super().__init__(dataclasses.replace(run.model, pretrained=False, pretrained_path=""), causal=spec.causal)
         self.run_config = run
+
+    @classmethod
+    def _from_pretrained(cls, *, model_id: str, config: Any = None, **kwargs: Any) -> MDCCaptioner:
+        """The mixin's loading, after the checks of the module docstring on a local folder `model_id` (the mixin
+        builds the model before it reads the weights, so they come first)."""
+        folder = Path(model_id)
+        if folder.is_dir():
+            weights = folder / WEIGHTS
+            if not weights.is_file():
+                raise FileNotFoundError(f"{weights} not found (an export folder holds config.json and {WEIGHTS})")
+            if (folder / "meta.json").is_file():
+                verify_checkpoint(folder, (WEIGHTS,))
+            if not isinstance(config, dict):
+                raise ValueError(f"{folder / 'config.json'} is missing or not a JSON object")
+            check_fits(RunConfig.from_dict(config), weights)
+        return super()._from_pretrained(model_id=model_id, config=config, **kwargs)
 
     @classmethod
     def _load_as_safetensor(cls, model: MDCCaptioner, model_file: str, map_location: str, strict: bool
