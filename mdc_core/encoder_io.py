@@ -5,12 +5,15 @@ carry it out (``mdc export`` writes them):
 
 * **timm** (``--format timm``): ``model.safetensors`` with timm's own key names and a ``config.json`` in timm's hub
   layout (``architecture``, ``model_args``, ``pretrained_cfg``). Plain timm rebuilds it with no project code:
-  ``timm.create_model(architecture, pretrained=True, pretrained_cfg_overlay=dict(file=...), num_classes=0,
-  **model_args)``. The early-convolution stem (``tiny``, ``tiny_fast``, ``tiny_lean``) is timm's own
+  ``timm.create_model(architecture, pretrained=True, pretrained_cfg_overlay=dict(file=...), **model_args)`` and
+  ``timm.create_model("local-dir:FOLDER", pretrained=True)`` load it exactly (``model_args`` holds
+  ``num_classes=0``). The early-convolution stem (``tiny``, ``tiny_fast``, ``tiny_lean``) is timm's own
   ``ConvStem`` + ``HybridEmbed`` (the stem's last convolution is the patch projection); its call adds
   ``embed_layer=partial(HybridEmbed, backbone=ConvStem(**conv_stem), proj=False)`` from the ``conv_stem`` entry of
-  ``config.json`` (timm's ``local-dir:`` reading knows no embed layer, so it serves plain ViTs only). Every timm
-  encoder but a plug-in's (:func:`timm_spec` says which).
+  ``config.json``. Its ``architecture`` is a sentence, not a timm name (:func:`stem_architecture`), so that
+  ``local-dir:`` and a call built from ``config.json`` alone, which know no embed layer, fail saying so instead of
+  loading a random patch projection with a warning. Every timm encoder but a plug-in's (:func:`timm_spec` says
+  which).
 * **hf** (``--format hf``): the whole captioner as a checkpoint folder (``config.json`` = the run's config,
   ``model.safetensors``, ``meta.json``) plus a model card, loadable by :func:`mdc_core.checkpoint.load_model`; works
   for every encoder, the early-convolution stem included.
@@ -83,7 +86,8 @@ def timm_spec(cfg: ModelConfig, pool: str, trunk: Any) -> TimmSpec:
     if "conv_stem" in cfg.encoder_kwargs:
         stem = timm_conv_stem(cfg.encoder_kwargs, int(trunk.embed_dim))
         kwargs["patch_size"] = 1  # the stem's last convolution is the patch projection, so tokens come out of it
-    args = {"img_size": cfg.image_size, **kwargs, **pooling}
+    # num_classes=0 among the model arguments: **model_args alone then builds the headless encoder the file holds
+    args = {"img_size": cfg.image_size, **kwargs, **pooling, "num_classes": 0}
     return TimmSpec(cfg.encoder, args, data_config(cfg.image_size), pool, bool(pooling), stem)
 
 
@@ -156,7 +160,19 @@ def timm_hub_config(spec: TimmSpec, num_features: int, **card: Any) -> dict[str,
     config = {"architecture": spec.architecture, "num_classes": 0, "num_features": num_features,
               "global_pool": spec.model_args.get("global_pool", ""), "model_args": spec.model_args,
               "pretrained_cfg": pretrained_cfg}
-    return config if spec.conv_stem is None else {**config, "conv_stem": spec.conv_stem}
+    if spec.conv_stem is None:
+        return config
+    return {**config, "architecture": stem_architecture(spec.architecture), "conv_stem": spec.conv_stem}
+
+
+def stem_architecture(name: str) -> str:
+    """The ``architecture`` of a timm export with the early-convolution stem: no timm name builds that model (its
+    embed layer is a callable, which config.json cannot hold), and the real name `name` would build a ViT with a
+    random patch projection that loads with a mere warning; this text makes ``timm.create_model(architecture, ...)``
+    and ``local-dir:`` fail with "Unknown model (...)" saying what to do. No '.', ':' or '/', which timm would read
+    as a pretrained tag, a source or a path. The real name stays in ``pretrained_cfg["architecture"]``."""
+    return (f"{name} with an early-convolution stem, which no timm model name builds; create {name} with the "
+            "embed_layer that this folder's README shows")
 
 
 def create_timm_encoder(spec: TimmSpec, weights: str | Path) -> Any:
@@ -172,8 +188,8 @@ def create_timm_encoder(spec: TimmSpec, weights: str | Path) -> Any:
         stem = {**spec.conv_stem, "norm_layer": timm_norm_layer(spec.conv_stem["norm"])}
         del stem["norm"]
         args["embed_layer"] = partial(HybridEmbed, backbone=ConvStem(**stem), proj=False)
-    return timm.create_model(spec.architecture, pretrained=True, pretrained_cfg_overlay=overlay, num_classes=0,
-                             **args).eval()
+    args.setdefault("num_classes", 0)  # an export before num_classes was among its model_args
+    return timm.create_model(spec.architecture, pretrained=True, pretrained_cfg_overlay=overlay, **args).eval()
 
 
 def preprocess(image_size: int) -> Callable[[Any], Any]:
@@ -211,8 +227,10 @@ def load_encoder(path: str | Path, *, device: str = "cpu", ema: bool | None = No
             raise ValueError(f"{config} is not valid JSON ({err})") from err
         if isinstance(data, dict) and "architecture" in data:  # a timm export
             cfg = data.get("pretrained_cfg", {})
-            spec = TimmSpec(data["architecture"], data.get("model_args", {}), {k: tuple(v) if isinstance(v, list) else v
-                            for k, v in cfg.items() if k in DATA_KEYS}, "", False, data.get("conv_stem"))
+            stem = data.get("conv_stem")
+            name = cfg.get("architecture", "") if stem else data["architecture"]  # see stem_architecture
+            spec = TimmSpec(name, data.get("model_args", {}), {k: tuple(v) if isinstance(v, list) else v
+                            for k, v in cfg.items() if k in DATA_KEYS}, "", False, stem)
             return create_timm_encoder(spec, path / WEIGHTS).to(device), preprocess(spec.data_config["input_size"][-1])
     from .checkpoint import load_model, resolve_checkpoint
     from .encoders import ImageEncoder

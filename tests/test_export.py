@@ -71,9 +71,18 @@ def _snippet(readme: Path) -> str:
     return re.search(r"```python\n(.*?)```", readme.read_text(), re.S).group(1)
 
 
-def _run_snippet(readme: Path, cwd: Path, save: str) -> dict[str, torch.Tensor]:
-    """Execute the README's Python block in a fresh interpreter (cwd holds image.jpg), plus `save`; its tensors."""
-    code = _snippet(readme) + save + "\nprint(sorted(m for m in sys.modules if m.split('.')[0] == 'mdc_core'))\n"
+FOLDER_LINE = 'folder = "."  # this export\'s folder'
+
+
+def _run_snippet(readme: Path, cwd: Path, save: str, folder: Path | None = None) -> dict[str, torch.Tensor]:
+    """Execute the README's Python block in a fresh interpreter (cwd holds image.jpg), plus `save`; its tensors.
+    The snippet's `folder` is set to `folder` (default: the README's), as its comment tells a user to."""
+    snippet = _snippet(readme)
+    name = readme.parent.name  # path-independent: no string of the card names its folder
+    assert not re.search(rf"""["'][^"'\n]*{re.escape(name)}""", snippet), name
+    assert snippet.count(FOLDER_LINE) == 1
+    snippet = snippet.replace(FOLDER_LINE, f"folder = {str(folder or readme.parent)!r}  #")
+    code = snippet + save + "\nprint(sorted(m for m in sys.modules if m.split('.')[0] == 'mdc_core'))\n"
     out = subprocess.run([sys.executable, "-c", "import sys\n" + code], cwd=cwd, env=ENV, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -183,6 +192,7 @@ def test_the_stem_key_map_moves_every_tensor_and_a_wrong_stem_does_not_load(tmp_
     with pytest.raises(RuntimeError, match="size mismatch"):
         mdc_core.load_encoder(out)
     del hub["conv_stem"]  # nor can a patch-1 ViT without the stem (what timm's local-dir: reading builds)
+    hub["architecture"] = hub["pretrained_cfg"]["architecture"]  # the timm name, not stem_architecture's sentence
     (out / "config.json").write_text(json.dumps(hub))
     with pytest.raises(RuntimeError):
         mdc_core.load_encoder(out)
@@ -263,8 +273,12 @@ def test_the_hub_class_loads_strictly_and_only_captioners(trained, tmp_path):
     state = load_file(str(out / "model.safetensors"))
     del state["decoder.ln_f.bias"]
     save_file(state, str(out / "model.safetensors"))
-    with pytest.raises(ValueError, match="missing from the checkpoint") as err:
+    with pytest.raises(ValueError, match="model.safetensors is corrupt") as err:
         MDCCaptioner.from_pretrained(out)  # the mixin's own default (strict=False) would have loaded it half
+    assert "\n" not in str(err.value)
+    (out / "meta.json").unlink()  # a folder without digests: the weights' header against the config
+    with pytest.raises(ValueError, match="missing from the file") as err:
+        MDCCaptioner.from_pretrained(out)
     assert "\n" not in str(err.value)
     clip = load_model(run)[1].to_dict()
     clip["objective"]["name"] = "clip"
@@ -420,3 +434,59 @@ def test_force_replaces_an_earlier_export_only(trained, tmp_path, capsys):
     (other / "config.json").write_text("{}")  # a folder that merely has an export's file names
     assert main(["export", str(run), "--out", str(other), "--force"]) == 2
     assert "not an earlier export" in capsys.readouterr().err and (other / "config.json").read_text() == "{}"
+
+
+def _timm_user_calls(out: Path) -> dict[str, object]:
+    """What a timm user writes from config.json alone (issue 54 item 8): each call's model, or the exception."""
+    import timm
+
+    cfg = json.loads((out / "config.json").read_text())
+    calls = {"natural": lambda: timm.create_model(cfg["architecture"], pretrained=True, pretrained_cfg_overlay=dict(
+                 file=str(out / "model.safetensors")), **cfg["model_args"]),
+             "local-dir": lambda: timm.create_model("local-dir:" + str(out), pretrained=True)}
+    got = {}
+    for name, call in calls.items():
+        try:
+            got[name] = call().eval()
+        except Exception as err:  # noqa: BLE001 - the test inspects what each call raised
+            got[name] = err
+    return got
+
+
+def test_timm_users_natural_calls_load_a_plain_vit_exactly(trained, tmp_path):
+    run, data = trained
+    out = export_run(run, tmp_path / "D1", fmt="timm")
+    assert json.loads((out / "config.json").read_text())["model_args"]["num_classes"] == 0
+    ours, cfg = load_model(run, ema=True)
+    x = torch.randn(2, 3, cfg.model.image_size, cfg.model.image_size, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        tokens = ours.encode_image(x)
+        for name, model in _timm_user_calls(out).items():
+            assert isinstance(model, torch.nn.Module), (name, model)
+            assert float((model.forward_features(x) - tokens).abs().max()) <= 1e-5, name
+            assert float((model(x) - ours.pooled_features(x, "gap")).abs().max()) <= 1e-5, name
+    # the card's snippet as written runs from inside the folder ("." is its folder) and from elsewhere once set
+    (out / "image.jpg").write_bytes(_image(tmp_path / "image.jpg").read_bytes())
+    save = "torch.save({'tokens': tokens}, 'out.pt')"
+    inside = _run_snippet(out / "README.md", out, save, folder=Path("."))
+    elsewhere = _run_snippet(out / "README.md", tmp_path, save)
+    assert torch.equal(inside["tokens"], elsewhere["tokens"])
+    unset = subprocess.run([sys.executable, "-c", _snippet(out / "README.md")], cwd=tmp_path, env=ENV,
+                           capture_output=True, text=True, timeout=300)
+    assert unset.returncode == 1 and "set folder to the folder of this export" in unset.stderr.splitlines()[-1]
+
+
+def test_timm_users_natural_calls_refuse_a_conv_stem_export_saying_what_to_do(tmp_path):
+    """Before: the natural call (with num_classes=0) built a patch-1 ViT, left its patch projection random and only
+    warned; local-dir: raised a state-dict error. Now both stop at the name, which says what to do."""
+    kwargs = load_preset("tiny").model.encoder_kwargs
+    small = {**kwargs, "embed_dim": 32, "depth": 1, "num_heads": 2}
+    run = _perturbed_run(tmp_path, "tiny", ["model.encoder_kwargs=" + json.dumps(small)])
+    out = export_run(run, tmp_path / "D2", fmt="timm")
+    hub = json.loads((out / "config.json").read_text())
+    assert hub["pretrained_cfg"]["architecture"] == "vit_base_patch32_224"  # the timm name, for the card's call
+    for name, got in _timm_user_calls(out).items():
+        assert isinstance(got, RuntimeError), (name, got)
+        assert "early-convolution stem" in str(got) and "embed_layer that this folder's README shows" in str(got)
+    encoder, _ = mdc_core.load_encoder(out)  # the project's loader and the card's snippet still build it
+    assert type(encoder.patch_embed).__name__ == "HybridEmbed"

@@ -102,7 +102,7 @@ def export_run(run: str | Path, out: str | Path, *, fmt: str = "hf", step: int |
     measured = find_measurements(source.run_dir, metrics)
     searched = candidate_files(source.run_dir, metrics)
     with _staging(out, force) as tmp:
-        usage = (_write_timm if fmt == "timm" else _write_hf)(source, tmp, out.resolve())
+        usage = (_write_timm if fmt == "timm" else _write_hf)(source, tmp)
         params = sum(p.numel() for p in _trunk(source).parameters())
         render_card(cfg=source.cfg, run_dir=source.run_dir, step=source.step, ema=source.ema, fmt=fmt, usage=usage,
                     params=params, measurements=measured, searched=searched,
@@ -230,7 +230,7 @@ def _probe_image(cfg: RunConfig) -> torch.Tensor:
     return torch.randn(2, 3, cfg.model.image_size, cfg.model.image_size, generator=torch.Generator().manual_seed(0))
 
 
-def _write_hf(source: Source, tmp: Path, final: Path) -> str:
+def _write_hf(source: Source, tmp: Path) -> str:
     """The whole captioner as a checkpoint folder (config.json, model.safetensors, meta.json); returns the usage.
     A captioner is written by huggingface_hub's ``save_pretrained`` (:class:`mdc_core.hub.MDCCaptioner`), so the
     Hub's ``from_pretrained`` opens the folder; another architecture (CLIP) as a checkpoint folder."""
@@ -257,10 +257,10 @@ def _write_hf(source: Source, tmp: Path, final: Path) -> str:
             gaps.append(float((MDCCaptioner.from_pretrained(tmp).encode_image(images) - tokens).abs().max()))
     if max(gaps) > TOLERANCE:
         raise RuntimeError(f"the exported folder reloads to different features (max abs difference {max(gaps):.3g})")
-    return _usage_hf(source, final, tuple(tokens.shape[1:]), hub)
+    return _usage_hf(source, tuple(tokens.shape[1:]), hub)
 
 
-def _write_timm(source: Source, tmp: Path, final: Path) -> str:
+def _write_timm(source: Source, tmp: Path) -> str:
     """The encoder alone with timm's key names and timm's hub config.json; loaded back by plain timm and compared
     with the run's encoder (tokens and probe feature) before it may be renamed into place. Returns the usage."""
     trunk = _trunk(source)
@@ -286,15 +286,15 @@ def _write_timm(source: Source, tmp: Path, final: Path) -> str:
     if max(gaps) > TOLERANCE:
         raise RuntimeError(f"plain timm rebuilds this encoder with different features (max abs difference "
                            f"{max(gaps):.3g} > {TOLERANCE}); use --format hf")
-    return _usage_timm(spec, final, tuple(tokens.shape[1:]))
+    return _usage_timm(spec, tuple(tokens.shape[1:]))
 
 
 def _call(name: str, args: dict) -> str:
     return f"{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})"
 
 
-def _usage_timm(spec: TimmSpec, final: Path, token_shape: tuple[int, ...]) -> str:
-    overlay = {"file": f"{final.name}/{WEIGHTS}", "num_classes": 0, **spec.data_config, **OWN_WEIGHTS}
+def _usage_timm(spec: TimmSpec, token_shape: tuple[int, ...]) -> str:
+    overlay = {"num_classes": 0, **spec.data_config, **OWN_WEIGHTS}
     m, d = token_shape
     feature = (f"# (1, {d}): the probe feature ({'mean of the patch tokens' if spec.pool == 'gap' else 'class token'})"
                if spec.pooled else "# timm's own pooling; the run's probe feature is the mean of the patch tokens")
@@ -303,23 +303,31 @@ def _usage_timm(spec: TimmSpec, final: Path, token_shape: tuple[int, ...]) -> st
     if spec.conv_stem is not None:  # timm's ConvStem + HybridEmbed: the early-convolution stem, in timm's own layers
         norm = {"batch": "torch.nn.BatchNorm2d", "group": "GroupNorm1"}[spec.conv_stem["norm"]]
         keywords = ", ".join(f"{k}={tuple(v)!r}" for k, v in spec.conv_stem.items() if k not in ("norm", "depth"))
-        head = "from functools import partial\n\n"
+        head = "from functools import partial\n"
         imports = "from timm.layers import GroupNorm1\n" if norm == "GroupNorm1" else ""
         imports += "from timm.models.vision_transformer_hybrid import ConvStem, HybridEmbed\n"
         stem = (f"# the early convolutions, timm's ConvStem; its last convolution is the patch projection\n"
                 f"stem = ConvStem(depth={spec.conv_stem['depth']}, {keywords}, norm_layer={norm})\n")
         args += ",\n    embed_layer=partial(HybridEmbed, backbone=stem, proj=False)"
-    local_dir = ("" if spec.conv_stem is not None else f"""
-# recent timm releases also read this folder's config.json:
-# model = timm.create_model("local-dir:{final.name}", pretrained=True)
+    local_dir = ("""
+# timm also reads this folder's config.json, but knows no early-convolution stem: it refuses this folder by name
+# ("Unknown model (... early-convolution stem ...)"); build the model as above
+""" if spec.conv_stem is not None else """
+# timm also reads this folder's config.json (the same model):
+# model = timm.create_model("local-dir:" + folder, pretrained=True)
 """)
-    return f"""{head}import timm
+    return f"""import os
+{head}
+import timm
 import torch
 from PIL import Image
 {imports}
+{FOLDER_LINE}weights = os.path.join(folder, {WEIGHTS!r})
+if not os.path.isfile(weights):
+    raise FileNotFoundError(f"{{weights}} not found: set folder to the folder of this export")
 {stem}model = timm.create_model(
-    {spec.architecture!r}, pretrained=True, num_classes=0,
-    pretrained_cfg_overlay={_call("dict", overlay)},
+    {spec.architecture!r}, pretrained=True,
+    pretrained_cfg_overlay={_call("dict", {"file": "WEIGHTS", **overlay}).replace("'WEIGHTS'", "weights")},
     {args},
 ).eval()
 transform = timm.data.create_transform(**timm.data.resolve_model_data_config(model))  # the run's preprocessing
@@ -330,16 +338,18 @@ with torch.no_grad():
 {local_dir}"""
 
 
-def _usage_hf(source: Source, final: Path, token_shape: tuple[int, ...], hub: bool) -> str:
-    folder = final.name  # relative: the card is read beside the folder, wherever it was copied to
-    whole = f"model, cfg = load_model({folder!r})  # the whole captioner (sampling, scoring)"
-    hub_lines = (f"""
+FOLDER_LINE = 'folder = "."  # this export\'s folder (the one holding this README.md): "." when run from inside it\n'
+
+
+def _usage_hf(source: Source, token_shape: tuple[int, ...], hub: bool) -> str:
+    whole = "model, cfg = load_model(folder)  # the whole captioner (sampling, scoring)"
+    hub_lines = ("""
 # the whole captioner with Hugging Face's own call (huggingface_hub's PyTorchModelHubMixin):
 # from mdc_core.hub import MDCCaptioner
-# captioner = MDCCaptioner.from_pretrained({folder!r})
+# captioner = MDCCaptioner.from_pretrained(folder)
 """ if hub else "")
     if not isinstance(source.model.encoder, ImageEncoder):  # a frozen VQ tokenizer: no timm encoder to hand out
-        return f"from mdc_core.checkpoint import load_model  # this project\n\n{whole}\n{hub_lines}"
+        return f"from mdc_core.checkpoint import load_model  # this project\n\n{FOLDER_LINE}{whole}\n{hub_lines}"
     pool = probe_pool(source.cfg.objective.name)
     m, d = token_shape
     feature = (f"# (1, {d}): the probe feature ({'mean of the patch tokens' if pool == 'gap' else 'class token'})"
@@ -349,7 +359,7 @@ def _usage_hf(source: Source, final: Path, token_shape: tuple[int, ...], hub: bo
 from PIL import Image
 from mdc_core import load_encoder  # this project (pip install -e . in its repository)
 
-encoder, preprocess = load_encoder({folder!r})  # a timm model and a torchvision transform
+{FOLDER_LINE}encoder, preprocess = load_encoder(folder)  # a timm model and a torchvision transform
 image = preprocess(Image.open("image.jpg").convert("RGB")).unsqueeze(0)
 with torch.no_grad():
     feature = encoder(image)  {feature}
