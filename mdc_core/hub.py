@@ -6,12 +6,14 @@ with huggingface_hub's ``PyTorchModelHubMixin``.
 
     from mdc_core.hub import MDCCaptioner
     model = MDCCaptioner.from_pretrained("exported/")   # a local folder; a Hub repo id once uploaded
-    model.save_pretrained("copy/")                      # the same layout back (config.json, model.safetensors)
+    model.save_pretrained("copy/")                      # the same layout back, card and meta.json included
 
 The folder is also a checkpoint folder (``meta.json`` beside it), so :func:`mdc_core.checkpoint.load_model` and every
-``mdc`` verb read it too. Loading checks what it opens as ``load_model`` does, before building anything: a local
-folder's ``model.safetensors`` must match the size and SHA-256 its ``meta.json`` records (a folder without one, as
-``save_pretrained`` writes it, is checked from here on); ``config.json`` passes validation (every size bounded) and
+``mdc`` verb read it too; ``save_pretrained`` writes ``meta.json`` as well (sizes, SHA-256, and the step of the folder
+the model came from), and keeps the model card (``README.md``) of the local folder the model was loaded from, where
+the mixin would write its "[More Information Needed]" template. Loading checks what it opens as ``load_model`` does,
+before building anything: a local folder's ``model.safetensors`` must match the size and SHA-256 its ``meta.json``
+records (a folder without one is checked from here on); ``config.json`` passes validation (every size bounded) and
 must build exactly the tensors and shapes of the weights file's header
 (:func:`~mdc_core.checkpoint.check_fits`); an encoder named by a Hub name (``hf-hub:...``) is refused. Loading is
 strict, unlike the mixin's default: a weights file that does not fit is a one-line ValueError, never a
@@ -21,12 +23,13 @@ half-initialised model. Nothing is downloaded unless a Hub repo id is given.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
 from huggingface_hub import PyTorchModelHubMixin
 
-from .checkpoint import check_fits, load_weights, verify_checkpoint
+from .checkpoint import check_fits, file_sha256, load_weights, verify_checkpoint
 from .config import RunConfig
 from .model import Captioner
 from .registry import objective_spec
@@ -48,6 +51,8 @@ class MDCCaptioner(Captioner, PyTorchModelHubMixin, library_name="mdc-workbench"
         # the weights come from model.safetensors, never from the run's pretrained encoder file
         super().__init__(dataclasses.replace(run.model, pretrained=False, pretrained_path=""), causal=spec.causal)
         self.run_config = run
+        self.card = b""  # the README.md of the folder it was loaded from (empty for none): save_pretrained keeps it
+        self.source_meta: dict[str, Any] = {}  # step, weights, exported_from of that folder's meta.json
 
     @classmethod
     def _from_pretrained(cls, *, model_id: str, config: Any = None, **kwargs: Any) -> MDCCaptioner:
@@ -63,7 +68,28 @@ class MDCCaptioner(Captioner, PyTorchModelHubMixin, library_name="mdc-workbench"
             if not isinstance(config, dict):
                 raise ValueError(f"{folder / 'config.json'} is missing or not a JSON object")
             check_fits(RunConfig.from_dict(config), weights)
-        return super()._from_pretrained(model_id=model_id, config=config, **kwargs)
+        model = super()._from_pretrained(model_id=model_id, config=config, **kwargs)
+        if folder.is_dir():
+            card, meta = folder / "README.md", folder / "meta.json"
+            model.card = card.read_bytes() if card.is_file() else b""
+            if meta.is_file():  # verified above
+                saved = json.loads(meta.read_text())
+                model.source_meta = {k: saved[k] for k in ("step", "weights", "exported_from") if k in saved}
+        return model
+
+    def _save_pretrained(self, save_directory: Path) -> None:
+        """The mixin's ``model.safetensors``, then ``config.json`` (the run's config), ``meta.json`` as an export
+        writes it (step, files, sizes, SHA-256), so the folder loads wherever an exported one does, and the card of
+        the folder the model was loaded from."""
+        super()._save_pretrained(save_directory)
+        (save_directory / "config.json").write_text(json.dumps(self.run_config.to_dict(), sort_keys=True, indent=2))
+        files = ["config.json", WEIGHTS]
+        meta = {"step": 0, **self.source_meta, "complete": True, "files": files,
+                "bytes": {f: (save_directory / f).stat().st_size for f in files},
+                "sha256": {f: file_sha256(save_directory / f) for f in files}}
+        (save_directory / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+        if self.card:  # byte for byte; the mixin writes its template only where no README.md exists
+            (save_directory / "README.md").write_bytes(self.card)
 
     @classmethod
     def _load_as_safetensor(cls, model: MDCCaptioner, model_file: str, map_location: str, strict: bool

@@ -490,3 +490,38 @@ def test_timm_users_natural_calls_refuse_a_conv_stem_export_saying_what_to_do(tm
         assert "early-convolution stem" in str(got) and "embed_layer that this folder's README shows" in str(got)
     encoder, _ = mdc_core.load_encoder(out)  # the project's loader and the card's snippet still build it
     assert type(encoder.patch_embed).__name__ == "HybridEmbed"
+
+
+def test_save_pretrained_folder_loads_everywhere_an_export_does_and_keeps_its_card(trained, tmp_path, capsys):
+    """Issue 54 item 10: the mixin's folder had no meta.json (``mdc sample --run`` refused it) and its README.md
+    was huggingface_hub's "[More Information Needed]" template in place of the export's card."""
+    run, data = trained
+    out = export_run(run, tmp_path / "hf")
+    hub = MDCCaptioner.from_pretrained(out)
+    copy = tmp_path / "copy"
+    hub.save_pretrained(copy)
+    assert sorted(p.name for p in copy.iterdir()) == ["README.md", "config.json", "meta.json", "model.safetensors"]
+    assert (copy / "README.md").read_bytes() == (out / "README.md").read_bytes()
+    assert json.loads((copy / "meta.json").read_text())["step"] == 4  # the step of the folder it came from
+    image = _test_images(data, tmp_path)[0]
+    for folder in (out, copy):  # the CLI, load_model, load_encoder and the Hub's call read both alike
+        assert main(["sample", "--run", str(folder), "--image", str(image), "--json"]) == 0, capsys.readouterr().err
+    samples = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert len(samples) == 2 and samples[0]["caption"] == samples[1]["caption"]
+    x = load_image(image, 32).unsqueeze(0)
+    with torch.no_grad():
+        tokens = hub.encode_image(x)
+        assert torch.equal(load_model(copy)[0].encode_image(x), tokens)
+        assert torch.equal(mdc_core.load_encoder(copy)[0].forward_features(x), tokens)
+        assert torch.equal(MDCCaptioner.from_pretrained(copy).encode_image(x), tokens)
+    weights = copy / "model.safetensors"  # the digests it recorded are checked: a damaged copy is refused
+    damaged = bytearray(weights.read_bytes())
+    damaged[-5] ^= 0xFF
+    weights.write_bytes(bytes(damaged))
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load_model(copy)
+    with pytest.raises(CheckpointError, match="corrupt"):
+        MDCCaptioner.from_pretrained(copy)
+    fresh = tmp_path / "fresh"  # a model built in code (no card to keep): the mixin's card, a loadable folder
+    MDCCaptioner(load_model(run)[1].to_dict()).save_pretrained(fresh)
+    assert json.loads((fresh / "meta.json").read_text())["step"] == 0 and load_model(fresh)[0] is not None
