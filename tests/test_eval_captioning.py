@@ -160,7 +160,8 @@ def test_two_step_finetune_starts_from_the_run_and_is_reused(tmp_path, karpathy)
     drift = max((before[k].float() - after[k].float()).abs().max().item() for k in before)
     assert 0 < drift < 0.01  # two Adam steps from the pretrained weights, not a re-initialised model
     lines = (out / "metrics.jsonl").read_text().splitlines()
-    cap.finetune(run, karpathy, out, 2, progress=False)  # complete: reused, nothing trained
+    cap.finetune(run, karpathy, out, 2, overrides=["train.batch_size=2", "train.device=\"cpu\""],
+                 progress=False)  # complete, of the same run, data and settings: reused, nothing trained
     assert (out / "metrics.jsonl").read_text().splitlines() == lines
 
 
