@@ -138,8 +138,10 @@ def checkout_relative(path: str | Path) -> str:
 def config_key(cfg: RunConfig) -> str:
     """Stable short hash of everything that defines a training run (the corpus vocabulary size excluded). For an
     embedded data set the generator's parameters (its manifest's ``params``) count too: the notebooks rewrite a
-    data folder whose parameters changed, and a model trained on the old contents must not be reused. Paths inside
-    the checkout count relative to it (:func:`checkout_relative`): the key does not depend on where it lives."""
+    data folder whose parameters changed, and a model trained on the old contents must not be reused. Other data
+    (no manifest: a caption table, shards from elsewhere) count by their content fingerprint
+    (:func:`mdc_core.resume.data_fingerprint`) when readable. Paths inside the checkout count relative to it
+    (:func:`checkout_relative`): the key does not depend on where it lives."""
     data = cfg.to_dict()
     data["model"]["output_vocab_size"] = 0
     data["preset"] = ""
@@ -152,6 +154,12 @@ def config_key(cfg: RunConfig) -> str:
     manifest = Path(cfg.data.path) / "manifest.json"
     if manifest.is_file():
         data["data_params"] = json.loads(manifest.read_text()).get("params")
+    else:
+        from mdc_core.resume import data_fingerprint
+
+        fingerprint = data_fingerprint(cfg.data)
+        if fingerprint is not None:  # unreadable data keep the key they had (training will name the problem)
+            data["data_fingerprint"] = fingerprint
     return hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -193,6 +201,8 @@ def train_cached(cfg: RunConfig, models_dir: str | Path, *, live: bool = False, 
                 from mdc_core.resume import refuse_start_over
                 refuse_start_over(run_dir, cfg.train.ckpt_every, asked="the cached model",
                                   remedy="delete the folder to train this model again")
+                if run_dir.is_symlink() or run_dir.resolve().parent != project_path(models_dir).resolve():
+                    raise ValueError(f"the cached model folder {run_dir} leads outside {models_dir}: not clearing it")
                 shutil.rmtree(run_dir)
             with watch_training(run_dir, cfg.train.steps):  # the runner shows the step (mdc_core.workbench.progress)
                 if live:
