@@ -76,7 +76,8 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `path` whole or not at all: a temporary file beside it, synced, renamed over it."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_text(text)
     with open(tmp, "rb") as fh:
@@ -133,7 +134,7 @@ def save_checkpoint(run_dir: str | Path, step: int, cfg: RunConfig, model: torch
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    _atomic_write_text(root / "latest", final.name + "\n")
+    atomic_write_text(root / "latest", final.name + "\n")
     for old in list_checkpoints(run_dir)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -513,4 +514,4 @@ def truncate_jsonl(path: Path, step: int) -> None:
                 keep.append(line)
         except json.JSONDecodeError:  # a line cut off by the kill
             continue
-    _atomic_write_text(path, "".join(x + "\n" for x in keep))
+    atomic_write_text(path, "".join(x + "\n" for x in keep))

@@ -8,10 +8,14 @@
   location may change). A run is started over from step 0 only when it never reached a checkpoint, and then its
   old logs are set aside, never rewritten (:func:`refuse_start_over`, :func:`set_logs_aside`).
 
-* **Data fingerprint.** A run records ``data_fingerprint.json`` (the training split's shard names and sizes, or
-  its caption table's SHA-256, and a synthetic data set's ``manifest.json`` digest): no byte of a shard is read,
-  so it costs one ``stat`` per shard at any scale. ``--resume --data NEW`` accepts a data folder that moved when
-  its fingerprint matches the recorded one (:func:`accept_moved_data`).
+* **Data fingerprint.** A run records ``data_fingerprint.json``: a digest of its training split's content (the
+  SHA-256 of each shard with its name, or of its caption table, and of a synthetic data set's ``manifest.json``)
+  and each shard's digest with its size and modification time, so that a shard is read once: a resume in place
+  costs one ``stat`` per shard (:meth:`~mdc_core.data.sources.Source.fingerprint`). ``--resume --data NEW``
+  accepts a data folder that moved when its content fingerprint matches the recorded one
+  (:func:`accept_moved_data`; a run recorded before contents were hashed is compared by shard names and sizes,
+  then records its content). A refused resume writes nothing: ``data_fingerprint.json`` is written once
+  :func:`prepare_run` has accepted the resume, and ``config.json`` after it.
 * **Weights-only start.** When every checkpoint lacks intact train state (``state.pt``) but one has intact
   weights, :func:`weights_only_state` rebuilds what can be rebuilt: the step (so the schedule goes on), the data
   position (from ``epochs.jsonl``) and the run's counters (from ``metrics.jsonl``); AdamW's moments and the RNG
@@ -42,48 +46,82 @@ from .train_state import Counters, TrainState
 FINGERPRINT_FILE = "data_fingerprint.json"
 
 
-def data_fingerprint(data: Any) -> dict[str, Any] | None:
-    """The :meth:`~mdc_core.data.sources.Source.fingerprint` of a :class:`~mdc_core.config.DataConfig`'s training
-    split (None: not readable)."""
+def data_fingerprint(data: Any, known: dict[str, dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """The content :meth:`~mdc_core.data.sources.Source.fingerprint` of a :class:`~mdc_core.config.DataConfig`'s
+    training split (None: not readable); `known` holds shard digests already computed (:func:`known_digests`)."""
     try:
-        return resolve_source(data.path, data.format, "train", data.images or None).fingerprint()
+        return resolve_source(data.path, data.format, "train", data.images or None).fingerprint(known)
     except (OSError, ValueError):
         return None
 
 
-def record_fingerprint(out: Path, cfg: RunConfig, fingerprint: dict[str, Any] | None) -> None:
-    """Write ``out/data_fingerprint.json`` (what :func:`accept_moved_data` compares a moved data folder with)."""
-    if fingerprint is not None:
-        record = {"path": cfg.data.path, "images": cfg.data.images, "fingerprint": fingerprint}
-        (out / FINGERPRINT_FILE).write_text(json.dumps(record, indent=2) + "\n")
-
-
-def _recorded(out: Path) -> dict[str, Any] | None:
+def _names_and_sizes(data: Any) -> dict[str, Any] | None:
     try:
-        return json.loads((out / FINGERPRINT_FILE).read_text())["fingerprint"]
-    except (OSError, ValueError, KeyError, TypeError):
+        return resolve_source(data.path, data.format, "train", data.images or None).names_and_sizes()
+    except (OSError, ValueError):
         return None
 
 
-def accept_moved_data(saved: RunConfig, given: RunConfig, out: Path, fingerprint: dict[str, Any] | None
-                      ) -> RunConfig:
+def _record(out: Path) -> dict[str, Any]:
+    """``out/data_fingerprint.json`` ({} when missing or unreadable)."""
+    try:
+        record = json.loads((out / FINGERPRINT_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def known_digests(out: Path) -> dict[str, dict[str, Any]]:
+    """The shard digests the run folder recorded (``{absolute path: {"bytes", "mtime_ns", "sha256"}}``), so that a
+    resume reads no shard whose size and modification time are unchanged."""
+    shards = _record(out).get("shards")
+    return dict(shards) if isinstance(shards, dict) else {}
+
+
+def record_fingerprint(out: Path, cfg: RunConfig, fingerprint: dict[str, Any] | None,
+                       shards: dict[str, dict[str, Any]] | None = None) -> None:
+    """Write ``out/data_fingerprint.json`` (what :func:`accept_moved_data` compares a moved data folder with), with
+    the digests of the data's shards (`shards`: :func:`known_digests`'s form), atomically."""
+    if fingerprint is not None:
+        record = {"path": cfg.data.path, "images": cfg.data.images, "fingerprint": fingerprint,
+                  "shards": shards or {}}
+        ckpt_io.atomic_write_text(out / FINGERPRINT_FILE, json.dumps(record, indent=2) + "\n")
+
+
+def _recorded(out: Path) -> dict[str, Any] | None:
+    fingerprint = _record(out).get("fingerprint")
+    return fingerprint if isinstance(fingerprint, dict) else None
+
+
+def accept_moved_data(saved: RunConfig, given: RunConfig, out: Path, fingerprint: dict[str, Any] | None,
+                      known: dict[str, dict[str, Any]] | None = None) -> RunConfig:
     """`saved` with the data location of `given` when both name the same content (a moved or copied data folder);
     `saved` unchanged when the locations are the same or the old one still holds other data (the caller then
-    reports the config difference). `fingerprint` is that of `given`'s data. Raises ``ValueError`` when the
-    content differs from what the run recorded."""
+    reports the config difference). `fingerprint` is that of `given`'s data, `known` the shard digests the run
+    recorded. Raises ``ValueError`` when the content differs from what the run recorded.
+
+    A run folder from before contents were hashed recorded shard names and sizes only (a fingerprint without
+    ``version``): when the old location is gone, the new data's names and sizes are compared with that record (all
+    such a run can offer; the warning says so), and the caller then records the content fingerprint, which every
+    later resume compares. Where the old location still exists, both contents are compared instead."""
     a, b = saved.data, given.data
     if (a.path, a.images) == (b.path, b.images):
         return saved
-    recorded = _recorded(out)
-    if recorded is None and Path(a.path).exists():
-        recorded = data_fingerprint(a)
+    recorded, compared = _recorded(out), fingerprint
+    names_only = recorded is not None and "version" not in recorded
+    if (recorded is None or names_only) and Path(a.path).exists():
+        recorded, names_only = data_fingerprint(a, known), False
         if recorded is not None and recorded != fingerprint:
             return saved  # two different data sets: a config change, reported as such
-    if recorded is not None and fingerprint != recorded:
+    elif names_only:
+        compared = _names_and_sizes(b)
+    if recorded is not None and compared != recorded:
         raise ValueError(f"--resume: the data at {b.path_as_given or b.path} is not the data this run trained on "
                          f"({a.path}): their content fingerprints differ ({out / FINGERPRINT_FILE}). Resume with the "
                          "run's own data (--data may name its new location), or start a new run")
-    how = ("the same content" if recorded is not None else
+    how = ("shard names and sizes checked, not their bytes: the run recorded its fingerprint before contents were "
+           "hashed; their digests are recorded from now on" if names_only else
+           "the same content" if recorded is not None else
            "content not checked: the run recorded no fingerprint and the old location is gone")
     warnings.warn(f"--resume: the run's data moved from {a.path} to {b.path} ({how}); the run now reads it there",
                   stacklevel=3)
@@ -201,18 +239,21 @@ def prepare_run(cfg: RunConfig, out: Path, resume: bool, main: bool, lr_lambda: 
             raise
         raise FileNotFoundError(f"{err}. If the run's data moved, pass --data NEW_PATH: --resume accepts it when "
                                 "its content is the same") from None
-    fingerprint = source.fingerprint()
     if main:
         removed = ckpt_io.remove_stale_temporaries(out)
         if removed:
             warnings.warn(f"removed what writers that are no longer running left in {out}: {', '.join(removed)}",
                           stacklevel=3)
+    if not resume and (ckpt_io.checkpoint_folders(out) or (out / "metrics.jsonl").exists()):
+        raise FileExistsError(f"run folder {out} already holds a run; pass --resume to continue it or choose "
+                              "another --out (nothing was overwritten)")
+    known = known_digests(out)
+    fingerprint = source.fingerprint(known)  # reads each shard not recorded with its size and mtime
+    own = {str(Path(shard).resolve()) for shard in source.shards}
+    shards = {path: entry for path, entry in known.items() if path in own}  # what the record keeps
     if not resume:
-        if ckpt_io.checkpoint_folders(out) or (out / "metrics.jsonl").exists():
-            raise FileExistsError(f"run folder {out} already holds a run; pass --resume to continue it or choose "
-                                  "another --out (nothing was overwritten)")
         if main:
-            record_fingerprint(out, cfg, fingerprint)
+            record_fingerprint(out, cfg, fingerprint, shards)
         return cfg, None, ""
     start_ckpt, state_problem = ckpt_io.resume_point(out, set_aside_damaged=main)
     if start_ckpt is None:
@@ -225,15 +266,15 @@ def prepare_run(cfg: RunConfig, out: Path, resume: bool, main: bool, lr_lambda: 
                       f"from step 0{also}", stacklevel=3)
         return cfg, None, ""
     saved = resolve_data_paths(RunConfig.load(start_ckpt / "config.json"))  # older runs saved paths as typed
-    saved = accept_moved_data(saved, cfg, out, fingerprint)
+    saved = accept_moved_data(saved, cfg, out, fingerprint, known)
     _check_resume_config(saved, cfg)
     done = json.loads((start_ckpt / "meta.json").read_text())["step"]
     check_steps(saved, cfg, done, lambda step, c: c.train.lr * lr_lambda(
         step, c.train.warmup_steps, c.train.steps, c.train.min_lr_ratio))
     if state_problem:
         warnings.warn(weights_only_warning(start_ckpt, state_problem), stacklevel=3)
-    if main:
-        record_fingerprint(out, saved, fingerprint)
+    if main:  # the resume is accepted: the first write
+        record_fingerprint(out, saved, fingerprint, shards)
     return (saved if saved.train.steps == cfg.train.steps else _with_steps(saved, cfg.train.steps)), start_ckpt, \
         state_problem
 

@@ -145,7 +145,7 @@ def test_a_caption_table_fingerprints_its_bytes(tmp_path):
     with open(table, "w", newline="") as fh:
         csv.writer(fh).writerows([["image", "caption"], ["a.png", "a red circle"], ["b.png", "a blue square"]])
     digest = hashlib.sha256(("csv\n" + hashlib.sha256(table.read_bytes()).hexdigest()).encode()).hexdigest()
-    assert resolve_source(str(table)).fingerprint() == {"kind": "csv", "items": 2, "digest": digest}
+    assert resolve_source(str(table)).fingerprint() == {"kind": "csv", "items": 2, "digest": digest, "version": 2}
     moved = tmp_path / "elsewhere"
     moved.mkdir()
     shutil.copy(table, moved / "pairs.csv")
@@ -154,18 +154,24 @@ def test_a_caption_table_fingerprints_its_bytes(tmp_path):
     assert resolve_source(str(table)).fingerprint()["digest"] != digest
 
 
-def test_shards_fingerprint_names_sizes_and_manifest(source_run, tmp_path):
+def test_shards_fingerprint_contents_names_and_manifest(source_run, tmp_path):
     data, _ = source_run
     source = resolve_source(str(data), split="train")
-    parts = ["wds", *(f"{Path(s).name}:{Path(s).stat().st_size}" for s in source.shards),
+    parts = ["wds", *(f"{Path(s).name}:{hashlib.sha256(Path(s).read_bytes()).hexdigest()}" for s in source.shards),
              hashlib.sha256((data / "manifest.json").read_bytes()).hexdigest()]
     expected = hashlib.sha256("\n".join(parts).encode()).hexdigest()
-    assert source.fingerprint() == {"kind": "wds", "items": len(source.shards), "digest": expected}
+    assert source.fingerprint() == {"kind": "wds", "items": len(source.shards), "digest": expected, "version": 2}
     copy = tmp_path / "copy"
     shutil.copytree(data, copy)
     assert resolve_source(str(copy), split="train").fingerprint() == source.fingerprint()
     manifest = json.loads((copy / "manifest.json").read_text())
     (copy / "manifest.json").write_text(json.dumps({**manifest, "edited": True}))
+    assert resolve_source(str(copy), split="train").fingerprint() != source.fingerprint()
+    shutil.copy(data / "manifest.json", copy / "manifest.json")
+    shard = Path(resolve_source(str(copy), split="train").shards[0])
+    flipped = bytearray(shard.read_bytes())
+    flipped[700] ^= 0x01  # inside the first member: the same name and size, other content
+    shard.write_bytes(bytes(flipped))
     assert resolve_source(str(copy), split="train").fingerprint() != source.fingerprint()
     remote = Source("wds", "https://host/{0..1}.tar", shards=["https://host/0.tar", "https://host/1.tar"])
     assert remote.fingerprint() is None  # remote shards cannot be listed

@@ -31,7 +31,7 @@ import hashlib
 import json
 import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,17 +65,32 @@ class Source:
     def __len__(self) -> int:
         return len(self.shards) if self.kind == "wds" else len(self.rows)
 
-    def fingerprint(self) -> dict[str, Any] | None:
-        """A content fingerprint ``{"kind", "items", "digest"}`` (None for remote shards, which cannot be listed):
-        the digest covers each shard's name and size (or the caption table's bytes) and the data set's
-        ``manifest.json``, but no folder name, so a moved copy gives the same one. No byte of a shard is read: one
-        ``stat`` per shard at any scale."""
+    def fingerprint(self, known: dict[str, dict[str, Any]] | None = None) -> dict[str, Any] | None:
+        """A content fingerprint ``{"kind", "items", "digest", "version": 2}`` (None for remote shards, which cannot
+        be read here): the digest covers the SHA-256 of each shard's bytes with its name (or of the caption table's
+        bytes; its images are not read) and the data set's ``manifest.json``, but no folder name, so a moved copy
+        gives the same one, and other content of the same sizes another.
+
+        Each shard is read once: `known` (``{absolute path: {"bytes", "mtime_ns", "sha256"}}``, what
+        :func:`mdc_core.resume.record_fingerprint` keeps in the run folder) and this process's own memo give the
+        digest of a shard whose size and modification time are unchanged without reading it; `known` gains the
+        entries computed here."""
+        known = {} if known is None else known
+        found = self._digest(lambda shard: shard_sha256(shard, known))
+        return None if found is None else {**found, "version": FINGERPRINT_VERSION}
+
+    def names_and_sizes(self) -> dict[str, Any] | None:
+        """The fingerprint runs recorded before content was hashed (no ``version``): each shard's name and size
+        (a caption table's bytes, the manifest's digest, as now). Only for comparing with such a record."""
+        return self._digest(lambda shard: str(shard.stat().st_size))
+
+    def _digest(self, describe: Callable[[Path], str]) -> dict[str, Any] | None:
         parts: list[str] = [self.kind]
         if self.kind == "wds":
             for shard in map(Path, self.shards):
                 if not shard.is_file():
                     return None
-                parts.append(f"{shard.name}:{shard.stat().st_size}")
+                parts.append(f"{shard.name}:{describe(shard)}")
         elif Path(self.location).is_file():
             parts.append(_file_sha256(Path(self.location)))
         else:
@@ -84,6 +99,26 @@ class Source:
         if manifest is not None and manifest.is_file():
             parts.append(_file_sha256(manifest))
         return {"kind": self.kind, "items": len(self), "digest": hashlib.sha256("\n".join(parts).encode()).hexdigest()}
+
+
+FINGERPRINT_VERSION = 2  # 2: shard contents hashed; records without a version hold names and sizes
+_SHA256_MEMO: dict[tuple[str, int, int], str] = {}  # (absolute path, bytes, mtime_ns) -> SHA-256, this process
+
+
+def shard_sha256(path: Path, known: dict[str, dict[str, Any]]) -> str:
+    """The SHA-256 of file `path`, from `known` or this process's memo when its size and modification time (ns)
+    are those recorded there, else read (and added to both)."""
+    stat = path.stat()
+    key = str(path.resolve())
+    entry = known.get(key)
+    if isinstance(entry, dict) and entry.get("bytes") == stat.st_size and entry.get("mtime_ns") == stat.st_mtime_ns \
+            and isinstance(entry.get("sha256"), str):
+        return entry["sha256"]
+    memo = (key, stat.st_size, stat.st_mtime_ns)
+    if memo not in _SHA256_MEMO:
+        _SHA256_MEMO[memo] = _file_sha256(path)
+    known[key] = {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": _SHA256_MEMO[memo]}
+    return _SHA256_MEMO[memo]
 
 
 def _file_sha256(path: Path) -> str:
