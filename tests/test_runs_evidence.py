@@ -89,7 +89,7 @@ def test_summary_with_one_seed_says_so_and_bootstraps_the_test_items(seeded: Pat
     assert "| MDC | 60.0 [60.0, 60.0] |" in summary  # MDC has per-item scores: an interval (constant items)
     assert "| CLIP | 70.0 |" in summary  # no items, one seed: no interval
     assert ("MDC >= ARC - 0.8 (= 0.05 x ARC gain) (top-1): difference -10.0 [-10.0, -10.0] (paired bootstrap "
-            "over 10 test items (test-set noise only)); smallest resolvable difference 0.0 (paper's effect or margin "
+            "over 10 test items (test-set noise only)); detectable with 80% power: 0.0 (paper's effect or margin "
             "0.8): reversed") in summary
     assert "-> **reversed in this run (inferior by more than the margin 0.8)**" in summary
     assert "### Not measured in these runs" in summary and "Fig. 5" in summary  # not encoded: listed

@@ -26,25 +26,28 @@ from mdc_core.eval.claims import (
 from mdc_core.eval.paper_claims import TABLE1_MARGIN, TABLE2_COLUMNS, TABLE4_ROW
 from mdc_core.eval.stats import (
     EQUIVALENT,
+    EVERY,
     HOLDS,
-    MIXED,
     NOT_EQUIVALENT,
     REVERSED,
+    SINGLE,
+    SOME,
     UNDERPOWERED,
     UNMEASURED,
     UNRESOLVED,
     Estimate,
+    PartTest,
     Spread,
     bootstrap_difference,
     bootstrap_interval,
-    combine_verdicts,
+    decide,
     describe_verdict,
+    detectable_difference,
     equivalence_verdict,
     hierarchical_draws,
     holm_step_down,
     power_verdict,
     seed_difference,
-    smallest_resolvable,
     t_interval,
     verdict,
 )
@@ -132,12 +135,6 @@ def test_verdict_without_interval_and_combinations() -> None:
         verdict(t_interval([1.0, 2.0]), ">=")
     with pytest.raises(ValueError, match="margin"):
         verdict(t_interval([1.0, 2.0]), "noninferior", -1.0)
-    assert combine_verdicts([HOLDS, HOLDS]) == HOLDS
-    assert combine_verdicts([HOLDS, UNRESOLVED]) == UNRESOLVED
-    assert combine_verdicts([HOLDS, REVERSED, UNRESOLVED]) == MIXED  # parts hold and parts are reversed
-    assert combine_verdicts([REVERSED, REVERSED, UNMEASURED]) == REVERSED
-    assert combine_verdicts([REVERSED, UNRESOLVED]) == UNRESOLVED
-    assert combine_verdicts([UNMEASURED, UNMEASURED]) == UNMEASURED and combine_verdicts([]) == UNMEASURED
     assert "non-inferior" in describe_verdict(HOLDS, "noninferior", 0.8) and describe_verdict(HOLDS, ">") == HOLDS
 
 
@@ -263,34 +260,44 @@ def test_comparable_is_non_inferiority_with_a_margin_on_the_runs_own_scale() -> 
     outside = evaluate_claim(claim, cells([57.0, 57.0, 58.5], [60.0, 61.0, 62.0]))
     assert outside["verdict"] == REVERSED and "more than the margin" in outside["verdict_text"]
     # -0.2, -1.5, +0.4: sd 0.971, 95% half-width 4.303 x 0.971 / sqrt(3) = 2.41 > the margin 0.8: underpowered
+    # detectable with 80% power: 5.653 SE = 5.653 x 0.971 / sqrt(3) = 3.17 > 0.8
     wide = evaluate_claim(claim, cells([60.0, 59.5, 62.4], [60.2, 61.0, 62.0]))
-    assert wide["verdict"] == UNDERPOWERED and wide["parts"][0]["resolvable"] == pytest.approx(2.413, abs=1e-3)
-    # -0.5, -1.0, -0.6 (mean -0.7): half-width 0.66 < 0.8, yet the interval reaches below -0.8: not resolved
-    near = evaluate_claim(claim, cells([59.7, 60.0, 61.4], [60.2, 61.0, 62.0]))
-    assert near["verdict"] == UNRESOLVED and near["parts"][0]["resolvable"] < 0.8
+    assert wide["verdict"] == UNDERPOWERED and wide["parts"][0]["detectable"] == pytest.approx(3.170, abs=2e-3)
+    # -0.5, -0.6, -0.55 (mean -0.55, sd 0.05): 95% [-0.67, -0.43] holds; with the mean at -0.85 and the same
+    # spread the interval reaches across -0.8 and 80% power needs 5.653 x 0.05 / sqrt(3) = 0.16 < 0.8: not resolved
+    near = evaluate_claim(claim, cells([59.65, 60.25, 61.45], [60.2, 61.0, 62.0]))
+    assert near["verdict"] == UNRESOLVED and near["parts"][0]["detectable"] < 0.8
     # without ARC's gain there is no margin: flagged, not tested against a guess
     alone = evaluate_claim(claim, _seeds("top-1", {"MDC": [60.0, 60.7, 61.9], "ARC": [60.2, 61.0, 62.0]}))
     assert alone["verdict"] == UNMEASURED and alone["missing"] == ["row ARC, column gain (the margin's scale)"]
 
 
-def test_multi_part_claims_show_each_part_and_can_be_mixed() -> None:
+def test_a_claim_about_every_part_is_reversed_when_holm_finds_one_part_reversed() -> None:
     gains = {"ARC": [20.0, 21.0, 22.0], "MDC": [5.0, 5.5, 4.5], "CLIP": [10.0, 10.4, 10.2]}
     res = evaluate_claim(_claim("table1_long"), _seeds("gain", gains))
     assert {(p["better"], p["verdict"]) for p in res["parts"]} == {("ARC", HOLDS), ("MDC", REVERSED)}
-    assert res["verdict"] == MIXED and res["verdict_text"] == "mixed over 3 seeds (1 of 2 parts hold, 1 of 2 reversed)"
-    assert all(p["holm"] is not None for p in res["parts"])  # two parts: each shows the Holm level it used
-    assert sorted(p["holm"]["level"] for p in res["parts"]) == pytest.approx([0.95, 0.975])
+    assert res["verdict"] == REVERSED
+    assert res["verdict_text"] == ("reversed over 3 seeds (every part must hold: 1 of 2 parts points the paper's "
+                                   "way, 1 against)")
+    held = next(p for p in res["parts"] if p["better"] == "ARC")
+    assert held["holm"] is None  # "holds" is read at 95%: no correction for a claim about every part
+    assert next(p for p in res["parts"] if p["better"] == "MDC")["holm"]["level"] in (0.95, 0.975)
 
 
-def test_holm_across_parts_can_leave_parts_unresolved_that_alone_would_hold() -> None:
+def test_a_claim_about_every_part_holds_without_holm_and_one_about_some_part_needs_it() -> None:
     # paired t over 3 seeds (df 2, 95% critical t 4.30): MDC - BERT = 1.0, 1.6, 2.2 -> t 4.62 (p 0.044);
-    # MDC - Parallel = 1.0, 1.5, 2.0 -> t 5.20 (p 0.035). Each alone holds; Holm tests p 0.035 first at 97.5%
-    # (critical t 6.21), which fails, so neither part is resolved.
+    # MDC - Parallel = 1.0, 1.5, 2.0 -> t 5.20 (p 0.035). Each alone holds at 95%.
     values = {"MDC": [3.0, 3.6, 4.2], "BERT 0.5": [2.0, 2.0, 2.0], "Parallel (r = 1)": [2.0, 2.1, 2.2]}
     for worse in ("BERT*", "Parallel*"):
         alone = Claim("x", "claim", "s", "t", "fig4", (Part("MDC", ">", worse, ("top-1",)),))
         assert evaluate_claim(alone, _seeds("top-1", values))["verdict"] == HOLDS  # at 95%
+    # Fig. 4's "consistently outperforms" is about every part: intersection-union, each part at 95%, no Holm
     res = evaluate_claim(_claim("fig4"), _seeds("top-1", values))
+    assert _claim("fig4").combine == "every" and res["verdict"] == HOLDS
+    assert [(p["verdict"], p["holm"]) for p in res["parts"]] == [(HOLDS, None), (HOLDS, None)]
+    # the same parts as a claim about *some* part: Holm tests p 0.035 first at 97.5% (critical t 6.21): it fails
+    some = Claim("x", "claim", "s", "t", "fig4", _claim("fig4").parts, combine="some")
+    res = evaluate_claim(some, _seeds("top-1", values))
     levels = {p["worse"]: (p["verdict"], round(p["holm"]["level"], 4)) for p in res["parts"]}
     assert levels == {"Parallel (r = 1)": (UNRESOLVED, 0.975), "BERT 0.5": (UNRESOLVED, 0.95)}
     assert res["verdict"] == UNRESOLVED
@@ -369,7 +376,7 @@ def test_the_central_claim_is_an_interaction_and_mdc_flat_is_an_equivalence() ->
     falls = {r["key"]: r for r in evaluate_claims(_signal_cells(-0.4, -0.3))}
     assert falls["visual_signal_mdc"]["verdict"] == NOT_EQUIVALENT
     text = "\n".join(claims_markdown([falls["visual_signal_mdc"]]))
-    assert "|MDC - 0| < 0.1 (gradient: predictable)" in text and "smallest resolvable difference" in text
+    assert "|MDC - 0| < 0.1 (gradient: predictable)" in text and "detectable with 80% power" in text
     rng = np.random.default_rng(1)
     arc = (-0.4 + 0.1 * rng.standard_normal(200)).tolist()
     old = {"reliance_slope": {"metric": "m", "cells": {"ARC": {"predictable": Cell({0: float(np.mean(arc))},
@@ -384,10 +391,56 @@ def test_two_dimensional_claim_checks_each_column_and_markdown_says_it() -> None
              "CLIP": {c: Cell({0: 50.0, 1: 51.0, 2: 53.0}) for c in ("relation", "attribute", "swap")}}
     results = evaluate_claims({"table2": {"metric": "m", "cells": cells}}, measured_only=True)
     assert [r["key"] for r in results] == ["table2"] and results[0]["verdict"] == HOLDS
-    assert len(results[0]["parts"]) == 6  # 2 comparisons x 3 columns, Holm over the 6
+    assert len(results[0]["parts"]) == 6  # 2 comparisons x 3 columns, every one at 95% (intersection-union)
     text = "\n".join(claims_markdown(results))
     assert "**Sec. 4.2 'Vision language compositionality'; Table 2** (the paper's claim)" in text
-    assert "(swap)" in text and "paired t over 3 seeds" in text and "Holm 99.2%" in text
+    assert "(swap)" in text and "paired t over 3 seeds" in text and "Holm" not in text
+    assert "every part must hold: 6 of 6 parts point the paper's way, 0 against" in text
+
+
+def test_a_claim_whose_parts_all_point_against_says_so_beside_not_resolved() -> None:
+    """Table 2 over 3 seeds with every difference negative but no interval clear of 0 (the 2026-11-27 shape):
+    not resolved, and the verdict says all six parts point against the paper."""
+    spread = {"relation": [1.0, -3.0, 0.5], "attribute": [2.0, -4.0, 0.0], "swap": [1.5, -2.5, -1.0]}
+    cells = {"MDC (Heuristic)": {c: Cell(dict(enumerate([60.0 + x for x in v]))) for c, v in spread.items()},
+             "ARC": {c: Cell({0: 61.0, 1: 61.0, 2: 61.0}) for c in spread},
+             "CLIP": {c: Cell({0: 60.5, 1: 60.9, 2: 60.7}) for c in spread}}
+    res = evaluate_claim(_claim("table2"), cells)
+    assert all(p["difference"]["mean"] < 0 for p in res["parts"]) and len(res["parts"]) == 6
+    assert res["verdict"] in (UNRESOLVED, UNDERPOWERED) and res["verdict"] != REVERSED
+    assert res["verdict_text"].endswith("(every part must hold: 0 of 6 parts point the paper's way, 6 against)")
+    assert res["counts"] == "0 of 6 parts point the paper's way, 6 against"
+
+
+def test_the_decision_table_by_hand() -> None:
+    """decide() on z-spreads (the normal): 1.96 is the 95% two-sided critical value, 2.24 Holm's 97.5%."""
+    def z(value: float, relation: str = ">", effect: float | None = None) -> PartTest:
+        return PartTest(_normal_spread(value), relation, effect=effect)
+
+    assert decide([z(2.1)], SINGLE).verdict == HOLDS and decide([z(-2.1)], SINGLE).verdict == REVERSED
+    assert decide([z(1.0)], SINGLE).verdict == UNRESOLVED
+    assert decide([z(1.0, effect=2.0)], SINGLE).verdict == UNDERPOWERED  # 2.80 SE needed for 80% power > 2
+    assert decide([z(1.0, effect=3.0)], SINGLE).verdict == UNRESOLVED
+    assert decide([z(2.1, "<")], SINGLE).verdict == REVERSED  # a slope claimed < 0 measured at +2.1 SE
+    # every: both at 95% and no correction (Holm would need 2.24 for the first)
+    both = decide([z(2.1), z(2.0)], EVERY)
+    assert both.verdict == HOLDS and [p.level for p in both.parts] == [0.95, 0.95]
+    # every: one reversed at 95% only (2.1 < 2.24): not reversed once the two parts are counted; at 2.5: reversed
+    assert decide([z(2.1), z(-2.1)], EVERY).verdict == UNRESOLVED
+    assert decide([z(2.1), z(-2.1)], EVERY).parts[1].verdict == UNRESOLVED
+    rev = decide([z(2.1), z(-2.5)], EVERY)
+    assert rev.verdict == REVERSED and rev.parts[1].level == pytest.approx(0.975)
+    # some: Holm's first step at 97.5% (2.24): 2.1 and 2.0 do not hold; 2.5 then 2.0 (at 95%) both do
+    assert decide([z(2.1), z(2.0)], SOME).verdict == UNRESOLVED
+    assert decide([z(2.5), z(0.0)], SOME).verdict == HOLDS
+    assert decide([z(-2.1), z(-2.0)], SOME).verdict == REVERSED  # every part reversed at 95%
+    assert decide([z(-2.1), z(0.5)], SOME).verdict == UNRESOLVED
+    assert decide([PartTest(None), PartTest(Spread(1.0, 1, "single value"))]).verdict == UNMEASURED
+    assert decide([z(-1.0), z(0.5), z(-0.2)]).counts() == "1 of 3 parts points the paper's way, 2 against"
+    with pytest.raises(ValueError, match="combination must be one of"):
+        decide([z(1.0)], "all")
+    with pytest.raises(ValueError, match="a single claim has one part"):
+        decide([z(1.0), z(2.0)], SINGLE)
 
 
 def test_position_fade_is_late_minus_early() -> None:
@@ -516,21 +569,28 @@ def test_equivalence_reads_the_interval_against_both_margins() -> None:
         equivalence_verdict(est(-0.05, 0.08), 0.0)
 
 
-def test_the_smallest_resolvable_difference_and_underpowered_by_hand() -> None:
-    # 1.0 [-0.6, 2.4]: the interval reaches 1.6 below and 1.4 above its mean: a true difference of 1.6 resolves
-    assert smallest_resolvable(Estimate(1.0, -0.6, 2.4, 3, "t")) == pytest.approx(1.6)
-    assert smallest_resolvable(Estimate(1.0, math.nan, math.nan, 1, "single value")) is None
-    # t over 3 seeds of [1, 2, 3]: half-width 4.3027 x 1 / sqrt(3) = 2.4841
-    assert smallest_resolvable(t_interval([1.0, 2.0, 3.0])) == pytest.approx(2.4841, abs=1e-4)
+def test_the_detectable_difference_and_underpowered_by_hand() -> None:
+    # large df: (z_0.975 + z_0.8) SE = (1.960 + 0.842) SE = 2.802 SE, the rule of thumb
+    assert detectable_difference(Spread(0.0, 10 ** 6, "z", 3, t=(1.0, 10 ** 7))) == pytest.approx(2.8016, abs=1e-3)
+    assert detectable_difference(Spread(1.0, 1, "single value")) is None and detectable_difference(None) is None
+    # 3 seeds (df 2): the noncentral t needs 5.653 SE, not the 4.303 SE of the interval's half-width (50% power)
+    assert detectable_difference(Spread(0.0, 3, "t", 3, t=(1.0, 2))) == pytest.approx(5.6535, abs=1e-3)
+    with pytest.raises(ValueError, match="alpha and power"):
+        detectable_difference(Spread(0.0, 3, "t", 3, t=(1.0, 2)), power=1.0)
     # Table 4's effect is 0.8-1.2 points: a resolution of 1.6 cannot show it -> underpowered, not "not resolved"
     assert power_verdict(UNRESOLVED, 1.6, 0.8) == UNDERPOWERED
     assert power_verdict(UNRESOLVED, 0.5, 0.8) == UNRESOLVED  # could have resolved it: a real "not resolved"
     assert power_verdict(HOLDS, 1.6, 0.8) == HOLDS and power_verdict(UNRESOLVED, 1.6, None) == UNRESOLVED
     values = {"MDC": [60.0, 61.0, 59.0], TABLE4_ROW: [59.5, 61.0, 58.9]}  # diffs 0.5, 0, 0.1
     res = evaluate_claim(_claim("table4"), _seeds("top-1", values))
-    # mean 0.2, sd 0.265, half-width 4.303 x 0.265 / sqrt(3) = 0.657 < 0.8: a true "not resolved"
-    assert res["verdict"] == UNRESOLVED and res["parts"][0]["resolvable"] == pytest.approx(0.657, abs=1e-3)
-    values["MDC"] = [60.0, 63.0, 59.0]  # diffs 0.5, 2.0, 0.1: half-width 2.48 > 0.8
+    # mean 0.2, sd 0.265: 80% power needs 5.653 x 0.265 / sqrt(3) = 0.864 > 0.8: underpowered (the half-width,
+    # 0.657, would have called it resolvable)
+    assert res["verdict"] == UNDERPOWERED and res["parts"][0]["detectable"] == pytest.approx(0.8636, abs=1e-3)
+    values[TABLE4_ROW] = [59.9, 60.9, 58.9]  # diffs 0.1, 0.1, 0.1 +- 0: no spread, no interval
+    values["MDC"] = [60.0, 61.05, 59.0]  # diffs 0.1, 0.15, 0.1: sd 0.029, detectable 0.094 < 0.8
+    res = evaluate_claim(_claim("table4"), _seeds("top-1", values))
+    assert res["verdict"] in (HOLDS, UNRESOLVED) and res["parts"][0]["detectable"] < 0.8
+    values = {"MDC": [60.0, 63.0, 59.0], TABLE4_ROW: [59.5, 61.0, 58.9]}  # diffs 0.5, 2.0, 0.1
     res = evaluate_claim(_claim("table4"), _seeds("top-1", values))
     assert res["verdict"] == UNDERPOWERED and res["verdict_text"].startswith("underpowered over 3 seeds")
     assert "(paper's effect or margin 0.8)" in "\n".join(claims_markdown([res]))
@@ -548,13 +608,6 @@ def test_table4_tests_the_papers_row_and_reads_the_per_caption_token_rows_old_an
         assert [p["worse"] for p in obs["parts"]] == [name] and obs["verdict"] is None  # an observation
     both = _seeds("top-1", {"MDC": mdc, TABLE4_ROW: other, "MDC (w/o 1/t), per caption token": other})
     assert [p["worse"] for p in evaluate_claim(_claim("table4"), both)["parts"]] == [TABLE4_ROW]
-
-
-def test_combined_verdicts_keep_a_shared_word_and_flag_inequivalence() -> None:
-    assert combine_verdicts([UNDERPOWERED, UNDERPOWERED, UNMEASURED]) == UNDERPOWERED
-    assert combine_verdicts([HOLDS, UNDERPOWERED]) == UNRESOLVED
-    assert combine_verdicts([EQUIVALENT, NOT_EQUIVALENT]) == NOT_EQUIVALENT
-    assert combine_verdicts([HOLDS, REVERSED, UNRESOLVED]) == MIXED
 
 
 def test_table2_leaves_out_the_columns_an_image_free_model_solves() -> None:

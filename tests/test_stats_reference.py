@@ -9,12 +9,21 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.power import TTestPower
 
 from mdc_core.eval.cells import Cell, cell_spread, difference_spread
 from mdc_core.eval.stats import (
+    EVERY,
+    HOLDS,
+    REVERSED,
+    SOME,
+    UNRESOLVED,
+    PartTest,
     Spread,
     bootstrap_difference,
     bootstrap_interval,
+    decide,
+    detectable_difference,
     holm_step_down,
     seed_difference,
     t_interval,
@@ -152,3 +161,37 @@ def test_holm_levels_are_the_step_down_levels():
     sides = holm_step_down([_t_spread_with_p(p) for p in (0.001, 0.002, 0.003)], [0.0] * 3)
     assert [round(level, 4) for _, level in sides] == [0.9833, 0.975, 0.95]
     assert all(side == "above" for side, _ in sides)
+
+
+@pytest.mark.parametrize("n", [3, 5, 10, 40])
+@pytest.mark.parametrize("alpha", [0.05, 0.05 / 3])
+def test_the_detectable_difference_is_statsmodels_80_percent_power_difference(n, alpha):
+    """A one-sample t test over n seeds (df n - 1): TTestPower's effect size (in SDs) times the SD is the difference
+    detected with 80% power; the interval's half-width (t_{1-a/2} SE, 50% power) is well below it."""
+    values = SEEDS_A if n == 5 else RNG.normal(0.0, 1.7, size=n)
+    sd = float(np.std(values, ddof=1))
+    spread = Spread(0.0, n, "t", n, t=(sd / math.sqrt(n), n - 1))
+    ours = detectable_difference(spread, alpha)
+    power = TTestPower()
+    at_ours = power.power(ours / sd, n, alpha, alternative="two-sided")
+    if math.isnan(at_ours):  # statsmodels' far tail is scipy's noncentral t, NaN where it is ~0: the near tail alone
+        at_ours = sps.nct.sf(sps.t.ppf(1 - alpha / 2, n - 1), n - 1, ours / (sd / math.sqrt(n)))
+    assert at_ours == pytest.approx(0.8, abs=1e-6)
+    d = power.solve_power(effect_size=None, nobs=n, alpha=alpha, power=0.8, alternative="two-sided")
+    if power.power(d, n, alpha, alternative="two-sided") == pytest.approx(0.8, abs=1e-4):  # its solver converged
+        assert ours == pytest.approx(d * sd, rel=1e-4)  # (at n = 3, alpha = 0.05 / 3 it stops at 61% power)
+    assert detectable_difference(spread, alpha) > 1.2 * sps.t.ppf(1 - alpha / 2, n - 1) * sd / math.sqrt(n)
+
+
+@pytest.mark.parametrize("p_values", [[0.01, 0.04, 0.03], [0.03, 0.04], [0.001, 0.2], [0.2, 0.3]])
+def test_every_is_intersection_union_and_some_is_holm(p_values):
+    """"every part holds" holds iff every p < 0.05 (no correction: a Holm-corrected rule would leave [0.03, 0.04]
+    unresolved); "some part holds" holds iff statsmodels' Holm rejects some part."""
+    parts = [PartTest(_t_spread_with_p(p)) for p in p_values]
+    every = decide(parts, EVERY).verdict
+    assert (every == HOLDS) == all(p < 0.05 for p in p_values)
+    assert (decide(parts, SOME).verdict == HOLDS) == bool(multipletests(p_values, method="holm")[0].any())
+    against = [PartTest(_t_spread_with_p(p).shifted(2 * _t_spread_with_p(p).mean)) for p in p_values]  # mirrored
+    assert (decide(against, SOME).verdict == REVERSED) == all(p < 0.05 for p in p_values)
+    assert (decide(against, EVERY).verdict == REVERSED) == bool(multipletests(p_values, method="holm")[0].any())
+    assert every in (HOLDS, UNRESOLVED)

@@ -3,9 +3,9 @@ markdown (torch-free).
 
 Tables are gathered over runs and seeds by :func:`~mdc_core.eval.cells.gather_tables`. Each claim is a set of
 parts, each part one comparison of two rows (or of a row with a constant) in one column; its distribution is
-:func:`~mdc_core.eval.cells.difference_spread`. For claims and workbench checks the parts are tested together
-with Holm's step-down (:func:`~mdc_core.eval.stats.holm_step_down`) and combined by
-:func:`~mdc_core.eval.stats.combine_verdicts` (holds, reversed, mixed, not resolved, not measured); observations
+:func:`~mdc_core.eval.cells.difference_spread`. For claims and workbench checks the parts are decided together by
+the one decision table, :func:`~mdc_core.eval.stats.decide` (holds, reversed, not resolved, underpowered, not
+measured; "every" part by intersection-union, "some" part by Holm: :attr:`Claim.combine`); observations
 and exploratory measurements show their differences without a verdict. A claim whose table, rows or columns
 are missing says so ("not measured"), and one training seed makes every verdict a statement about *this run*.
 """
@@ -37,20 +37,17 @@ from mdc_core.eval.paper_claims import (  # noqa: F401
     Part,
 )
 from mdc_core.eval.stats import (
-    HOLDS,
-    MIXED,
+    ALPHA,
     N_BOOT,
     N_BOOT_TESTS,
-    REVERSED,
+    UNDERPOWERED,
     UNMEASURED,
     UNRESOLVED,
-    combine_verdicts,
+    Decision,
+    PartTest,
+    decide,
     describe_verdict,
-    equivalence_verdict,
-    holm_step_down,
-    null_value,
-    power_verdict,
-    smallest_resolvable,
+    detectable_difference,
 )
 
 KIND_LABELS = {CLAIM: "the paper's claim", CHECK: "workbench check", OBSERVATION: "observation, no verdict",
@@ -155,86 +152,73 @@ def _lengths(cells: Table, better: str, worse: str | float) -> list[float] | Non
 def evaluate_claim(claim: Claim, cells: Table | None) -> dict[str, Any]:
     """Verdict of one claim on a gathered table (``None``: the table was not measured).
 
-    Returns ``{"key", "kind", "source", "text", "tested_as", "table", "verdict", "verdict_text", "seeds",
-    "parts": [{"better", "relation", "worse", "column", "margin", "difference": Estimate dict | None,
-    "holm": {"level", "low", "high"} | None, "lengths": [mean length of each row] | None (tables with a
-    ``length`` column), "resolvable": the smallest difference its (Holm-level) interval resolves | None,
-    "effect": the paper's effect or the part's margin | None, "verdict", "verdict_text"}], "missing"}``.
-    Observations and exploratory entries have verdict None (and None per part). Equivalence parts are read at 95%
-    (:func:`~mdc_core.eval.stats.equivalence_verdict`), the others with Holm's step-down; an unresolved part
-    whose smallest resolvable difference exceeds the paper's effect (:attr:`Claim.effect`, or the margin of a
-    non-inferiority part) is "underpowered" (:func:`~mdc_core.eval.stats.power_verdict`).
+    Returns ``{"key", "kind", "source", "text", "tested_as", "table", "combine", "verdict", "verdict_text",
+    "counts", "seeds", "parts": [{"better", "relation", "worse", "column", "margin", "difference": Estimate dict |
+    None, "holm": {"level", "low", "high"} | None (a part read at a Holm level, not at 95%), "lengths": [mean
+    length of each row] | None (tables with a ``length`` column), "detectable": the difference its test detects
+    with 80% power | None, "effect": the paper's effect or the part's margin | None, "verdict", "verdict_text"}],
+    "missing"}``. Observations and exploratory entries have verdict None (and None per part). The verdict is
+    :func:`~mdc_core.eval.stats.decide`'s for the claim's :attr:`Claim.combine`; ``counts`` says how many parts'
+    estimates point each way (:meth:`~mdc_core.eval.stats.Decision.counts`).
     """
     missing: list[str] = []
     base = {"key": claim.key, "kind": claim.kind, "source": claim.source, "text": claim.text,
-            "tested_as": claim.tested_as, "table": claim.table}
+            "tested_as": claim.tested_as, "table": claim.table, "combine": claim.combine}
     if cells is None:
         return {**base, "verdict": UNMEASURED if claim.kind in VERDICT_KINDS else None,
-                "verdict_text": f"not measured (no `{claim.table}` table in these runs)", "seeds": 0, "parts": [],
-                "missing": [f"table {claim.table}"]}
+                "verdict_text": f"not measured (no `{claim.table}` table in these runs)", "counts": "", "seeds": 0,
+                "parts": [], "missing": [f"table {claim.table}"]}
     uninformative: list[str] = []
     comparisons = _comparisons(claim, cells, missing, uninformative)
     base["uninformative"] = uninformative
-    nulls = [null_value(c["relation"], c["margin"]) for c in comparisons]
     judged = claim.kind in VERDICT_KINDS
-    stepped = [i for i, c in enumerate(comparisons) if c["relation"] != "equivalent"]
-    tested = dict(zip(stepped, holm_step_down([comparisons[i]["spread"] for i in stepped],
-                                              [nulls[i] for i in stepped]), strict=True)) if judged else {}
+    tests = [PartTest(c["spread"], c["relation"], c["margin"],
+                      c["margin"] if c["relation"] in ("noninferior", "equivalent") else claim.effect)
+             for c in comparisons]
+    decision = decide(tests, claim.combine) if judged and tests else None
     parts: list[dict[str, Any]] = []
     for i, c in enumerate(comparisons):
         spread = c.pop("spread")
         diff = None if spread is None else spread.interval()
-        effect = c["margin"] if c["relation"] in ("noninferior", "equivalent") else claim.effect
         part = {**c, "difference": None if diff is None else diff.to_dict(), "seeds": 0 if spread is None
-                else spread.seeds, "holm": None, "resolvable": smallest_resolvable(diff), "effect": effect,
+                else spread.seeds, "holm": None, "detectable": detectable_difference(spread), "effect": tests[i].effect,
                 "verdict": None, "verdict_text": ""}
-        if judged and c["relation"] == "equivalent":
-            result = equivalence_verdict(diff, c["margin"])
-        elif judged:
-            side, level = tested[i]
-            if side == "unmeasured":
-                result = UNMEASURED
-            elif not side:
-                result = UNRESOLVED
-            else:
-                result = HOLDS if (side == "below") == (c["relation"] == "<") else REVERSED
-            if len(tested) > 1 and level and spread is not None:
-                adj = spread.interval(level)
-                part["holm"] = {"level": level, "low": adj.low, "high": adj.high}
-                part["resolvable"] = smallest_resolvable(adj)
-            result = power_verdict(result, part["resolvable"], effect)
-        if judged:
-            part["verdict"] = result
-            part["verdict_text"] = describe_verdict(result, c["relation"], c["margin"])
+        if decision is not None:
+            outcome = decision.parts[i]
+            by_holm = abs(outcome.level - (1 - ALPHA)) > 1e-12 or (claim.combine == "some" and len(tests) > 1)
+            if outcome.interval is not None and by_holm:  # read at its Holm level (one Holm step is at 95%)
+                part["holm"] = {"level": outcome.level, "low": outcome.interval.low, "high": outcome.interval.high}
+            part["detectable"] = outcome.detectable
+            part["verdict"] = outcome.verdict
+            part["verdict_text"] = describe_verdict(outcome.verdict, c["relation"], c["margin"])
         parts.append(part)
     measured = [p for p in parts if p["difference"] is not None and p["difference"]["low"] is not None]
     seeds = min((p["seeds"] for p in measured), default=0)
     if not judged:
         text = "no verdict" if measured else "not measured"
-        return {**base, "verdict": None, "verdict_text": text, "seeds": seeds, "parts": parts, "missing": missing}
-    overall = combine_verdicts([p["verdict"] for p in parts]) if parts else UNMEASURED
-    return {**base, "verdict": overall, "verdict_text": _overall_text(overall, parts, seeds), "seeds": seeds,
-            "parts": parts, "missing": missing}
+        return {**base, "verdict": None, "verdict_text": text, "counts": "", "seeds": seeds, "parts": parts,
+                "missing": missing}
+    if decision is None:
+        return {**base, "verdict": UNMEASURED, "verdict_text": UNMEASURED, "counts": "", "seeds": seeds,
+                "parts": parts, "missing": missing}
+    return {**base, "verdict": decision.verdict, "verdict_text": _overall_text(decision, parts, seeds),
+            "counts": decision.counts(), "seeds": seeds, "parts": parts, "missing": missing}
 
 
-def _overall_text(overall: str, parts: list[dict[str, Any]], seeds: int) -> str:
-    """"holds in this run", "not resolved over 3 seeds (1 of 2 parts holds)", "not measured", ..."""
+def _overall_text(decision: Decision, parts: list[dict[str, Any]], seeds: int) -> str:
+    """"holds in this run", "not resolved over 3 seeds (0 of 6 parts point the paper's way, 6 against)", ...: every
+    verdict that is not resolved (or underpowered), and every verdict of several parts, says where the parts'
+    estimates point."""
+    overall = decision.verdict
     if overall == UNMEASURED:
         return overall
-    if len(parts) == 1:
-        text = parts[0]["verdict_text"]
-    else:
-        text = overall
+    text = parts[0]["verdict_text"] if len(parts) == 1 else overall
     scope = " in this run" if seeds <= 1 else f" over {seeds} seeds"
-    measured = [p for p in parts if p["verdict"] != UNMEASURED]
-    counts = ""
-    if overall in (UNRESOLVED, MIXED) and len(measured) > 1:
-        held = sum(p["verdict"] == HOLDS for p in measured)
-        rev = sum(p["verdict"] == REVERSED for p in measured)
-        bits = [f"{held} of {len(measured)} parts hold"] if held else []
-        bits += [f"{rev} of {len(measured)} reversed"] if rev else []
-        counts = f" ({', '.join(bits)})" if bits else ""
     head, _, tail = text.partition(" (")
+    counts = f" ({decision.counts()})" if overall in (UNRESOLVED, UNDERPOWERED) or decision.measured > 1 else ""
+    if decision.measured > 1 and decision.combination != "single":
+        counts = f" (every part must hold: {decision.counts()})" if decision.combination == "every" else \
+            f" (some part must hold: {decision.counts()})"
     return f"{head}{scope}" + (f" ({tail}" if tail else "") + counts
 
 
@@ -281,7 +265,7 @@ def claims_markdown(results: Sequence[dict[str, Any]], digits: int = 1,
                     settings: Mapping[str, str] | None = None) -> list[str]:
     """Markdown lines: per claim its kind, source, text and verdict, what it was tested as and at what scale
     (`settings`: table -> a line on the models and data), then each part with its difference and interval
-    (and, for parts tested together, Holm's level)."""
+    (and, for a part read at a Holm level, that level and interval)."""
     lines: list[str] = []
     for r in results:
         verdict = f"**{r['verdict_text']}**" if r["verdict"] is not None else f"*{r['verdict_text']}*"
@@ -304,8 +288,8 @@ def claims_markdown(results: Sequence[dict[str, Any]], digits: int = 1,
             if p["holm"]:
                 holm = p["holm"]
                 line += f"; Holm {100 * holm['level']:.1f}%: [{holm['low']:+.{n}f}, {holm['high']:+.{n}f}]"
-            if p.get("resolvable") is not None and p["verdict"] is not None:
-                line += f"; smallest resolvable difference {p['resolvable']:.{n}f}"
+            if p.get("detectable") is not None and p["verdict"] is not None:
+                line += f"; detectable with 80% power: {p['detectable']:.{n}f}"
                 if p.get("effect") is not None:
                     line += f" (paper's effect or margin {abs(p['effect']):.{n}g})"
             if p.get("lengths"):

@@ -17,25 +17,31 @@ Conventions (docs/evidence.md explains them for readers):
 * **Verdicts** read the interval of ``a - b`` against a null value: ``>`` (superiority) and ``<`` against 0;
   ``noninferior`` (a claim of "comparable") against ``-margin``, a margin stated before the data are seen.
   The interval above the null: the part *holds* (for ``<``: below); on the other side: *reversed*; containing
-  it: *not resolved*. The parts of one claim are corrected for multiplicity by Holm's step-down
-  (:func:`holm_step_down`), and :func:`combine_verdicts` gives the claim one word: holds, reversed, mixed (some
-  parts hold, some are reversed), not resolved, or not measured.
+  it: *not resolved*.
 * **Equivalence** (a claim that something "does not depend" on a variable): the interval of the estimate against
   ``+-margin``, a margin stated before the data are seen (:func:`equivalence_verdict`): inside it *equivalent*,
   entirely outside it *not equivalent*, wider than the whole equivalence region *underpowered* (no estimate of
   that precision could show equivalence), else *not resolved*.
-* **Power**: a part's *smallest resolvable difference* (:func:`smallest_resolvable`) is the distance from its mean
-  to the far end of its interval: a true difference of at least that size (in either direction) would have put the
-  interval clear of the null. A part that is not resolved although the effect the paper reports (or the margin of
-  a claim of "comparable") is smaller than that distance is *underpowered* (:func:`power_verdict`), not evidence
-  against the paper.
+* **Power**: a part's *detectable difference* (:func:`detectable_difference`) is the true difference a two-sided
+  test at its level detects with 80% power: ``(t_{1-a/2} + t_{0.8}) x SE`` for large df (2.80 SE at 5%), solved
+  exactly with the noncentral t for the actual df (5.65 SE over 3 seeds). A part that is not resolved although the
+  effect the paper reports (or the margin of a claim of "comparable") is smaller than that is *underpowered*
+  (:func:`power_verdict`): the design could not have shown the paper's effect, so it is no evidence against it.
+* **Claims of several parts** (:func:`decide`, the one decision table): a claim that *every* part holds
+  ("consistently", "the best of four", "outperforms X and Y in every column") is an intersection-union test: it
+  holds when every part holds at level alpha, with no multiplicity correction; it is reversed when some part is
+  shown reversed, which is a statement about *some* part and so uses Holm's step-down (:func:`holm_step_down`).
+  A claim that *some* part holds (two measures of one effect) is the mirror image: it holds when Holm finds a
+  part that holds, and is reversed when every part is reversed at level alpha. Everything else is not resolved,
+  or underpowered where the design could not have resolved the paper's effect; beside it the summary says how many
+  parts' estimates point each way (:meth:`Decision.counts`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -46,9 +52,12 @@ ALPHA = 1 - CONFIDENCE
 N_BOOT = 4000  # bootstrap resamples for a displayed interval (the 2.5% tails hold 100 draws each)
 N_BOOT_TESTS = 20000  # for verdicts: Holm's levels reach 1 - 0.05/m, whose tails need more draws
 MIN_ITEMS = 10  # fewer test items give no bootstrap interval (a resample of 1-9 items says nothing reliable)
-HOLDS, REVERSED, MIXED, UNRESOLVED, UNMEASURED = "holds", "reversed", "mixed", "not resolved", "not measured"
+POWER = 0.80  # the power at which a part's detectable difference is stated (detectable_difference)
+HOLDS, REVERSED, UNRESOLVED, UNMEASURED = "holds", "reversed", "not resolved", "not measured"
 EQUIVALENT, NOT_EQUIVALENT, UNDERPOWERED = "equivalent", "not equivalent", "underpowered"
 RELATIONS = (">", "<", "noninferior", "equivalent")
+SINGLE, EVERY, SOME = "single", "every", "some"  # how a claim's parts combine (decide)
+COMBINATIONS = (SINGLE, EVERY, SOME)
 
 
 @dataclass(frozen=True)
@@ -314,21 +323,50 @@ def equivalence_verdict(est: Estimate | None, margin: float) -> str:
     return UNDERPOWERED if est.high - est.low >= 2 * margin else UNRESOLVED
 
 
-def smallest_resolvable(est: Estimate | None) -> float | None:
-    """The smallest true difference this interval would resolve from its null, in either direction: the larger
-    of ``mean - low`` and ``high - mean`` (None without an interval). Example: 1.0 [-0.6, 2.4] -> 1.6."""
-    if est is None or not est.has_interval:
+def _t_power_multiple(df: float, alpha: float, power: float) -> float:
+    """The noncentrality (in standard errors) at which a two-sided t test with `df` degrees of freedom at level
+    `alpha` rejects with probability `power` (both tails counted, as statsmodels' TTestPower does)."""
+    from scipy.optimize import brentq
+
+    if df > 1e5:  # the normal limit (scipy's noncentral t loses precision there)
+        return float(sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(power))
+    crit = sps.t.ppf(1 - alpha / 2, df)
+
+    def short(nc: float) -> float:
+        far = float(np.nan_to_num(sps.nct.cdf(-crit, df, nc)))  # the far tail: scipy returns NaN where it is ~0
+        return float(sps.nct.sf(crit, df, nc)) + far - power
+
+    high = 2 * crit + 2  # power grows with the noncentrality: widen the bracket until it holds the root
+    while short(high) < 0:
+        high *= 2
+    return float(brentq(short, 0.0, high, xtol=1e-10))
+
+
+def detectable_difference(spread: Spread | None, alpha: float = ALPHA, power: float = POWER) -> float | None:
+    """The true difference a two-sided test of this spread at level `alpha` detects with probability `power` (None
+    without an interval). With a t distribution (SE, df): the noncentral-t multiple of SE for that df (2.80 SE for
+    large df at 5% and 80%, 5.65 SE over 3 seeds); with bootstrap draws: the normal ``(z_{1-a/2} + z_power) x SD``
+    of the draws; with both, the larger. Example: SE 1 over 3 seeds (df 2): 5.653."""
+    if not 0 < alpha < 1 or not 0 < power < 1:
+        raise ValueError(f"alpha and power must be in (0, 1), got {alpha} and {power}")
+    if spread is None or not spread.has_interval:
         return None
-    return float(max(est.mean - est.low, est.high - est.mean))
+    sizes = []
+    if spread.t is not None:
+        se, df = spread.t
+        sizes.append(_t_power_multiple(df, alpha, power) * se)
+    if spread.draws is not None:
+        sizes.append(float((sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(power)) * np.std(spread.draws, ddof=1)))
+    return max(sizes)
 
 
-def power_verdict(result: str, resolvable: float | None, effect: float | None) -> str:
-    """A part that is :data:`UNRESOLVED` becomes :data:`UNDERPOWERED` when the smallest difference it could resolve
-    exceeds `effect` (the paper's effect, or the margin of a claim of "comparable"); every other result, and a part
-    without a stated effect, is returned unchanged."""
-    if result != UNRESOLVED or resolvable is None or effect is None:
+def power_verdict(result: str, detectable: float | None, effect: float | None) -> str:
+    """A part that is :data:`UNRESOLVED` becomes :data:`UNDERPOWERED` when the difference it detects with 80% power
+    (:func:`detectable_difference`) exceeds `effect` (the paper's effect, or the margin of a claim of "comparable");
+    every other result, and a part without a stated effect, is returned unchanged."""
+    if result != UNRESOLVED or detectable is None or effect is None:
         return result
-    return UNDERPOWERED if resolvable > abs(effect) else result
+    return UNDERPOWERED if detectable > abs(effect) else result
 
 
 def verdict(diff: Estimate | None, relation: str = ">", margin: float = 0.0) -> str:
@@ -372,20 +410,141 @@ def holm_step_down(spreads: Sequence[Spread | None], nulls: Sequence[float], alp
     return out
 
 
-def combine_verdicts(verdicts: Sequence[str]) -> str:
-    """One verdict for a claim of several parts: not measured if no part was measured; the parts' verdict when
-    every measured part has the same one (holds, reversed, underpowered, equivalent, ...); mixed if some hold and
-    some are reversed; not equivalent if any part is; else not resolved."""
-    measured = [v for v in verdicts if v != UNMEASURED]
+@dataclass(frozen=True)
+class PartTest:
+    """One part of a claim as :func:`decide` takes it: the distribution of ``a - b``, the relation it is tested
+    for, its margin and the effect below which it is underpowered (the paper's effect, or the margin)."""
+
+    spread: Spread | None
+    relation: str = ">"
+    margin: float = 0.0
+    effect: float | None = None
+
+
+@dataclass(frozen=True)
+class PartOutcome:
+    """What :func:`decide` found for one part: its verdict, the level of the interval that verdict read (0.0 when
+    unmeasured), that interval, the difference detectable at that level with 80% power, and whether its estimate
+    points the paper's way (True), against it (False) or neither (None: unmeasured, or exactly at the null)."""
+
+    verdict: str
+    level: float
+    interval: Estimate | None
+    detectable: float | None
+    toward: bool | None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A claim's verdict from :func:`decide`, with each part's outcome."""
+
+    verdict: str
+    combination: str
+    parts: tuple[PartOutcome, ...]
+
+    @property
+    def measured(self) -> int:
+        return sum(p.verdict != UNMEASURED for p in self.parts)
+
+    def counts(self) -> str:
+        """``"1 of 6 parts points the paper's way, 5 against"``: where the estimates point, verdicts aside."""
+        toward = sum(p.toward is True for p in self.parts)
+        against = sum(p.toward is False for p in self.parts)
+        verb = "point" if toward != 1 else "points"
+        return f"{toward} of {self.measured} part{'s' if self.measured != 1 else ''} {verb} the paper's way, " \
+               f"{against} against"
+
+
+def _side(est: Estimate, null: float) -> str:
+    return "above" if est.low > null else "below" if est.high < null else ""
+
+
+def _part_at(test: PartTest, level: float) -> PartOutcome:
+    """One part read off its interval at `level` (no multiplicity): holds, reversed, not resolved or underpowered;
+    equivalence parts by :func:`equivalence_verdict`."""
+    if test.spread is None or not test.spread.has_interval:
+        return PartOutcome(UNMEASURED, 0.0, None, None, None)
+    est = test.spread.interval(level)
+    null = null_value(test.relation, test.margin)
+    detectable = detectable_difference(test.spread, 1 - level)
+    if test.relation == "equivalent":
+        toward = abs(est.mean) < test.margin
+        return PartOutcome(equivalence_verdict(est, test.margin), level, est, detectable, toward)
+    paper_side = "below" if test.relation == "<" else "above"
+    toward = None if est.mean == null else (est.mean < null) == (paper_side == "below")
+    side = _side(est, null)
+    result = UNRESOLVED if not side else HOLDS if side == paper_side else REVERSED
+    return PartOutcome(power_verdict(result, detectable, test.effect), level, est, detectable, toward)
+
+
+def _holds(outcome: PartOutcome) -> bool:
+    return outcome.verdict in (HOLDS, EQUIVALENT)
+
+
+def _against(outcome: PartOutcome) -> bool:
+    return outcome.verdict in (REVERSED, NOT_EQUIVALENT)
+
+
+def decide(parts: Sequence[PartTest], combination: str = EVERY, alpha: float = ALPHA) -> Decision:
+    """The decision table: one verdict for a claim of `parts`, combined as `combination`.
+
+    ========== ======================================== ============================================
+    claim      holds when                               reversed when
+    ========== ======================================== ============================================
+    single     its one part holds at 1 - alpha          its one part is reversed at 1 - alpha
+    every      every measured part holds at 1 - alpha   Holm's step-down finds a part reversed
+               (intersection-union: no correction)      (a statement about *some* part)
+    some       Holm's step-down finds a part that holds every measured part is reversed at 1 - alpha
+    ========== ======================================== ============================================
+
+    Otherwise the claim is **underpowered** when the design could not have shown it (every: some part that does
+    not hold is underpowered; some: every part is) and **not resolved** otherwise; **not measured** when no part
+    has an interval (unmeasured parts are left out, as the summary lists them as missing). A claim of only
+    equivalence parts says equivalent / not equivalent instead of holds / reversed. Each part's outcome is read at
+    the level its role needs: ``every`` and ``single`` at 1 - alpha, ``some`` at its Holm level.
+    """
+    if combination not in COMBINATIONS:
+        raise ValueError(f"combination must be one of {COMBINATIONS}, got {combination!r}")
+    if combination == SINGLE and len(parts) != 1:
+        raise ValueError(f"a single claim has one part, got {len(parts)}")
+    plain = [_part_at(p, 1 - alpha) for p in parts]
+    measured = [i for i, o in enumerate(plain) if o.verdict != UNMEASURED]
     if not measured:
-        return UNMEASURED
-    if len(set(measured)) == 1:
-        return measured[0]
-    if HOLDS in measured and REVERSED in measured:
-        return MIXED
-    if NOT_EQUIVALENT in measured:
-        return NOT_EQUIVALENT
-    return UNRESOLVED
+        return Decision(UNMEASURED, combination, tuple(plain))
+    words = (EQUIVALENT, NOT_EQUIVALENT) if all(parts[i].relation == "equivalent" for i in measured) \
+        else (HOLDS, REVERSED)
+    stepped = [i for i in measured if parts[i].relation != "equivalent"]
+    holm = dict(zip(stepped, holm_step_down([parts[i].spread for i in stepped],
+                                            [null_value(parts[i].relation, parts[i].margin) for i in stepped],
+                                            alpha), strict=True))
+    outcomes = list(plain)
+    if combination == SOME:  # "holds" is about some part, so read at its Holm level; "reversed" at 1 - alpha each
+        for i in stepped:
+            paper_side = "below" if parts[i].relation == "<" else "above"
+            at_level = _part_at(parts[i], holm[i][1])
+            if holm[i][0] == paper_side:
+                outcomes[i] = replace(at_level, verdict=HOLDS)
+            elif plain[i].verdict != REVERSED:  # holding alone is not enough once the parts are counted
+                outcomes[i] = at_level if at_level.verdict != HOLDS else replace(
+                    at_level, verdict=power_verdict(UNRESOLVED, at_level.detectable, parts[i].effect))
+        if any(_holds(outcomes[i]) for i in measured):
+            return Decision(words[0], combination, tuple(outcomes))
+        if all(_against(plain[i]) for i in measured):
+            return Decision(words[1], combination, tuple(outcomes))
+        weak = all(outcomes[i].verdict == UNDERPOWERED for i in measured)
+    else:  # every part: "holds" at 1 - alpha each; "reversed" is about some part, so read at its Holm level
+        for i in stepped:
+            paper_side = "below" if parts[i].relation == "<" else "above"
+            if holm[i][0] and holm[i][0] != paper_side:
+                outcomes[i] = replace(_part_at(parts[i], holm[i][1]), verdict=REVERSED)
+            elif plain[i].verdict == REVERSED:  # reversed alone, not once the parts are counted
+                outcomes[i] = replace(plain[i], verdict=UNRESOLVED)
+        if all(_holds(outcomes[i]) for i in measured):
+            return Decision(words[0], combination, tuple(outcomes))
+        if any(_against(outcomes[i]) for i in measured):
+            return Decision(words[1], combination, tuple(outcomes))
+        weak = any(outcomes[i].verdict == UNDERPOWERED for i in measured)
+    return Decision(UNDERPOWERED if weak else UNRESOLVED, combination, tuple(outcomes))
 
 
 def describe_verdict(result: str, relation: str = ">", margin: float = 0.0) -> str:
@@ -398,5 +557,5 @@ def describe_verdict(result: str, relation: str = ">", margin: float = 0.0) -> s
                 NOT_EQUIVALENT: f"not equivalent (the interval lies outside +-{margin:g})",
                 UNDERPOWERED: f"underpowered (the interval is wider than the region +-{margin:g})"}.get(result, result)
     if result == UNDERPOWERED:
-        return "underpowered (the smallest resolvable difference exceeds the paper's effect or the margin)"
+        return "underpowered (the difference detected with 80% power exceeds the paper's effect or the margin)"
     return result

@@ -175,13 +175,15 @@ def evidence_markdown(gathered: dict[str, dict[str, Any]]) -> tuple[list[str], l
              "runs* show the paper's effect, not whether the paper is right at its scale. A part's verdict reads "
              "the 95% interval of its difference: **holds** (on the paper's side of 0, or of the stated margin for "
              "a claim of 'comparable': non-inferiority), **reversed** (on the other side), **not resolved** "
-             "(containing it), **underpowered** (not resolved, and the smallest difference the run could resolve, "
-             "printed per part, exceeds the paper's effect or the margin). A claim that something does not depend on "
-             "a variable is an equivalence test against +-margin: **equivalent**, **not equivalent** or "
-             "underpowered. Parts of one claim are tested together with Holm's correction (the level each used "
-             "is shown); a claim whose parts hold and are reversed is **mixed**. Row orders that the paper's "
-             "tables show but its text does not claim are observations, shown without a verdict. See "
-             "docs/evidence.md.", ""]
+             "(containing it), **underpowered** (not resolved, and the difference the design detects with 80% power "
+             "in a two-sided 5% test, printed per part, exceeds the paper's effect or the margin). A claim that "
+             "something does not depend on a variable is an equivalence test against +-margin: **equivalent**, "
+             "**not equivalent** or underpowered. A claim about *every* part (\"consistently\", \"the best of\", "
+             "\"in every column\") holds when every part holds at 95%, with no multiplicity correction "
+             "(intersection-union), and is reversed when Holm's step-down finds a part reversed (the level it used "
+             "is shown); a claim about *some* part is the mirror image. Beside every verdict that is not resolved, "
+             "the number of parts whose estimates point each way. Row orders that the paper's tables show but its "
+             "text does not claim are observations, shown without a verdict. See docs/evidence.md.", ""]
     if one_seed:
         lines += ["**One training seed**: every verdict is about *this run* (its intervals hold test-set noise "
                   "only; another seed can change them). Repeat the plan over seeds before reading a verdict as a "
