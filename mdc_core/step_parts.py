@@ -30,6 +30,8 @@ instead of hundreds, which is what sets the speed of a small model on a GPU.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +99,29 @@ def ema_update(ema: AveragedModel, model: torch.nn.Module, decay: float) -> None
     for a, c in groups.values():
         torch._foreach_lerp_(a, c, 1.0 - decay)
     ema.n_averaged += 1
+
+
+class StepClock:
+    """The phases of the trainer's step, as the trainer marks them (``with clock.phase("read"): ...``). This clock
+    does nothing, which is how the trainer runs; ``mdc bench step`` (:class:`mdc_core.bench.step_phases.PhaseClock`)
+    passes one that times each phase, waiting for the device at every boundary, and counts host synchronisations.
+
+    A step is the phases from one ``read`` to the next: ``read`` (take the micro-batches, tokenize, copy the images),
+    ``prepare`` (masking seeds, :func:`~mdc_core.objectives.prepare_batch`, loss denominators, the copy of the
+    prepared batch), ``forward_backward``, ``clip_optimizer`` (gradient clipping, AdamW, zero_grad, schedule),
+    ``ema``, ``metrics_logging`` (the step's device values, the non-finite watch, the logging step's read and
+    record) and ``checkpoint``."""
+
+    PHASES = ("read", "prepare", "forward_backward", "clip_optimizer", "ema", "metrics_logging", "checkpoint")
+
+    def watch(self, modules: Iterable[torch.nn.Module]) -> None:
+        """Told once which modules (the model, its EMA copy) the step trains."""
+
+    def phase(self, name: str) -> contextlib.AbstractContextManager:
+        return _NO_PHASE
+
+
+_NO_PHASE = contextlib.nullcontext()
 
 
 class NonFiniteWatch:
@@ -217,7 +242,15 @@ class LossStep:
 
     def __call__(self, images: torch.Tensor, tokens: torch.Tensor, seed: int
                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        tokens, prepared = self.batches(tokens, seed)
+        return self.forward(images, *self.prepare(tokens, seed))
+
+    def prepare(self, tokens: torch.Tensor, seed: int) -> tuple[torch.Tensor, PreparedBatch | None]:
+        """The host part: CPU `tokens` (B, L) prepared with masking seed `seed` and copied to the device."""
+        return self.batches(tokens, seed)
+
+    def forward(self, images: torch.Tensor, tokens: torch.Tensor, prepared: PreparedBatch | None
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(loss, metrics) of a batch :meth:`prepare` just prepared (its generators are where it left them)."""
         if self.terms_dynamic and prepared is not None:  # one graph for all of padded's term counts
             for x in (prepared.index, prepared.owner, prepared.targets, prepared.valid):
                 torch._dynamo.mark_dynamic(x, 0)

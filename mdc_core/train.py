@@ -147,7 +147,7 @@ def loss_denominator(tokens: torch.Tensor, objective: ObjectiveConfig, seed: int
 
 
 def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, init_from: str | Path | None = None,
-          progress: bool = True) -> TrainResult:
+          progress: bool = True, clock: step_parts.StepClock | None = None) -> TrainResult:
     """Train `cfg` into run folder `out`. With `resume`, continue from its latest complete checkpoint.
 
     `init_from` (a run or checkpoint folder) starts the run from that model's weights instead of a fresh
@@ -159,6 +159,8 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, init_from: s
     reading its share of the data; the global batch is ``batch_size x world x grad_accum``. Only rank 0 writes,
     holding the run folder's lock (:mod:`mdc_core.runlock`) from before its first write to the end: a second
     writer raises :class:`~mdc_core.runlock.RunFolderBusy` naming it.
+
+    `clock` marks the phases of each step (:class:`~mdc_core.step_parts.StepClock`; ``mdc bench step`` times them).
     """
     cfg.validate()
     ctx = dist.setup(cfg.train.device, cfg.train.dist_timeout_s)
@@ -170,7 +172,7 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, init_from: s
         cfg, start_ckpt, state_problem = resume_io.prepare_run(resolve_data_paths(cfg), out, resume, ctx.is_main,
                                                                lr_lambda)
         dist.barrier(ctx, "start-up")  # every rank has checked the run folder before rank 0 writes to it
-        return _Trainer(cfg, out, ctx, start_ckpt, progress, state_problem, init_from).run()
+        return _Trainer(cfg, out, ctx, start_ckpt, progress, state_problem, init_from, clock).run()
     except BaseException:
         if lock.held and created and resume_io.never_started(out):  # a run that could not start leaves no folder behind
             shutil.rmtree(out, ignore_errors=True)
@@ -199,7 +201,8 @@ class _Trainer:
     """The state of one training run (model, optimizer, schedule, EMA, data position, counters) and its loop."""
 
     def __init__(self, cfg: RunConfig, out: Path, ctx: dist.DistContext, start_ckpt: Path | None, progress: bool,
-                 state_problem: str = "", init_from: str | Path | None = None):
+                 state_problem: str = "", init_from: str | Path | None = None,
+                 clock: step_parts.StepClock | None = None):
         tcfg = cfg.train
         self.cfg, self.out, self.ctx, self.progress = cfg, out, ctx, progress
         self.device, self.main = ctx.device, ctx.is_main
@@ -229,6 +232,8 @@ class _Trainer:
             self.opt, lambda s: lr_lambda(s, tcfg.warmup_steps, tcfg.steps, tcfg.min_lr_ratio))
         self.ema = AveragedModel(model, use_buffers=True) if tcfg.ema_decay > 0 else None  # step_parts.ema_update
         self.watch = step_parts.NonFiniteWatch(self.device)
+        self.clock = clock or step_parts.StepClock()
+        self.clock.watch([model] + ([self.ema.module] if self.ema is not None else []))
         self.pending_samples, self.pending_truncated = 0.0, 0  # this rank's, since the last read
         self.tokenizer = CaptionTokenizer(cfg.model.context_length)
         self.global_batch = tcfg.batch_size * ctx.world * tcfg.grad_accum
@@ -305,27 +310,34 @@ class _Trainer:
         """Optimizer steps until train.steps or a stop request; returns the stopping signal (0: none). Device values
         are read only at logging and checkpoint steps (every step with train.nonfinite=skip, which must decide)."""
         tcfg = self.cfg.train
+        clock = self.clock
         while self.n.step < tcfg.steps:
-            device_step, stats = self._accumulate(self.stream.take(tcfg.grad_accum)), None
+            with clock.phase("read"):
+                micro = self.stream.take(tcfg.grad_accum)
+            device_step, stats = self._accumulate(micro), None
             if tcfg.nonfinite == "skip":
-                stats = self._read(device_step)
+                with clock.phase("metrics_logging"):
+                    stats = self._read(device_step)
                 if not stats.finite:
                     self._skip_nonfinite(stats)
                     continue
                 self.consecutive_skips = 0
             else:  # train.nonfinite=stop: noted on the device, raised at the next read, before anything is written
-                self.watch.note(self.n.step, device_step.loss_sum / device_step.denom, device_step.grad_norm)
+                with clock.phase("metrics_logging"):
+                    self.watch.note(self.n.step, device_step.loss_sum / device_step.denom, device_step.grad_norm)
             self._update()
-            stop, due = step_parts.agree_flags(self.ctx, self.stop.signum > 0, tcfg.ckpt_every_minutes > 0 and
-                                               time.monotonic() - self.saved_at >= 60 * tcfg.ckpt_every_minutes)
-            log = self.n.step % tcfg.log_every == 0 or self.n.step in (1, tcfg.steps)  # step 1: a first loss at once
-            save = self.n.step % tcfg.ckpt_every == 0 or self.n.step == tcfg.steps or due or stop
-            if log or save:
-                stats = stats or self._read(device_step)
-                self.loss = stats.loss
-                if log:
-                    self._log(stats)
-                if save:
+            with clock.phase("metrics_logging"):
+                stop, due = step_parts.agree_flags(self.ctx, self.stop.signum > 0, tcfg.ckpt_every_minutes > 0 and
+                                                   time.monotonic() - self.saved_at >= 60 * tcfg.ckpt_every_minutes)
+                log = self.n.step % tcfg.log_every == 0 or self.n.step in (1, tcfg.steps)  # step 1: a first loss
+                save = self.n.step % tcfg.ckpt_every == 0 or self.n.step == tcfg.steps or due or stop
+                if log or save:
+                    stats = stats or self._read(device_step)
+                    self.loss = stats.loss
+                    if log:
+                        self._log(stats)
+            if save:
+                with clock.phase("checkpoint"):
                     self._checkpoint()
                     if self.tensorboard is not None and not stop:  # val/* at the checkpoint cadence
                         self.tensorboard.evaluate(self.n.step, self.model)
@@ -336,29 +348,35 @@ class _Trainer:
     def _accumulate(self, micro: list[dict[str, Any]]) -> step_parts.DeviceStep:
         """The step body: forward and backward over this rank's micro-batches (gradients add up to the global
         batch's) and gradient clipping; the batches are prepared on the host, and nothing here reads the device."""
-        tcfg, ctx, device = self.cfg.train, self.ctx, self.device
-        tokens, cut = zip(*(self.tokenizer.tokenize_batch(b["caption"]) for b in micro), strict=True)
-        seeds = [step_seed(tcfg.seed, self.n.step, a * ctx.world + ctx.rank) for a in range(len(micro))]  # masking
-        counts = [loss_denominator(tok, self.cfg.objective, seed) for tok, seed in zip(tokens, seeds, strict=True)]
-        denom = step_parts.global_terms(ctx, sum(counts))  # a number, or a device scalar all-reduced without waiting
-        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        means: dict[str, torch.Tensor] = {}
-        torch.manual_seed(step_seed(tcfg.seed, self.n.step, ctx.rank, stream=1))  # dropout: per step and rank
+        tcfg, ctx, device, clock = self.cfg.train, self.ctx, self.device, self.clock
+        with clock.phase("read"):
+            tokens, cut = zip(*(self.tokenizer.tokenize_batch(b["caption"]) for b in micro), strict=True)
+        with clock.phase("prepare"):
+            seeds = [step_seed(tcfg.seed, self.n.step, a * ctx.world + ctx.rank) for a in range(len(micro))]
+            counts = [loss_denominator(tok, self.cfg.objective, seed) for tok, seed in zip(tokens, seeds, strict=True)]
+            denom = step_parts.global_terms(ctx, sum(counts))  # a number, or a device scalar all-reduced, no wait
+            loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+            means: dict[str, torch.Tensor] = {}
+            torch.manual_seed(step_seed(tcfg.seed, self.n.step, ctx.rank, stream=1))  # dropout: per step and rank
         for a, (batch, tok, n, seed) in enumerate(zip(micro, tokens, counts, seeds, strict=True)):
             last = a == len(micro) - 1
             sync = self.loss_step.module.no_sync() if ctx.distributed and not last else contextlib.nullcontext()
-            with dist.guard(ctx, "DDP forward/backward (gradient all-reduce)"), sync:
+            with clock.phase("prepare"):
                 # the masking draws of micro-batch a on rank r are those of one rank with world x the micro-batches
-                loss, metrics = self.loss_step(batch["image"], tok, seed)
+                tok, prepared = self.loss_step.prepare(tok, seed)
+            with clock.phase("forward_backward"), dist.guard(ctx, "DDP forward/backward (gradient all-reduce)"), sync:
+                loss, metrics = self.loss_step.forward(batch["image"], tok, prepared)
                 # DDP averages gradients over ranks: x world makes that a sum, / denom the global normalisation
                 scale = n * ctx.world / denom
                 (loss * (scale.to(loss.dtype) if torch.is_tensor(scale) else scale)).backward()
-            loss_sum += loss.detach().double() * n
-            for k, v in metrics.items():
-                if k != "loss":
-                    means[k] = means.get(k, 0) + v.detach().double() / len(micro)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tcfg.grad_clip if tcfg.grad_clip > 0 else
-                                                   float("inf"))
+            with clock.phase("metrics_logging"):
+                loss_sum += loss.detach().double() * n
+                for k, v in metrics.items():
+                    if k != "loss":
+                        means[k] = means.get(k, 0) + v.detach().double() / len(micro)
+        with clock.phase("clip_optimizer"):
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tcfg.grad_clip if tcfg.grad_clip > 0
+                                                       else float("inf"))
         self.pending_samples += float(sum(len(b["caption"]) for b in micro))
         self.pending_truncated += sum(cut)
         return step_parts.DeviceStep(loss_sum, denom, {k: v / ctx.world for k, v in sorted(means.items())}, grad_norm)
@@ -382,13 +400,16 @@ class _Trainer:
 
     def _update(self) -> None:
         """Apply the accumulated gradients: optimizer, schedule and EMA step; one more step taken."""
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        self.sched.step()
+        with self.clock.phase("clip_optimizer"):
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+            self.sched.step()
         if self.ema is not None:
-            step_parts.ema_update(self.ema, self.model, self.cfg.train.ema_decay)
-        self.n.step += 1
-        self.bar.update(1)
+            with self.clock.phase("ema"):
+                step_parts.ema_update(self.ema, self.model, self.cfg.train.ema_decay)
+        with self.clock.phase("metrics_logging"):
+            self.n.step += 1
+            self.bar.update(1)
 
     def _skip_nonfinite(self, stats: StepStats) -> None:
         """Drop a non-finite update (train.nonfinite=skip), or stop the run without saving."""

@@ -3,7 +3,8 @@ compiles without graph breaks.
 
 On CUDA the host queues kernels and runs ahead of the GPU until it needs a value the GPU computes: ``.item()``,
 ``.tolist()``, ``.cpu()``/``.numpy()``, ``bool()``/``float()``/``int()`` of a tensor, ``nonzero``, boolean-mask
-indexing, or a blocking host-to-device copy. :class:`SyncCounter` counts such calls on the CPU: device tensors are
+indexing, or a blocking host-to-device copy. :class:`~mdc_core.bench.step_phases.SyncCounter` (also what
+``mdc bench step`` counts with) counts such calls on the CPU: device tensors are
 the model's parameters, buffers and gradients, what the step moves with ``.to(device)``, and everything computed
 from them (followed through a ``TorchFunctionMode``); host tensors (the tokenizer's, the host-side batch
 preparation's) may be read freely. The trainer runs 3 steps with logging and checkpoints at the last only, and
@@ -13,103 +14,14 @@ CUDA exists the same runs also train on the GPU under ``torch.cuda.set_sync_debu
 
 from __future__ import annotations
 
-import traceback
-import weakref
-from collections.abc import Iterable
-
 import pytest
 import torch
 import torch._dynamo
-from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten
 
 import mdc_core.train as train_mod
+from mdc_core.bench.step_phases import SyncCounter
 from mdc_core.data.loaders import BatchStream
 from tests.train_helpers import micro_run, write_micro_data
-
-T = torch.Tensor
-READS = {T.item: "item()", T.tolist: "tolist()", T.cpu: "cpu()", T.numpy: "numpy()", T.__bool__: "bool(tensor)",
-         T.__float__: "float(tensor)", T.__int__: "int(tensor)", T.__index__: "tensor as an index",
-         torch.equal: "torch.equal"}
-DATA_SHAPED = {torch.nonzero: "nonzero", T.nonzero: "nonzero", torch.argwhere: "argwhere", T.argwhere: "argwhere",
-               torch.masked_select: "masked_select", T.masked_select: "masked_select", torch.unique: "unique",
-               T.unique: "unique", torch.unique_consecutive: "unique_consecutive"}
-INDEXING = {T.__getitem__, T.__setitem__, T.index_put_, T.index_put, torch.index_put}
-
-
-class SyncCounter(TorchFunctionMode):
-    """Counts the calls that would synchronise a CUDA device with the host (see the module docstring)."""
-
-    def __init__(self, device: torch.device, tensors: Iterable[torch.Tensor], params: Iterable[torch.Tensor]):
-        super().__init__()
-        self.device, self.params = torch.device(device), list(params)
-        self.tags: dict[int, weakref.ref] = {}
-        self.calls: list[str] = []
-        for t in [*tensors, *self.params]:
-            self._tag(t)
-
-    def _tag(self, t: torch.Tensor) -> None:
-        self.tags[id(t)] = weakref.ref(t)
-
-    def on_device(self, t: object) -> bool:
-        if not isinstance(t, torch.Tensor):
-            return False
-        ref = self.tags.get(id(t))
-        return (ref is not None and ref() is t) or any(t is p.grad for p in self.params)  # autograd makes grads
-
-    def _target(self, func, args, kwargs) -> str | None:
-        """For a transfer call: "device" (the training device) or "host"; None for other calls."""
-        if func is T.cpu:
-            return "host"
-        if func is T.cuda:
-            return "device"
-        if func is not T.to:
-            return None
-        for a in [*args[1:], kwargs.get("device")]:
-            if isinstance(a, T):
-                a = a.device
-            if isinstance(a, str):  # "cpu" written out means the host; a device object means the trainer's device
-                return "host" if a == "cpu" else "device"
-            if isinstance(a, torch.device):
-                return "device" if a.type == self.device.type else "host"
-        return None
-
-    def _reason(self, func, args, kwargs, device_in: bool) -> str | None:
-        if func in READS and device_in:
-            return READS[func]
-        if func in DATA_SHAPED and device_in:
-            return DATA_SHAPED[func]
-        if func in INDEXING and device_in:
-            index = args[1] if len(args) > 1 else kwargs.get("indices")
-            if any(isinstance(i, T) and i.dtype == torch.bool for i in tree_flatten(index)[0]):
-                return "boolean-mask indexing"
-        target = self._target(func, args, kwargs)
-        blocking = not kwargs.get("non_blocking", False)
-        if target == "host" and device_in:
-            return "copy to the host"
-        if target == "device" and not self.on_device(args[0]) and blocking:
-            return "blocking host-to-device copy"
-        if func is T.copy_ and self.on_device(args[0]) != self.on_device(args[1]) and blocking:
-            return "blocking copy between host and device"
-        if func in (torch.tensor, torch.as_tensor) and isinstance(kwargs.get("device"), torch.device) \
-                and kwargs["device"].type == self.device.type:
-            return "torch.tensor(..., device=): a blocking host-to-device copy"
-        return None
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        device_in = any(self.on_device(t) for t in tree_flatten((args, kwargs))[0])
-        reason = self._reason(func, args, kwargs, device_in)
-        if reason:
-            where = [f for f in traceback.extract_stack()[:-1] if "mdc_core" in f.filename or "tests" in f.filename]
-            at = f"{where[-1].filename.split('/')[-1]}:{where[-1].lineno} {where[-1].line}" if where else "?"
-            self.calls.append(f"{reason} at {at}")
-        out = func(*args, **kwargs)
-        if device_in or self._target(func, args, kwargs) == "device":
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, T):
-                    self._tag(t)
-        return out
 
 
 def test_the_counter_sees_syncs_on_device_tensors_only():

@@ -2,7 +2,8 @@
 
 :func:`run_bench` (:mod:`mdc_core.bench.run`) returns the JSON-ready report, :func:`format_report` its tables;
 the rows live in :mod:`~mdc_core.bench.training`, :mod:`~mdc_core.bench.decoding` and the peer model in
-:mod:`~mdc_core.bench.coca`; :mod:`~mdc_core.cli.bench` is the command line. Imports are lazy so that building
+:mod:`~mdc_core.bench.coca`; ``mdc bench step`` (the trainer's step by phase, and its host synchronisations) in
+:mod:`~mdc_core.bench.step_phases`; :mod:`~mdc_core.cli.bench` is the command line. Imports are lazy so that building
 the ``mdc`` parser does not load torch.
 """
 

@@ -47,7 +47,32 @@ def add_parsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
                    "none (default: all three)")
     verbs = p.add_subparsers(dest="bench_verb", required=False)
     verbs.add_parser("model", help="training, captioning and scoring speed (the default)")
+    step = verbs.add_parser("step", help="the training step's time by phase (read, prepare, forward/backward, "
+                            "optimizer, EMA, logging) and its host synchronisations")
+    step.add_argument("--preset", default="tiny_fast", help="the run's preset (default tiny_fast)")
+    step.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a preset key, e.g. --set train.batch_size=32 (repeatable)")
+    step.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
+    step.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
+    step.add_argument("--device", default="cpu", help="cpu | cuda (default cpu)")
+    step.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    step.add_argument("--images", type=int, default=512,
+                      help="embedded-data training images synthesized for the run (default 512)")
+    step.add_argument("--json", action="store_true", help="print the report as one JSON document")
+    BENCH_HANDLERS["step"] = cmd_bench_step
     return verbs
+
+
+def cmd_bench_step(args: argparse.Namespace) -> None:
+    from mdc_core.bench.step_phases import format_phases, measure_step_phases
+
+    if args.device.startswith("cuda"):
+        import torch
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {args.device} but CUDA is not available on this machine")
+    report = measure_step_phases(args.preset, args.set, steps=args.steps, warmup=args.warmup,
+                                 device=args.device, threads=args.threads, images=args.images)
+    print(json.dumps(report) if args.json else format_phases(report))
 
 
 def cmd_bench(args: argparse.Namespace) -> None:

@@ -1,0 +1,82 @@
+"""``mdc bench step``: the step's phases add up to the step, and the host never waits between logging steps.
+
+The checks are of what the figures mean, never of how fast anything is (the machine is shared)."""
+
+import json
+import time
+
+import pytest
+import torch
+
+from mdc_core import step_parts
+from mdc_core.bench.step_phases import PhaseClock, format_phases, measure_step_phases, summarize
+from mdc_core.cli import main
+from tests.conftest import MICRO
+from tests.train_helpers import one_thread, write_micro_data  # noqa: F401 - a fixture
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+OVERRIDES = [f"model.{k}={json.dumps(v)}" for k, v in MICRO.items()] + [
+    'model.output_vocab="corpus"', "train.batch_size=4", "train.log_every=3", "train.ema_decay=0.9",
+    "train.warmup_steps=2"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return write_micro_data(tmp_path_factory.mktemp("bench_step_data"), 32)
+
+
+def test_the_phases_add_up_to_the_step_and_the_host_never_waits_between_logging_steps(data):
+    report = measure_step_phases("tiny", OVERRIDES, steps=8, warmup=1, data=data, sync_steps=4)
+    assert set(report["phases_ms"]) == {"read", "prepare", "forward_backward", "clip_optimizer", "ema",
+                                        "metrics_logging"}
+    assert abs(report["coverage"] - 1.0) <= 0.1, report  # the phases are the step, within 10%
+    assert report["fixed_ms"] == pytest.approx(report["step_ms"] - report["model_ms"], rel=0.5, abs=5.0)
+    assert report["syncs_per_step"]["between_log_steps"] == 0, report["sync_calls"]
+    assert report["syncs_per_step"]["log_steps"] > 0  # a logging step reads the loss: the counter sees reads
+    assert "sum of phases" in format_phases(report)
+
+
+def test_a_read_of_the_loss_every_step_is_counted(data, monkeypatch):
+    real = step_parts.NonFiniteWatch.note
+
+    def note(self, step, loss, grad_norm):  # what a careless trainer does: look at the loss every step
+        if float(loss) > 1e9:
+            pass
+        return real(self, step, loss, grad_norm)
+
+    monkeypatch.setattr(step_parts.NonFiniteWatch, "note", note)
+    report = measure_step_phases("tiny", OVERRIDES, steps=3, warmup=0, data=data, sync_steps=4)
+    assert report["syncs_per_step"]["between_log_steps"] == 1
+    assert any(c.startswith("float(tensor)") for c in report["sync_calls"]["between_log_steps"])
+
+
+def test_work_outside_the_phases_shows_as_missing_coverage():
+    clock = PhaseClock(torch.device("cpu"))
+    for _ in range(3):
+        with clock.phase("read"):
+            time.sleep(0.01)
+        with clock.phase("forward_backward"):
+            time.sleep(0.01)
+        time.sleep(0.2)  # unmarked work: part of the step, in no phase
+    summary = summarize(clock, [0, 1])
+    assert summary["coverage"] < 0.5 and summary["fixed_ms"] > summary["phases_ms"]["read"]
+    with pytest.raises(ValueError, match="no step to summarise"):
+        summarize(clock, [])
+
+
+def test_the_trainer_marks_every_phase_with_a_clock_that_does_nothing():
+    clock = step_parts.StepClock()
+    with clock.phase("read"):
+        pass
+    clock.watch([])
+    assert clock.phase("prepare") is clock.phase("ema")  # one shared no-op: nothing is timed or counted
+
+
+def test_the_command_line_runs_and_checks_its_flags(data, capsys):
+    main(["bench", "step", "--preset", "tiny", "--steps", "2", "--warmup", "1", "--images", "32",
+          *[x for o in OVERRIDES for x in ("--set", o)], "--json"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["preset"] == "tiny" and report["steps"] >= 1
+    assert main(["bench", "step", "--steps", "0"]) == 2
+    assert "--steps must be >= 1, got 0" in capsys.readouterr().err
