@@ -309,6 +309,8 @@ class RunConfig:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as err:
             raise ConfigError(f"{path} is not valid JSON: {err}") from err
+        except RecursionError:  # what json raises for nesting deeper than the interpreter's stack
+            raise ConfigError(f"{path} is not a run config: its JSON is nested too deeply") from None
         return cls.from_dict(data)
 
 

@@ -196,9 +196,10 @@ def find_measurements(run_dir: str | Path, extra: Sequence[str | Path] = ()) -> 
     for path in candidate_files(run_dir, extra):
         try:
             data = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            if path in explicit:
-                raise ValueError(f"--metrics file {path} is not valid JSON ({err})") from err
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
+            if path in explicit:  # RecursionError: nested deeper than the interpreter's stack
+                problem = "nested too deeply" if isinstance(err, RecursionError) else str(err)
+                raise ValueError(f"--metrics file {path} is not valid JSON ({problem})") from None
             continue
         if not isinstance(data, dict):
             continue
@@ -222,7 +223,7 @@ def training_record(run_dir: Path, step: int) -> dict[str, Any]:
         for line in path.read_text().splitlines():
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 continue
             if isinstance(record, dict) and record.get("step", 0) <= step:
                 best = record

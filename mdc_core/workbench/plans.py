@@ -169,13 +169,56 @@ def _read_plan_file(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"plan file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = bounded_yaml(path.read_text())
     except yaml.YAMLError as err:
         raise ValueError(f"plan {path} is not valid YAML: {_yaml_problem(err)}") from None
+    except ValueError as err:
+        raise ValueError(f"plan {path}: {err}") from None
     if not isinstance(data, dict):
         raise ValueError(f"plan {path} must be a YAML mapping with a 'notebooks' list")
     _check_keys(data, PLAN_KEYS, f"plan {path}")
     return data
+
+
+MAX_YAML_NODES = 100_000  # a plan's nodes with every alias expanded (the shipped plans: a few hundred)
+
+
+def bounded_yaml(text: str, max_nodes: int = MAX_YAML_NODES) -> Any:
+    """``yaml.safe_load(text)``, refusing (ValueError) a document whose nodes, with every alias expanded, exceed
+    `max_nodes`: an alias bomb (a 1 KB file of nested aliases that expands to billions of items, exhausting
+    memory in whatever walks it) is refused before anything is built; a recursive alias or nesting deeper than
+    the interpreter's stack is refused too."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        expanded: dict[int, int] = {}  # id(node) -> its expanded size; -1 while being counted (a cycle)
+
+        def size(n: yaml.Node) -> int:
+            known = expanded.get(id(n))
+            if known == -1:
+                raise ValueError("a YAML alias refers to itself (a recursive structure)")
+            if known is not None:
+                return known
+            expanded[id(n)] = -1
+            children = [c for pair in n.value for c in pair] if isinstance(n, yaml.MappingNode) else \
+                n.value if isinstance(n, yaml.SequenceNode) else []
+            total = 1
+            for child in children:
+                total += size(child)
+                if total > max_nodes:
+                    raise ValueError(f"the YAML expands to more than {max_nodes} items (aliases of aliases: an "
+                                     "alias bomb?); write the plan out without such aliases")
+            expanded[id(n)] = total
+            return total
+
+        size(node)
+        return loader.construct_document(node)
+    except RecursionError:
+        raise ValueError("the YAML is nested too deeply") from None
+    finally:
+        loader.dispose()
 
 
 def _yaml_problem(err: yaml.YAMLError) -> str:
