@@ -142,3 +142,44 @@ def test_the_kernels_own_stderr_goes_to_the_run_folder_not_the_terminal(tmp_path
     captured = capfd.readouterr()
     assert "KERNEL-NOISE" not in captured.err + captured.out
     assert "cell output" in (tmp_path / "run" / "noisy.ipynb").read_text()
+
+
+def test_a_summary_says_in_its_first_lines_when_its_definitions_changed_after_its_runs_began(
+        seeded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mdc_core.eval import paper_claims, stats
+
+    plan = load_plan(write_plan(seeded / "d.yaml", f"output_root: {seeded / 'out'}\nseeds: [0, 1]\n"
+                                                   "notebooks: [probe.ipynb]\n"), root=seeded)
+    out = seeded / "out" / "d"
+    run_plan(plan, progress=False, cwd=seeded)
+    start = json.loads((out / "declared.json").read_text())
+    lines = (out / "summary.md").read_text().splitlines()
+    assert lines[2].startswith(f"Definitions `{start['definitions']}`: the same as when this plan's first run started")
+    run_plan(plan, progress=False, cwd=seeded)  # unchanged definitions, summary written again: no warning
+    assert "Warning" not in (out / "summary.md").read_text()
+    monkeypatch.setattr(paper_claims, "TABLE1_MARGIN", 0.06)  # a margin changed between the runs and the summary
+    run_plan(plan, progress=False, cwd=seeded)
+    lines = (out / "summary.md").read_text().splitlines()
+    assert lines[2].startswith("**Warning: the claim definitions changed after this plan's runs began.**")
+    assert "Changed: the margins and statistical constants." in lines[2] and start["definitions"] in lines[2]
+    assert json.loads((out / "declared.json").read_text()) == start  # the start's record is never rewritten
+    record = json.loads((out / "summary.json").read_text())["definitions"]
+    assert record["at_start"] == start and record["judged"]["constants"] != start["constants"]
+    monkeypatch.undo()
+    monkeypatch.setattr(stats, "decide", lambda parts, combination="every", alpha=0.05: None)  # other deciding code
+    run_plan(plan, progress=False, cwd=seeded)  # (the summary is written with the patched code's fingerprint only)
+    assert "Changed: the code of the deciding functions." in (out / "summary.md").read_text().splitlines()[2]
+
+
+def test_a_plan_folder_whose_runs_finished_before_declarations_says_it_is_not_known(seeded: Path) -> None:
+    plan = load_plan(write_plan(seeded / "e.yaml", f"output_root: {seeded / 'out'}\nnotebooks: [probe.ipynb]\n"),
+                     root=seeded)
+    out = seeded / "out" / "e"
+    run_plan(plan, progress=False, cwd=seeded)
+    (out / "declared.json").unlink()  # as in a folder from before 2026-11-28
+    run_plan(plan, progress=False, cwd=seeded)
+    assert "was not recorded" in (out / "summary.md").read_text().splitlines()[2]
+    assert not (out / "declared.json").exists()  # written only at a start, never after runs finished
+    (out / "declared.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="declared.json: needs the fingerprints"):
+        run_plan(plan, progress=False, cwd=seeded)

@@ -40,6 +40,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from mdc_core.runlock import LOCK_NAME, RunLock
+from mdc_core.workbench.declared import record_start
 from mdc_core.workbench.plans import Plan, RunSpec, ensure_kernel, folder_name
 from mdc_core.workbench.summary import RunResult, write_summary
 
@@ -244,6 +245,7 @@ def _run_plan_locked(plan: Plan, kernel: str, *, progress: bool, cwd: Path | Non
                                    float(done.get("duration_s", 0.0)), parameters=spec.parameters)
         else:
             todo.append((i, spec))
+    record_start(out, runs_finished=bool(results))  # the definitions its verdicts are declared under (declared.py)
     bar = tqdm(total=len(plan.runs), initial=len(results), desc=f"plan {plan.name}", unit="run",
                disable=not progress)
 

@@ -14,7 +14,9 @@ scores (``"items": {row: [...]}`` or ``{row: {column: [...]}}``, whose mean is t
 with one seed. Every table whose name is in :data:`PAPER` is printed beside the paper's numbers (from the column
 that matches ours), with the scale it was measured at, and the claims of the paper's text get verdicts, its
 tables' unclaimed row orders observations (:mod:`mdc_core.workbench.evidence`). The embedded data are small
-synthetic scenes, so the columns are comparable in direction and ordering only, never in value.
+synthetic scenes, so the columns are comparable in direction and ordering only, never in value. The summary's
+first lines say whether the claim definitions it was judged under are those recorded when the plan's first run
+started (:mod:`mdc_core.workbench.declared`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 
 from mdc_core.eval.budget_curve import ANNEALED_TABLE, plot_annealed_budget
 from mdc_core.eval.data_scaling import plot_data_scaling
+from mdc_core.workbench.declared import declaration_lines, fingerprint, read_start
 from mdc_core.workbench.evidence import SCALING_TABLE, display_tables, evidence_markdown, gather_runs, interval_note
 from mdc_core.workbench.paper import PAPER
 
@@ -132,7 +135,8 @@ def write_summary(out: Path, results: list[RunResult], *, name: str, source: Pat
                            plan_steps(source, "n_train"))
     tables = display_tables(gathered)
     n_failed = sum(r.status == "failed" for r in results)
-    lines = [f"# Plan `{name}`", ""]
+    definitions, start = fingerprint(), read_start(out)
+    lines = [f"# Plan `{name}`", "", *declaration_lines(start, definitions)]
     if description:
         lines += [description.strip(), ""]
     lines += [f"{len(results)} run(s): {sum(r.status == 'done' for r in results)} run now, "
@@ -152,7 +156,8 @@ def write_summary(out: Path, results: list[RunResult], *, name: str, source: Pat
         lines += verdict_lines
     path = out / "summary.md"
     path.write_text("\n".join(lines) + "\n")
-    record = {"plan": name, "source": str(source), "tables": tables, "claims": verdicts,
+    record = {"plan": name, "source": str(source), "definitions": {"judged": definitions, "at_start": start},
+              "tables": tables, "claims": verdicts,
               "paper": {k: {"title": v.title, "metric": v.metric, "values": v.values} for k, v in PAPER.items()},
               "runs": [{"run_id": r.run_id, "notebook": r.notebook, "status": r.status,
                         "duration_s": round(r.duration_s, 2), "error": r.error, "parameters": r.parameters,
