@@ -312,7 +312,8 @@ def not_encoded_markdown(tables: Collection[str] = ()) -> tuple[list[str], list[
     described, missing = [], []
     for source, text, why, table in NOT_ENCODED:
         if table is not None and table in tables:
-            described.append(f"- **{source}**: {text} -> *measured without a verdict*: the table `{table}` above")
+            described.append(f"- **{source}**: {text} -> *measured without a verdict*: {why} (the table `{table}` "
+                             "above)")
         else:
             missing.append(f"- **{source}**: {text} -> *not measured*: {why}")
     return described, missing
