@@ -272,6 +272,33 @@ def config_problem(ckpt: str | Path) -> str:
     return ""
 
 
+def step_problem(ckpt: str | Path) -> str:
+    """What is inconsistent about checkpoint `ckpt`'s step, in one line ('' when nothing is): ``meta.json``'s step
+    must be an integer and the folder's name (``step_00000020``) that step. Call it on a folder :func:`diagnose`
+    passed."""
+    ckpt = Path(ckpt)
+    step = json.loads((ckpt / "meta.json").read_text()).get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or ckpt.name != f"step_{step:08d}":
+        return f"checkpoint {ckpt}: its meta.json records step {step!r}, which is not the step its folder is named for"
+    return ""
+
+
+def train_state_problem(ckpt: str | Path) -> str:
+    """What keeps checkpoint `ckpt`'s ``state.pt`` from resuming it exactly, in one line ('' when nothing does):
+    :func:`mdc_core.train_state.resume_problem` of the step ``meta.json`` records (a ``state.pt`` without the
+    optimizer, or another checkpoint's). Read with ``mmap`` (the tensors stay on disk) and ``weights_only``. Call
+    it on a folder :func:`diagnose` and :func:`step_problem` passed."""
+    from .train_state import resume_problem
+    ckpt = Path(ckpt)
+    step = json.loads((ckpt / "meta.json").read_text())["step"]
+    try:
+        state = torch.load(ckpt / "state.pt", map_location="cpu", weights_only=True, mmap=True)
+    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        return f"checkpoint file {ckpt / 'state.pt'} cannot be read ({type(err).__name__}: {str(err)[:120]})"
+    problem = resume_problem(state, step)
+    return f"checkpoint file {ckpt / 'state.pt'} does not resume {ckpt.name}: {problem}" if problem else ""
+
+
 def verify_checkpoint(ckpt: str | Path, files: tuple[str, ...] | None = None) -> None:
     """Raise :class:`CheckpointError` naming what :func:`diagnose` finds wrong with `ckpt` (default: every file).
     """
@@ -303,10 +330,13 @@ def set_aside(ckpt: Path) -> Path:
 def resume_point(run_dir: str | Path, *, set_aside_damaged: bool = False) -> tuple[Path | None, str]:
     """The checkpoint ``--resume`` continues from, and what is wrong with its train state ('' for a full resume).
 
-    Newest first, the first checkpoint whose files all verify is taken. Every newer damaged one is named in a
+    Newest first, the first checkpoint whose files all verify is taken; its ``meta.json`` step must be its folder's
+    (:func:`step_problem`) and its ``state.pt`` must resume that very step (:func:`train_state_problem`: one without
+    the optimizer, or another checkpoint's, is damaged train state). Every newer damaged one is named in a
     warning and, with `set_aside_damaged`, renamed ``corrupt_step_...`` (:func:`set_aside`). When no checkpoint is
-    intact but one has intact weights and lacks only its train state (``state.pt`` missing or damaged), the newest
-    such one is taken, weights only: the second value says what is wrong (the caller warns what that loses).
+    intact but one has intact weights and lacks only its train state (``state.pt`` missing, damaged or not its
+    own), the newest such one is taken, weights only: the second value says what is wrong (the caller warns what
+    that loses).
     Returns (None, '') when the run has no checkpoint folder; raises :class:`CheckpointError` when every
     checkpoint's weights or meta.json are damaged.
     """
@@ -314,12 +344,13 @@ def resume_point(run_dir: str | Path, *, set_aside_damaged: bool = False) -> tup
     weights_only: tuple[Path, str] | None = None
     start = None
     for ckpt in reversed(checkpoint_folders(run_dir)):
-        problem = diagnose(ckpt) or config_problem(ckpt)
+        problem = diagnose(ckpt) or config_problem(ckpt) or step_problem(ckpt) or train_state_problem(ckpt)
         if not problem:
             start = ckpt
             break
         rest = _listed_but(ckpt, WEIGHTS_ONLY)
-        if weights_only is None and rest is not None and not diagnose(ckpt, rest) and not config_problem(ckpt):
+        if weights_only is None and rest is not None and not diagnose(ckpt, rest) and not config_problem(ckpt) \
+                and not step_problem(ckpt):
             weights_only = (ckpt, problem)
         else:
             damaged.append((ckpt, problem))
@@ -502,16 +533,31 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def logged_step(record: Any) -> int | None:
+    """The step of a ``metrics.jsonl``/``epochs.jsonl`` record; None when it is not a JSON object with an integer
+    ``step`` (a damaged line: ``null``, a list, ``"step": "abc"``)."""
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
 def truncate_jsonl(path: Path, step: int) -> None:
-    """Keep the lines of `path` logged at or before `step` (a killed run may have logged past its checkpoint)."""
+    """Keep the lines of `path` logged at or before `step` (a killed run may have logged past its checkpoint).
+    A line cut off by a kill is dropped; so is any other line that is not a record with an integer step, with a
+    warning naming the file and how many."""
     if not path.is_file():
         return
     lines = [line for line in path.read_text().splitlines() if line.strip()]
-    keep = []
-    for line in lines:
+    keep, damaged = [], []
+    for n, line in enumerate(lines, 1):
         try:
-            if json.loads(line).get("step", 0) <= step:
-                keep.append(line)
+            logged = logged_step(json.loads(line))
         except json.JSONDecodeError:  # a line cut off by the kill
             continue
+        if logged is None:
+            damaged.append(n)
+        elif logged <= step:
+            keep.append(line)
+    if damaged:
+        warnings.warn(f"{path}: dropped {len(damaged)} damaged line(s) (line {', '.join(map(str, damaged[:5]))}: not "
+                      "a JSON object with an integer step)", stacklevel=2)
     atomic_write_text(path, "".join(x + "\n" for x in keep))

@@ -129,7 +129,9 @@ def accept_moved_data(saved: RunConfig, given: RunConfig, out: Path, fingerprint
     return dataclasses.replace(saved, data=data)
 
 
-def read_jsonl(path: Path, step: int) -> list[dict[str, Any]]:
+def read_jsonl(path: Path, step: float, keys: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The records of `path` logged at or before `step`; a line that is not a JSON object with an integer step
+    (and integer `keys`) is left out, as is a line cut off by a kill."""
     if not path.is_file():
         return []
     records = []
@@ -138,16 +140,22 @@ def read_jsonl(path: Path, step: int) -> list[dict[str, Any]]:
             record = json.loads(line)
         except ValueError:
             continue
-        if isinstance(record, dict) and record.get("step", 0) <= step:
+        logged = ckpt_io.logged_step(record)
+        if logged is not None and logged <= step and all(_count(record.get(k), None) is not None for k in keys):
             records.append(record)
     return records
+
+
+def _count(value: Any, default: int | None = 0) -> int | None:
+    """`value` when it is an integer (a logged counter), else `default`."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def weights_only_state(out: Path, step: int, grad_accum: int) -> TrainState:
     """The parts of the train state of step `step` that the run folder's logs give back: the step, the data
     position (the epoch after the last one ``epochs.jsonl`` records, and the micro-batches read since) and the
-    counters. No optimizer, scheduler or RNG state (None): those are lost."""
-    epochs = read_jsonl(out / "epochs.jsonl", step)
+    counters. No optimizer, scheduler or RNG state (None): those are lost. Damaged log lines are left out."""
+    epochs = read_jsonl(out / "epochs.jsonl", step, keys=("epoch",))
     metrics = read_jsonl(out / "metrics.jsonl", step)
     last = metrics[-1] if metrics else {}
     if epochs:
@@ -156,8 +164,10 @@ def weights_only_state(out: Path, step: int, grad_accum: int) -> TrainState:
         epoch, batch = 0, step * grad_accum
     skipped: Counter[str] = Counter()
     for record in epochs:
-        skipped.update(record.get("skipped", {}))
-    counters = Counters(step, int(last.get("truncated", 0)), int(last.get("nonfinite_skipped", 0)), skipped)
+        counts = record.get("skipped", {})
+        if isinstance(counts, dict):
+            skipped.update({str(k): v for k, v in counts.items() if _count(v, None) is not None})
+    counters = Counters(step, _count(last.get("truncated")), _count(last.get("nonfinite_skipped")), skipped)
     return TrainState(counters, epoch, batch, ema_n_averaged=step)
 
 
@@ -317,7 +327,8 @@ def set_logs_aside(out: Path) -> list[str]:
 def logged_loss(out: Path, step: int) -> float:
     """The last loss ``metrics.jsonl`` logged at or before `step` (NaN: none), for a call that trained no step."""
     records = read_jsonl(out / "metrics.jsonl", step)
-    return float(records[-1].get("loss", math.nan)) if records else math.nan
+    loss = records[-1].get("loss") if records else None
+    return float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else math.nan
 
 
 def _with_steps(cfg: RunConfig, steps: int) -> RunConfig:

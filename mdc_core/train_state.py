@@ -57,12 +57,38 @@ class TrainState:
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> TrainState:
-        """Read a ``state.pt`` dict; a key it lacks (an older checkpoint) takes its default. ``ValueError`` when it
-        has no step."""
+        """Read a ``state.pt`` dict; a key it lacks (an older checkpoint) takes its default. ``ValueError`` (one line)
+        when it is not a dict, has no step, or a counter is not a number."""
+        if not isinstance(state, dict):
+            raise ValueError(f"train state is a {type(state).__name__}, not a dict")
         if "step" not in state:
-            raise ValueError(f"train state without a 'step' (keys: {', '.join(sorted(state)) or 'none'})")
-        counters = Counters(int(state["step"]), int(state.get("truncated", 0)), int(state.get("nonfinite_skipped", 0)),
-                            Counter(state.get("skipped", {})), Counter(state.get("skipped_epoch", {})))
-        return cls(counters, int(state.get("epoch", 0)), int(state.get("batch_in_epoch", 0)),
-                   int(state.get("world", 1)), int(state.get("global_batch", 0)), int(state.get("ema_n_averaged", 1)),
-                   state.get("optimizer"), state.get("scheduler"), state.get("rng"))
+            raise ValueError(f"train state without a 'step' (keys: {', '.join(sorted(map(str, state))) or 'none'})")
+        try:
+            counters = Counters(int(state["step"]), int(state.get("truncated", 0)),
+                                int(state.get("nonfinite_skipped", 0)), Counter(state.get("skipped", {})),
+                                Counter(state.get("skipped_epoch", {})))
+            return cls(counters, int(state.get("epoch", 0)), int(state.get("batch_in_epoch", 0)),
+                       int(state.get("world", 1)), int(state.get("global_batch", 0)),
+                       int(state.get("ema_n_averaged", 1)), state.get("optimizer"), state.get("scheduler"),
+                       state.get("rng"))
+        except (TypeError, ValueError, RuntimeError) as err:  # RuntimeError: int() of a tensor of several values
+            raise ValueError(f"train state with a counter that is not a number ({err})") from None
+
+
+FULL_RESUME = ("optimizer", "scheduler")  # what a full resume loads besides the counters (the RNG state is optional)
+
+
+def resume_problem(state: Any, step: int) -> str:
+    """What keeps a ``state.pt`` dict from resuming checkpoint step `step` exactly ('' when nothing does): it does
+    not read (:meth:`TrainState.from_state_dict`), lacks the optimizer or the schedule (a resume would restart
+    AdamW's moments: that is a weights-only resume, said as such), or holds another step's state."""
+    try:
+        train_state = TrainState.from_state_dict(state)
+    except ValueError as err:
+        return str(err)
+    lacking = [name for name in FULL_RESUME if not isinstance(state.get(name), dict)]
+    if lacking:
+        return f"it holds no {' and no '.join(lacking)} state"
+    if train_state.step != step:
+        return f"it holds the train state of step {train_state.step}, not of step {step}"
+    return ""

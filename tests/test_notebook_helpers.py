@@ -86,9 +86,9 @@ def test_trained_or_shipped_opens_on_the_shipped_model_only_when_nothing_is_cach
 
 
 
-def test_a_cached_model_whose_checkpoints_were_set_aside_is_kept_not_trained_over(tmp_path: Path) -> None:
-    """A cache folder without an intact checkpoint is started over only when it never had one (a run stopped before
-    its first checkpoint); damaged checkpoints set aside stay where they are, and the error says what to do."""
+def test_a_cached_model_whose_checkpoints_were_set_aside_is_kept_and_trained_again(tmp_path: Path, capsys) -> None:
+    """A cache folder without an intact checkpoint is trained again from step 0 in place, saying so: damaged
+    checkpoints set aside stay where they are (kept as found), its old log beside the new one."""
     from mdc_core.checkpoint import CKPT_DIR, CORRUPT_PREFIX
     from tests.train_helpers import micro_run, write_micro_data
 
@@ -98,15 +98,60 @@ def test_a_cached_model_whose_checkpoints_were_set_aside_is_kept_not_trained_ove
     aside = run_dir / CKPT_DIR / f"{CORRUPT_PREFIX}step_00000002"
     aside.mkdir(parents=True)
     (aside / "model.safetensors").write_bytes(b"damaged")
-    with pytest.raises(FileNotFoundError, match="the cached model: .*set aside.*delete the folder"):
-        wb.train_cached(cfg, tmp_path / "models")
-    assert (aside / "model.safetensors").read_bytes() == b"damaged"
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 9.0}\n')
+    assert wb.train_cached(cfg, tmp_path / "models")[2] == run_dir
+    out = capsys.readouterr().out
+    assert f"models_dir={tmp_path / 'models'} has no intact checkpoint (the damaged ones are kept as " \
+           "corrupt_step_00000002; its log as metrics_before_start_over_1.jsonl): training it again from step 0" in out
+    assert (aside / "model.safetensors").read_bytes() == b"damaged" and wb._finished(run_dir, cfg.train.steps)
+    assert (run_dir / "metrics_before_start_over_1.jsonl").read_text() == '{"step": 1, "loss": 9.0}\n'
 
     import shutil
     shutil.rmtree(run_dir / CKPT_DIR)  # stopped before its first checkpoint: nothing to keep, trained from scratch
     (run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 9.0}\n')
     assert wb.train_cached(cfg, tmp_path / "models")[2] == run_dir
     assert wb._finished(run_dir, cfg.train.steps)
+
+
+def test_a_cached_model_whose_final_checkpoint_is_damaged_goes_on_from_the_previous_or_again(tmp_path: Path,
+                                                                                             capsys) -> None:
+    """The final checkpoint byte-flipped: set aside, the model trained on from the previous intact checkpoint;
+    when it was the only one, trained again from step 0. Said each time; never "pass it as --run"."""
+    import warnings
+
+    from mdc_core.checkpoint import CKPT_DIR, CORRUPT_PREFIX
+    from tests.train_helpers import micro_run, write_micro_data
+
+    def flip(ckpt: Path) -> None:
+        weights = ckpt / "model.safetensors"
+        data = bytearray(weights.read_bytes())
+        data[-50] ^= 0xFF
+        weights.write_bytes(bytes(data))
+
+    data = write_micro_data(tmp_path / "data", 16)
+    cfg = micro_run(data, steps=4, batch_size=4, ckpt_every=2)
+    models = tmp_path / "models"
+    run_dir = wb.train_cached(cfg, models)[2]
+    flip(run_dir / CKPT_DIR / "step_00000004")
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert wb.train_cached(cfg, models)[2] == run_dir
+    out = capsys.readouterr().out
+    assert "its damaged checkpoints are set aside as corrupt_step_00000004 (kept as found); it goes on from " \
+           "step_00000002" in out and "resuming" in out and "--run" not in out
+    assert wb._finished(run_dir, 4) and (run_dir / CKPT_DIR / f"{CORRUPT_PREFIX}step_00000004").is_dir()
+
+    one = micro_run(data, steps=2, batch_size=4, ckpt_every=2, seed=5)  # a single checkpoint, the final one
+    only = wb.train_cached(one, models)[2]
+    flip(only / CKPT_DIR / "step_00000002")
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert wb.train_cached(one, models)[2] == only
+    out = capsys.readouterr().out
+    assert "no intact checkpoint is left" in out and "training it again from step 0" in out and "--run" not in out
+    assert wb._finished(only, 2)
 
 
 def test_a_reused_model_shows_its_loss_curve_and_no_empty_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

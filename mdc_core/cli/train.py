@@ -61,16 +61,24 @@ def _train_config(args: argparse.Namespace):
 
 
 def _saved_config(out: Path) -> Path:
-    """The config.json ``--resume`` starts from: the run folder's, or (lost) its newest checkpoint's that loads."""
+    """The config.json ``--resume`` starts from: the run folder's, or (lost or damaged: cut off, not a config) its
+    newest checkpoint's that loads, with a warning; training writes the run folder's back from it."""
     saved = out / "config.json"
+    problem = "is missing"
     if saved.is_file():
-        return saved
+        try:
+            RunConfig.load(saved)
+            return saved
+        except ValueError as err:  # ConfigError and JSONDecodeError are ValueErrors
+            problem = f"is damaged ({str(err).splitlines()[0][:160]})"
     from mdc_core.checkpoint import checkpoint_folders, config_problem
     for ckpt in reversed(checkpoint_folders(out)):
         if not config_problem(ckpt):
-            warnings.warn(f"--resume: {saved} is missing; using the config.json of {ckpt.name} (written with it)",
+            warnings.warn(f"--resume: {saved} {problem}; using the config.json of {ckpt.name} (written with it)",
                           stacklevel=3)
             return ckpt / "config.json"
+    if saved.is_file():
+        raise ValueError(f"--resume: {saved} {problem}, and no checkpoint of {out} holds a config.json that loads")
     what = "does not exist" if not out.exists() else "holds no run (no config.json, nor a checkpoint with one)"
     raise FileNotFoundError(f"--resume: run folder {out} {what}")
 

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from mdc_core.data.loaders import IMAGE_EXTS
 from mdc_core.data.sources import resolve_source
-from mdc_core.data.transforms import ImageError, open_image
+from mdc_core.data.transforms import ImageError, open_image, read_image_file
 
 STATS_FILE = "shards_stats.json"
 
@@ -122,9 +122,11 @@ def _sample(pair: dict[str, Any], index: int, check_images: bool) -> tuple[str, 
         return "empty_caption", {}
     path = Path(pair["image"])
     try:
-        data = path.read_bytes()
+        data = read_image_file(path)  # a device or FIFO is refused, never read
     except FileNotFoundError:
         return "missing_image", {}
+    except ImageError as err:
+        return err.reason, {}
     except OSError:
         return "bad_image", {}
     ext = path.suffix.lower().lstrip(".")

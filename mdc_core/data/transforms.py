@@ -29,6 +29,7 @@ from mdc_core._open_clip import load
 
 MAX_SIDE = 10_000  # pixels: larger images are refused
 MAX_PIXELS = 50_000_000  # 50 MP: larger images are refused (PIL's own bomb guard triggers only above ~179 MP)
+MAX_FILE_BYTES = 256 * 2**20  # an image file larger than this is refused before it is read
 RRC_SCALE = (0.9, 1.0)  # area fraction kept by the random resized crop
 RRC_RATIO = (3 / 4, 4 / 3)  # aspect ratios of the random resized crop
 OPENAI_DATASET_MEAN: tuple[float, float, float] = load("constants").OPENAI_DATASET_MEAN  # CLIP's normalisation
@@ -43,6 +44,35 @@ class ImageError(ValueError):
     def __init__(self, message: str, reason: str = "bad_image"):
         super().__init__(message)
         self.reason = reason
+
+
+def read_image_file(path: str | Path, max_bytes: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of the image file at `path`, read only when it is a regular file of at most `max_bytes`: a path to
+    a device (``/dev/zero``), a FIFO (which would block until a writer comes), a socket or a folder is an
+    :class:`ImageError` naming it, and so is a larger file. FileNotFoundError when it does not exist; other
+    OSErrors (a permission) as raised. The file is opened without blocking and checked through its descriptor."""
+    import os
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = ("a folder" if stat.S_ISDIR(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode) else
+                    "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else
+                    "a socket" if stat.S_ISSOCK(info.st_mode) else "not a regular file")
+            raise ImageError(f"{path}: {kind}, not an image file (only regular files are read)")
+        if info.st_size > max_bytes:
+            raise ImageError(f"{path}: file of {info.st_size / 2**20:.0f} MB is too large for an image (limit "
+                             f"{max_bytes // 2**20} MB)", "too_large")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:  # grew while being read
+        raise ImageError(f"{path}: file is too large for an image (limit {max_bytes // 2**20} MB)", "too_large")
+    return data
 
 
 def open_image(data: bytes, name: str = "image") -> Image.Image:
@@ -119,7 +149,7 @@ def normalise_batch(images: torch.Tensor) -> torch.Tensor:
     ``ToTensor`` + ``Normalize`` give image by image."""
     mean = torch.as_tensor(OPENAI_DATASET_MEAN, dtype=torch.float32).view(1, -1, 1, 1)
     std = torch.as_tensor(OPENAI_DATASET_STD, dtype=torch.float32).view(1, -1, 1, 1)
-    return images.to(torch.float32).div(255).sub_(mean).div_(std)
+    return images.to(torch.float32, copy=True).div_(255).sub_(mean).div_(std)
 
 
 class SeededRandomResizedCrop:
@@ -163,5 +193,5 @@ def load_image(source: str | Path | bytes, image_size: int) -> torch.Tensor:
             raise FileNotFoundError(f"image file not found: {path}")
         if not path.is_file():
             raise ValueError(f"{path}: not a file, expected an image")
-        name, data = str(path), path.read_bytes()
+        name, data = str(path), read_image_file(path)
     return eval_transform(image_size)(open_image(data, name))

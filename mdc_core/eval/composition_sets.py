@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from mdc_core.data.sources import iter_shard_records, resolve_source
-from mdc_core.data.transforms import eval_transform, open_image
+from mdc_core.data.transforms import eval_transform, open_image, read_image_file
 
 # synthetic negative category -> task name (the task names the Table 2 column, see COLUMNS)
 SYNTH_TASKS: dict[str, str] = {"relation_swap": "relation", "attribute_swap": "attribute",
@@ -101,7 +101,7 @@ def image_pixels(source: str | Path | bytes, image_size: int, *, crop: tuple[flo
         if not path.is_file():
             raise FileNotFoundError(f"image file not found: {path} ({name}); set the image folder (--images) or "
                                     "check the data set layout")
-        name, data = str(path), path.read_bytes()
+        name, data = str(path), read_image_file(path)
     img = open_image(data, name)
     if crop is not None:
         x, y, w, h = crop

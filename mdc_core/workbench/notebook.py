@@ -177,12 +177,18 @@ def _finished(run_dir: Path, steps: int) -> bool:
 def train_cached(cfg: RunConfig, models_dir: str | Path, *, live: bool = False, progress: bool = False):
     """Train `cfg` into its cache folder (resuming a partial run) unless it is finished there; return
     ``(model, cfg, run_dir)`` with the model loaded in eval mode on ``cfg.train.device``. With `live`, the
-    notebook shows the loss curve: redrawn while it trains (:func:`live_train`), or at once for a finished run."""
-    from mdc_core.checkpoint import latest_checkpoint, load_model
+    notebook shows the loss curve: redrawn while it trains (:func:`live_train`), or at once for a finished run.
+
+    Damaged checkpoints never end the notebook: each is found (its files against ``meta.json``, its train state
+    against its step: :func:`mdc_core.checkpoint.resume_point`) and set aside as ``corrupt_step_*`` (kept as
+    found), and the model goes on from the newest intact checkpoint; when none is intact, it is trained again
+    from step 0 in the same folder, its old logs kept beside the new ones. Each case is printed."""
+    from mdc_core.checkpoint import CheckpointError, latest_checkpoint, load_model
     from mdc_core.train import train
 
     run_dir = cached_run_dir(models_dir, cfg)
     with cache_lock(run_dir, f"the model {run_dir.name}"):  # another notebook may be training this very run
+        retrain = _set_damage_aside(run_dir)
         if _finished(run_dir, cfg.train.steps):
             print(f"reusing the trained run {run_dir.name} in {models_dir} (the same config and data; delete the "
                   "folder to train it again)")
@@ -195,8 +201,14 @@ def train_cached(cfg: RunConfig, models_dir: str | Path, *, live: bool = False, 
             resume = latest is not None
             if resume:
                 print(f"resuming {run_dir.name} from its checkpoint {latest.name}")
-            elif run_dir.exists():  # stopped before its first checkpoint: start it over, unless it once had
-                import shutil  # checkpoints (damaged and set aside, or deleted): then it stays as found
+            elif retrain:
+                from mdc_core.resume import set_logs_aside
+                kept = set_logs_aside(run_dir)
+                print(f"the cached model {run_dir.name} in models_dir={models_dir} has no intact checkpoint (the "
+                      f"damaged ones are kept as {', '.join(retrain)}{'; its log as ' if kept else ''}"
+                      f"{', '.join(kept)}): training it again from step 0")
+            elif run_dir.exists():  # stopped before its first checkpoint: start it over, unless its checkpoints
+                import shutil  # were deleted: then it stays as found
 
                 from mdc_core.resume import refuse_start_over
                 refuse_start_over(run_dir, cfg.train.ckpt_every, asked="the cached model",
@@ -210,8 +222,37 @@ def train_cached(cfg: RunConfig, models_dir: str | Path, *, live: bool = False, 
                 else:
                     train(cfg, run_dir, resume=resume, progress=progress)
     device = "cpu" if cfg.train.device == "auto" else cfg.train.device
-    model, saved = load_model(run_dir, device=device)
+    try:
+        model, saved = load_model(run_dir, device=device)
+    except CheckpointError as err:  # damaged since it was checked above: the notebook's words, not the CLI's flag
+        message = str(err).replace(" (pass it as --run)", "")
+        raise CheckpointError(f"the cached model {run_dir.name} in models_dir={models_dir}: {message}. Run the cell "
+                              "again (it sets the damage aside) or set the notebook parameter models_dir to another "
+                              "folder") from None
     return model, saved, run_dir
+
+
+def _set_damage_aside(run_dir: Path) -> list[str]:
+    """Set the damaged checkpoints of cached model `run_dir` aside (:func:`mdc_core.checkpoint.resume_point`, which
+    also warns naming each), printing what the notebook does next; returns the names of the checkpoints set aside
+    (now or before) when no intact one is left (the model is then trained again), else []."""
+    from mdc_core.checkpoint import CKPT_DIR, CORRUPT_PREFIX, CheckpointError, checkpoint_folders, resume_point
+
+    def aside() -> list[str]:
+        return sorted(p.name for p in (run_dir / CKPT_DIR).glob(CORRUPT_PREFIX + "*"))
+
+    before, start, problem = aside(), None, ""
+    if checkpoint_folders(run_dir):
+        with contextlib.suppress(CheckpointError):  # every checkpoint damaged: all set aside, said below
+            start, problem = resume_point(run_dir, set_aside_damaged=True)
+    now = [name for name in aside() if name not in before]
+    goes_on = f"it goes on from {start.name}" if start is not None else "no intact checkpoint is left"
+    if now:
+        print(f"the cached model {run_dir.name}: its damaged checkpoints are set aside as {', '.join(now)} (kept as "
+              f"found); {goes_on}")
+    if start is not None and problem:
+        print(f"the cached model {run_dir.name}: {problem}; its weights are intact, so it goes on from {start.name}")
+    return [] if start is not None or checkpoint_folders(run_dir) else aside()
 
 
 def trained_or_shipped(cfg: RunConfig, models_dir: str | Path, *, shipped: bool = False, live: bool = False):
