@@ -77,7 +77,7 @@ class ModelConfig:
         if not 0.0 < self.mlp_ratio <= MAX_MLP_RATIO or self.text_width * self.mlp_ratio < 1:
             raise ConfigError(f"model.mlp_ratio must be in (0, {MAX_MLP_RATIO}] (an MLP of at least one unit), got "
                               f"{self.mlp_ratio}")
-        _check_encoder_kwargs(self.encoder_kwargs)
+        check_encoder_kwargs(self.encoder_kwargs)
         if self.text_width % self.text_heads:
             raise ConfigError(f"model.text_width ({self.text_width}) must be divisible by model.text_heads "
                               f"({self.text_heads})")
@@ -461,9 +461,10 @@ def _positive(obj: Any, *names: str) -> None:
             raise ConfigError(f"{section}.{name} must be > 0, got {getattr(obj, name)}")
 
 
-def _check_encoder_kwargs(kwargs: dict[str, Any]) -> None:
-    """Every number in ``model.encoder_kwargs`` (lists included) finite and at most :data:`ENCODER_KWARG_MAX` in
-    size, a depth at most :data:`ENCODER_DEPTH_MAX`: timm builds what they say before any weight is read."""
+def check_encoder_kwargs(kwargs: dict[str, Any], where: str = "model.encoder_kwargs") -> None:
+    """Every number in ``model.encoder_kwargs`` (lists included; `where` names them) finite and at most
+    :data:`ENCODER_KWARG_MAX` in size, a depth at most :data:`ENCODER_DEPTH_MAX`: timm builds what they say before
+    any weight is read. Raises :class:`ConfigError`."""
     for key, value in kwargs.items():
         deep = key == "depth" or key.endswith(("_depth", "layers"))
         most = ENCODER_DEPTH_MAX if deep else ENCODER_KWARG_MAX
@@ -471,8 +472,7 @@ def _check_encoder_kwargs(kwargs: dict[str, Any]) -> None:
             if isinstance(x, bool) or not isinstance(x, (int, float)):
                 continue
             if not math.isfinite(x) or abs(x) > most:
-                raise ConfigError(f"model.encoder_kwargs.{key} must be a finite number of at most {most} in size, "
-                                  f"got {x!r}")
+                raise ConfigError(f"{where}.{key} must be a finite number of at most {most} in size, got {x!r}")
 
 
 def _choice(obj: Any, name: str, choices: tuple[str, ...]) -> None:

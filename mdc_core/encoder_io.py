@@ -229,6 +229,14 @@ def load_encoder(path: str | Path, *, device: str = "cpu", ema: bool | None = No
             cfg = data.get("pretrained_cfg", {})
             stem = data.get("conv_stem")
             name = cfg.get("architecture", "") if stem else data["architecture"]  # see stem_architecture
+            from .checkpoint import HUB_PREFIXES
+            from .config import check_encoder_kwargs
+            if not isinstance(name, str) or name.lower().startswith(HUB_PREFIXES):
+                raise ValueError(f"{config}: architecture {name!r} is not a timm model name here (a Hugging Face Hub "
+                                 "name would be resolved on the network; a local folder never is)")
+            if not isinstance(data.get("model_args", {}), dict):
+                raise ValueError(f"{config}: model_args must be a JSON object")
+            check_encoder_kwargs(data.get("model_args", {}), f"{config}: model_args")  # before timm builds them
             spec = TimmSpec(name, data.get("model_args", {}), {k: tuple(v) if isinstance(v, list) else v
                             for k, v in cfg.items() if k in DATA_KEYS}, "", False, stem)
             return create_timm_encoder(spec, path / WEIGHTS).to(device), preprocess(spec.data_config["input_size"][-1])

@@ -135,3 +135,24 @@ def test_a_hub_encoder_is_never_resolved_from_a_local_folder(export, tmp_path, m
     with pytest.raises(ValueError, match="Hugging Face Hub name"):
         load_model(export)
     assert torch.is_tensor(next(iter(load_model(SHIPPED)[0].state_dict().values())))
+
+
+def test_a_timm_export_config_with_a_hub_name_or_huge_model_args_is_refused_before_timm(tmp_path, monkeypatch):
+    import timm
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("timm was asked to build it")
+
+    monkeypatch.setattr(timm, "create_model", no_build)
+    folder = tmp_path / "timm_export"
+    folder.mkdir()
+    shutil.copy(SHIPPED / "model.safetensors", folder / "model.safetensors")
+    hub = {"architecture": "hf-hub:timm/vit_base_patch32_224.augreg_in21k", "model_args": {"num_classes": 0},
+           "pretrained_cfg": {"input_size": [3, 224, 224]}}
+    (folder / "config.json").write_text(json.dumps(hub))
+    with pytest.raises(ValueError, match="architecture 'hf-hub:timm/.*is not a timm model name here"):
+        mdc_core.load_encoder(folder)
+    (folder / "config.json").write_text(json.dumps({**hub, "architecture": "vit_base_patch32_224",
+                                                    "model_args": {"depth": 100000}}))
+    with pytest.raises(ConfigError, match="model_args.depth must be a finite number of at most 256"):
+        mdc_core.load_encoder(folder)
