@@ -181,31 +181,133 @@ def _random_row(answer: Any) -> Verdict:
 
 @exercise("04.mc_elbo")
 def _mc_elbo(answer: Callable[..., Any], *, model: Any, image_tokens: Any, captions: list[str],
-             samples: int = 128) -> Verdict:
+             samples: int = 128, probe_samples: int = 256) -> Verdict:
     """`answer(model, image_tokens (1, M, D), tokens (1, L), samples)` -> a Monte Carlo estimate of Eq. 8's ELBO
-    (a float). Right when it agrees with ``score_tokens(..., "mc", samples=2048)`` within its noise."""
+    (a float). Right when it agrees, within 4 of its own standard errors, with the ELBO computed exactly (every
+    way of masking the caption, :func:`exact_elbo`) on `captions` with `model`, and on two stand-in models
+    (:class:`MaskCountModel`) whose ELBO the wrong estimators miss by far more than that noise: l drawn from 1..n-1
+    (the last one forgotten: the all-masked term), t ~ U[0.5, 1] with weight 1/t (the training objective)."""
     from mdc_core.objectives import trim_padding
     from mdc_core.scoring import score_tokens
     from mdc_core.tokenizer import CaptionTokenizer
 
     tokenizer = CaptionTokenizer(model.cfg.context_length)
+    for probe in MaskCountModel.probes(model, trim_padding(tokenizer(captions[:1]))):  # first: fast, and decisive
+        want, spread = exact_elbo(probe, image_tokens, probe.tokens)
+        got = float(call_answer(answer, probe, image_tokens, probe.tokens, probe_samples))
+        if not math.isfinite(got) or abs(got - want) > 4.0 * spread / math.sqrt(probe_samples) + 1e-3:
+            return False, (f"on a stand-in model {probe.what}, the ELBO of a {probe.words}-word caption is {want:.3f}; "
+                           f"your estimate with {probe_samples} samples is {got:.3f} (its noise: about "
+                           f"+-{spread / math.sqrt(probe_samples):.3f}): " + _MC_RECIPE)
     shown = []
     for caption in captions:
         tokens = trim_padding(tokenizer([caption]))
-        ref = score_tokens(model, image_tokens, tokens, "mc", samples=2048, seed=1)
-        want, stderr = float(ref.score[0]), float(ref.stderr[0])
-        spread = statistics.stdev(mc_elbo_draws(model, image_tokens, tokens, 256, seed=2))  # of one draw
+        if tokens.shape[1] - 2 <= EXACT_WORDS:
+            want, spread = exact_elbo(model, image_tokens, tokens)
+            ref_stderr = 0.0
+        else:  # too many masks to visit: a large Monte Carlo reference, and its own noise in the tolerance
+            ref = score_tokens(model, image_tokens, tokens, "mc", samples=2048, seed=1)
+            want, ref_stderr = float(ref.score[0]), float(ref.stderr[0])
+            spread = statistics.stdev(mc_elbo_draws(model, image_tokens, tokens, 256, seed=2))
         got = float(call_answer(answer, model, image_tokens, tokens, samples))
-        tolerance = 4.0 * math.sqrt(stderr ** 2 + spread ** 2 / samples) + 1e-3  # both estimates' noise
+        tolerance = 4.0 * math.sqrt(ref_stderr ** 2 + spread ** 2 / samples) + 1e-3
         if not math.isfinite(got) or abs(got - want) > tolerance:
             return False, (f"for {caption!r} your estimate is {got:.3f}, the ELBO is {want:.3f} (your estimate's noise "
-                           f"with {samples} samples: about +-{spread / math.sqrt(samples):.3f}): per sample draw the "
-                           "number of masked words l uniformly in 1..n, mask l random words, add the log-probabilities "
-                           "of the true words there and weight the sum by n / l (the 1/t of Eq. 8 with t = l / n); "
-                           "average over the samples")
+                           f"with {samples} samples: about +-{spread / math.sqrt(samples):.3f}): " + _MC_RECIPE)
         shown.append(f"{got:.2f} vs {want:.2f}")
-    return True, (f"your estimates agree with mdc_core.scoring's within their noise ({'; '.join(shown)}). The ELBO "
-                  f"needs {samples} decoder passes per caption for this noise; the heuristic score needs one per word")
+    return True, (f"your estimates agree with the exact ELBO (every mask visited) within their noise "
+                  f"({'; '.join(shown)}), and on two stand-in models on which a count l drawn from 1..n-1 or a "
+                  f"training-style t ~ U[0.5, 1] misses it. The ELBO needs {samples} decoder passes per caption for "
+                  "this noise; the heuristic score needs one per word")
+
+
+EXACT_WORDS = 10  # captions up to this many words get their ELBO exactly (2^10 - 1 masks)
+_MC_RECIPE = ("per sample draw the number of masked words l uniformly in 1..n (both ends: l = n masks every word), "
+              "mask l random words, add the log-probabilities of the true words there and weight the sum by n / l "
+              "(the 1/t of Eq. 8 with t = l / n); average over the samples")
+
+
+def exact_elbo(model: Any, image_tokens: Any, tokens: Any, batch_size: int = 512) -> tuple[float, float]:
+    """Eq. 8's ELBO of one caption tokens (1, L) (``<sot>`` n words ``<eot>``) by visiting all 2^n - 1 masks, and
+    the standard deviation of one draw of its Monte Carlo estimator (l ~ U{1..n}, l random words masked, their
+    log-probabilities weighted by n / l): ``(elbo, spread)``, exact both."""
+    import itertools
+
+    import torch
+
+    from mdc_core.tokenizer import MASK_ID
+
+    n = tokens.shape[1] - 2
+    every = torch.tensor(list(itertools.product([False, True], repeat=n))[1:])  # (2^n - 1, n)
+    masks = torch.zeros(len(every), tokens.shape[1], dtype=torch.bool)
+    masks[:, 1:-1] = every
+    rows = model.output_index[tokens[0]].clamp(min=0)  # (L,) head rows of the true tokens (<sot> has none)
+    sums = []
+    with torch.no_grad():
+        for start in range(0, len(masks), batch_size):
+            m = masks[start:start + batch_size]  # (R, L)
+            x = tokens.expand(len(m), -1).masked_fill(m, MASK_ID)
+            logp = model.decode(x, image_tokens.expand(len(m), -1, -1)).float().log_softmax(dim=-1)  # (R, L, V)
+            sums.append((logp.gather(-1, rows.expand(len(m), -1)[..., None])[..., 0] * m).sum(dim=1))
+    draw = torch.cat(sums).double() * n / masks.sum(dim=1)  # (2^n - 1,) one draw's value for each mask
+    counts = masks.sum(dim=1)
+    by_l = [draw[counts == count] for count in range(1, n + 1)]  # each mask of l words is equally likely
+    mean = sum(v.mean() for v in by_l) / n
+    second = sum((v ** 2).mean() for v in by_l) / n
+    return float(mean), float((second - mean ** 2).clamp(min=0).sqrt())
+
+
+class MaskCountModel:
+    """A stand-in captioner for checking an ELBO estimator: the log-probability it gives the true word at a masked
+    position depends only on how many of the caption's n words are masked, through `logp(l, n)`, so an estimator
+    that draws the wrong numbers of masked words misses its ELBO by a known margin. It knows one caption,
+    `tokens` (1, L); everything but ``decode`` (output_index, output_ids, cfg, ...) is the wrapped model's."""
+
+    def __init__(self, model: Any, tokens: Any, logp: Callable[[int, int], float], what: str) -> None:
+        self._model = model
+        self.tokens = tokens
+        self.words = tokens.shape[1] - 2
+        self.what = what
+        self._logp = logp
+
+    @classmethod
+    def probes(cls, model: Any, caption: Any, words: int = 4) -> list[MaskCountModel]:
+        """The two stand-ins of the 04.mc_elbo check on a caption of `words` words cut from (or padded with the
+        last word of) `caption` (1, L): one unsure only when every word is masked (the l = n term of Eq. 8), one
+        unsure only when fewer than half are (mask ratios the training schedule t ~ U[0.5, 1] never draws)."""
+        import torch
+
+        body = caption[0, 1:-1]
+        body = torch.cat([body, body[-1:].repeat(max(0, words - len(body)))])[:words]
+        tokens = torch.cat([caption[0, :1], body, caption[0, -1:]])[None]
+        sure, unsure = math.log(0.99), -3.0
+        return [cls(model, tokens, lambda count, n: unsure if count == n else sure,
+                    "that knows every word unless all of them are masked"),
+                cls(model, tokens, lambda count, n: unsure if count < n / 2 else sure,
+                    "that knows every word only when at least half of them are masked")]
+
+    def decode(self, tokens: Any, image_tokens: Any = None, *, select: Any = None, **_: Any) -> Any:
+        """tokens (B, L) -> logits (B, L, V_out): zero everywhere but at each position's true row of `self.tokens`,
+        set so that the true word's log-probability is ``logp(masked words of the row, n)``; with `select` (B, L)
+        bool, only those positions (K, V_out), as :meth:`Captioner.decode` does."""
+        import torch
+
+        from mdc_core.tokenizer import MASK_ID
+
+        if tokens.shape[1] != self.tokens.shape[1]:
+            raise ValueError(f"this stand-in model knows one caption of {self.words} words; got {tokens.shape[1]} "
+                             "positions")
+        counts = (tokens[:, 1:-1] == MASK_ID).sum(dim=1).tolist()  # (B,) masked words per row
+        target = torch.tensor([self._logp(c, self.words) for c in counts], dtype=torch.float32)  # (B,)
+        others = len(self._model.output_ids) - 1
+        logit = target + math.log(others) - torch.log1p(-target.exp())  # log p = logit - log(e^logit + others)
+        logits = torch.zeros(*tokens.shape, others + 1)  # (B, L, V_out)
+        rows = self._model.output_index[self.tokens[0]].clamp(min=0)  # (L,)
+        logits[:, torch.arange(tokens.shape[1]), rows] = logit[:, None]
+        return logits if select is None else logits[select]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
 
 
 def mc_elbo_draws(model: Any, image_tokens: Any, tokens: Any, samples: int, seed: int = 0) -> list[float]:
