@@ -313,6 +313,22 @@ def test_headroom_share() -> None:
     assert fails("03.headroom_share", 73.3, **context)  # the raw top-1
 
 
+def test_headroom_share_accepts_what_the_notebook_displays() -> None:
+    """The share printed with one decimal (the solution's .1f) and the share computed from the table's one-decimal
+    values (33.24 against 33.222 in the issue) are right; the gain in points and a share half a point off are
+    not. Here the two differ by 0.08 (a baseline near 100 magnifies the table's rounding)."""
+    probes = {"MDC": {"shape": 95.04, "colour": 73.46}, "random init (GAP)": {"shape": 90.04, "colour": 57.46}}
+    context = dict(probes=probes, row="MDC", baseline="random init (GAP)", mean_tasks=["shape", "colour"])
+    want = tables.headroom_share(probes, "MDC", "random init (GAP)", ["shape", "colour"])  # 43.906
+    printed = {r: {t: float(f"{v:.1f}") for t, v in row.items()} for r, row in probes.items()}
+    from_table = tables.headroom_share(printed, "MDC", "random init (GAP)", ["shape", "colour"])  # 43.824
+    assert abs(want - from_table) > 0.05  # the premise: the table's rounding shows
+    for shown in (round(want, 1), round(from_table, 2), want):
+        assert ex.check("03.headroom_share", shown, **context).ok is True, shown
+    for wrong in (10.5, round(want, 1) + 0.5, round(from_table, 1) - 0.5):  # the gain in points; half a point off
+        assert fails("03.headroom_share", wrong, **context)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # 04
 
