@@ -76,6 +76,27 @@ def drop_steps_after(run_dir: str | Path, step: int) -> int:
     return dropped
 
 
+def quiet_writer_threads() -> None:
+    """Keep tensorboard's event-writer thread from printing its own traceback for an OSError (a full disk): the
+    thread keeps the error and re-raises it in the training thread at its next write or flush, which reports it in
+    one line (``mdc: error: no space left ...``); the thread's traceback would follow that line. Other threads and
+    other errors go to the previous :func:`threading.excepthook`. Installed once per process."""
+    import threading
+
+    previous = threading.excepthook
+    if getattr(previous, "quiet_writer_threads", False):
+        return
+
+    def hook(args: Any) -> None:
+        kind = type(args.thread)  # tensorboard.summary.writer.event_file_writer._AsyncWriterThread (private)
+        writer = kind.__name__ == "_AsyncWriterThread" and kind.__module__.startswith("tensorboard.")
+        if not (writer and isinstance(args.exc_value, OSError)):
+            previous(args)
+
+    hook.quiet_writer_threads = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
 def flat_hparams(cfg: RunConfig) -> dict[str, int | float | str | bool]:
     """The run config as hparams: ``section.key`` -> value; lists, tuples and dicts as their text."""
     out: dict[str, int | float | str | bool] = {}
@@ -99,6 +120,7 @@ class TensorBoardLog:
             raise ConfigError("train.tensorboard=true needs the tensorboard package: pip install -c constraints.txt "
                               f"'mdc-workbench[tensorboard]' (or drop --tensorboard); {err}") from err
         drop_steps_after(run_dir, start_step)
+        quiet_writer_threads()
         self.writer = SummaryWriter(log_dir=str(run_dir))
         self.cfg = cfg
         # counters at the previous record (for the rates); unknown after a resume until its first record
