@@ -32,7 +32,7 @@ from mdc_core.tokenizer import MASK_ID, CaptionTokenizer
 from mdc_core.workbench import trajectory_view
 
 from . import explore, render
-from .runs import LoadedRun, get_run, optional_module, run_choices, user_errors
+from .runs import LoadedRun, get_run, optional_module, refuse, run_choices, user_errors
 
 SCENE_SEED, SCENE_SPLIT, INITIAL_SCENE = 0, "test", 3  # data seed (when the run's is unknown), held-out split
 COMPARE_LENGTHS = (10, 15, 20)
@@ -70,7 +70,7 @@ def show_scene(scene: float | None, run: str, state: dict | None) -> tuple[dict,
     data of `run` (difficulty, seed, caption style; the default ones when unknown) at its image size. A new image
     drops the prompt's fixed words (they described the previous one)."""
     if scene is None or scene < 0 or scene != int(scene):
-        raise gr.Error(f"scene number must be a whole number >= 0, got {scene}")
+        raise refuse(f"scene number must be a whole number >= 0, got {scene}")
     index, loaded = int(scene), get_run(run)
     data = loaded.scenes  # the scenes this run was trained on (its data's difficulty, seed and caption style)
     ex = make_example(data.get("seed", SCENE_SEED), SCENE_SPLIT, index, image_size=loaded.cfg.model.image_size,
@@ -88,25 +88,32 @@ def new_scene(run: str, state: dict | None) -> tuple[int, dict, Image.Image, str
     return (index, *show_scene(index, run, state))
 
 
-def load_upload(image: str | None, state: dict | None) -> tuple[dict, Image.Image, str]:
-    """An uploaded file, decoded with the workbench's own checks (empty, not an image, too large); the prompt is
-    dropped as for a new scene."""
-    path = image
+def open_upload(path: str | None) -> Image.Image:
+    """The image file `path` that a user or a script sent, opened the one way every entry point opens an image
+    (the upload box, ``/upload``, ``/caption_json``; ``/replay``'s embedded image goes through the same
+    :func:`~mdc_core.data.transforms.open_image`): the file size first, then ``open_image``'s checks (empty, not an
+    image, over 10,000 px per side or a decompression bomb, refused before decoding; 16-bit and float images scaled
+    to 8 bits, not saturated). Each refusal is one line naming the file (:func:`~mdc_app.runs.refuse`)."""
     if not path:
-        raise gr.Error("no file was uploaded")
+        raise refuse("no file was uploaded")
     name = Path(path).name
     size = os.path.getsize(path)
     if size > MAX_UPLOAD_BYTES:
-        raise gr.Error(f"{name}: file of {size / 2**20:.1f} MB is too large (limit {MAX_UPLOAD_BYTES // 2**20} MB)")
+        raise refuse(f"{name}: file of {size / 2**20:.1f} MB is too large (limit {MAX_UPLOAD_BYTES // 2**20} MB)")
     with user_errors():
-        img = open_image(Path(path).read_bytes(), name)
+        return open_image(Path(path).read_bytes(), name)
+
+
+def load_upload(image: str | None, state: dict | None) -> tuple[dict, Image.Image, str]:
+    """An uploaded file, opened by :func:`open_upload`; the prompt is dropped as for a new scene."""
+    img, name = open_upload(image), Path(image or "").name
     info = f"**{html.escape(name)}** &middot; {img.width} x {img.height} px (uploaded)"
     return {**(state or {}), "image": img, "source": name, "record": None, "prompt": ""}, _display(img), info
 
 
 def _image_tokens(run: LoadedRun, state: dict | None) -> torch.Tensor:
     if not state or state.get("image") is None:
-        raise gr.Error("pick an image first: a random scene or an upload")
+        raise refuse("pick an image first: a random scene or an upload")
     pixels = eval_transform(run.cfg.model.image_size)(state["image"])[None]  # (1, 3, S, S)
     with torch.no_grad():
         return run.model.encode_image(pixels)  # (1, M, D)
@@ -129,7 +136,7 @@ def sampler_config(*values: Any) -> SamplerConfig:
 def _unmask(run: LoadedRun, image_tokens: torch.Tensor, cfg: SamplerConfig, prompt: torch.Tensor | None = None
             ) -> dict[str, Any]:
     if run.is_arc:
-        raise gr.Error(f"{run.label} is an autoregressive (ARC) model: it writes left to right, so there is no "
+        raise refuse(f"{run.label} is an autoregressive (ARC) model: it writes left to right, so there is no "
                        "unmasking to watch. Pick it as the ARC run in the Compare tab.")
     out, latency = explore.timed_sample(run, image_tokens, cfg, prompt)  # with attention, for the overlay
     record = trajectory(out, run.tokenizer)
@@ -139,8 +146,9 @@ def _unmask(run: LoadedRun, image_tokens: torch.Tensor, cfg: SamplerConfig, prom
 
 def run_caption(run: str, state: dict | None, length: int, tokens_per_step: int, temperature: float, top_k: int,
                 threshold: float, remask_threshold: float, remask_steps: int, seed: int
-                ) -> tuple[dict, str, Any, Any, str]:
-    """Caption the current image; show the final canvas, the step slider at its end, the heatmap, a summary.
+                ) -> tuple[dict, str, Any, Any, str, dict[str, Any]]:
+    """Caption the current image; show the final canvas, the step slider at its end, the heatmap, a summary, and
+    return the same data as JSON for scripts (``/caption``'s last output: what ``/caption_json`` answers).
     The parameters after `state` are :data:`SAMPLER_FIELDS` (their names are the ``/caption`` API's)."""
     run_key, run = run, get_run(run)
     cfg = sampler_config(length, tokens_per_step, temperature, top_k, threshold, remask_threshold, remask_steps, seed)
@@ -154,9 +162,10 @@ def run_caption(run: str, state: dict | None, length: int, tokens_per_step: int,
                f"{n_steps} steps of k = {cfg.tokens_per_step}{explore.unmask_prompt_summary(record)} &middot; "
                f"sampling {record['latency_s'] * 1000:.0f} ms, with image encoding {total * 1000:.0f} ms (CPU)")
     state = {**state, "record": record, "run": run_key}
+    data = {"run": run_key, "source": state.get("source"), **trajectory_json(record, run.tokenizer)}
     return (state, trajectory_view.chips_html(record, n_steps),
             gr.Slider(minimum=0, maximum=n_steps, value=n_steps, step=1), trajectory_view.heatmap_figure(record),
-            summary)
+            summary, data)
 
 
 def show_step(step: float | None, state: dict | None) -> str:
@@ -190,17 +199,18 @@ def trajectory_json(record: dict[str, Any], tokenizer: CaptionTokenizer) -> dict
 
 
 def caption_json(run: str, length: int, tokens_per_step: int, temperature: float, top_k: int, threshold: float,
-                 remask_threshold: float, remask_steps: int, seed: int, image: Image.Image | None = None,
+                 remask_threshold: float, remask_steps: int, seed: int, image: str | None = None,
                  scene: float | None = None, prompt: str | None = "") -> dict[str, Any]:
-    """Caption `image` (else scene number `scene` of the held-out split) with `run` and return the caption and its
-    trajectory as JSON (:func:`trajectory_json`, plus ``run`` and ``source``). `prompt` fixes words as the
-    "fix some words" box does. This is the ``/caption_json`` API endpoint; the page never calls it."""
-    if image is not None:
-        state = {"image": image.convert("RGB"), "source": "image"}
+    """Caption the image file `image` (opened by :func:`open_upload`, as an upload is; else scene number `scene` of
+    the held-out split) with `run` and return the caption and its trajectory as JSON (:func:`trajectory_json`, plus
+    ``run`` and ``source``). `prompt` fixes words as the "fix some words" box does. This is the ``/caption_json``
+    API endpoint; the page never calls it."""
+    if image:
+        state = {"image": open_upload(image), "source": "image"}
     elif scene is not None:
         state = show_scene(scene, run, None)[0]
     else:
-        raise gr.Error("give an image or a scene number")
+        raise refuse("give an image or a scene number")
     state["prompt"] = (prompt or "").strip()
     loaded = get_run(run)
     cfg = sampler_config(length, tokens_per_step, temperature, top_k, threshold, remask_threshold, remask_steps, seed)
@@ -211,7 +221,7 @@ def caption_json(run: str, length: int, tokens_per_step: int, temperature: float
 def start_play(state: dict | None) -> tuple[Any, Any]:
     """Rewind to step 0 and start the animation timer."""
     if not (state or {}).get("record"):
-        raise gr.Error("caption an image first")
+        raise refuse("caption an image first")
     return gr.Slider(value=0), gr.Timer(active=True)
 
 
@@ -264,7 +274,7 @@ def compare_lengths(run: str, arc_run: str | None, state: dict | None, length: i
     run = get_run(run) if run else None
     arc = get_run(arc_key) if arc_key else None
     if arc is not None and not arc.is_arc:
-        raise gr.Error(f"{arc.label} is not an ARC run (objective {arc.cfg.objective.name!r})")
+        raise refuse(f"{arc.label} is not an ARC run (objective {arc.cfg.objective.name!r})")
     cfg = sampler_config(length, tokens_per_step, temperature, top_k, threshold, remask_threshold, remask_steps, seed)
     rows = []
     if run is not None and not run.is_arc:
@@ -282,7 +292,7 @@ def compare_lengths(run: str, arc_run: str | None, state: dict | None, length: i
     if arc_key:
         rows += _arc_rows(arc_key, state)
     if not rows:
-        raise gr.Error("choose an MDC run (top) or an ARC run (here) to compare")
+        raise refuse("choose an MDC run (top) or an ARC run (here) to compare")
     return render.table_html(["model", "caption (MDC: confidence when revealed; ARC: p of each token)",
                               "mean conf.", "ms"], rows)
 
@@ -292,28 +302,32 @@ def _check_vocab(run: LoadedRun, captions: list[str]) -> None:
     for text in captions:
         ids = run.tokenizer.encode_text(text)
         if not ids:
-            raise gr.Error(f"caption {text!r} has no tokens")
+            raise refuse(f"caption {text!r} has no tokens")
         if len(ids) > limit:
-            raise gr.Error(f"caption {text!r} has {len(ids)} tokens; this model holds {limit}")
+            raise refuse(f"caption {text!r} has {len(ids)} tokens; this model holds {limit}")
         if run.model.restricted:
             unknown = [run.tokenizer.token_string(i) for i in ids if int(run.model.output_index[i]) < 0]
             if unknown:
-                raise gr.Error(f"caption {text!r} uses words this model never saw in training: "
+                raise refuse(f"caption {text!r} uses words this model never saw in training: "
                                f"{', '.join(unknown)}")
 
 
-def score_own(run: str, state: dict | None, captions: str, methods: list[str] | None, mc_samples: float) -> str:
-    """Score typed captions (one per line) against the image; rank them; show the heuristic path's log-probs."""
+def score_own(run: str, state: dict | None, captions: str, methods: list[str] | None, mc_samples: float
+              ) -> tuple[str, dict[str, Any]]:
+    """Score typed captions (one per line) against the image; rank them; show the heuristic path's log-probs. The
+    table, and its data as JSON for scripts: ``{"run", "source", "ranked_by", "captions": [{"rank", "caption",
+    "tokens", "scores": {method: {"score", "stderr" (mc), "token_logprobs", "order" (heuristic)}}}]}``, best
+    first."""
     text, run_key = captions, run
     scoring = optional_module("mdc_core.scoring")
     if scoring is None:
-        raise gr.Error("caption scoring needs mdc_core/scoring.py, which is not in this checkout yet")
+        raise refuse("caption scoring needs mdc_core/scoring.py, which is not in this checkout yet")
     run = get_run(run_key)
     captions = [line.strip() for line in (text or "").splitlines() if line.strip()]
     if not captions:
-        raise gr.Error("type one or more captions, one per line")
+        raise refuse("type one or more captions, one per line")
     if len(captions) > MAX_SCORED:
-        raise gr.Error(f"at most {MAX_SCORED} captions at once, got {len(captions)}")
+        raise refuse(f"at most {MAX_SCORED} captions at once, got {len(captions)}")
     methods = list(methods or ["heuristic"])
     _check_vocab(run, captions)
     image_tokens = _image_tokens(run, state)
@@ -327,8 +341,11 @@ def score_own(run: str, state: dict | None, captions: str, methods: list[str] | 
     rank_by = methods[0]
     path = next((m for m in ("heuristic", *methods) if m in results and "token_logprobs" in results[m][0]), None)
     order = sorted(range(len(captions)), key=lambda i: -results[rank_by][i]["score"])
-    rows = []
+    rows, ranked = [], []
     for rank, i in enumerate(order, 1):
+        ranked.append({"rank": rank, "caption": captions[i], "tokens": results[rank_by][i]["tokens"],
+                       "scores": {m: {k: v for k, v in results[m][i].items() if k not in ("caption", "tokens")}
+                                  for m in methods}})
         cells = [str(rank), html.escape(captions[i])]
         for m in methods:
             r = results[m][i]
@@ -342,9 +359,10 @@ def score_own(run: str, state: dict | None, captions: str, methods: list[str] | 
     headers = ["#", "caption", *[f"{m} score" for m in methods]]
     if path:
         headers.append(f"{path} path: per-token log p" + (" (#n = reveal order)" if path == "heuristic" else ""))
-    return (render.table_html(headers, rows)
-            + f'<p style="font-size:12px;color:#6b7280">ranked by {rank_by} (log-likelihood; higher is better) '
-              f"&middot; {timing}</p>")
+    table = (render.table_html(headers, rows)
+             + f'<p style="font-size:12px;color:#6b7280">ranked by {rank_by} (log-likelihood; higher is better) '
+               f"&middot; {timing}</p>")
+    return table, {"run": run_key, "source": state.get("source"), "ranked_by": rank_by, "captions": ranked}
 
 
 def rescan_runs(root: str | None, current: str) -> Any:

@@ -26,7 +26,7 @@ from mdc_core.config import SamplerConfig
 from mdc_core.infill import parse_prompt
 from mdc_core.workbench import animation, trajectory_view
 
-from .runs import LoadedRun, get_run, user_errors
+from .runs import LoadedRun, get_run, refuse, user_errors
 
 MEAN, LAST = "mean", "last"
 MAX_JSON_BYTES = 20 * 2**20
@@ -75,7 +75,7 @@ def attention_view(step: float | None, layer: str | None, head: str | None, stat
     try:
         grid, label = animation.step_attention(record, s, lay, hd)
     except (ValueError, IndexError) as err:
-        raise gr.Error(f"no attention map for this choice: {err}") from None
+        raise refuse(f"no attention map for this choice: {err}") from None
     shown = animation.overlay(image, grid, 256)
     text = (f"where the token just revealed looks: {html.escape(label, quote=False)}" if grid is not None
             else f"<i>{html.escape(label)}</i>")
@@ -114,7 +114,7 @@ def save_gif(state: dict | None, layer: str | None = LAST, head: str | None = ME
     """Write the current trajectory as an animated GIF (one frame per step); returns its path for download."""
     state = state or {}
     if not state.get("record"):
-        raise gr.Error("caption an image first: there is no trajectory to animate")
+        raise refuse("caption an image first: there is no trajectory to animate")
     lay, hd = _pick(layer, head)
     with user_errors():
         path = animation.trajectory_gif(state["record"], _out_dir() / "mdc_trajectory.gif", state.get("image"),
@@ -126,7 +126,7 @@ def save_json(state: dict | None) -> str:
     """Write the current trajectory record (seed, settings, prompt and the image inside) as JSON for download."""
     state = state or {}
     if not state.get("record"):
-        raise gr.Error("caption an image first: there is no trajectory to save")
+        raise refuse("caption an image first: there is no trajectory to save")
     record = dict(state["record"])
     if state.get("image") is not None:
         record = animation.with_image(record, state["image"])
@@ -141,10 +141,10 @@ def load_replay(path: str | None, state: dict | None) -> tuple[dict, Image.Image
     """Replay a saved JSON trajectory: its image, canvas (at the last step), heatmap and summary, and its prompt.
     The record's seed and settings are shown, so pressing "unmask" with them reproduces it on the same run."""
     if not path:
-        raise gr.Error("no file was uploaded")
+        raise refuse("no file was uploaded")
     name = Path(path).name
     if Path(path).stat().st_size > MAX_JSON_BYTES:
-        raise gr.Error(f"{name} is larger than {MAX_JSON_BYTES // 2**20} MB; not a trajectory saved by the app")
+        raise refuse(f"{name} is larger than {MAX_JSON_BYTES // 2**20} MB; not a trajectory saved by the app")
     with user_errors():
         record = animation.load_record(path)
         image = animation.record_image(record)

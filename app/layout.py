@@ -8,13 +8,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import gradio as gr
 import torch
+from gradio.data_classes import GradioModel, ImageData
+from gradio_client.utils import is_file_obj_with_meta, is_http_url_like
+from pydantic import create_model, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from mdc_core.config import SAMPLER_RANGES, RunConfig, SamplerConfig
 
@@ -42,7 +46,59 @@ from .callbacks import (
     show_step,
     start_play,
 )
-from .runs import LoadedRun, get_run, register_run, run_choices
+from .runs import LoadedRun, get_run, refuse, register_run, run_choices
+
+
+def _mark_non_files(cls: type, value: Any) -> Any:
+    """`value` when it is a file (gradio's own, or what a client sends: a dict with gradio's file ``meta``), else a
+    marked file payload (FileData requires a path and that meta)."""
+    if isinstance(value, GradioModel) or is_file_obj_with_meta(value):
+        return value
+    return {"path": "", "not_a_file": type(value).__name__, "meta": {"_type": "gradio.FileData"}}
+
+
+def _uploads_only(component: gr.components.Component, preprocess: Callable[[Any], Any] | None = None
+                  ) -> gr.components.Component:
+    """`component` (a file input: the upload box, the replay box, ``/caption_json``'s image) refusing in one line
+    a payload that is no uploaded file (a path string, a number, a URL), which gradio's own validation turns into its
+    generic "upstream Gradio app has raised an exception" and a traceback in the server log: its data model lets
+    such a payload through, marked, and `preprocess` (default: the component's own) is reached only by files.
+    (An error raised inside the pydantic validator would be wrapped: gr.Error is a ValueError.) Set on the instance,
+    not by subclassing: gradio writes a ``.pyi`` stub beside the module of every component subclass."""
+    model = component.data_model
+    component.data_model = create_model(  # the field is left out of the API's schema
+        f"Uploaded{model.__name__}", __base__=model, not_a_file=(SkipJsonSchema[str | None], None),
+        __validators__={"mark": model_validator(mode="before")(classmethod(_mark_non_files))})
+    inner = preprocess or component.preprocess
+
+    def checked(payload: Any) -> Any:
+        if payload is not None and payload.not_a_file:
+            raise refuse(f"{component.label}: expected an uploaded file (gradio_client.handle_file(PATH)), got a "
+                         f"{payload.not_a_file}")
+        return inner(payload)
+
+    component.preprocess = checked
+    fetch = component.async_move_resource_to_block_cache
+
+    async def no_download(path: str | Path | None) -> str | None:  # gradio would download a URL given as the file
+        if path is not None and is_http_url_like(str(path)):
+            raise refuse(f"{component.label}: a URL is not an uploaded file; the app downloads nothing (send the "
+                         "file itself: gradio_client.handle_file(PATH))")
+        return await fetch(path)
+
+    component.async_move_resource_to_block_cache = no_download
+    return component
+
+
+def _image_path(payload: ImageData | None) -> str | None:
+    """The preprocessing of the ``/caption_json`` image: the uploaded file's path, undecoded (gradio's decoding has
+    no size limit and saturates 16-bit images), for :func:`mdc_app.callbacks.open_upload` to open with the upload
+    box's checks."""
+    if payload is None:
+        return None
+    if payload.path is None:
+        raise refuse("image: send the image as a file (gradio_client.handle_file(PATH)), not as a data URL")
+    return payload.path
 
 
 def _sampler_inputs(defaults: SamplerConfig, max_length: int) -> list[gr.components.Component]:
@@ -62,7 +118,7 @@ def _initial_view(run_key: str, scene: int, cfg: SamplerConfig) -> dict[str, Any
     if get_run(run_key).is_arc:
         return {}
     state, image, info = show_scene(scene, run_key, None)
-    state, chips, _, fig, summary = run_caption(run_key, state, *(getattr(cfg, f) for f in SAMPLER_FIELDS))
+    state, chips, _, fig, summary, _ = run_caption(run_key, state, *(getattr(cfg, f) for f in SAMPLER_FIELDS))
     steps = len(state["record"]["steps"])
     attention, label = explore.attention_view(steps, explore.LAST, explore.MEAN, state)
     return {"state": state, "image": image, "info": info, "chips": chips, "heatmap": fig, "summary": summary,
@@ -133,8 +189,8 @@ def _input_panel(ui: SimpleNamespace, init: dict[str, Any], choices: list[tuple[
         for slider in sliders[main:]:
             slider.render()
     ui.settings = sliders
-    ui.upload = gr.File(label="or upload an image (PNG, JPEG, WebP)", file_types=list(UPLOAD_TYPES),
-                        type="filepath", height=100)
+    ui.upload = _uploads_only(gr.File(label="or upload an image (PNG, JPEG, WebP)", file_types=list(UPLOAD_TYPES),
+                                      type="filepath", height=100))
 
 
 def _unmasking_tab(ui: SimpleNamespace, init: dict[str, Any], first: LoadedRun, length: int) -> None:
@@ -160,8 +216,8 @@ def _unmasking_tab(ui: SimpleNamespace, init: dict[str, Any], first: LoadedRun, 
             ui.gif_btn = gr.Button("GIF of this unmasking", size="sm")
             ui.json_btn = gr.Button("save trajectory (JSON)", size="sm")
             ui.download = gr.File(label="download", interactive=False, height=80)
-            ui.replay = gr.File(label="replay a saved trajectory (JSON)", file_types=[".json"], type="filepath",
-                                height=80)
+            ui.replay = _uploads_only(gr.File(label="replay a saved trajectory (JSON)", file_types=[".json"],
+                                              type="filepath", height=80))
         ui.timer = gr.Timer(PLAY_INTERVAL_S, active=False)
 
 
@@ -185,18 +241,22 @@ def _score_tab(ui: SimpleNamespace) -> None:
 
 def _api_only(ui: SimpleNamespace) -> None:
     """Hidden inputs and output of the ``/caption_json`` API endpoint (a script's image, scene number and prompt;
-    the JSON answer): components, so that gradio checks and converts what a client sends."""
+    the JSON answer): components, so that gradio checks and converts what a client sends; and the JSON outputs
+    that ``/caption`` and ``/score`` add to what the page shows."""
     with gr.Column(visible=False):
-        ui.api_image = gr.Image(label="image", type="pil", image_mode="RGB")
+        ui.api_image = _uploads_only(gr.Image(label="image", type="filepath"), _image_path)
         ui.api_scene = gr.Number(label="scene", precision=0, minimum=0)
         ui.api_prompt = gr.Textbox(label="prompt", value="")
         ui.api_json = gr.JSON(label="caption and trajectory")
         ui.api_btn = gr.Button("caption_json")
+        ui.caption_data = gr.JSON(label="caption data")  # /caption's data as JSON (its last output)
+        ui.score_data = gr.JSON(label="score data")  # /score's data as JSON (its last output)
 
 
 def _wire_events(ui: SimpleNamespace) -> None:
     """Connect every control to its callback (:mod:`mdc_app.callbacks` and :mod:`mdc_app.explore`)."""
-    cap_in, cap_out = [ui.run, ui.state, *ui.settings], [ui.state, ui.chips, ui.step, ui.heatmap, ui.summary]
+    cap_in = [ui.run, ui.state, *ui.settings]
+    cap_out = [ui.state, ui.chips, ui.step, ui.heatmap, ui.summary, ui.caption_data]
     img_out = [ui.state, ui.image, ui.image_info]
     att_in, att_out = [ui.step, ui.layer, ui.head, ui.state], [ui.att_image, ui.att_label]
 
@@ -231,5 +291,5 @@ def _wire_events(ui: SimpleNamespace) -> None:
     ui.timer.tick(play_tick, [ui.step, ui.state], [ui.step, ui.timer], api_visibility=PRIVATE, show_progress="hidden")
     ui.compare_btn.click(compare_lengths, [ui.run, ui.arc, ui.state, *ui.settings], [ui.compare_out],
                          api_name="compare")
-    ui.score_btn.click(score_own, [ui.run, ui.state, ui.typed, ui.methods, ui.mc_samples], [ui.score_out],
-                       api_name="score")
+    ui.score_btn.click(score_own, [ui.run, ui.state, ui.typed, ui.methods, ui.mc_samples],
+                       [ui.score_out, ui.score_data], api_name="score")

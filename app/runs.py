@@ -1,7 +1,8 @@
 """Runs the app can show: a process-wide cache of loaded models keyed by run folder, and run discovery.
 
 A run is loaded once (``mdc_core.checkpoint.load_model``: config.json + safetensors, no pickle) and shared by
-every user; :func:`user_errors` turns errors a user can fix into a readable ``gr.Error``.
+every user; :func:`user_errors` turns errors a user can fix into a readable ``gr.Error`` (:func:`refuse`: no
+traceback in the server log).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def get_run(key: str) -> LoadedRun:
         if key in _CACHE:
             return _CACHE[key]
     if key not in _FOLDERS:
-        raise gr.Error(f"unknown run {key!r}; pick one from the run menu")
+        raise refuse(f"unknown run {key!r}; pick one from the run menu")
     folder, label = _FOLDERS[key]
     with user_errors():
         model, cfg = load_model(folder)
@@ -176,15 +177,22 @@ def run_choices(root: str | Path | None) -> list[tuple[str, str]]:
     return choices
 
 
+def refuse(message: str) -> gr.Error:
+    """A request the app turns down (bad input, nothing to show yet): its one-line `message` goes to the caller, and
+    the server log gets no traceback (gradio prints one for every ``gr.Error`` unless told not to)."""
+    return gr.Error(message, print_exception=False)
+
+
 @contextmanager
 def user_errors() -> Iterator[None]:
-    """Turn the errors a user can fix (bad image, bad setting, missing file) into a readable ``gr.Error``."""
+    """Turn the errors a user can fix (bad image, bad setting, missing file) into a readable ``gr.Error``
+    (:func:`refuse`)."""
     try:
         yield
     except gr.Error:
         raise
     except (ValueError, FileNotFoundError) as err:
-        raise gr.Error(scrub_paths(str(err))) from err
+        raise refuse(scrub_paths(str(err))) from err
 
 
 _ABSOLUTE_PATH = re.compile(r"(?<![^\s(\[\"'=])/[^\s'\"(),;/]+(?:/[^\s'\"(),;/]*)+")  # /a/b... after a space

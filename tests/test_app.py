@@ -82,10 +82,11 @@ def test_shown_trajectory_is_the_samplers(app):
     state, image, info = A.show_scene(5, "micro", None)
     assert "scene #5" in info and image.size == (256, 256)
     settings = _settings(length=12, tokens_per_step=2, temperature=0.7, top_k=20, seed=3)
-    state, chips, slider, fig, summary = A.run_caption("micro", state, *settings)
+    state, chips, slider, fig, summary, data = A.run_caption("micro", state, *settings)
     out, expected = _expected_record(app["model"], state, A.sampler_config(*settings))
     got = state["record"]
     assert {k: got[k] for k in expected} == expected  # same caption, tokens, steps, settings
+    assert data == {"run": "micro", "source": "scene 5", **A.trajectory_json(got, CaptionTokenizer())}  # as JSON
     assert slider.maximum == slider.value == out.num_steps == 6
     tok = CaptionTokenizer()
     for s in range(out.num_steps + 1):
@@ -235,13 +236,19 @@ def test_score_own_captions_ranked_as_the_scorer_says(app):
     with pytest.raises(gr.Error, match="type one or more captions"):
         A.score_own("micro-corpus", state, " \n ", ["heuristic"], 8)
     captions = ["a red circle", "circle red a", "a red square"]
-    table = A.score_own("micro-corpus", state, "\n".join(captions), ["heuristic", "mc"], 8)
+    table, data = A.score_own("micro-corpus", state, "\n".join(captions), ["heuristic", "mc"], 8)
     direct = scoring.score_captions(run.model, A._image_tokens(run, state), captions, "heuristic")
     ranked = [r["caption"] for r in sorted(direct, key=lambda r: -r["score"])]
     rows = re.findall(r"<tr><td[^>]*>(\d+)</td><td[^>]*>([^<]*)</td><td[^>]*>([-\d.]+)</td>", table)
     assert rows == [(str(i + 1), c, f"{next(r['score'] for r in direct if r['caption'] == c):.3f}")
                     for i, c in enumerate(ranked)]
     assert "mc score" in table and table.count("&plusmn;") == 3  # Monte Carlo scores carry a standard error
+    assert [(r["rank"], r["caption"]) for r in data["captions"]] == list(enumerate(ranked, 1))  # the same, as JSON
+    assert data["ranked_by"] == "heuristic" and data["source"] == "scene 0"
+    for row in data["captions"]:
+        score = next(r for r in direct if r["caption"] == row["caption"])
+        assert row["scores"]["heuristic"] == {k: score[k] for k in ("score", "token_logprobs", "order")}
+        assert row["tokens"] == score["tokens"] and set(row["scores"]["mc"]) == {"score", "stderr"}
     with pytest.raises(gr.Error, match="needs a MDC model"):
         A.score_own("micro-arc", state, "a red circle", ["heuristic"], 8)
 
@@ -284,7 +291,7 @@ def test_end_to_end_through_gradio_client(app, tmp_path):
     try:
         client = Client(f"http://127.0.0.1:{port}/", verbose=False)
         client.predict(3, "micro", api_name="/show_scene")
-        chips, slider, _, summary = client.predict("micro", *GREEDY, api_name="/caption")
+        chips, slider, _, summary, data = client.predict("micro", *GREEDY, api_name="/caption")
         state = A.show_scene(3, "micro", None)[0]
         _, expected = _expected_record(app["model"], state, SamplerConfig())
         assert [t for _, _, t in _chips(chips)] == expected["tokens"]
@@ -355,7 +362,7 @@ def test_trajectory_json_by_hand():
     assert out["caption"] == out["steps"][-1]["text"] and json.loads(json.dumps(out)) == out
 
 
-def test_caption_json_is_the_pages_trajectory_as_plain_json(app):
+def test_caption_json_is_the_pages_trajectory_as_plain_json(app, tmp_path):
     state = A.show_scene(4, "micro", None)[0]
     settings = _settings(length=9, tokens_per_step=2)
     record = A.run_caption("micro", state, *settings)[0]["record"]
@@ -365,7 +372,8 @@ def test_caption_json_is_the_pages_trajectory_as_plain_json(app):
     assert [[(r["position"], r["token"], r["confidence"]) for r in s["revealed"]] for s in got["steps"]] == [
         [(r["position"], r["token"], r["confidence"]) for r in s["revealed"]] for s in record["steps"]]
     assert {tuple(r) for s in got["steps"] for r in s["revealed"]} == {("position", "token", "confidence")}
-    assert A.caption_json("micro", *settings, image=state["image"])["caption"] == got["caption"]
+    state["image"].save(tmp_path / "scene4.png")  # the API's image arrives as a file, opened as an upload is
+    assert A.caption_json("micro", *settings, image=str(tmp_path / "scene4.png"))["caption"] == got["caption"]
     fixed = A.caption_json("micro", *_settings(length=6), scene=4, prompt="a [MASK] square on the _")
     assert fixed["fixed"] == [0, 2, 3, 4] and fixed["steps"][0]["canvas"][2:5] == ["square", "on", "the"]
     with pytest.raises(gr.Error, match="give an image or a scene number"):

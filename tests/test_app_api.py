@@ -3,13 +3,19 @@ off), called through ``gradio_client`` with named parameters; docs/app.md's exam
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
+import json
 import os
 import re
+import struct
+import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"  # before gradio is imported (app/__init__.py sets them too)
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
@@ -105,11 +111,89 @@ def test_named_parameters_an_uploaded_image_and_the_pages_endpoints(served):
         client.predict(scene=3, temperature=5.0, api_name="/caption_json")
 
     client.predict(scene=3, run=SHIPPED_LABEL, api_name="/show_scene")  # the page's endpoints, in this session
-    chips, step, _, summary = client.predict(run=SHIPPED_LABEL, length=8, api_name="/caption")
+    chips, step, _, summary, data = client.predict(run=SHIPPED_LABEL, length=8, api_name="/caption")
     assert 'data-step="8"' in chips and step["maximum"] == 8 and scene["caption"] in summary
+    assert {k: v for k, v in data.items() if k != "latency_s"} == {  # /caption's data as JSON: /caption_json's
+        k: v for k, v in scene.items() if k != "latency_s"}
+    table, scores = client.predict(run=SHIPPED_LABEL, captions=f"{scene['caption']}\na blue circle",
+                                   api_name="/score")
+    assert [r["caption"] for r in scores["captions"]] == [scene["caption"], "a blue circle"] and "<table" in table
+    assert scores["captions"][0]["scores"]["heuristic"]["score"] > scores["captions"][1]["scores"]["heuristic"]["score"]
 
 
 def test_console_points_to_the_clis_share_flag(served):
     console = served["console"]
     assert f"* Running on local URL:  {served['url']}" in console and f"{served['url']}?view=api" in console
     assert "`mdc app --share`" in console and "share=True" not in console
+
+
+def _png(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _bomb_png(width: int, height: int) -> bytes:
+    """A 1x1 PNG whose header claims `width` x `height` (CRC fixed): a decompression bomb's header, 70 bytes."""
+    data = bytearray(_png(Image.new("L", (1, 1))))
+    data[16:24] = struct.pack(">II", width, height)
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])))
+    return bytes(data)
+
+
+def test_every_image_entry_point_opens_images_as_the_upload_box(served, capfd):
+    """Issue 49 item 4 / 54 item 9: /caption_json (gradio's own decoding) captioned a 12000 px image the upload box
+    refuses, saturated 16-bit images, answered a non-image or a path string with gradio's generic error, and the
+    server printed a traceback for each; /replay's embedded image skipped the checks too."""
+    from gradio_client import handle_file
+    from mdc_app.callbacks import SAMPLER_FIELDS, run_caption, show_scene
+    from mdc_app.explore import save_json
+    from mdc_app.runs import get_run
+
+    from mdc_core.workbench.animation import record_image
+    client, tmp = served["client"], served["tmp"]
+    capfd.readouterr()
+    files = {"empty.png": b"", "notes.png": b"not an image", "wide.png": _png(Image.new("RGB", (12000, 8))),
+             "bomb.png": _bomb_png(20000, 20000)}
+    for name, data in files.items():  # the same one-line error from the upload box's endpoint and the API's
+        (tmp / name).write_bytes(data)
+        errors = []
+        for call in ({"image": handle_file(str(tmp / name)), "api_name": "/upload"},
+                     {"image": handle_file(str(tmp / name)), "length": 4, "api_name": "/caption_json"}):
+            with pytest.raises(Exception) as err:  # noqa: PT011 - gradio_client's AppError carries the message
+                client.predict(**call)
+            errors.append(str(err.value))
+        assert errors[0] == errors[1] and errors[0].startswith(name) and "\n" not in errors[0], errors
+    assert "too large" in errors[0]  # the bomb: refused from its header, before decoding
+    for payload in ("/etc/passwd", 5, {"path": "https://example.com/x.png", "meta": {"_type": "gradio.FileData"}}):
+        for endpoint, message in (("/caption_json", "image: "), ("/upload", "or upload an image")):
+            with pytest.raises(Exception, match="uploaded file") as err:  # noqa: PT011
+                client.predict(image=payload, api_name=endpoint)
+            assert str(err.value).startswith(message), str(err.value)
+
+    # a 16-bit image is scaled to 8 bits (65535 -> 255), not saturated: it is unmasked as its 8-bit twin
+    gray = show_scene(3, SHIPPED_LABEL, None)[0]["image"].convert("L")
+    deep = Image.fromarray(np.asarray(gray).astype(np.uint16) * 257)
+    assert deep.mode == "I;16"
+    for name, image in (("gray.png", gray), ("deep.png", deep), ("saturated.png", deep.convert("RGB"))):
+        image.save(tmp / name)
+    steps = {name: client.predict(image=handle_file(str(tmp / name)), length=8, api_name="/caption_json")["steps"]
+             for name in ("gray.png", "deep.png", "saturated.png")}  # the confidences follow the pixels
+    assert steps["deep.png"] == steps["gray.png"] != steps["saturated.png"]
+
+    # /replay: the record's embedded image goes through the same checks
+    run = get_run(SHIPPED_LABEL)
+    state = run_caption(SHIPPED_LABEL, show_scene(3, SHIPPED_LABEL, None)[0],
+                        *(getattr(run.cfg.sampler, f) for f in SAMPLER_FIELDS))[0]
+    record = json.loads(Path(save_json(state)).read_text())
+    for name, png, message in (("bomb", _bomb_png(20000, 20000), "too large"),
+                               ("text", b"not an image", "not a readable image")):
+        (tmp / f"{name}.json").write_text(json.dumps({**record, "image_png": base64.b64encode(png).decode()}))
+        with pytest.raises(Exception, match=message) as err:  # noqa: PT011
+            client.predict(path=handle_file(str(tmp / f"{name}.json")), api_name="/replay")
+        assert str(err.value).startswith("the record's embedded image") and "\n" not in str(err.value)
+    (tmp / "deep.json").write_text(json.dumps({**record, "image_png": base64.b64encode(_png(deep)).decode()}))
+    client.predict(path=handle_file(str(tmp / "deep.json")), api_name="/replay")  # a 16-bit image is fine
+    assert np.array_equal(np.asarray(record_image({"image_png": base64.b64encode(_png(deep)).decode()})),
+                          np.asarray(gray.convert("RGB")))  # and scaled, not saturated
+    assert "Traceback" not in capfd.readouterr().err  # no rejected call printed one in the server's log

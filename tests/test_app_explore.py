@@ -22,7 +22,7 @@ def _caption(prompt: str = ""):
 
 
 def test_fixed_words_stay_and_only_slots_are_unmasked(app):  # noqa: F811
-    state, chips, slider, _, summary = _caption("a [MASK] square on the _")
+    state, chips, slider, _, summary, _ = _caption("a [MASK] square on the _")
     record = state["record"]
     assert record["fixed"] == [0, 2, 3, 4] and record["tokens"][2] == "square"
     assert slider.maximum == 2 and "4 words fixed by the prompt" in summary

@@ -55,7 +55,7 @@ def test_mdc_app_in_a_fresh_folder_captions_with_the_shipped_model_and_cleans_up
         assert "/False" not in info["named_endpoints"] and "/caption" in info["named_endpoints"]
         client = Client(url, verbose=False, download_files=False)
         client.predict(3, SHIPPED_LABEL, api_name="/show_scene")
-        chips, _, _, summary = client.predict(SHIPPED_LABEL, *SETTINGS, api_name="/caption")
+        chips, _, _, summary, _ = client.predict(SHIPPED_LABEL, *SETTINGS, api_name="/caption")
         assert 'data-state="revealed"' in chips and SHIPPED_LABEL in summary
         for _ in range(3):  # a few more requests: a warning per request would show up three times
             client.predict(2, api_name="/step")

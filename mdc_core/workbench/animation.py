@@ -232,14 +232,18 @@ def with_image(record: dict[str, Any], image: Image.Image, max_size: int = 256) 
 
 
 def record_image(record: dict[str, Any]) -> Image.Image | None:
-    """The image embedded by :func:`with_image`, or None."""
+    """The image embedded by :func:`with_image`, or None; opened as an upload is
+    (:func:`mdc_core.data.transforms.open_image`: too large or a decompression bomb refused before decoding,
+    16-bit scaled, not saturated), since a record file may come from anyone. ValueError (one line) otherwise."""
     data = record.get("image_png")
     if not data:
         return None
+    from mdc_core.data.transforms import open_image  # torchvision: only when a record holds an image
     try:
-        return Image.open(io.BytesIO(base64.b64decode(data))).convert("RGB")
-    except (ValueError, OSError) as err:
-        raise ValueError(f"the record's embedded image cannot be decoded: {err}") from err
+        raw = base64.b64decode(data, validate=True)
+    except (ValueError, TypeError) as err:  # binascii.Error is a ValueError; a number or a list is a TypeError
+        raise ValueError(f"the record's embedded image is not base64 text ({type(err).__name__})") from err
+    return open_image(raw, "the record's embedded image")
 
 
 def load_record(path: str | Path) -> dict[str, Any]:
