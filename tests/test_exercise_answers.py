@@ -459,10 +459,31 @@ def test_length_repetition(micro) -> None:
                       tokenizer=CaptionTokenizer(model.cfg.context_length))
     right = ns["solution_repetition"]
     context = dict(model=model, image_tokens=image_tokens, lengths=(3, 12))
-    assert right["short"] != right["long"]  # the premise of the swapped answer below
-    assert fails("05.length_repetition", {**right, "short": right["long"], "long": right["short"]}, **context)
-    other = {"short": "long", "long": "short"}[right["higher"]]
+    rate = right["rate"]
+    assert [rate(n) for n in (1, 3, 12)] != [rate(n + 2) for n in (1, 3, 12)]  # the premise of the shifted length
+    other = {"short": "long", "long": "short", "neither": "long"}[right["higher"]]
     assert fails("05.length_repetition", {**right, "higher": other}, **context)
+    assert fails("05.length_repetition", {**right, "rate": lambda n: rate(n + 2)}, **context)  # N' = 10 for 8
+    assert fails("05.length_repetition", {**right, "rate": lambda n: rate(10)}, **context)  # n ignored
+
+
+def test_length_repetition_tells_a_length_from_its_neighbour_when_the_rates_coincide(micro) -> None:
+    """The issue's case: at the asked length a neighbour's rate is the same (rates move in steps of 1 / images),
+    so only the other lengths the check tries reject it; a rate of the right lengths passes."""
+    model, _, _, image_tokens = micro
+    rate = {n: tables.length_repetition(model, image_tokens, n) for n in range(1, 19)}
+    pairs = [(n, m) for n in range(3, 15) for m in (n - 2, n + 2) if rate[n] == rate[m]]
+    assert pairs, "the premise: two lengths two apart with the same rate"
+    n, m = pairs[0]
+    lengths = (n, 16 if n < 12 else 1)
+    lengths = tuple(sorted(lengths))
+    context = dict(model=model, image_tokens=image_tokens, lengths=lengths)
+    higher = "long" if rate[lengths[1]] > rate[lengths[0]] else "short" if rate[lengths[0]] > rate[lengths[1]] \
+        else "neither"
+    assert ex.check("05.length_repetition", {"rate": rate.get, "higher": higher}, **context).ok is True
+    shifted = {k: rate[k + m - n] if 1 <= k + m - n <= 18 else 0.0 for k in range(1, 19)}
+    assert shifted[n] == rate[n]  # the asked length alone cannot tell
+    assert fails("05.length_repetition", {"rate": shifted.get, "higher": higher}, **context)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -482,6 +503,9 @@ def test_cfg_is_mcs() -> None:
     run_solution("06_mc_diffusion", "06.cfg_is_mcs")
     for wrong in (0.0, 0.1, 0.5):
         assert fails("06.cfg_is_mcs", wrong)
+    percent = ex.check("06.cfg_is_mcs", 100)  # 100 (%) is not a probability; "some tokens stay visible" was wrong
+    assert percent.ok is False and "not a probability" in percent.message and "visible" not in percent.message
+    assert fails("06.cfg_is_mcs", -1)
 
 
 def test_the_solution_runner_fails_a_wrong_solution(micro) -> None:

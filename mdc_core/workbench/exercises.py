@@ -339,6 +339,8 @@ def _cfg_w1(answer: Any) -> Verdict:
 @exercise("06.cfg_is_mcs")
 def _cfg_is_mcs(answer: Any) -> Verdict:
     p = float(answer)
+    if not 0.0 <= p <= 1.0:
+        return False, (f"p_mask = {p:g} is not a probability: give it between 0 and 1 (100% is 1.0)")
     if is_close(p, 1.0, 0, 1e-9):
         return True, ("masking every image token with the [MASK] image token is dropping the whole condition: CFG is "
                       "MCS with p_mask = 1, so the two strategies differ only in how much of the image they hide")
