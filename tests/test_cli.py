@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from mdc_core.cli import main
+from mdc_core.cli import build_parser, main
 
 MICRO_SETS = [
     "--set", 'model.encoder_kwargs={"patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 2}',
@@ -100,3 +100,75 @@ def test_sample_rejects_unreadable_image_and_train_refuses_to_overwrite(run_dir,
                  "--quiet", *MICRO_SETS]) == 2
     assert "already holds a run" in capsys.readouterr().err
     assert (run_dir / "metrics.jsonl").read_text() == before
+
+
+def test_presets_lines_say_what_sets_each_preset_apart(capsys):
+    """Issue 54 item 11: tiny, tiny_fast, tiny_lean and tiny_vit printed four identical lines."""
+    from mdc_core.config import load_preset
+    assert main(["presets"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    shown = [line.split(None, 1)[1] for line in lines.values()]
+    assert len(set(shown)) == len(shown)  # no two presets read alike
+    for name, line in lines.items():  # each setting in which the tiny presets differ is on its line
+        cfg = load_preset(name)
+        for text in (json.dumps(cfg.model.encoder_kwargs) if cfg.model.encoder_kwargs else "(timm's defaults)",
+                     f"{cfg.train.steps} steps", f"cosine to {cfg.train.min_lr_ratio} x lr",
+                     f"checkpoint every {cfg.train.ckpt_every}", f"sampler N'={cfg.sampler.length}",
+                     "data in memory" if cfg.data.in_memory else "data streamed"):
+            assert text in line, (name, text)
+
+
+def _help(*verbs: str) -> str:
+    """The help of `verbs` (e.g. "data", "synth") on one line, from its options on."""
+    import argparse
+
+    from mdc_core.cli import build_parser
+    parser = build_parser()
+    for verb in verbs:
+        parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[verb]
+    return " ".join(parser.format_help().split()).split("options:", 1)[1]
+
+
+def test_help_names_defaults_objectives_the_version_and_no_main_job(capsys):
+    from mdc_core import __version__
+    from mdc_core.registry import objective_names
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"mdc {__version__} (mdc-workbench)"
+    top = " ".join(build_parser().format_help().split())
+    assert "main job" not in top and "the full demo is make demo" in top  # README gives that name to make demo
+    objective = _help("train").split("--objective OBJECTIVE", 1)[1].split("--steps", 1)[0]
+    assert "default: the preset's, mdc" in objective and all(f"{n} = " in objective for n in objective_names())
+    demo = _help("demo")
+    assert "(default: 256)" in demo and "(default: 20000)" in demo  # argparse defaults shown
+    assert "--quiet no progress bar --n" in demo  # a flag that is off shows no "(default: False)"
+    assert "(default: 64)" in _help("data", "synth")  # sub-verbs too
+
+
+_BAR = ("import sys, time\nfrom mdc_core.cli.main import _progress_throttled_when_logged\n"
+        "with _progress_throttled_when_logged():\n    from tqdm import tqdm\n"
+        "    bar = tqdm(total=3, file=sys.stderr)\nprint(bar.mininterval, bar.maxinterval)\n")
+
+
+def test_progress_bars_are_throttled_in_a_log_and_not_on_a_terminal(tmp_path):
+    """`make demo > log` grew to megabytes of carriage-return redraws: with stderr no terminal a bar redraws at most
+    every 30 s; on a terminal tqdm keeps its own pace (0.1 s); a value the user set is kept."""
+    import os
+    import pty
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TQDM_")}
+    logged = subprocess.run([sys.executable, "-c", _BAR], env=env, capture_output=True, text=True, check=True)
+    assert logged.stdout.split() == ["30.0", "30.0"]
+    chosen = subprocess.run([sys.executable, "-c", _BAR], env={**env, "TQDM_MININTERVAL": "5"}, capture_output=True,
+                            text=True, check=True)
+    assert chosen.stdout.split() == ["5.0", "30.0"]
+    parent, child = pty.openpty()  # a terminal for the child's stderr
+    try:
+        terminal = subprocess.run([sys.executable, "-c", _BAR], env=env, stdout=subprocess.PIPE, stderr=child,
+                                  text=True, check=True)
+    finally:
+        os.close(child)
+        os.close(parent)
+    assert terminal.stdout.split() == ["0.1", "10.0"]
+    assert "TQDM_MININTERVAL" not in os.environ  # main() in this process left the environment as it was

@@ -17,7 +17,9 @@ from :mod:`mdc_core.cli.common`. Errors a user can fix (missing files, bad confi
 one line ``mdc: error: ...`` and exit with 2; a full disk is one line and exit 1; Ctrl-C at any moment (even
 while torch is being imported, and also when SIGINT was inherited as ignored) is ``mdc: interrupted`` and exit 130
 (SIGTERM: ``mdc: interrupted by SIGTERM``, 143). Building the parser imports no torch, so
-``mdc --help`` answers at once (``tests/test_cli_reliability.py`` checks it).
+``mdc --help`` answers at once (``tests/test_cli_reliability.py`` checks it); every help shows the flags' defaults
+(:class:`DefaultsFormatter`), ``mdc --version`` the package version. Progress bars written into a log rather than a
+terminal redraw at most every 30 s (:func:`_progress_throttled_when_logged`).
 """
 
 from __future__ import annotations
@@ -40,12 +42,37 @@ from mdc_core.cli.common import USER_ERRORS
 GROUPS = (data, train, sample, evaluate, export, app, runs, bench, masked_conditional)
 
 
+class DefaultsFormatter(argparse.HelpFormatter):
+    """argparse's ArgumentDefaultsHelpFormatter without its noise: a flag's help ends with its default unless the
+    help already names one or there is none to show (None, False, an empty list: an absent flag)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (not action.option_strings or "default" in text.lower() or action.default is argparse.SUPPRESS
+                or action.default in (None, False, [], ())):
+            return text
+        return text + " (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from mdc_core import __version__
     parser = argparse.ArgumentParser(prog="mdc", description="Masked diffusion captioning workbench.")
+    parser.add_argument("--version", action="version", version=f"mdc {__version__} (mdc-workbench)")
     sub = parser.add_subparsers(dest="verb", required=True)
     for group in GROUPS:
         group.add_parsers(sub)
+    _show_defaults(parser)
     return parser
+
+
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Give `parser` and every verb and sub-verb under it :class:`DefaultsFormatter` (the verbs' modules build
+    their parsers with argparse's default formatter)."""
+    parser.formatter_class = DefaultsFormatter
+    for action in parser._actions:  # argparse keeps its subparsers here; there is no public accessor
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _show_defaults(child)
 
 
 LIGHT_VERBS = frozenset({"presets", "runs"})  # verbs that import no torch
@@ -130,10 +157,35 @@ def _format_warning(message: Warning | str, category: type[Warning], filename: s
 _PYTHON_FORMAT = warnings.formatwarning
 
 
+PROGRESS_INTERVAL_S = 30  # a progress bar written into a log (no terminal) redraws at most this often
+THROTTLE = ("TQDM_MININTERVAL", "TQDM_MAXINTERVAL")  # tqdm's defaults, read from the environment when it is imported
+
+
+@contextlib.contextmanager
+def _progress_throttled_when_logged() -> Iterator[None]:
+    """tqdm redraws a bar up to 10 times a second, each redraw a carriage-return line in a log (``make demo > log``
+    grew to megabytes); when stderr is no terminal, at most every :data:`PROGRESS_INTERVAL_S` seconds. Set as
+    tqdm's environment defaults, so that the processes a verb starts (notebook kernels, torchrun ranks) follow; a
+    value the user set stays, and the environment is restored afterwards (``main`` is also called in-process)."""
+    previous = {key: os.environ.get(key) for key in THROTTLE}
+    if not sys.stderr.isatty():
+        for key in THROTTLE:
+            os.environ.setdefault(key, str(PROGRESS_INTERVAL_S))
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def main(argv: list[str] | None = None) -> int:
     warnings.formatwarning = _format_warning  # printing only: recorded warnings (pytest.warns) are unchanged
     try:
-        return _main(argv)
+        with _progress_throttled_when_logged():  # before any verb imports tqdm
+            return _main(argv)
     finally:
         warnings.formatwarning = _PYTHON_FORMAT
 

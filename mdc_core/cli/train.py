@@ -10,7 +10,7 @@ from pathlib import Path
 
 from mdc_core.cli.common import flags
 from mdc_core.config import RunConfig, apply_overrides, list_presets, load_preset
-from mdc_core.registry import objective_names
+from mdc_core.registry import objective_names, objective_spec
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -20,7 +20,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                                 "JSON)"}, out="run folder", set=True, quiet=True)])
     train.add_argument("--preset", help=f"one of: {', '.join(list_presets())} (default tiny; with --resume: the "
                        "run's own config.json, to which the other flags apply)")
-    train.add_argument("--objective", choices=objective_names())
+    train.add_argument("--objective", choices=objective_names(), metavar="OBJECTIVE",
+                       help="the training objective (default: the preset's, mdc): " + "; ".join(
+                           f"{name} = {_objective_summary(name)}" for name in objective_names()))
     train.add_argument("--steps", type=int, help="optimizer steps")
     train.add_argument("--images", help="image folder of a caption json/CSV (default: beside it, or the COCO "
                        "layout annotations/ + train2017/)")
@@ -31,7 +33,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                        "folder: the logged scalars, validation loss, sample captions, the unmasking image, hparams "
                        "(train.tensorboard=true; needs the [tensorboard] extra)")
 
-    demo = sub.add_parser("demo", help="the main job: synthesize data, train the tiny MDC model, caption test images",
+    demo = sub.add_parser("demo", help="the quick one-model demo (make quick-demo): synthesize data, train the tiny "
+                          "MDC model, caption test images; the full demo is make demo (mdc runs plans/cpu_demo.yaml)",
                           parents=[flags(out={"required": False, "default": "outputs/demo",
                                               "help": "folder for data, run and report"},
                                          set=True, limit={"default": 256, "help": "test images to caption"},
@@ -39,7 +42,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--n", type=int, default=20000, help="training pairs to synthesize")
     demo.add_argument("--steps", type=int, help="training steps (default: the tiny preset's)")
 
-    sub.add_parser("presets", help="list the registered presets")
+    sub.add_parser("presets", help="list the registered presets, one line each: what sets each apart")
+
+
+def _objective_summary(name: str) -> str:
+    """What objective `name` is, in a few words: its model-card sentence up to the colon (else its label)."""
+    spec = objective_spec(name)
+    return (spec.description or spec.display(name)).split(":")[0]
 
 
 def _train_config(args: argparse.Namespace):
@@ -167,10 +176,21 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 def cmd_presets(args: argparse.Namespace) -> None:
     for name in list_presets():
-        cfg = load_preset(name)
-        m = cfg.model
-        print(f"{name:10s} encoder={m.encoder} {m.image_size}px  decoder {m.text_layers}x{m.text_width} "
-              f"({m.text_heads} heads)  ctx={m.context_length}  lr={cfg.train.lr} wd={cfg.train.weight_decay}")
+        print(preset_line(name))
+
+
+def preset_line(name: str) -> str:
+    """One line of ``mdc presets``: every setting in which the presets differ (the encoder's own keywords, e.g. its
+    patch size and early-convolution stem, the training length and schedule, the data in memory or streamed, the
+    caption length sampled), so that no two lines read alike."""
+    cfg = load_preset(name)
+    m, t = cfg.model, cfg.train
+    kwargs = json.dumps(m.encoder_kwargs, separators=(", ", ": ")) if m.encoder_kwargs else "(timm's defaults)"
+    return (f"{name:10s} encoder {m.encoder} {kwargs}, {m.image_size} px | decoder {m.text_layers}x{m.text_width} "
+            f"({m.text_heads} heads), ctx {m.context_length} | {t.steps} steps of batch {t.batch_size}, lr {t.lr} "
+            f"(warm-up {t.warmup_steps}, cosine to {t.min_lr_ratio} x lr), wd {t.weight_decay}, checkpoint every "
+            f"{t.ckpt_every} | data {'in memory' if cfg.data.in_memory else 'streamed'} | "
+            f"sampler N'={cfg.sampler.length}")
 
 
 HANDLERS = {"train": cmd_train, "demo": cmd_demo, "presets": cmd_presets}
