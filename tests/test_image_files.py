@@ -56,3 +56,20 @@ def test_read_image_file_names_what_the_path_is(hostile_table: Path) -> None:
     assert err.value.reason == "too_large"
     with pytest.raises(FileNotFoundError):
         read_image_file(folder / "missing.png")
+
+
+DECODE = """
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (12 * 2**30, 12 * 2**30))
+from mdc_core.data.loaders import _decode_row
+from mdc_core.data.sources import resolve_source
+rows = resolve_source(sys.argv[1], "auto", "train").rows
+print(json.dumps([_decode_row(row).get("__skip__", "ok") for row in rows]))
+"""
+
+
+def test_training_skips_a_device_a_fifo_or_a_huge_file_in_a_caption_table(hostile_table: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", DECODE, str(hostile_table)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == ["ok", "bad_image", "bad_image", "too_large"]

@@ -53,6 +53,7 @@ from mdc_core.data.transforms import (
     eval_transform,
     normalise_batch,
     open_image,
+    read_image_file,
 )
 
 SKIP_REASONS = ("bad_shard", "missing_image", "bad_image", "too_large", "missing_caption",
@@ -100,15 +101,14 @@ def _decode_row(row: dict[str, Any], check_only: bool = False) -> dict[str, Any]
     if not caption:
         return _skip("empty_caption")
     try:
-        data = Path(row["image"]).read_bytes()
+        data = read_image_file(row["image"])  # a device or FIFO is refused, never read
+        pil = open_image(data, row["image"])
     except FileNotFoundError:
         return _skip("missing_image")
-    except OSError:
-        return _skip("bad_image")
-    try:
-        pil = open_image(data, row["image"])
     except ImageError as err:
         return _skip(err.reason)
+    except OSError:
+        return _skip("bad_image")
     if check_only:
         return {"key": row["key"]}
     return {"key": row["key"], "pil": pil, "caption": caption, "meta": dict(row["meta"])}
@@ -157,7 +157,9 @@ class CaptionBatches(IterableDataset):
         records, decode = self._records(part * self.world + self.rank, parts * self.world)
         batch: list[dict[str, Any]] = []
         skipped: Counter[str] = Counter()
-        done: dict[str, Any] | None = None  # a full batch held back until the next good sample shows up
+        # a full batch is held back until the next one is full: the records skipped in a last partial batch (dropped)
+        # are reported with the last full one, so each epoch counts every skipped record once
+        done: dict[str, Any] | None = None
         for rec in records:
             sample = decode(rec, check_only=to_skip > 0)
             if "__skip__" in sample:
@@ -167,12 +169,11 @@ class CaptionBatches(IterableDataset):
             if to_skip:
                 to_skip -= 1
                 continue
-            if done is not None:
-                yield done
-                done = None
             sample["image"] = self._transform(sample.pop("pil"), sample["key"])
             batch.append(sample)
             if len(batch) == self.batch_size:
+                if done is not None:
+                    yield done
                 done = _collate(batch, skipped)
                 batch, skipped = [], Counter()
         if batch and not self.drop_last:
