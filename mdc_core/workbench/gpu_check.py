@@ -14,6 +14,11 @@ Phases, each a child process with its own time limit, all writing into `--out`:
    ``benchmarks/precision_curves.py`` (fp32 vs bf16 loss curves of the CUDA test's setting).
 3. ``summary.md``: the machine, each phase's outcome and time, the bench's targets, the plan's summary.
 
+Each phase runs in its own process group (session): a phase past its time limit, and every running phase when the
+check gets SIGTERM or SIGINT, is stopped as a whole group (SIGTERM, then after a grace period SIGKILL to what is
+left), so no child outlives the check; a stopped check still writes ``summary.md`` with what finished, what was
+stopped and what never started, and exits 128 + the signal number.
+
 ``--tiny`` runs the same phases on the CPU at a budget of seconds (a plain-ViT bench with ``--quick``, the plan
 scaled to a few steps and one seed by :func:`scale_plan`, no CUDA tests): the structure is tested in CI.
 """
@@ -21,13 +26,16 @@ scaled to a few steps and one seed by :func:`scale_plan`, no CUDA tests): the st
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +63,8 @@ class Phase:
     timed_out: bool = False
     proc: Any = None
     start: float = 0.0
+    stopped: str = ""  # why the check stopped this phase before it ended ("" when it ended or hit its limit)
+    grace_s: float = 20.0  # after SIGTERM to the phase's process group, how long before SIGKILL
 
     def launch(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -62,7 +72,7 @@ class Phase:
         self.fh = open(self.log, "w")
         self.fh.write("$ " + " ".join(self.cmd) + "\n")
         self.fh.flush()
-        self.proc = subprocess.Popen(self.cmd, stdout=self.fh, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(self.cmd, stdout=self.fh, stderr=subprocess.STDOUT, start_new_session=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
 
     def wait(self) -> None:
@@ -70,21 +80,65 @@ class Phase:
             self.returncode = self.proc.wait(timeout=max(1.0, self.timeout_s - (time.monotonic() - self.start)))
         except subprocess.TimeoutExpired:
             self.timed_out = True
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.returncode = self.proc.returncode
+            self.returncode = end_group(self.proc, self.grace_s)
+        self._close()
+
+    def stop(self, why: str) -> None:
+        """End the phase's whole process group now (the check was stopped); nothing when it has ended."""
+        if self.proc is None or self.returncode is not None:
+            return
+        self.stopped = why
+        self.returncode = end_group(self.proc, self.grace_s)
+        self._close()
+
+    def _close(self) -> None:
         self.seconds = time.monotonic() - self.start
-        self.fh.write(f"\n[gpu_check] {self.name}: exit {self.returncode} after {self.seconds:.0f} s"
-                      f"{' (time limit)' if self.timed_out else ''}\n")
+        note = " (time limit)" if self.timed_out else f" ({self.stopped})" if self.stopped else ""
+        self.fh.write(f"\n[gpu_check] {self.name}: exit {self.returncode} after {self.seconds:.0f} s{note}\n")
         self.fh.close()
 
     def record(self) -> dict[str, Any]:
         return {"phase": self.name, "command": " ".join(self.cmd), "returncode": self.returncode,
-                "seconds": round(self.seconds, 1), "timed_out": self.timed_out, "log": self.log.name}
+                "seconds": round(self.seconds, 1), "timed_out": self.timed_out, "stopped": self.stopped,
+                "log": self.log.name}
+
+
+def end_group(proc: subprocess.Popen, grace_s: float) -> int:
+    """SIGTERM the process group led by `proc` (a phase started in its own session), wait up to `grace_s` for the
+    leader to exit and the group to empty, then SIGKILL whatever of the group is left; returns the exit code."""
+    _signal_group(proc.pid, signal.SIGTERM)
+    end = time.monotonic() + grace_s
+    while time.monotonic() < end and (proc.poll() is None or _group_alive(proc.pid)):
+        time.sleep(0.1)
+    _signal_group(proc.pid, signal.SIGKILL)
+    return proc.wait()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):  # the group has ended
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of the group is still running (zombies waiting for their reaper do not count)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+class CheckStopped(Exception):
+    """SIGTERM or SIGINT reached the check: stop the running phases and write what finished."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
 
 
 def scale_plan(source: Path, out: Path, *, steps: dict[int, int], device: str, seeds: list[int], n_train: int,
@@ -249,16 +303,27 @@ def _targets(out: Path) -> list[str]:
     return lines
 
 
-def write_summary(out: Path, phases: list[Phase], info: dict[str, Any], plan_out: Path) -> Path:
-    """``summary.md`` and ``summary.json`` of the check; the plan's summary files are copied beside them."""
+def write_summary(out: Path, phases: list[Phase], info: dict[str, Any], plan_out: Path, *, stopped_by: str = "",
+                  not_started: list[str] | None = None) -> Path:
+    """``summary.md`` and ``summary.json`` of the check; the plan's summary files are copied beside them.
+    `stopped_by` (a signal's name) and `not_started` (phase names) describe a check that was stopped early."""
     for name in ("summary.md", "summary.json", "summary.png", "budget_annealed.png"):
         if (plan_out / name).is_file():
             shutil.copy(plan_out / name, out / f"plan_{name}")
     records = [p.record() for p in phases]
-    (out / "summary.json").write_text(json.dumps({"machine": info, "phases": records}, indent=1) + "\n")
-    lines = ["# gpu-check", "", f"machine: {json.dumps(info)}", "", "| phase | exit | seconds | time limit hit |",
-             "|---|---|---|---|"]
-    lines += [f"| {r['phase']} | {r['returncode']} | {r['seconds']} | {r['timed_out']} |" for r in records]
+    record: dict[str, Any] = {"machine": info, "phases": records}
+    if stopped_by:
+        record.update(stopped_by=stopped_by, not_started=list(not_started or []))
+    (out / "summary.json").write_text(json.dumps(record, indent=1) + "\n")
+    lines = ["# gpu-check", "", f"machine: {json.dumps(info)}", ""]
+    if stopped_by:
+        finished = [r["phase"] for r in records if not r["stopped"]]
+        lines += [f"**Stopped by {stopped_by}.** Finished: {', '.join(finished) or 'none'}; stopped: "
+                  f"{', '.join(r['phase'] for r in records if r['stopped']) or 'none'}; not started: "
+                  f"{', '.join(not_started or []) or 'none'}.", ""]
+    lines += ["| phase | exit | seconds | time limit hit | stopped |", "|---|---|---|---|---|"]
+    lines += [f"| {r['phase']} | {r['returncode']} | {r['seconds']} | {r['timed_out']} | {r['stopped']} |"
+              for r in records]
     lines += ["", "## bench", *_targets(out)]
     if (out / "plan_summary.md").is_file():
         lines += ["", "## evidence plan", "", "See plan_summary.md (and plan_summary.png)."]
@@ -279,25 +344,65 @@ def run(out: Path, *, tiny: bool, budget_s: float, python: str = sys.executable,
                           seeds=[0], n_train=64, n_eval=32, probe_limit=32, position_limit=8, jobs=2,
                           name="gpu_check_tiny", output_root=out / "plan_runs")
         plan_out = out / "plan_runs" / "gpu_check_tiny"
-    phases: list[Phase] = []
-    for phase in bench_phases(out, tiny, python):
-        left = budget_s - (time.monotonic() - start)
-        phase.timeout_s = min(phase.timeout_s, max(30.0, left - 180))  # keep time for the plan
-        phase.launch()
-        phase.wait()
-        phases.append(phase)
-        print(f"[gpu_check] {phase.name}: exit {phase.returncode} in {phase.seconds:.0f} s", flush=True)
-    left = budget_s - (time.monotonic() - start)
-    side = side_phases(out, tiny, python, plan, deadline_s=max(60.0, left - 45))
-    for phase in side:
-        phase.launch()
-    for phase in side:
-        phase.wait()
-        phases.append(phase)
-        print(f"[gpu_check] {phase.name}: exit {phase.returncode} in {phase.seconds:.0f} s", flush=True)
+    bench = bench_phases(out, tiny, python)
+    planned = [p.name for p in bench] + [p.name for p in side_phases(out, tiny, python, plan, deadline_s=60.0)]
+    phases: list[Phase] = []  # in the order they were launched
+    try:
+        with _signals_raise():
+            for phase in bench:
+                left = budget_s - (time.monotonic() - start)
+                phase.timeout_s = min(phase.timeout_s, max(30.0, left - 180))  # keep time for the plan
+                phases.append(phase)
+                phase.launch()
+                phase.wait()
+                print(f"[gpu_check] {phase.name}: exit {phase.returncode} in {phase.seconds:.0f} s", flush=True)
+            left = budget_s - (time.monotonic() - start)
+            side = side_phases(out, tiny, python, plan, deadline_s=max(60.0, left - 45))
+            for phase in side:
+                phases.append(phase)
+                phase.launch()
+            for phase in side:
+                phase.wait()
+                print(f"[gpu_check] {phase.name}: exit {phase.returncode} in {phase.seconds:.0f} s", flush=True)
+    except CheckStopped as stop:
+        with _signals_ignored():  # a second signal must not cut the clean-up short
+            phases = [p for p in phases if p.proc is not None]  # one the signal came before is not started
+            for phase in phases:
+                phase.stop(f"stopped by {stop}")
+            launched = {p.name for p in phases}
+            summary = write_summary(out, phases, info, plan_out, stopped_by=str(stop),
+                                    not_started=[name for name in planned if name not in launched])
+        print(f"[gpu_check] stopped by {stop} after {time.monotonic() - start:.0f} s; what finished: {summary}",
+              file=sys.stderr, flush=True)
+        raise SystemExit(128 + stop.signum) from None
     summary = write_summary(out, phases, info, plan_out)
     print(f"[gpu_check] done in {time.monotonic() - start:.0f} s: {summary}", flush=True)
     return summary
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGTERM and SIGINT raise :class:`CheckStopped` inside the block (the phases run in their own sessions, so
+    a Ctrl-C in the terminal reaches only the check, which stops them)."""
+    def stop(signum: int, _frame: Any) -> None:
+        raise CheckStopped(signum)
+
+    before = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _signals_ignored() -> Iterator[None]:
+    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def main(argv: list[str] | None = None) -> None:
