@@ -175,8 +175,9 @@ def _ensure_space(run_dir: str | Path, root: Path, step: int, need: int, keep_la
     free = shutil.disk_usage(root).free
     if free < need:
         raise DiskFullError(f"not enough free space for checkpoint step_{step:08d} in {root}: it needs about "
-                            f"{_mb(need)}, {_mb(free)} are free; {_last_good(run_dir)}. Free some space (or lower "
-                            "train.keep_last), then continue with --resume")
+                            f"{_mb(need)}, {_mb(free)} are free; {_last_good(run_dir)}. Free some space (older "
+                            f"step_* folders in {root} may go: --resume needs only the last good one), then "
+                            "continue with --resume")
 
 
 def _disk_full(err: BaseException, root: Path, need: int) -> bool:
