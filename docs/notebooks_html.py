@@ -5,7 +5,8 @@ its own defaults (papermill, kernel ``mdc``), timed, and converted to HTML (nbco
     python docs/notebooks_html.py --only 02 05        # some of them
     python docs/notebooks_html.py --convert-only      # convert what is executed already (papermill_runs/notebooks/)
 
-    python docs/notebooks_html.py --offline-pages     # make the pages in docs/notebooks_html/ work offline in place
+    python docs/notebooks_html.py --offline-pages     # make the pages in docs/notebooks_html/ work offline in place,
+                                                      # their solutions folded
 
 ``make notebooks-html`` runs the first. The pages need no network: their equations are MathML, rendered from the
 LaTeX when the page is written (``latex2mathml``; browsers draw MathML themselves), and no script is loaded from a
@@ -15,7 +16,9 @@ seconds of each execution, the kernel's start included, and the load average bef
 core count means the machine was shared). The defaults share ``make demo``'s
 data and model cache, so a notebook run after ``make demo`` (or after the notebooks before it) reuses their models
 and takes less time than on a fresh clone; the notebooks say "reusing ..." when they do. The pages carry their
-figures as PNG and no widget state (the trajectory explorer of 05 needs a kernel; its figures are shown).
+figures as PNG and no widget state (the trajectory explorer of 05 needs a kernel; its figures are shown). The
+code of each exercise's hidden solution (cells tagged ``solution``) is folded into a ``<details>`` block, as
+JupyterLab hides it: a student reads the question and the check first, and clicks to see the code.
 """
 
 from __future__ import annotations
@@ -104,6 +107,43 @@ def offline(page: str) -> str:
     return CDN_SCRIPTS.sub("", page)
 
 
+SOLUTION_CELL = re.compile(r'<div class="jp-Cell [^"]*\bcelltag_solution\b[^"]*"[^>]*>\s*')
+SOLUTION_SUMMARY = '<details class="mdc-solution"><summary>Solution (click to show the code)</summary>\n'
+
+
+def _div_end(page: str, start: int) -> int:
+    """The index just after the ``</div>`` closing the ``<div`` at `start` (code on a page is escaped, so every
+    ``<div`` and ``</div>`` in it is a tag)."""
+    depth, i = 0, start
+    for m in re.compile(r"<div\b|</div>").finditer(page, start):
+        depth += 1 if m.group() == "<div" else -1
+        if depth == 0:
+            return m.end()
+        i = m.end()
+    raise ValueError(f"unclosed <div> at character {start} (after {i})")
+
+
+def hide_solutions(page: str) -> str:
+    """The code of every cell tagged ``solution`` folded into a ``<details>`` block, as JupyterLab shows it hidden
+    (``source_hidden``): a reader clicks to see it; the cell's output (the check's verdict) stays shown. A page
+    already folded is left as it is."""
+    parts, pos = [], 0
+    for m in SOLUTION_CELL.finditer(page):
+        if page.startswith(SOLUTION_SUMMARY, m.end()):
+            continue
+        if not page.startswith('<div class="jp-Cell-inputWrapper"', m.end()):
+            raise ValueError(f"a solution cell at character {m.start()} has no input area where nbconvert puts it")
+        end = _div_end(page, m.end())
+        parts += [page[pos:m.end()], SOLUTION_SUMMARY, page[m.end():end], "\n</details>"]
+        pos = end
+    return "".join(parts) + page[pos:]
+
+
+def shown_solutions(page: str) -> list[str]:
+    """The ids of the solution cells whose code a page shows outside a ``<details>`` block."""
+    return [m.group() for m in SOLUTION_CELL.finditer(page) if not page.startswith(SOLUTION_SUMMARY, m.end())]
+
+
 def convert(executed: Path, out_dir: Path) -> Path:
     """One executed notebook as an HTML page, without widget state (it would only add size: no kernel serves it)."""
     import nbformat
@@ -118,7 +158,7 @@ def convert(executed: Path, out_dir: Path) -> Path:
     exporter.exclude_input_prompt = False
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": executed.stem}})
     page = out_dir / f"{executed.stem}.html"
-    page.write_text(offline(body), encoding="utf-8")
+    page.write_text(hide_solutions(offline(body)), encoding="utf-8")
     if paths := machine_paths(body):
         print(f"warning: {page.name} shows absolute paths of this machine: {', '.join(paths[:3])}", file=sys.stderr)
     return page
@@ -132,13 +172,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="folder of the executed copies (and timings.json)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "notebooks_html"), help="folder of the HTML pages")
     parser.add_argument("--offline-pages", action="store_true",
-                        help="rewrite the pages already in --out to work offline (MathML, no CDN scripts); run nothing")
+                        help="rewrite the pages already in --out to work offline (MathML, no CDN scripts) with their "
+                             "solutions folded (<details>); run nothing")
     args = parser.parse_args(argv)
     executed_dir, out_dir = Path(args.executed), Path(args.out)
     if args.offline_pages:
         for page in sorted(out_dir.glob("*.html")):
-            page.write_text(offline(page.read_text(encoding="utf-8")), encoding="utf-8")
-            print(f"{page.name}: offline")
+            page.write_text(hide_solutions(offline(page.read_text(encoding="utf-8"))), encoding="utf-8")
+            print(f"{page.name}: offline, solutions folded")
         return 0
     executed_dir.mkdir(parents=True, exist_ok=True)
     out_dir.mkdir(parents=True, exist_ok=True)

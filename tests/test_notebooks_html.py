@@ -96,3 +96,55 @@ def test_a_page_that_shows_the_executing_machines_folders_is_caught() -> None:
             '<img src="data:image/png;base64,AAAA+/home/BB=/tmp/CC"> $HOME/work/x ~/work/y '
             '<math xmlns="http://www.w3.org/1998/Math/MathML">')
     assert module.machine_paths(fine) == []
+
+
+SOLUTION_LINE = '<span class="c1"># Solution'  # the first line of every hidden solution, as nbconvert highlights it
+
+
+def _outside_details(page: str) -> int:
+    """How many solution first lines a page shows outside a <details> block."""
+    import re
+
+    outside, depth = 0, 0
+    for m in re.finditer(r"<details\b|</details>|" + re.escape(SOLUTION_LINE), page):
+        if m.group() == "<details":
+            depth += 1
+        elif m.group() == "</details>":
+            depth -= 1
+        elif depth == 0:
+            outside += 1
+    return outside
+
+
+def test_a_page_folds_the_hidden_solutions_into_details(tmp_path: Path) -> None:
+    """As JupyterLab hides a solution cell's code (source_hidden), the page folds it into <details>: the question,
+    the attempt and the check stay in view, the solution's output (the check's verdict) too."""
+    pytest.importorskip("nbconvert")
+    nb = nbformat.v4.new_notebook()
+    solution = nbformat.v4.new_code_cell("# Solution: click to show\nanswer = 42", execution_count=2, outputs=[
+        nbformat.v4.new_output("stream", name="stdout", text="the hidden solution passes this check\n")])
+    solution.metadata["tags"] = ["solution"]
+    solution.metadata["jupyter"] = {"source_hidden": True}
+    nb.cells = [nbformat.v4.new_markdown_cell("### Exercise"), nbformat.v4.new_code_cell("attempt = None"),
+                solution]
+    executed = tmp_path / "07_example.ipynb"
+    nbformat.write(nb, str(executed))
+    module = _script()
+    page = module.convert(executed, tmp_path).read_text()
+    assert module.shown_solutions(page) == [] and _outside_details(page) == 0
+    folded = page[page.index("<details"):page.index("</details>")]
+    assert "answer" in folded and "attempt" not in folded and "passes this check" not in folded
+    assert "passes this check" in page and "attempt" in page
+    unfolded = page.replace(module.SOLUTION_SUMMARY, "").replace("\n</details>", "")
+    assert _outside_details(unfolded) == 1 and len(module.shown_solutions(unfolded)) == 1  # the test can fail
+    assert module.hide_solutions(page) == page  # folding twice changes nothing
+
+
+def test_no_committed_page_shows_a_solution_outside_details() -> None:
+    pages = sorted((SCRIPT.parent / "notebooks_html").glob("*.html"))
+    assert len(pages) == 7
+    module = _script()
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        assert text.count(SOLUTION_LINE) >= 2, page.name  # the pages hold their exercises' solutions
+        assert _outside_details(text) == 0 and module.shown_solutions(text) == [], page.name
