@@ -33,8 +33,9 @@ evidence: kernel  # summary: papermill_runs/cpu_evidence/summary.md (about 90 mi
 evidence-1600: kernel  # Table 1's deciding CPU budget: ARC and MDC, 1600 steps, 5 seeds, LR re-chosen (~1.7 h)
 	$(PY) -m mdc_core runs plans/cpu_table1_1600.yaml
 
-central-claim: kernel  # the central claim on both caption kinds and its consequence for features, 1600 steps, 3 seeds (~3 h)
+central-claim: kernel  # the central claim on both caption kinds and its consequence for features, 1600 steps, 3 seeds (~3.3 h)
 	$(PY) -m mdc_core runs plans/cpu_central_claim.yaml
+	$(PY) -m mdc_core.workbench.central_story papermill_runs/cpu_central_claim/summary.json  # docs/central_claim.json
 
 evidence-more: kernel  # after `make evidence`: annealed budget curve, Table 5's middle schedules, Tables 2, 1-long (~2 h)
 	$(PY) -m mdc_core runs plans/cpu_evidence_more.yaml

@@ -123,10 +123,12 @@ def _check_sweep_and_claims(by_id: dict[str, dict]) -> None:
     assert sum(rid.startswith("02_noise") for rid in by_id) == 3
 
 
-def test_make_evidence_carries_the_central_claim_first_the_sweep_parity_and_table4() -> None:
+def test_make_evidence_carries_the_sweep_parity_and_table4_and_central_claim_its_own_plan() -> None:
     by_id = _plan_runs("cpu_evidence")
-    assert next(iter(by_id)).startswith("03_reliance")  # the central claim runs first
-    assert sum(p.get("position_captions") == "clauses" for p in by_id.values()) == 3
+    assert not any(p["position_signal"] for rid, p in by_id.items() if rid.startswith("03"))  # make central-claim
+    central = _plan_runs("cpu_central_claim")
+    assert {rid.split("__")[0] for rid in central} == {"03_central", "03_features"} and len(central) == 6
+    assert all(p["steps"] == 1600 for p in central.values())
     _check_sweep_and_claims(by_id)
     t4 = next(p for rid, p in by_id.items() if rid.startswith("02_noise"))
     assert [0.5, 1.0] in t4["schedules"] and {0.5, 0.75} <= set(t4["bert_ratios"])
@@ -157,7 +159,8 @@ def test_the_gpu_evidence_plan_carries_the_budget_curve_sweep_parity_and_claims(
     assert budget["overrides"]["train.keep_last"] >= len(budget["budgets"])
     _check_sweep_and_claims(by_id)
     assert any(p.get("captions") == "long" and p.get("objectives", ["clip"]) for p in by_id.values())
-    assert any(p.get("position_captions") == "clauses" for p in by_id.values())
+    assert any(rid.startswith("03_central") and p["position_limit"] == 1000
+               for rid, p in by_id.items())  # the central claim, both caption kinds
 
 
 def test_notebook_03_declares_the_evidence_parameters_off_by_default() -> None:
@@ -264,8 +267,7 @@ def test_runs_at_other_training_set_sizes_make_the_data_scaling_table() -> None:
 def test_the_central_claims_tables_name_the_caption_style_they_were_measured_on() -> None:
     from mdc_core.workbench.evidence import run_setting
 
-    params = {"preset": "tiny_fast", "steps": 400, "n_train": 20000, "difficulty": "easy", "captions": "short",
-              "position_captions": "clauses"}
-    for table in ("visual_signal", "reliance_slope", "position_signal"):
-        assert "clauses captions" in run_setting(params, table)
-    assert "short captions" in run_setting(params, "table1")
+    params = {"preset": "tiny_fast", "steps": 1600, "n_train": 20000, "difficulty": "easy", "captions": "short"}
+    assert "easy, short and two-clause captions" in run_setting(params, "central_claim")
+    assert "linked shape-colour, either order, captions" in run_setting(params, "feature_order")
+    assert "(easy, short captions)" in run_setting(params, "table1")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mdc_core.workbench.gpu_check import GOAL_MIN, Phase, plan_minutes, scale_plan, write_summary
+from mdc_core.workbench.gpu_check import GOAL_MIN, Phase, plan_minutes, scale_plan, trained_models, write_summary
 from mdc_core.workbench.plans import load_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,11 +30,26 @@ def test_the_gpu_plan_scales_to_a_cpu_budget(tmp_path):
     assert base["overrides"]["train.warmup_steps"] == 1  # 800 of 8000 -> 0.4 of 4, at least 1
     assert base["data_dir"].startswith(str(tmp_path / "runs" / "tiny"))
     by_id = {e.get("id"): e["parameters"] for e in plan["notebooks"]}
-    assert set(by_id) == {"03_reliance", "03_arc", "03_mdc"}
-    assert by_id["03_reliance"]["position_limit"] == 8 and by_id["03_reliance"]["signal_grad_captions"] == 8
-    assert by_id["03_reliance"]["position_data_dir"].startswith(str(tmp_path / "runs" / "tiny"))
+    assert set(by_id) == {"03_arc", "03_mdc"}
     loaded = load_plan(tmp_path / "tiny.yaml", root=ROOT)  # still a valid plan, with its own output folder
-    assert len(loaded.runs) == 3 and loaded.out_dir == tmp_path / "runs" / "tiny"
+    assert len(loaded.runs) == 2 and loaded.out_dir == tmp_path / "runs" / "tiny"
+    central = yaml.safe_load(scale_plan(ROOT / "plans" / "gpu_central_claim.yaml", tmp_path / "c.yaml",
+                                        steps={8000: 4}, device="cpu", seeds=[0], n_train=64, n_eval=32,
+                                        probe_limit=32, position_limit=8, jobs=2, name="c",
+                                        output_root=tmp_path / "runs").read_text())
+    by_id = {e.get("id"): e["parameters"] for e in central["notebooks"]}
+    assert by_id["03_central"]["position_limit"] == 8
+    assert by_id["03_central"]["position_data_dir"].startswith(str(tmp_path / "runs" / "c"))
+
+
+def test_the_central_claims_gpu_plan_counts_four_models_per_run():
+    """An ARC + MDC pair per caption kind (or per caption order): 4 x 8000 steps x 22.8 ms + 45 s = 12.9 minutes,
+    the 10 runs at once on 10 slots; too long for gpu_check's 8-minute goal, hence its own plan."""
+    plan = load_plan(ROOT / "plans" / "gpu_central_claim.yaml", root=ROOT)
+    declared = plan.declared[str(plan.runs[0].notebook)]
+    assert {trained_models(r, declared) for r in plan.runs} == {4} and len(plan.runs) == 10
+    total, _ = plan_minutes(plan)
+    assert total == pytest.approx((4 * 8000 * 0.0228 + 45) / 60, abs=0.05) and total > GOAL_MIN
 
 
 def test_a_budget_the_scaling_does_not_know_is_refused(tmp_path):
@@ -48,7 +63,7 @@ def test_the_gpu_plan_holds_ten_seeds_of_arc_and_mdc_inside_its_estimate():
     assert all(len(runs) == 10 and all(r.parameters["steps"] == 8000 for r in runs) for runs in seeds.values())
     total, schedule = plan_minutes(plan)
     assert total <= GOAL_MIN and len(schedule) == len(plan.runs)
-    assert plan_minutes(plan, jobs=12)[0] > GOAL_MIN  # one slot fewer: the 20 Table 1 runs need a third wave
+    assert plan_minutes(plan, jobs=9)[0] > GOAL_MIN  # 9 slots: the 20 Table 1 runs need a third wave
 
 
 def test_the_plan_estimate_schedules_runs_in_plan_order(tmp_path):
@@ -56,13 +71,18 @@ def test_the_plan_estimate_schedules_runs_in_plan_order(tmp_path):
     (tmp_path / "p.yaml").write_text(
         f"name: p\njobs: 1\nparameters: {{steps: 1000}}\nnotebooks:\n"
         f"  - {{path: {nb}, id: a, parameters: {{objectives: [arc], position_signal: false}}}}\n"
-        f"  - {{path: {nb}, id: b, parameters: {{objectives: [arc, mdc], lrs: [0.1, 0.2, 0.3]}}}}\n"
-        f"  - {{path: {nb}, id: c, parameters: {{objectives: [], position_captions: clauses}}}}\n")
+        f"  - {{path: {nb}, id: b, parameters: {{objectives: [arc, mdc], lrs: [0.1, 0.2, 0.3], "
+        f"position_signal: false}}}}\n"
+        f"  - {{path: {nb}, id: c, parameters: {{objectives: [], position_signal: true}}}}\n"
+        f"  - {{path: {nb}, id: d, parameters: {{objectives: [arc, mdc], captions: short}}}}\n")
     plan = load_plan(tmp_path / "p.yaml", root=ROOT)
     total, schedule = plan_minutes(plan, step_s=0.06, extra_s=0.0)  # 1000 steps of 0.06 s: 1 minute per model
-    assert [(rid, start, end) for rid, start, end in schedule] == [("a", 0, 1), ("b", 1, 7), ("c", 7, 9)]
-    assert total == 9  # b: 2 objectives + 2 x 2 more learning rates; c: its ARC + MDC pair
-    assert plan_minutes(plan, step_s=0.06, extra_s=0.0, jobs=3)[0] == 6
+    assert [(rid, start, end) for rid, start, end in schedule] == [("a", 0, 1), ("b", 1, 7), ("c", 7, 11),
+                                                                    ("d", 11, 15)]
+    # b: 2 objectives + 2 x 2 more learning rates; c: an ARC + MDC pair per caption kind; d: its own ARC and MDC
+    # are the short pair, plus the two-clause pair
+    assert total == 15
+    assert plan_minutes(plan, step_s=0.06, extra_s=0.0, jobs=4)[0] == 6
     with pytest.raises(ValueError, match="step_s must be > 0"):
         plan_minutes(plan, step_s=0.0)
 
@@ -131,7 +151,7 @@ def test_the_evidence_plan_runs_without_the_caption_metrics_extra():
     code = ("import sys; sys.modules['pycocoevalcap'] = None\n"
             "import mdc_core.workbench.plans, mdc_core.workbench.runner, mdc_core.workbench.summary\n"
             "import mdc_core.workbench.evidence, mdc_core.eval.probe_data, mdc_core.eval.budget_curve\n"
-            "import mdc_core.eval.parity, mdc_core.eval.position_signal, mdc_core.workbench.probe_report\n"
+            "import mdc_core.eval.parity, mdc_core.eval.central_claim, mdc_core.workbench.probe_report\n"
             "from mdc_core.eval import linear_probe\n"
             "try:\n    from mdc_core.eval import score_captions\nexcept ImportError:\n    print('lazy')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)

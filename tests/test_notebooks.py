@@ -39,8 +39,9 @@ EXPECTED = {  # what each notebook's metrics.json must hold: metric keys and pap
                                     "probe/Parallel (r = 1)", "loss_std/[0.0, 1.0]", "probe/random init"},
                                    {"table4", "table5", "fig4"}),
     "03_linear_probing": ({"probe/CLIP", "probe/ARC", "probe/MDC", "probe/random init (CLS)",
-                           "probe/random init (GAP)", "probe_gain/MDC", "signal_fade/ARC", "signal_fade/MDC"},
-                          {"table1_mixed", "position_signal", "position_repeat"}),  # mixed captions: no claim
+                           "probe/random init (GAP)", "probe_gain/MDC", "central_claim/ARC/short gradient: slope",
+                           "central_claim/MDC/clauses gradient: slope, predictable - unpredictable"},
+                          {"table1_mixed", "central_claim"}),  # mixed captions: no Table 1 claim
     "04_compositionality": ({"MDC (Heuristic)/relation", "MDC (Monte Carlo)/attribute", "ARC/order", "CLIP/add"},
                             {"table2"}),
     "05_captioning": ({"MDC-4/BLEU@4", "MDC-6/CIDEr", "ARC/ROUGE-L", "MDC (median length)/CIDEr",
@@ -49,8 +50,7 @@ EXPECTED = {  # what each notebook's metrics.json must hold: metric keys and pap
 
 CELL_TIMEOUT_S = 600  # papermill fails a cell that runs longer: a hung cell fails its test instead of CI
 
-OPTIONAL_TABLES = {  # written when the models show it: a reliance slope needs a mean reliance resolved above 0
-    "03_linear_probing": {"reliance_slope", "reliance_slope_blind", "visual_signal"}}
+OPTIONAL_TABLES: dict[str, set[str]] = {}  # tables a notebook writes only when its models show something
 
 
 def test_the_five_notebooks_are_there() -> None:
@@ -125,44 +125,41 @@ def test_notebook_executes_with_tiny_parameters(name: str, shared: Path) -> None
         items = record["tables"]["table3"]["items"]
         assert set(items) == set(record["tables"]["table3"]["values"]) and all(
             len(v["CIDEr"]) == record["n_images"] for v in items.values())
-    if name == "03_linear_probing":  # the same-word measure: one item per caption with a repeat, in both runs
-        repeat = record["tables"]["position_repeat"]
-        assert set(repeat["items"]) == {"ARC", "MDC"} and len({len(v) for v in repeat["items"].values()}) == 1
+    if name == "03_linear_probing":  # the central claim on both caption kinds, the same captions in both rows
+        central = record["tables"]["central_claim"]
+        assert set(central["items"]) == {"ARC", "MDC"}
+        assert {c.split(" ")[0] for c in central["values"]["ARC"]} == {"short", "clauses"}
+        assert record["central_claim_data"]["short"].endswith("data_mixed_short")
 
 
-def test_linear_probing_notebook_measures_only_the_position_signal_of_its_own_pair(shared: Path) -> None:
-    """`objectives: []` with `position_captions: clauses`: no probe, an ARC + MDC pair trained on two-clause
-    captions, the visual reliance per caption group and the position-signal tables (what a plan's
-    03_position_signal entry runs)."""
+def test_linear_probing_notebook_measures_only_the_central_claim_and_the_features(shared: Path) -> None:
+    """`objectives: []` with `feature_orders`: no Table 1 probe; an ARC + MDC pair per caption kind (short and
+    two-clause captions, both always), and a pair per caption order of the linked data probed for shape and colour
+    (what `make central-claim` runs)."""
     import papermill
 
     name = "03_linear_probing"
-    out = shared / "runs" / "03_position_only"
+    out = shared / "runs" / "03_central_only"
     out.mkdir(parents=True)
     params = {**COMMON, "output_dir": str(out), "models_dir": str(shared / "models"), "objectives": [],
-              "data_dir": str(shared / "data_mixed"), "position_captions": "clauses", "position_limit": 8,
-              "position_data_dir": str(shared / "data_clauses")}
+              "data_dir": str(shared / "data_short"), "position_limit": 8, "feature_orders": True,
+              "position_data_dir": str(shared / "data_clauses"), "probe_limit": 0, **PAPER_DATA}
     papermill.execute_notebook(str(NOTEBOOK_DIR / f"{name}.ipynb"), str(out / f"{name}.ipynb"), parameters=params,
                                kernel_name="mdc", progress_bar=False, cwd=str(shared),
                                execution_timeout=CELL_TIMEOUT_S)
     record = json.loads((out / "metrics.json").read_text())
-    reliance = record["visual_reliance"]
-    optional = {name for ref, name in (("mismatched", "reliance_slope"), ("blind", "reliance_slope_blind"))
-                if any(r["normalised"] for r in reliance[ref]["runs"])}  # 6 steps: the image is barely used
-    signal = json.loads((out / "visual_signal.json").read_text())  # the visual learning signal, both measures
-    assert [r["objective"] for r in signal["runs"]] == ["arc", "mdc"] and signal["grad_limit"] == 64
-    assert {"gradient", "pmi"} <= set(signal) and len(signal["gradient"]["runs"][0]["slopes"]) == 8
-    if any(r["normalised"] for m in ("gradient", "pmi") for r in signal[m]["runs"]):
-        optional.add("visual_signal")
-    assert (out / "figures" / "visual_signal.png").is_file()
-    assert set(record["tables"]) == {"position_signal", "position_repeat"} | optional
-    assert record["runs"] == {} and record["position_captions"] == "clauses"
-    assert [r["objective"] for r in record["position_signal"]["runs"]] == ["arc", "mdc"]
-    assert [r["objective"] for r in reliance["runs"]] == ["arc", "mdc"] and reliance["runs"][1]["ratios"] == [
-        0.5, 0.75, 1.0]
-    assert len(reliance["groups"]) == 8 and set(reliance["groups"]) <= {"predictable", "unpredictable"}
-    assert set(reliance["text_check"]) == set(reliance["groups"]) and reliance["references"] == ["mismatched", "blind"]
-    assert (out / "figures" / "visual_reliance.png").is_file() and (out / "visual_reliance.json").is_file()
-    for run in record["position_signal"]["runs"]:  # the pair trained on the two-clause data set
-        assert json.loads((Path(run["run"]) / "config.json").read_text())["data"]["path"].endswith("data_clauses")
-    assert json.loads((shared / "data_clauses" / "manifest.json").read_text())["params"]["captions"] == "clauses"
+    assert set(record["tables"]) == {"central_claim", "feature_order"} and record["runs"] == {}
+    central = record["tables"]["central_claim"]
+    columns = set(central["values"]["ARC"])
+    assert {"short gradient: slope", "clauses gradient: slope, predictable - unpredictable",
+            "short gradient: bin 1", "clauses gradient: fall"} <= columns
+    assert all(len(v) == 8 for k, v in central["items"]["ARC"].items() if k == "short gradient: slope")
+    features = record["tables"]["feature_order"]
+    assert set(features["values"]) == {"ARC", "MDC"} and "late penalty" in features["values"]["MDC"]
+    assert (out / "figures" / "central_claim.png").is_file()
+    for kind in ("clauses", "shape_last", "colour_last"):
+        folder = shared / ("data_clauses" if kind == "clauses" else f"data_short_{kind}")
+        assert json.loads((folder / "manifest.json").read_text())["params"]["captions"] == kind
+    shown = "\n".join(str(o.get("data", {}).get("text/markdown", "")) for c in
+                      nbformat.read(str(out / f"{name}.ipynb"), as_version=4).cells for o in c.get("outputs", []))
+    assert "source: `docs/central_claim.json`" in shown  # the one story, from the results file

@@ -12,7 +12,7 @@ from mdc_core.config import ObjectiveConfig, RunConfig
 from mdc_core.eval import captioning as cap
 from mdc_core.eval.compositionality import check_methods, row_label
 from mdc_core.eval.parity import expected_supervised_tokens
-from mdc_core.eval.position_signal import training_ratios
+from mdc_core.objectives import mask_rates
 from mdc_core.registry import OBJECTIVES, ObjectiveSpec, objective_spec
 from mdc_core.tokenizer import EOT_ID, PAD_ID, SOT_ID
 from mdc_core.train import loss_denominator
@@ -78,7 +78,7 @@ def test_a_new_objective_is_one_row_that_every_file_asks(half: str) -> None:
     tokens = torch.tensor([[SOT_ID, 101, 102, EOT_ID, PAD_ID]])
     assert loss_denominator(tokens, cfg.objective) == 2  # train.py
     assert expected_supervised_tokens([4, 2], cfg.objective) == 3.0  # eval/parity.py
-    assert training_ratios(cfg) == (0.5,)  # eval/position_signal.py
+    assert mask_rates(cfg.objective, 2, torch.Generator(), "cpu").tolist() == [0.5, 0.5]  # eval/central_claim.py
     assert check_methods(half, None) == ("mc", "heuristic")  # eval/compositionality.py
     assert row_label(half, "mc", cfg) == "Half r=0.5 (Monte Carlo)"
     with pytest.raises(ValueError, match="do not apply to a Half run"):

@@ -20,8 +20,6 @@ from mdc_core.eval.claims import (
     evaluate_claim,
     evaluate_claims,
     gather_tables,
-    position_fade,
-    position_fade_items,
 )
 from mdc_core.eval.paper_claims import TABLE1_MARGIN, TABLE2_COLUMNS, TABLE4_ROW
 from mdc_core.eval.stats import (
@@ -309,8 +307,8 @@ def test_missing_rows_and_tables_are_flagged_not_dropped() -> None:
     assert "not in these tables (not measured): row MDC" in "\n".join(claims_markdown([res]))
     results = evaluate_claims({"table1": {"metric": "m", "cells": _seeds("top-1", {"ARC": [1.0, 2.0]})}})
     assert [r["key"] for r in results] == [c.key for c in PAPER_CLAIMS]  # every claim is listed
-    absent = next(r for r in results if r["key"] == "visual_signal")
-    assert absent["verdict"] == UNMEASURED and absent["missing"] == ["table visual_signal"]
+    absent = next(r for r in results if r["key"] == "central_claim")
+    assert absent["verdict"] == UNMEASURED and absent["missing"] == ["table central_claim"]
     # Table 5 with two of the paper's four schedules: the verdict covers them and names the other two
     two = evaluate_claim(_claim("table5"), _seeds("top-1", {"[0.0, 1.0]": [1.0, 2.0, 3.0],
                                                             "[0.5, 1.0]": [9.0, 9.5, 10.0]}))
@@ -345,44 +343,47 @@ def test_observations_get_no_verdict_and_training_checks_compare_gains_with_zero
     assert {p["worse"] for p in trained["parts"]} == {0.0}
 
 
-def _signal_cells(arc_pred: float, mdc_pred: float, seeds: int = 3, n: int = 200) -> dict:
-    """A visual_signal table: per seed and column, n per-caption slopes (noise sd 0.1) around the given means on
-    predictable captions and 0 on unpredictable ones; the contrast items are predictable minus unpredictable."""
+def _central_cells(arc_contrast: float, mdc_bin: float, arc_fall: float = 1.0, seeds: int = 3, n: int = 200
+                   ) -> dict:
+    """A central_claim table: per seed and column, n per-caption values (noise sd 0.1): ARC's slope contrast on
+    two-clause captions (MDC's 0), ARC's slopes -0.5 and fall `arc_fall` on both caption kinds, MDC's bin
+    deviations +-`mdc_bin` (alternating over the 5 fifths) and ARC's 0."""
     rng = np.random.default_rng(0)
     table: dict = {}
-    for row, pred in (("ARC", arc_pred), ("MDC", mdc_pred)):
-        for measure in ("gradient", "PMI"):
-            cols = {"predictable": pred, "unpredictable": 0.0, "predictable - unpredictable": pred}
-            for group, mean in cols.items():
-                scale = 0.1 * (math.sqrt(2) if " - " in group else 1)
-                items = {s: (mean + scale * rng.standard_normal(n)).tolist() for s in range(seeds)}
-                table.setdefault(row, {})[f"{measure}: {group}"] = Cell(
-                    {s: float(np.mean(v)) for s, v in items.items()}, items)
-    return {"visual_signal": {"metric": "m", "cells": table}}
+
+    def cell(row: str, column: str, mean: float) -> None:
+        items = {s: (mean + 0.1 * rng.standard_normal(n)).tolist() for s in range(seeds)}
+        table.setdefault(row, {})[column] = Cell({s: float(np.mean(v)) for s, v in items.items()}, items)
+
+    for row, contrast in (("ARC", arc_contrast), ("MDC", 0.0)):
+        cell(row, "clauses gradient: slope, predictable - unpredictable", contrast)
+        for kind in ("short", "clauses"):
+            cell(row, f"{kind} gradient: fall", arc_fall if row == "ARC" else 0.0)
+            for k in range(1, 6):
+                cell(row, f"{kind} gradient: bin {k}", mdc_bin * (-1) ** k if row == "MDC" else 0.0)
+        cell(row, "short gradient: slope", -0.5 if row == "ARC" else 0.0)
+        cell(row, "clauses gradient: slope, predictable", -0.5 if row == "ARC" else 0.0)
+    return {"central_claim": {"metric": "m", "cells": table}}
 
 
-def test_the_central_claim_is_an_interaction_and_mdc_flat_is_an_equivalence() -> None:
-    """ARC's signal falls on predictable captions only, MDC's is flat: the interaction holds and MDC is equivalent
-    to flat; ARC flat too: no interaction; MDC falling: not equivalent. The old reliance measure is exploratory."""
-    results = {r["key"]: r for r in evaluate_claims(_signal_cells(-0.4, 0.0))}
-    inter = results["visual_signal"]
-    assert inter["kind"] == "claim" and inter["verdict"] == HOLDS and len(inter["parts"]) == 2  # gradient, PMI
-    assert sorted(p["holm"]["level"] for p in inter["parts"]) == pytest.approx([0.95, 0.975])
-    assert results["visual_signal_mdc"]["verdict"] == EQUIVALENT
-    assert results["visual_signal_mdc"]["parts"][0]["verdict_text"] == "equivalent (the interval lies inside +-0.1)"
-    assert results["visual_signal_slopes"]["verdict"] is None  # per-model slopes: descriptive
-    none = {r["key"]: r for r in evaluate_claims(_signal_cells(0.0, 0.0))}
-    assert none["visual_signal"]["verdict"] in (UNRESOLVED, UNDERPOWERED) and none["visual_signal"]["verdict"] != HOLDS
-    falls = {r["key"]: r for r in evaluate_claims(_signal_cells(-0.4, -0.3))}
-    assert falls["visual_signal_mdc"]["verdict"] == NOT_EQUIVALENT
-    text = "\n".join(claims_markdown([falls["visual_signal_mdc"]]))
-    assert "|MDC - 0| < 0.1 (gradient: predictable)" in text and "detectable with 80% power" in text
-    rng = np.random.default_rng(1)
-    arc = (-0.4 + 0.1 * rng.standard_normal(200)).tolist()
-    old = {"reliance_slope": {"metric": "m", "cells": {"ARC": {"predictable": Cell({0: float(np.mean(arc))},
-                                                                                   {0: arc})}}}}
-    explored = next(r for r in evaluate_claims(old) if r["key"] == "position_arc")
-    assert explored["kind"] == "exploratory" and explored["verdict"] is None
+def test_the_central_claim_is_an_interaction_and_mdc_flat_is_an_equivalence_relative_to_arcs_fall() -> None:
+    """ARC's signal falls more on predictable captions, MDC's profile is flat: the interaction holds and MDC is
+    equivalent to flat inside half of ARC's fall (margin 0.5), on both caption kinds; no contrast: no interaction;
+    MDC's fifths off by 0.8: not equivalent."""
+    results = {r["key"]: r for r in evaluate_claims(_central_cells(-0.4, 0.0))}
+    inter = results["central_claim"]
+    assert inter["kind"] == "claim" and inter["verdict"] == HOLDS and len(inter["parts"]) == 1  # the gradient
+    assert results["central_claim_arc"]["verdict"] == HOLDS
+    flat = results["central_claim_flat"]
+    assert flat["verdict"] == EQUIVALENT and len(flat["parts"]) == 10  # 5 fifths x 2 caption kinds
+    assert [p["margin"] for p in flat["parts"]] == [pytest.approx(0.5, abs=0.02)] * 10
+    assert results["central_claim_slopes"]["verdict"] is None  # per-model slopes: descriptive
+    none = {r["key"]: r for r in evaluate_claims(_central_cells(0.0, 0.0))}
+    assert none["central_claim"]["verdict"] in (UNRESOLVED, UNDERPOWERED)
+    falls = {r["key"]: r for r in evaluate_claims(_central_cells(-0.4, 0.8))}
+    assert falls["central_claim_flat"]["verdict"] == NOT_EQUIVALENT
+    text = "\n".join(claims_markdown([falls["central_claim_flat"]]))
+    assert "(short gradient: bin 1)" in text and "0.5 x ARC short gradient: fall" in text
 
 
 def test_two_dimensional_claim_checks_each_column_and_markdown_says_it() -> None:
@@ -441,17 +442,6 @@ def test_the_decision_table_by_hand() -> None:
         decide([z(1.0)], "all")
     with pytest.raises(ValueError, match="a single claim has one part"):
         decide([z(1.0), z(2.0)], SINGLE)
-
-
-def test_position_fade_is_late_minus_early() -> None:
-    run = {"run": "x", "curves": [{"signal": [2.0, 2.0, 1.0, 0.0], "count": [10, 10, 10, 10]},
-                                  {"signal": [1.0, 1.0, 1.0, None], "count": [5, 5, 5, 0]}]}
-    # curve 1: late (1 + 0) / 2 - early 2 = -1.5; curve 2: positions 0..2, late [1, 2] = 1 - early 1 = 0
-    assert position_fade(run) == pytest.approx(-0.75)
-    assert position_fade_items(run) is None  # a result written before the per-caption fades
-    run["caption_fades"] = [-1.0, 0.5, 0.0, -0.3]
-    assert position_fade(run) == pytest.approx(-0.2)  # the per-caption mean, when present
-    assert position_fade_items(run) == [-1.0, 0.5, 0.0, -0.3]
 
 
 def test_the_statistics_modules_import_no_torch() -> None:

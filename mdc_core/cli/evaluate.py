@@ -1,5 +1,4 @@
-"""``mdc eval compositionality | captioning | position-signal | visual-reliance | parallel-decoding | objects`` and
-``mdc probe``.
+"""``mdc eval compositionality | captioning | central-claim | parallel-decoding | objects`` and ``mdc probe``.
 
 Each handler calls one evaluation of :mod:`mdc_core.eval`, writes its JSON (and figure) into ``--out`` and
 prints a table; :func:`mdc_core.cli.main` turns the user errors they raise into one ``mdc: error:`` line.
@@ -23,8 +22,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     verbs = sub.add_parser("eval", help="evaluate runs (compositionality, captioning, ...)").add_subparsers(
         dest="eval_verb", required=True)
     # further `mdc eval` verbs: a function here that adds the parser, the handler in EVAL_HANDLERS
-    for add in (_add_compositionality, _add_captioning, _add_position_signal, _add_visual_reliance,
-                _add_parallel_decoding, _add_objects):
+    for add in (_add_compositionality, _add_captioning, _add_central_claim, _add_parallel_decoding,
+                _add_objects):
         add(verbs)
     _add_probe_parser(sub)
 
@@ -72,40 +71,20 @@ def _add_captioning(verbs: argparse._SubParsersAction) -> None:
     cap.add_argument("--max-length", type=int, help="ARC: most tokens generated, <eot> included (default: the context)")
 
 
-def _add_position_signal(verbs: argparse._SubParsersAction) -> None:
-    sig = verbs.add_parser("position-signal", help="loss(mismatched image) - loss(true image) per caption position",
-                           parents=[flags(
-        runs="captioner run folder (repeatable: ARC, MDC...)", data="image-caption data (as for train)", split=True,
-        limit={"default": 256, "help": "captions scored (the first N of the split)"},
-        batch_size={"default": 32, "help": "the mismatched image comes from the same batch"}, seed=True,
-        device=True, ema=True,
-        out={"default": "outputs/eval", "required": False, "help": "folder for position_signal.json and .png"},
+def _add_central_claim(verbs: argparse._SubParsersAction) -> None:
+    cc = verbs.add_parser("central-claim", help="the paper's central claim: the visual learning signal (image "
+                          "gradient, in-distribution PMI) along short and two-clause captions", parents=[flags(
+        limit={"default": 512, "help": "test captions scored per caption kind (the first N)"},
+        batch_size={"default": 32, "help": "captions per batch (the PMI's pool comes from the batch)"}, seed=True,
+        device=True,
+        out={"default": "outputs/eval", "required": False, "help": "folder for central_claim.json and .png"},
         json="print the result JSON")])
-    sig.add_argument("--images", help="image folder of a caption json/CSV (default: beside it, or the COCO layout)")
-    sig.add_argument("--ratios", default="", help="masking ratios of masked-mode runs, e.g. 0.5,0.75,1 (default: "
-                     "each run's training range, MDC: 0.5,0.75,1)")
-    sig.add_argument("--draws", type=int, default=4, help="mask draws per batch and ratio")
-    sig.add_argument("--words", help="comma-separated words the repeat fade follows, each one token (e.g. "
-                     "red,blue,circle,square; default: every caption token)")
-
-
-def _add_visual_reliance(verbs: argparse._SubParsersAction) -> None:
-    rel = verbs.add_parser("visual-reliance", help="the central claim: per token log p(true image) - log p(mismatched "
-                           "image), normalised, its slope along the caption per caption group", parents=[flags(
-        runs="captioner run folder (repeatable: ARC, MDC, ...; the same captions for all)",
-        data="image-caption data (the embedded clauses style gives predictable / unpredictable groups)", split=True,
-        limit={"default": 512, "help": "captions scored (the first N of the split)"},
-        batch_size={"default": 32, "help": "the mismatched image comes from the same batch"}, seed=True,
-        device=True, ema=True,
-        out={"default": "outputs/eval", "required": False, "help": "folder for visual_reliance.json and .png"},
-        json="print the result JSON")])
-    rel.add_argument("--images", help="image folder of a caption json/CSV (default: beside it, or the COCO layout)")
-    rel.add_argument("--ratios", default="", help="masking ratios of masked runs (default: each run's training "
-                     "range, MDC: 0.5,0.75,1)")
-    rel.add_argument("--draws", type=int, default=4, help="mask draws per batch and ratio")
-    rel.add_argument("--blind", action="store_true", help="also measure against the blank mean image")
-    rel.add_argument("--bins", type=int, default=5, help="bins of relative position in the profile")
-    rel.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples of the intervals")
+    for kind, what in (("short", "short captions"), ("clauses", "two-clause captions (caption style clauses)")):
+        cc.add_argument(f"--{kind}-runs", nargs="+", required=True, metavar="RUN",
+                        help=f"captioner runs (an ARC and an MDC) trained on {what}")
+        cc.add_argument(f"--{kind}-data", required=True, help=f"the data set of those {what}")
+    cc.add_argument("--draws", type=int, default=4, help="training-mask draws per batch of a masked model")
+    cc.add_argument("--pool", type=int, default=15, help="other images of the batch in the PMI's pool")
 
 
 def _add_parallel_decoding(verbs: argparse._SubParsersAction) -> None:
@@ -185,65 +164,34 @@ def _ratios(text: str) -> list[float] | None:
         raise ValueError(f"--ratios must be comma-separated numbers, got {text!r}") from err
 
 
-def cmd_eval_position_signal(args: argparse.Namespace) -> None:
-    from mdc_core.eval.position_signal import plot_position_signal, position_signal_runs
-    ratios = _ratios(args.ratios)
-    result = position_signal_runs(args.run, args.data, split=args.split, limit=args.limit, batch_size=args.batch_size,
-                                  ratios=ratios, draws=args.draws, seed=args.seed, device=args.device, ema=args.ema,
-                                  images=args.images,
-                                  content_words=[w.strip() for w in args.words.split(",") if w.strip()]
-                                  if args.words else None)
+def cmd_eval_central_claim(args: argparse.Namespace) -> None:
+    from mdc_core.eval.central_claim import (
+        central_claim_runs,
+        claim_markdown,
+        claim_table,
+        connector_ids,
+        plot_profiles,
+    )
+    from mdc_core.eval.claims import claims_markdown, evaluate_claims, gather_tables
+    from mdc_core.eval.paper_claims import CENTRAL_TABLE
+
+    scores = central_claim_runs({"short": args.short_runs, "clauses": args.clauses_runs},
+                                {"short": args.short_data, "clauses": args.clauses_data}, limit=args.limit,
+                                draws=args.draws, pool=args.pool, seed=args.seed, device=args.device,
+                                batch_size=args.batch_size)
+    table = claim_table(scores, connector_ids())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "position_signal.json").write_text(json.dumps(result, indent=1) + "\n")
-    plot = plot_position_signal(result, out / "position_signal.png")
+    (out / "central_claim.json").write_text(json.dumps({"tables": {CENTRAL_TABLE: table}}) + "\n")
+    plot = plot_profiles(table, out / "central_claim.png")
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(table, indent=1))
         return
-    for run in result["runs"]:
-        for c in run["curves"]:
-            head = " ".join("  -  " if v is None else f"{v:+.2f}" for v in c["signal"][:12])
-            print(f"{run['objective']:9s} {c['label']:16s} mean {c['mean_signal']:+.3f}  by position: {head}")
-        repeats = [f for f in run["repeat_fades"] if f is not None]
-        if repeats:
-            print(f"{run['objective']:9s} repeat minus first mention {sum(repeats) / len(repeats):+.3f} nats "
-                  f"({len(repeats)} captions name a word again)")
-    print(f"results: {out / 'position_signal.json'}  plot: {plot}")
-
-
-def cmd_eval_visual_reliance(args: argparse.Namespace) -> None:
-    from mdc_core.eval.visual_reliance import interval_text, plot_visual_reliance, save_result, visual_reliance_runs
-    if args.bins < 1 or args.n_boot < 100:
-        raise ValueError(f"--bins must be >= 1 and --n-boot >= 100, got {args.bins} and {args.n_boot}")
-    result = visual_reliance_runs(args.run, args.data, split=args.split, limit=args.limit, batch_size=args.batch_size,
-                                  ratios=_ratios(args.ratios), draws=args.draws, seed=args.seed, device=args.device,
-                                  ema=args.ema, images=args.images, blind=args.blind, bins=args.bins,
-                                  n_boot=args.n_boot)
-    out = Path(args.out)
-    save_result(result, out / "visual_reliance.json")
-    plot = plot_visual_reliance(result, out / "visual_reliance.png")
-    if args.json:
-        print(json.dumps(result))
-        return
-    print(f"per-caption slope of normalised reliance along the caption (95% bootstrap over {len(result['groups'])} "
-          "captions; < 0: the reliance falls)")
-    for ref in result["references"]:
-        summary = result[ref]
-        for run, stats in zip(result["runs"], summary["runs"], strict=True):
-            name = f"{run['objective']} ({ref})"
-            if not stats["normalised"]:
-                low, high = stats["mean_reliance_interval"]
-                print(f"{name:22s} mean reliance {stats['mean_reliance']:+.3f} nats [{low:+.3f}, {high:+.3f}] not "
-                      "above 0: no normalised shape")
-                continue
-            cells = "  ".join(f"{g} {interval_text(stats['slope'][g])} (n={stats['slope'][g]['n']})"
-                              for g in summary["groups"])
-            print(f"{name:22s} mean reliance {stats['mean_reliance']:+.3f} nats; slope {cells}")
-        for group, diffs in summary["differences"].items():
-            for d in diffs:
-                print(f"  {result['runs'][d['run']]['objective']} - {result['runs'][d['minus']]['objective']} "
-                      f"({ref}, {group}): {interval_text(d)}")
-    print(f"results: {out / 'visual_reliance.json'}  plot: {plot}")
+    verdicts = [r for r in evaluate_claims(gather_tables([("cli", 0, {"tables": {CENTRAL_TABLE: table}})]))
+                if r["table"] == CENTRAL_TABLE]
+    print(claim_markdown(table))
+    print("\n".join(["", "one training seed: every verdict is about these runs", *claims_markdown(verdicts, 3)]))
+    print(f"results: {out / 'central_claim.json'}  plot: {plot}")
 
 
 def _number_list(text: str, kind: type, flag: str) -> list:
@@ -291,8 +239,8 @@ def cmd_eval_objects(args: argparse.Namespace) -> None:
 
 
 EVAL_HANDLERS = {"compositionality": cmd_eval_compositionality, "captioning": cmd_eval_captioning,
-                 "position-signal": cmd_eval_position_signal, "parallel-decoding": cmd_eval_parallel_decoding,
-                 "objects": cmd_eval_objects, "visual-reliance": cmd_eval_visual_reliance}
+                 "central-claim": cmd_eval_central_claim, "parallel-decoding": cmd_eval_parallel_decoding,
+                 "objects": cmd_eval_objects}
 
 
 def cmd_eval(args: argparse.Namespace) -> None:

@@ -325,6 +325,39 @@ def negatives(spec: ShortSpec, scene: Scene, rng: np.random.Generator,
     return out
 
 
-__all__ = ["CLAUSE_CONNECTORS", "CLAUSE_FACTS", "CLAUSE_GROUPS", "Mention", "NEGATIVE_TYPES", "RELATIONS",
-           "ShortSpec", "clause_caption", "long_caption", "negatives", "parse_clause_caption", "render_clause",
-           "render_short", "short_caption", "spec_is_true"]
+# ----------------------------------------------------------------------------------------------------------
+# linked attributes in either caption order (the consequence of the central claim for features)
+
+LINKED_STYLES: tuple[str, ...] = ("shape_last", "colour_last")
+LINK_SHARE = 0.8  # share of images whose main object's shape follows its colour (docs/evidence.md, declared)
+
+
+def linked_shape(colour: str, shapes: Sequence[str]) -> str:
+    """The shape `colour` links to: the i-th colour of :data:`~mdc_core.data.scene.COLOURS` -> ``shapes[i % n]``."""
+    return shapes[list(COLOURS).index(colour) % len(shapes)]
+
+
+def link_scene(scene: Scene, rng: np.random.Generator, shapes: Sequence[str],
+               heldout: set[tuple[str, str]]) -> Scene:
+    """With probability :data:`LINK_SHARE` the main object's shape becomes its colour's linked shape (kept as drawn
+    when that pair is held out); one draw of `rng` either way."""
+    main = scene.objects[0]
+    shape = linked_shape(main.colour, shapes)
+    if rng.random() >= LINK_SHARE or (main.colour, shape) in heldout:
+        return scene
+    return replace(scene, objects=(replace(main, shape=shape), *scene.objects[1:]))
+
+
+def order_caption(scene: Scene, style: str) -> str:
+    """The main object's colour and shape, the shape last (``a red circle``) or the colour last (``a circle in
+    red``)."""
+    if style not in LINKED_STYLES:
+        raise ValueError(f"caption order must be one of {', '.join(LINKED_STYLES)}, got {style!r}")
+    obj = scene.objects[0]
+    return f"a {obj.colour} {obj.shape}" if style == "shape_last" else f"a {obj.shape} in {obj.colour}"
+
+
+__all__ = ["CLAUSE_CONNECTORS", "CLAUSE_FACTS", "CLAUSE_GROUPS", "LINKED_STYLES", "LINK_SHARE", "Mention",
+           "NEGATIVE_TYPES", "RELATIONS", "ShortSpec", "clause_caption", "link_scene", "linked_shape", "long_caption",
+           "negatives", "order_caption", "parse_clause_caption", "render_clause", "render_short", "short_caption",
+           "spec_is_true"]

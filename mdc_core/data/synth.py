@@ -33,7 +33,16 @@ from typing import Any
 import webdataset as wds
 from tqdm import tqdm
 
-from mdc_core.data.captions import NEGATIVE_TYPES, clause_caption, long_caption, negatives, short_caption
+from mdc_core.data.captions import (
+    LINKED_STYLES,
+    NEGATIVE_TYPES,
+    clause_caption,
+    link_scene,
+    long_caption,
+    negatives,
+    order_caption,
+    short_caption,
+)
 from mdc_core.data.scene import (
     LABEL_NAMES,
     SPLITS,
@@ -48,7 +57,7 @@ from mdc_core.data.scene import (
     vocabularies,
 )
 
-CAPTION_STYLES = ("short", "long", "mixed", "clauses")
+CAPTION_STYLES = ("short", "long", "mixed", "clauses", *LINKED_STYLES)
 _SHARD_RE = re.compile(r"\d{6}\.tar(\.part)?")
 
 
@@ -56,11 +65,14 @@ def make_example(seed: int, split: str, index: int, image_size: int = 64, captio
                  heldout: list[tuple[str, str]] | None = None, difficulty: str = "paper") -> dict[str, Any]:
     """Example `index` of `split` as a WebDataset sample ``{"__key__", "jpg": bytes, "txt": str, "json": bytes}``.
 
-    `captions` is ``short``, ``long``, ``mixed`` (a seeded coin per image) or ``clauses`` (two-clause captions,
-    half of them with a predictable second clause: :func:`~mdc_core.data.captions.clause_caption`). The short
-    and long captions, the labels, the object list and the negatives are always in the JSON; the scene depends
-    on neither `captions` nor `image_size`. `heldout` defaults to :func:`heldout_combos` of `seed`; `difficulty`
-    names the scene settings (:data:`~mdc_core.data.scene.DIFFICULTIES`).
+    `captions` is ``short``, ``long``, ``mixed`` (a seeded coin per image), ``clauses`` (two-clause captions,
+    half of them with a predictable second clause: :func:`~mdc_core.data.captions.clause_caption`) or a linked
+    order, ``shape_last`` / ``colour_last`` (outside compgen the main object's shape follows its colour in 80% of
+    the images, :func:`~mdc_core.data.captions.link_scene`; the caption names its colour and shape in that
+    order, :func:`~mdc_core.data.captions.order_caption`). The short and long captions, the labels, the object
+    list and the negatives are always in the JSON; the scene depends on neither `captions` (other than a linked
+    order) nor `image_size`. `heldout` defaults to :func:`heldout_combos` of `seed`; `difficulty` names the scene
+    settings (:data:`~mdc_core.data.scene.DIFFICULTIES`).
     """
     if captions not in CAPTION_STYLES:
         raise ValueError(f"captions must be one of {', '.join(CAPTION_STYLES)}, got {captions!r}")
@@ -68,6 +80,8 @@ def make_example(seed: int, split: str, index: int, image_size: int = 64, captio
     held_set = set(heldout if heldout is not None else heldout_combos(seed, diff))
     rng = example_rng(seed, split, index)
     scene = sample_scene(rng, held_set, compgen=split == "compgen", difficulty=diff)
+    linked = captions in LINKED_STYLES and split != "compgen"
+    scene = link_scene(scene, rng, diff.shapes, held_set) if linked else scene  # shape follows colour (80%)
     img = render_scene(scene, image_size, rng)
     short_spec, short = short_caption(scene, rng)
     long = long_caption(scene, rng)
@@ -78,7 +92,8 @@ def make_example(seed: int, split: str, index: int, image_size: int = 64, captio
     key = f"{split_id(split)}{index:08d}"
     meta = {
         "key": key, "split": split, "index": index, "seed": seed,
-        "caption_style": style, "caption": clause[0] if clause else short if style == "short" else long,
+        "caption_style": style, "caption": clause[0] if clause else order_caption(scene, style) if linked
+        else short if style == "short" else long,
         "short_caption": short, "long_caption": long,
         "labels": scene.labels(),
         "objects": [o.to_json() for o in scene.objects],
@@ -181,7 +196,7 @@ def write_synthetic_dataset(out: str | Path, n: int, seed: int = 0, image_size: 
         "counts": {split: counts[split] for split in SPLITS}, "splits": splits,
         "vocab": vocabularies(difficulty), "label_names": list(LABEL_NAMES), "negative_types": list(NEGATIVE_TYPES),
         "heldout_combos": [list(p) for p in held],
-        "caption_styles": ["short", "long"] + (["clauses"] if captions == "clauses" else []),
+        "caption_styles": ["short", "long"] + ([captions] if captions in ("clauses", *LINKED_STYLES) else []),
         "members": {"jpg": "RGB JPEG (quality 95)", "txt": "caption, UTF-8", "json": "metadata, UTF-8 JSON"},
     }
     tmp = out / "manifest.json.tmp"

@@ -12,8 +12,9 @@ Run-level evaluations (they load runs and data themselves; import the module to 
 * :mod:`mdc_core.eval.compositionality` (+ :mod:`mdc_core.eval.composition_sets`): ``mdc eval compositionality``.
 * :mod:`mdc_core.eval.captioning`: ``mdc eval captioning``.
 * :mod:`mdc_core.eval.object_curve`: ``mdc eval objects`` (single-object accuracy at every checkpoint).
-* :mod:`mdc_core.eval.position_signal`: ``mdc eval position-signal``; :mod:`mdc_core.eval.parallel_decoding`:
-  ``mdc eval parallel-decoding``; :mod:`mdc_core.eval.probe_data`: ``mdc probe``.
+* :mod:`mdc_core.eval.central_claim`: ``mdc eval central-claim`` (the paper's central claim, both caption kinds,
+  and its consequence for features); :mod:`mdc_core.eval.parallel_decoding`: ``mdc eval parallel-decoding``;
+  :mod:`mdc_core.eval.probe_data`: ``mdc probe``.
 * :mod:`mdc_core.eval.report`: the held-out caption report of ``mdc demo`` and notebook 01.
 * :mod:`mdc_core.eval.repetition`: the repetition rate (a metric of ``mdc eval captioning``);
   :mod:`mdc_core.eval.remasking`: greedy vs remasking (``python -m mdc_core.eval.remasking``, notebook 05).

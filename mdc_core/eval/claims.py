@@ -115,7 +115,11 @@ def _comparisons(claim: Claim, cells: Table, missing: list[str], uninformative: 
             if scale is None:
                 flag(f"row {row}, column {col} (the margin's scale)")
                 continue
-            margin, rule = part.margin * abs(scale.estimate().mean), f"{part.margin:g} x {row} {col}"
+            size = scale.estimate().mean
+            if not size > 0:  # a margin relative to an effect the runs do not show has no scale
+                flag(f"row {row}, column {col} (the margin's scale, {size:+.3g}, is not above 0)")
+                continue
+            margin, rule = part.margin * size, f"{part.margin:g} x {row} {col}"
         worse_rows: list[str | float] = (list(_rows(part.worse, rows, part.better)) if isinstance(part.worse, str)
                                          else [float(part.worse)])
         for better in _rows(part.better, rows, part.worse):
@@ -341,44 +345,3 @@ def report_markdown(tables: dict[str, dict[str, Any]], seed: int | None = None, 
                   "see docs/evidence.md):", "", *claims_markdown(verdicts, digits)]
     return "\n".join(lines)
 
-
-def position_fade(run: dict[str, Any]) -> float:
-    """How much a captioner's visual signal changes along the caption, from one run of
-    :func:`mdc_core.eval.position_signal.position_signal_runs` (nats; < 0: the signal fades): the mean over
-    captions of each caption's later-half minus earlier-half signal (``caption_fades``). Results written before
-    the per-caption fades existed: the token-weighted mean signal over the later half of the caption positions
-    minus that over the earlier half, averaged over the run's curves (one for ARC, one per masking ratio for MDC)."""
-    items = position_fade_items(run)
-    if items:
-        return sum(items) / len(items)
-    fades = []
-    for curve in run["curves"]:
-        pos = [i for i, c in enumerate(curve["count"]) if c and curve["signal"][i] is not None]
-        if len(pos) < 2:
-            continue
-        half = len(pos) // 2
-
-        def weighted(idx: list[int], curve: dict[str, Any] = curve) -> float:
-            total = sum(curve["count"][i] for i in idx)
-            return sum(curve["signal"][i] * curve["count"][i] for i in idx) / total
-
-        fades.append(weighted(pos[half:]) - weighted(pos[:half]))
-    if not fades:
-        raise ValueError(f"run {run.get('run')} has fewer than two scored caption positions")
-    return sum(fades) / len(fades)
-
-
-def position_fade_items(run: dict[str, Any]) -> list[float] | None:
-    """The run's per-caption fades (test items, data order), or None when the result has none."""
-    items = run.get("caption_fades")
-    return [float(x) for x in items] if items else None
-
-
-def repeat_fade_items(runs: Sequence[dict[str, Any]]) -> list[list[float]] | None:
-    """Per run, the repeat fades (``repeat_fades``) of the captions where every run has one, in data order: the
-    aligned test items of the same-word measure. None when a run has none or no caption has a repeat in all."""
-    fades = [run.get("repeat_fades") for run in runs]
-    if not fades or any(not f for f in fades) or len({len(f) for f in fades}) != 1:
-        return None
-    keep = [i for i in range(len(fades[0])) if all(f[i] is not None for f in fades)]
-    return [[float(f[i]) for i in keep] for f in fades] if keep else None

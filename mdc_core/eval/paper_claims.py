@@ -22,9 +22,13 @@ VERDICT_KINDS = (CLAIM, CHECK)
 # and a larger share of its (unreported) gain over an untrained encoder, so 5% of ARC's gain is at least as lenient.
 TABLE1_MARGIN = 0.05  # share of ARC's gain (TABLE1_SCALE)
 TABLE1_SCALE = ("ARC", "gain")
-# Central claim: MDC's slope of the normalised visual signal against relative position (-1: falls by the model's
-# mean from the first token to the last) counts as "does not depend on position" inside +-this margin.
-SLOPE_MARGIN = 0.1
+# Central claim (mdc_core.eval.central_claim.FLAT_SHARE): MDC's normalised gradient profile "does not depend on
+# position" when every fifth of it (minus the caption's mean) lies inside +- this share of ARC's fall (its first
+# fifth minus its last) on the same captions: a margin relative to the effect ARC shows, not an absolute number.
+FLAT_SHARE = 0.5
+# The consequence for features (feature_order, ours): the smallest interaction worth resolving, in points of probe
+# top-1 (ARC's late-position penalty minus MDC's); an interval that cannot resolve it is "underpowered".
+FEATURE_EFFECT = 2.0
 # The paper's effects in points of probe top-1 (power: a part that cannot resolve them is "underpowered").
 TABLE4_EFFECT = 0.8  # Table 4: MDC - MDC (w/o 1/t) = 0.8 (CC12M) and 1.2 (Recap-DataComp-10M): the smaller
 TABLE5_EFFECT = 0.6  # Table 5: [0.5, 1] 39.2 vs [0.4, 0.9] 38.6, the smallest gap to the best schedule
@@ -72,8 +76,13 @@ class Claim:
 # weight (mdc_no_t, per caption token; runs before cmlm existed named it "MDC (w/o 1/t)", which the pattern matches)
 TABLE4_ROW = "CMLM (w/o 1/t, per masked token)"
 TABLE4_CAPTION_TOKEN_ROWS = "MDC (w/o 1/t)*"
-SIGNAL_CONTRAST = "predictable - unpredictable"  # mdc_core.eval.visual_signal's contrast column
-SIGNAL_GROUP_COLUMNS = tuple(f"{m}: {g}" for m in ("gradient", "PMI") for g in ("predictable", "unpredictable"))
+CENTRAL_TABLE = "central_claim"  # mdc_core.eval.central_claim.claim_table's columns below
+CENTRAL_INTERACTION = ("clauses gradient: slope, predictable - unpredictable",
+                       "clauses PMI: slope, predictable - unpredictable")
+CENTRAL_ROBUSTNESS = ("clauses gradient: log slope, predictable - unpredictable",
+                      "clauses gradient: slope w/o first and connector, predictable - unpredictable")
+CENTRAL_SLOPES = (*(f"short {m}: slope" for m in ("gradient", "PMI")),
+                  *(f"clauses {m}: slope, {g}" for m in ("gradient", "PMI") for g in ("predictable", "unpredictable")))
 BASELINE_ROWS = ("random init*", "raw pixels*", "*, blind")  # baselines, not models (never matched by "*")
 TABLE2_COLUMNS = ("relation", "attribute", "coco order", "flickr30k order", "order", "add", "replace", "swap")
 TABLE3_COLUMNS = ("BLEU@4", "METEOR", "ROUGE-L", "CIDEr", "SPICE")
@@ -147,44 +156,48 @@ PAPER_CLAIMS: tuple[Claim, ...] = (
           (Part("MDC-*", ">", "ARC", TABLE3_COLUMNS), Part("MDC (median length)", ">", "ARC", TABLE3_COLUMNS),
            Part("MDC (oracle length)", ">", "ARC", TABLE3_COLUMNS),
            Part("MDC (auto length)", ">", "ARC", TABLE3_COLUMNS))),
-    Claim("visual_signal", CLAIM, "Abstract; Sec. 1 (the central argument)",
+    Claim("central_claim", CLAIM, "Abstract; Sec. 1 (the central argument)",
           "an autoregressive captioner's visual learning signal weakens at later positions because 'later text "
           "tokens can be predicted so well from the earlier ones', while MDC's does not depend on position",
-          "visual_signal", (Part("ARC", "<", "MDC", (f"gradient: {SIGNAL_CONTRAST}", f"PMI: {SIGNAL_CONTRAST}")),),
+          CENTRAL_TABLE, (Part("ARC", "<", "MDC", CENTRAL_INTERACTION[:1]),),
           tested_as="the interaction (predictable - unpredictable second clause) x (ARC - MDC) of the per-caption "
-                    "slope of the normalised signal against position < 0, for the image-gradient norm and the PMI "
-                    "(Holm over the two), each model under its training conditions", combine="some"),
-    Claim("visual_signal_mdc", CLAIM, "Abstract; Sec. 1 (the central argument)",
+                    "slope of the normalised image-gradient norm against position < 0, each model under its "
+                    "training conditions, two-clause captions"),
+    Claim("central_claim_pmi", OBSERVATION, "Sec. 1 (the information the image carries, beside the signal)",
+          "the same interaction on the in-distribution PMI", CENTRAL_TABLE,
+          (Part("ARC", "<", "MDC", CENTRAL_INTERACTION[1:]),),
+          tested_as="descriptive: a pool of the batch's images saturates once ARC's growing prefix singles out its "
+                    "image, on either caption group (docs/evidence.md)"),
+    Claim("central_claim_arc", CLAIM, "Abstract; Sec. 1 (the central argument)",
+          "ARC's visual learning signal weakens at later positions ('the image becomes decreasingly important')",
+          CENTRAL_TABLE, (Part("ARC", "<", 0.0, ("short gradient: slope", "clauses gradient: slope, predictable")),),
+          tested_as="ARC's slope of its normalised image-gradient norm < 0 on short captions and on predictable "
+                    "two-clause captions (Holm over the two caption kinds; a disagreement is the finding)"),
+    Claim("central_claim_flat", CLAIM, "Abstract; Sec. 1 (the central argument)",
           "'the strength of the visual learning signal in MDC does not depend on each token's position in the "
-          "sequence'", "visual_signal",
-          (Part("MDC", "equivalent", 0.0, ("gradient: predictable",), SLOPE_MARGIN),),
-          tested_as=f"equivalence: MDC's slope of its normalised image-gradient norm inside +-{SLOPE_MARGIN:g} "
-                    "(less than a tenth of its mean from first to last token), predictable captions"),
-    Claim("visual_signal_slopes", OBSERVATION, "Sec. 1 (the per-model slopes behind the interaction)",
-          "each model's slope of its normalised signal along the caption, per caption group", "visual_signal",
-          (Part("ARC", "<", 0.0, SIGNAL_GROUP_COLUMNS), Part("MDC", "<", 0.0, SIGNAL_GROUP_COLUMNS))),
-    Claim("position_arc", EXPLORATORY, "Sec. 1 (an earlier measurement: reliance against a mismatched image)",
-          "ARC's reliance on the true over a mismatched image falls along predictable captions", "reliance_slope",
-          (Part("ARC", "<", 0.0, ("predictable",)),),
-          tested_as="out of distribution: the mismatched image was never seen with the caption (cue conflict)"),
-    Claim("position_mdc", EXPLORATORY, "Sec. 1 (an earlier measurement: reliance against a mismatched image)",
-          "MDC's reliance slope, predictable captions", "reliance_slope",
-          (Part("MDC", "<", 0.0, ("predictable",)),)),
-    Claim("position_difference", EXPLORATORY, "Sec. 1 (an earlier measurement: reliance against a mismatched "
-          "image)", "MDC's reliance slope minus ARC's, per caption group", "reliance_slope",
-          (Part("MDC", ">", "ARC", ("predictable", "unpredictable")),)),
-    Claim("position_blind", EXPLORATORY, "Sec. 1 (an earlier measurement: reliance against the blank image)",
-          "MDC's reliance slope minus ARC's against an all-zero image, per caption group", "reliance_slope_blind",
-          (Part("MDC", ">", "ARC", ("predictable", "unpredictable")),),
-          tested_as="out of distribution: no training image is blank"),
-    Claim("position_signal", EXPLORATORY, "Sec. 1 (an earlier, indirect measurement)",
-          "later half minus earlier half of each caption's visual signal (nats), MDC vs ARC", "position_signal",
-          (Part("MDC", ">", "ARC"),),
-          tested_as="raw nats (not normalised per model); word type is confounded with position"),
-    Claim("position_repeat", EXPLORATORY, "Sec. 1 (an earlier measurement, added after the fade)",
-          "a scene word named again: signal at the repeat minus at its first mention, MDC vs ARC", "position_repeat",
-          (Part("MDC", ">", "ARC"),),
-          tested_as="follows largely from causal vs bidirectional attention (ARC can copy from its prefix)"),
+          "sequence'", CENTRAL_TABLE,
+          tuple(Part("MDC", "equivalent", 0.0, tuple(f"{kind} gradient: bin {k}" for k in range(1, 6)), FLAT_SHARE,
+                     ("ARC", f"{kind} gradient: fall")) for kind in ("short", "clauses")),
+          tested_as=f"equivalence on the binned profile: every fifth of MDC's normalised image-gradient profile "
+                    f"(minus the caption's mean) inside +-{FLAT_SHARE:g} x ARC's fall (first fifth minus last) on "
+                    "the same captions, per caption kind; no scale where ARC does not fall"),
+    Claim("central_claim_robustness", OBSERVATION, "Sec. 1 (pre-declared robustness rows of the interaction)",
+          "the interaction on the slope of log(gradient) and on the slope without the first token and the "
+          "clause connector", CENTRAL_TABLE, (Part("ARC", "<", "MDC", CENTRAL_ROBUSTNESS),)),
+    Claim("central_claim_slopes", OBSERVATION, "Sec. 1 (the per-model slopes behind the claims)",
+          "each model's slope of its normalised signal along the caption, per caption kind, measure and group",
+          CENTRAL_TABLE, (Part("ARC", "<", 0.0, CENTRAL_SLOPES), Part("MDC", "<", 0.0, CENTRAL_SLOPES))),
+    Claim("feature_order", CHECK, "(ours: the consequence the paper draws from its central argument, Sec. 1)",
+          "a visual signal that does not depend on position gives better features: ARC's probe loses more than "
+          "MDC's on whichever attribute its captions name last", "feature_order",
+          (Part("ARC", ">", "MDC", ("late penalty",)),), effect=FEATURE_EFFECT,
+          tested_as="linked data (the shape follows the colour in 80% of the training images), ARC and MDC trained "
+                    "on each caption order, probed on held-out images where the link is broken: per attribute its "
+                    "top-1 when named first minus when named last, the mean of shape and colour; ARC's minus MDC's "
+                    "> 0"),
+    Claim("feature_order_attributes", OBSERVATION, "(ours: the interaction per attribute)",
+          "ARC's late-position penalty minus MDC's, for shape and for colour", "feature_order",
+          (Part("ARC", ">", "MDC", ("shape: late penalty", "colour: late penalty")),)),
     _training_check("table1", "Table 1's models"),
     _training_check("table1_long", "Table 1's long-caption models"),
     _training_check("table4", "Table 4's models"),

@@ -112,8 +112,10 @@ def run_setting(params: dict[str, Any], table: str = "") -> str:
     if params.get("preset"):
         bits.append(f"{params['preset']} models" + (f", {params['steps']} steps" if params.get("steps") else ""))
     captions = params.get("captions")
-    if table.startswith(("position", "reliance", "visual_signal")) and params.get("position_captions"):
-        captions = params["position_captions"]  # notebook 03 measures the central claim on a pair of its own
+    if table == "central_claim":
+        captions = "short and two-clause"  # notebook 03 measures the central claim on a pair per caption kind
+    elif table == "feature_order":
+        captions = "linked shape-colour, either order,"  # a pair per caption order of the linked data
     if params.get("n_train"):
         detail = ", ".join(x for x in (params.get("difficulty"), f"{captions} captions" if captions else "") if x)
         bits.append(f"{params['n_train']} embedded images" + (f" ({detail})" if detail else ""))

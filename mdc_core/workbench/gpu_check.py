@@ -180,9 +180,8 @@ def scale_plan(source: Path, out: Path, *, steps: dict[int, int], device: str, s
             if old not in steps:
                 raise ValueError(f"plan {source}: no scaled budget for {old} steps; give scale_plan one")
         rescale(params)
-        for key in ("position_limit", "signal_grad_captions"):
-            if key in params:
-                params[key] = min(params[key], position_limit)
+        if "position_limit" in params:
+            params["position_limit"] = min(params["position_limit"], position_limit)
         if isinstance(entry, dict) and "seeds" in entry:
             entry["seeds"] = seeds
     plan.update(name=name, seeds=seeds, jobs=jobs, output_root=str(output_root))
@@ -203,13 +202,18 @@ def _param(run: Any, declared: dict[str, Any], key: str) -> Any:
 
 def trained_models(run: Any, declared: dict[str, Any]) -> int:
     """How many models of the run's ``steps`` notebook 03 trains for `run`: one per objective, one per (objective,
-    learning rate) of a sweep (``lrs``; the chosen one is reused), and an ARC + MDC pair for a position signal on
-    captions of its own (``position_captions``)."""
+    learning rate) of a sweep (``lrs``; the chosen one is reused), an ARC + MDC pair per caption kind for the central
+    claim (``position_signal``: short and two-clause captions; the short pair is the run's own ARC and MDC when it
+    trains them) and per caption order for its features (``feature_orders``)."""
     objectives = _param(run, declared, "objectives") or []
     swept = [o for o in objectives if o in ("clip", "arc", "mdc")]
     n = len(objectives) + len(swept) * max(0, len(_param(run, declared, "lrs") or []) - 1)
-    if _param(run, declared, "position_signal") and _param(run, declared, "position_captions"):
-        n += 2
+    if _param(run, declared, "position_signal"):
+        own = _param(run, declared, "captions") == "short" and {"arc", "mdc"} <= set(objectives) and not \
+            _param(run, declared, "lrs")  # this run's own ARC and MDC are the short pair
+        n += 2 if own else 4
+    if _param(run, declared, "feature_orders"):
+        n += 4
     return n
 
 

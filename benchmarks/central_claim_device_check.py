@@ -1,11 +1,11 @@
-"""Device check of the visual learning signal (mdc_core.eval.visual_signal), not yet run on a GPU.
+"""Device check of the central claim's measure (mdc_core.eval.central_claim), not yet run on a GPU.
 
 Builds randomly initialised `tiny` ARC and MDC captioners (full vocabulary), scores random captions on random
-images with the image-gradient norm and the PMI on the CPU and on CUDA (the same weights and mask draws: the values
-must agree to float32 precision, `max_rel_diff`), then times the GPU plan's setting (1024 captions, 8 mask draws)
-on CUDA. Writes $OUT/gpu_check_p39.json (or ./gpu_check_p39.json).
+images with the image-gradient norm and the in-distribution PMI on the CPU and on CUDA (the same weights and mask
+draws: the values must agree to float32 precision, `max_rel_diff`), then times 1024 captions with 8 mask draws and
+a pool of 16 images on CUDA. Writes $OUT/gpu_check_p39.json (or ./gpu_check_p39.json).
 
-    PYTHONPATH=$PWD python3 benchmarks/visual_signal_device_check.py 32   # 32 captions for the CPU/CUDA check
+    PYTHONPATH=$PWD python3 benchmarks/central_claim_device_check.py 32   # 32 captions for the CPU/CUDA check
 """
 import json
 import os
@@ -15,7 +15,7 @@ import time
 import torch
 
 from mdc_core.config import load_preset
-from mdc_core.eval.visual_signal import visual_signal
+from mdc_core.eval.central_claim import score_captions
 from mdc_core.factory import create_model
 from mdc_core.tokenizer import EOT_ID, PAD_ID, SOT_ID
 
@@ -34,14 +34,14 @@ def batches(n, B=32, L=24, seed=0):
     return out
 
 
-def run(obj, device, n, draws, grad):
+def run(obj, device, n, draws):
     torch.manual_seed(0)
     cfg = load_preset("tiny", ["model.output_vocab=full", f"objective.name={obj}"])
     model = create_model(cfg, obj).to(device).eval()
     if device == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
-    s = visual_signal(model, batches(n), objective=cfg.objective, draws=draws, grad_limit=grad, pmi_images=8)
+    s = score_captions(model, batches(n), objective=cfg.objective, draws=draws, pool=15)
     if device == "cuda":
         torch.cuda.synchronize()
     return s, time.perf_counter() - t0
@@ -54,15 +54,15 @@ def flat(rows):
 out = {}
 small = int(sys.argv[1])
 for obj in ("arc", "mdc"):
-    cpu, t_cpu = run(obj, "cpu", small, 2, small)
-    gpu, t_gpu = run(obj, "cuda", small, 2, small)
+    cpu, t_cpu = run(obj, "cpu", small, 2)
+    gpu, t_gpu = run(obj, "cuda", small, 2)
     for m in ("gradient", "pmi"):
         a, b = flat(getattr(cpu, m)), flat(getattr(gpu, m))
         same = a.shape == b.shape
         out[f"{obj}/{m}"] = {"n": len(a), "same_positions": same,
                              "max_rel_diff": float(((a - b).abs() / a.abs().clamp(min=1e-3)).max()) if same else None}
     out[f"{obj}/seconds_small"] = {"cpu": round(t_cpu, 2), "cuda": round(t_gpu, 2)}
-    _, t_big = run(obj, "cuda", 1024, 8, 1024)
+    _, t_big = run(obj, "cuda", 1024, 8)
     out[f"{obj}/seconds_1024_captions_8_draws_cuda"] = round(t_big, 2)
     print(obj, out, flush=True)
 out["device"] = torch.cuda.get_device_name(0)
