@@ -149,7 +149,25 @@ def build_app(models: Mapping[str, tuple[torch.nn.Module, RunConfig]], *, root: 
                 _score_tab(ui)
         _api_only(ui)
         _wire_events(ui)
+    for block in demo.blocks.values():
+        if isinstance(block, gr.components.Component):
+            block.preprocess = _quietly(block.preprocess)
     return demo
+
+
+def _quietly(preprocess: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A component's `preprocess` whose refusals (gradio's own checks: a slider value out of range, a run not in
+    the menu) keep their one-line message but leave no traceback in the server log, as the app's own do
+    (:func:`~mdc_app.runs.refuse`). Set on the instance, as in :func:`_uploads_only`."""
+    def checked(payload: Any) -> Any:
+        try:
+            return preprocess(payload)
+        except gr.Error as err:
+            if not err.print_exception:
+                raise
+            raise refuse(err.message) from None
+
+    return checked
 
 
 def _register_models(models: Mapping[str, tuple[Any, ...]], root: str | Path | None,

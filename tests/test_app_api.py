@@ -196,4 +196,8 @@ def test_every_image_entry_point_opens_images_as_the_upload_box(served, capfd):
     client.predict(path=handle_file(str(tmp / "deep.json")), api_name="/replay")  # a 16-bit image is fine
     assert np.array_equal(np.asarray(record_image({"image_png": base64.b64encode(_png(deep)).decode()})),
                           np.asarray(gray.convert("RGB")))  # and scaled, not saturated
+    for call, message in (({"scene": 3, "temperature": 5.0}, "greater than maximum value 2.0"),  # gradio's checks
+                          ({"scene": 3, "run": "nope"}, "not in the list of choices")):
+        with pytest.raises(Exception, match=message):  # noqa: PT011
+            client.predict(api_name="/caption_json", **call)
     assert "Traceback" not in capfd.readouterr().err  # no rejected call printed one in the server's log
