@@ -3,9 +3,9 @@
 Lesson 00 section 9, notebook 03, the exercise messages, docs/notebooks.md, docs/results.md and README state the
 central claim's verdicts; every one of them takes them from the file written after ``make central-claim``
 (:func:`write_results`, from the plan's ``summary.json``), or, before that run, says the measure is declared and
-not yet run. A passage that cites the file (names ``central_claim.json``) may quote only numbers the file holds
-(its declared constants or its measured values): :func:`check_quotes` finds the others, and
-``tests/test_central_story.py`` runs it on every such text.
+not yet run. A passage that cites a results file (names ``central_claim.json`` or ``results.md``) may quote only
+numbers that file holds: :func:`check_quotes` finds the others, and ``tests/test_central_story.py`` runs it on every
+such text.
 
     python -m mdc_core.workbench.central_story papermill_runs/cpu_central_claim/summary.json
 """
@@ -25,7 +25,7 @@ RESULTS = Path(__file__).resolve().parents[2] / "docs" / "central_claim.json"
 CLAIM_KEYS = ("central_claim", "central_claim_arc", "central_claim_flat", "feature_order")  # with a verdict
 # what docs/evidence.md declared before the run (a text may quote these as well as the measured values)
 DECLARED = {"flat_share": FLAT_SHARE, "feature_effect": FEATURE_EFFECT, "steps": 1600, "seeds": 3,
-            "captions": 512, "link_share": 0.8, "bins": 5, "pool": 16}
+            "captions": 512, "link_share": 0.8, "link_percent": 80, "bins": 5, "pool": 16}
 NOT_RUN = ("declared in docs/evidence.md and not yet run (`make central-claim`); no verdict exists, so none is "
            "quoted")
 _NUMBER = re.compile(r"(?<![\w.])[-+−]?\d+(?:\.\d+)?")
@@ -96,23 +96,40 @@ def allowed_numbers(results: dict[str, Any]) -> set[float]:
     return values
 
 
-def check_quotes(text: str, results: dict[str, Any]) -> list[str]:
-    """Numbers in the paragraphs of `text` that cite ``central_claim.json`` and that the results file does not hold
-    (a quote matches a value when it equals it at the digits quoted). Section numbers and years are not quotes:
-    integers below 10 and 4-digit years are skipped."""
-    allowed = allowed_numbers(results)
+def numbers_in(text: str) -> set[float]:
+    """Every number written in `text` (what a text citing it may quote)."""
+    return {float(m.group().replace("−", "-")) for m in _NUMBER.finditer(text)}
+
+
+def sources(root: Path = RESULTS.parents[1], results: dict[str, Any] | None = None) -> dict[str, set[float]]:
+    """The results files a text may cite, each with the numbers it holds: ``central_claim.json`` (declared constants
+    and measured values) and ``docs/results.md`` (every number written there)."""
+    results = load_results(root / "docs" / "central_claim.json") if results is None else results
+    return {"central_claim.json": allowed_numbers(results), "results.md": numbers_in((root / "docs" /
+                                                                                       "results.md").read_text())}
+
+
+def check_quotes(text: str, cited: dict[str, set[float]]) -> list[str]:
+    """Numbers in the paragraphs of `text` that cite one of `cited`'s files (name a key) and that none of the cited
+    files holds (a quote matches a value when it equals it at the digits quoted). Integers below 10 and years are
+    not quotes (section numbers, counts of seeds)."""
     wrong = []
-    for paragraph in re.split(r"\n\s*\n", text):
-        if "central_claim.json" not in paragraph:
+    for paragraph in re.split(r"\n\s*\n|\n(?=\s*- )", text):  # paragraphs and list items
+        names = [k for k in cited if k in paragraph]
+        if not names:
             continue
-        for match in _NUMBER.finditer(paragraph.replace("central_claim.json", "")):
+        allowed = set().union(*(cited[k] for k in names))
+        body = paragraph
+        for k in names:
+            body = body.replace(k, "")
+        for match in _NUMBER.finditer(body):
             quoted = match.group().replace("−", "-")
             digits = len(quoted.partition(".")[2])
             value = float(quoted)
             if digits == 0 and (abs(value) < 10 or 1900 < value < 2100):
                 continue
             if not any(abs(value - a) <= 0.5 * 10 ** -digits + 1e-12 for a in allowed):
-                wrong.append(f"{quoted} (in: {paragraph.strip()[:80]}...)")
+                wrong.append(f"{quoted} (citing {', '.join(names)}: {paragraph.strip()[:80]}...)")
     return wrong
 
 
