@@ -81,3 +81,18 @@ def test_the_results_file_is_written_from_a_plan_summary(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"status": "guessed"}))
     with pytest.raises(ValueError, match="status must be"):
         load_results(tmp_path / "bad.json")
+
+
+def test_the_exercise_message_states_the_results_files_verdicts(tmp_path, monkeypatch):
+    from mdc_core.workbench import central_story
+    from mdc_core.workbench import exercises as ex
+
+    assert "declared in docs/evidence.md and not yet run" in ex.check("00.arc_signal", "b").message
+    measured = {"status": "measured", "declared": DECLARED, "claims": {"central_claim": {
+        "verdict_text": "holds over 3 seeds", "parts": [{"column": "c", "better": "ARC", "worse": "MDC",
+                                                         "mean": -0.6, "low": -1.2, "high": -0.1}]}}}
+    (tmp_path / "r.json").write_text(json.dumps(measured))
+    monkeypatch.setattr(central_story, "RESULTS", tmp_path / "r.json")
+    message = ex.check("00.arc_signal", "b").message
+    assert "central_claim: holds over 3 seeds (c (ARC vs MDC): -0.60 [-1.20, -0.10])" in message
+    assert "not yet run" not in message

@@ -171,6 +171,19 @@ ARC_SIGNAL = {
 }
 
 
+def central_claim_status() -> str:
+    """The central claim's verdicts in one sentence, from docs/central_claim.json (the one results file every text
+    about it cites; mdc_core.workbench.central_story)."""
+    from mdc_core.workbench.central_story import RESULTS, load_results, verdict_lines
+
+    try:
+        results = load_results(RESULTS)
+    except FileNotFoundError:  # an installed package without the checkout's docs/
+        return "see docs/central_claim.json in the workbench's checkout"
+    lines = [line.removeprefix("- ").replace("**", "").replace("`", "") for line in verdict_lines(results)]
+    return " ".join(lines) + " (docs/central_claim.json)"
+
+
 @exercise("00.arc_signal")
 def _arc_signal(answer: Any) -> Verdict:
     return choice(answer, "b", ARC_SIGNAL,
@@ -178,8 +191,7 @@ def _arc_signal(answer: Any) -> Verdict:
                   "true words c_<i; late in a caption they leave little to guess, so the gradient reaching the image "
                   "encoder through those tokens shrinks. MDC masks a random fraction t of the whole caption, so "
                   "every position is sometimes predicted with little context: a position-independent signal. It is "
-                  "an argument about web captions; notebook 03 measures it on this workbench's short synthetic "
-                  "captions, where ARC's reliance on the image has not been found to fall (docs/results.md)",
+                  "an argument about web captions; what this workbench measured of it: " + central_claim_status(),
                   hint="think again about what the decoder can see")
 
 
