@@ -114,7 +114,7 @@ def check_quotes(text: str, cited: dict[str, set[float]]) -> list[str]:
     files holds (a quote matches a value when it equals it at the digits quoted). Integers below 10 and years are
     not quotes (section numbers, counts of seeds)."""
     wrong = []
-    for paragraph in re.split(r"\n\s*>?\s*\n|\n(?=\s*- )", text):  # paragraphs, quoted ones and list items
+    for paragraph in re.split(r"\n\s*>?\s*\n|\n(?=\s*- |\|)", text):  # paragraphs, quotes, list items, table rows
         names = [k for k in cited if k in paragraph]
         if not names:
             continue
