@@ -241,8 +241,9 @@ def exact_elbo(model: Any, image_tokens: Any, tokens: Any, batch_size: int = 512
     from mdc_core.tokenizer import MASK_ID
 
     n = tokens.shape[1] - 2
+    tokens = tokens.to(image_tokens.device)
     every = torch.tensor(list(itertools.product([False, True], repeat=n))[1:])  # (2^n - 1, n)
-    masks = torch.zeros(len(every), tokens.shape[1], dtype=torch.bool)
+    masks = torch.zeros(len(every), tokens.shape[1], dtype=torch.bool, device=tokens.device)
     masks[:, 1:-1] = every
     rows = model.output_index[tokens[0]].clamp(min=0)  # (L,) head rows of the true tokens (<sot> has none)
     sums = []
@@ -301,12 +302,13 @@ class MaskCountModel:
             raise ValueError(f"this stand-in model knows one caption of {self.words} words; got {tokens.shape[1]} "
                              "positions")
         counts = (tokens[:, 1:-1] == MASK_ID).sum(dim=1).tolist()  # (B,) masked words per row
-        target = torch.tensor([self._logp(c, self.words) for c in counts], dtype=torch.float32)  # (B,)
+        target = torch.tensor([self._logp(c, self.words) for c in counts], device=tokens.device)  # (B,)
         others = len(self._model.output_ids) - 1
         logit = target + math.log(others) - torch.log1p(-target.exp())  # log p = logit - log(e^logit + others)
-        logits = torch.zeros(*tokens.shape, others + 1)  # (B, L, V_out)
-        rows = self._model.output_index[self.tokens[0]].clamp(min=0)  # (L,)
-        logits[:, torch.arange(tokens.shape[1]), rows] = logit[:, None]
+        logits = torch.zeros(*tokens.shape, others + 1, device=tokens.device)  # (B, L, V_out)
+        index = self._model.output_index  # token id -> head row
+        rows = index[self.tokens[0].to(index.device)].clamp(min=0).to(tokens.device)
+        logits[:, torch.arange(tokens.shape[1], device=tokens.device), rows] = logit[:, None]  # rows: (L,)
         return logits if select is None else logits[select]
 
     def __getattr__(self, name: str) -> Any:
