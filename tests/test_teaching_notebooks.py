@@ -56,7 +56,9 @@ def test_the_lesson_is_thin_and_committed_without_outputs() -> None:
         assert not any(isinstance(node, ast.ClassDef) for node in ast.walk(tree)) and "nn.Module" not in cell.source
     for line in code[1].source.strip().splitlines():
         assert re.fullmatch(r"\w+: (int|float|str|bool|list|dict) = .+  # .+", line), line
-    assert {"output_dir", "data_dir", "models_dir", "n_train", "steps", "overrides"} <= set(notebook_parameters(LESSON))
+    assert {"output_dir", "data_dir", "models_dir", "n_train", "steps", "overrides", "train_tiny"} <= set(
+        notebook_parameters(LESSON))
+    assert notebook_parameters(LESSON)["train_tiny"]["default"] == "True"  # the lesson trains its tiny model by default
     text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     for equation in ("Eq. 2", "Eq. 5", "Eq. 6", "Eq. 7", "Eq. 8"):  # each equation of the method has its section
         assert equation in text
@@ -108,6 +110,26 @@ def test_the_lesson_runs_with_its_defaults_at_reduced_size_and_every_check_passe
     assert shown.count("the hidden solution passes this check") == 3
 
 
+def test_the_lesson_opens_the_shipped_model_instead_of_training_when_asked(tmp_path: Path) -> None:
+    """train_tiny = False (a room of laptops): nothing is trained, the shipped captioner stands in for the tiny
+    model, and every later cell (the equations, the exercises' solutions, the metrics) runs with it."""
+    import papermill
+
+    out = tmp_path / "out"
+    params = {"output_dir": str(out), "data_dir": str(tmp_path / "data"), "models_dir": str(tmp_path / "models"),
+              "n_train": 200, "steps": 60, "overrides": MICRO_64, "train_tiny": False}
+    executed = tmp_path / "00.ipynb"
+    papermill.execute_notebook(str(LESSON), str(executed), parameters=params, kernel_name=ensure_kernel(),
+                               progress_bar=False, cwd=str(tmp_path), execution_timeout=600)
+    assert not any((tmp_path / "models").glob("*")), "a model was trained although train_tiny is False"
+    shown = "\n".join(str(o.get("data", {}).get("text/markdown", "")) + o.get("text", "")
+                      for c in nbformat.read(str(executed), as_version=4).cells for o in c.get("outputs", []))
+    assert "using the captioner shipped with the repository" in shown and "shipped model (train_tiny = False)" in shown
+    assert shown.count("the hidden solution passes this check") == 3
+    metrics = json.loads((out / "metrics.json").read_text())["metrics"]
+    assert metrics["tiny_first_loss"] is None and metrics["tiny_steps"] == 0 and metrics["eq8_exact"] < 0
+
+
 @pytest.mark.parametrize("name", ["04_compositionality", "05_captioning"])
 def test_scorers_and_captioning_open_on_the_shipped_model_when_nothing_is_trained(name: str, tmp_path: Path) -> None:
     """With their own data defaults (the shipped model's scenes) and an empty model cache, 04 and 05 take the shipped
@@ -128,3 +150,31 @@ def test_scorers_and_captioning_open_on_the_shipped_model_when_nothing_is_traine
     assert "using the captioner shipped with the repository" in shown and "MDC is the shipped captioner" in shown
     assert not any((tmp_path / "models").glob("mdc-*")), "MDC was trained although the shipped model fits"
     assert json.loads((out / "metrics.json").read_text())["notebook"] == name
+
+
+def _section(nb, heading: str) -> str:
+    """The markdown of the lesson's section that starts with `heading`, up to the next section."""
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    start = text.index(heading)
+    return text[start:text.index("\n## ", start + 1)]
+
+
+def test_section_8_keeps_the_training_objective_apart_from_the_bound_it_scores_with() -> None:
+    """The objective trained with t ~ U[0.5, 1] is a truncated, reweighted one, not the ELBO (issue 54: section 8
+    called it "a bound on the log-likelihood"); Eq. 8 scoring uses mask ratios below 0.5 that training hardly shows,
+    with the section's figures recomputed here (8 words: Eq. 8 masks fewer than half in 3 draws of 8, training in
+    about 8% of its captions, a single word in 0.4%)."""
+    import math
+
+    section = _section(nbformat.read(str(LESSON), as_version=4), "## 8.")
+    assert "the training objective is a bound" not in section
+    assert "truncated" in section and "reweighted" in section and "not the ELBO" in section
+    assert "mask ratios" in section and "fewer than half" in section
+
+    def training_share(counts, n=8, steps=20000):  # P(masked words in counts) for t ~ U[0.5, 1], Bernoulli(t) each
+        ts = [0.5 + 0.5 * (i + 0.5) / steps for i in range(steps)]
+        return sum(math.comb(n, k) * t ** k * (1 - t) ** (n - k) for t in ts for k in counts) / steps
+
+    assert f"about {round(100 * training_share(range(4)))}% of its captions" in section  # 0-3 of 8 masked
+    assert f"a single word in {100 * training_share([1]):.1f}%" in section
+    assert "3 draws in 8 mask fewer than half" in section and sum(1 for n in range(1, 9) if n / 8 < 0.5) == 3
