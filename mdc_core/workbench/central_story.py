@@ -138,14 +138,12 @@ def citing_texts(root: Path) -> Iterable[tuple[str, str]]:
     notebooks 00 and 03 (their markdown), and the exercise messages."""
     import nbformat
 
-    from mdc_core.workbench import exercises
-
     for rel in ("README.md", "docs/results.md", "docs/notebooks.md", "docs/evidence.md"):
         yield rel, (root / rel).read_text()
     for rel in ("notebooks/00_masked_diffusion_captioning.ipynb", "notebooks/03_linear_probing.ipynb"):
         nb = nbformat.read(root / rel, as_version=4)
         yield rel, "\n\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
-    yield "mdc_core/workbench/exercises.py", Path(exercises.__file__).read_text()
+    yield "mdc_core/workbench/exercises.py", (root / "mdc_core" / "workbench" / "exercises.py").read_text()
 
 
 def main(argv: list[str] | None = None) -> int:
