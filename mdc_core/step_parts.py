@@ -1,4 +1,4 @@
-"""The parts the training step is made of (the step itself is ``_Trainer._accumulate`` in :mod:`mdc_core.train`),
+"""The parts the training step is made of (the step itself is ``_Trainer.step`` in :mod:`mdc_core.train`),
 each built so that the step never waits on the device: host-side batches, the loss step, fused AdamW, a sync-free
 EMA, lazy non-finite checks, compilation.
 
@@ -53,6 +53,25 @@ class DeviceStep:
     grad_norm: torch.Tensor  # global gradient norm before clipping
 
 
+class StepSums:
+    """A step's device values summed over its micro-batches as they come, nothing read: the loss x its loss terms,
+    and the mean of every other metric; :meth:`done` makes the :class:`DeviceStep`."""
+
+    def __init__(self, device: torch.device, micro_batches: int) -> None:
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        self.means: dict[str, torch.Tensor] = {}
+        self.micro_batches = micro_batches
+
+    def add(self, loss: torch.Tensor, metrics: dict[str, torch.Tensor], terms: int) -> None:
+        self.loss_sum += loss.detach().double() * terms
+        for k, v in metrics.items():
+            if k != "loss":
+                self.means[k] = self.means.get(k, 0) + v.detach().double() / self.micro_batches
+
+    def done(self, denom: float | torch.Tensor, grad_norm: torch.Tensor, world: int) -> DeviceStep:
+        return DeviceStep(self.loss_sum, denom, {k: v / world for k, v in sorted(self.means.items())}, grad_norm)
+
+
 def global_terms(ctx: dist.DistContext, terms: int) -> float | torch.Tensor:
     """A step's loss terms summed over ranks, at least 1: a number in one process; under torchrun a device scalar,
     all-reduced without the host waiting for it."""
@@ -103,10 +122,10 @@ def ema_update(ema: AveragedModel, model: torch.nn.Module, decay: float) -> None
 
 class StepClock:
     """The phases of the trainer's step, as the trainer marks them (``with clock.phase("read"): ...``). This clock
-    does nothing, which is how the trainer runs; ``mdc bench step`` (:class:`mdc_core.bench.step_phases.PhaseClock`)
-    passes one that times each phase, waiting for the device at every boundary, and counts host synchronisations.
+    does nothing, which is how the trainer runs; ``mdc bench step`` passes one that times each phase, waiting for
+    the device at every boundary, and counts host synchronisations.
 
-    A step is the phases from one ``read`` to the next: ``read`` (take the micro-batches, tokenize, copy the images),
+    A step is the phases from one ``read`` to the next: ``read`` (take the micro-batches with their tokens),
     ``prepare`` (masking seeds, :func:`~mdc_core.objectives.prepare_batch`, loss denominators, the copy of the
     prepared batch), ``forward_backward``, ``clip_optimizer`` (gradient clipping, AdamW, zero_grad, schedule),
     ``ema``, ``metrics_logging`` (the step's device values, the non-finite watch, the logging step's read and
@@ -148,32 +167,59 @@ class NonFiniteWatch:
         return f"loss became {float(self.loss)} (grad norm {float(self.grad_norm)}) at step {int(self.first_step)}"
 
 
+@dataclass
+class ReadyBatch:
+    """One micro-batch prepared on the host (:meth:`LossStep.prepare`) and on its way to the device."""
+
+    tokens: torch.Tensor  # (B, L') on the device: the captions as the loss takes them
+    prepared: PreparedBatch | None  # on the device; None for an objective that draws its noise in its own loss
+    seed: int  # the micro-batch's masking seed
+    gen_state: torch.Tensor | None  # the host generator after the preparation's draws (the loss's draws follow)
+    terms: int  # what its loss is divided by (ObjectiveSpec.loss_denominator), counted on the host from these masks
+
+
 class HostBatches:
     """Prepares each micro-batch on the host and copies it to the device without blocking.
 
-    Calling it with CPU tokens (B, L) and the micro-batch's seed gives (tokens, prepared batch) on the device:
-    :func:`~mdc_core.objectives.prepare_batch` with a CPU generator seeded by `seed` and CPU copies of the model's
-    id tables (made once); the prepared batch is None for an objective that draws its noise on the device itself.
-    :attr:`device_gen`, seeded alike, serves the draws a loss makes on the device (a condition transform's).
+    Calling it with CPU tokens (B, L) and the micro-batch's seed gives a :class:`ReadyBatch`:
+    :func:`~mdc_core.objectives.prepare_batch` with a CPU generator seeded by `seed` (the masks are drawn there,
+    once) and CPU copies of the model's id tables (made once), and the batch's loss terms counted on the host
+    before the copy (a per-masked-token objective's from those masks); nothing prepared for an objective that draws
+    its noise on the device itself. :meth:`generator` gives the draws a loss makes on the device (a condition
+    transform's): on the CPU the host generator where that batch's preparation left it, on an accelerator a device
+    generator seeded alike.
     """
 
     def __init__(self, model: torch.nn.Module, cfg: ObjectiveConfig, device: torch.device, static: str = "off",
                  length_bucket: int = 8) -> None:
-        self.cfg, self.device, self.prepared = cfg, device, objective_spec(cfg.name).prepared
+        self.cfg, self.device, self.spec = cfg, device, objective_spec(cfg.name)
+        self.prepared = self.spec.prepared
         self.shapes = {"static": static, "length_bucket": length_bucket}
         self.tables = {k: None if v is None else v.detach().to("cpu", copy=True) for k, v in id_tables(model).items()}
         self.gen = torch.Generator()
         self.device_gen = self.gen if device.type == "cpu" else torch.Generator(device=device)
 
-    def __call__(self, tokens: torch.Tensor, seed: int) -> tuple[torch.Tensor, PreparedBatch | None]:
+    def __call__(self, tokens: torch.Tensor, seed: int) -> ReadyBatch:
         self.gen.manual_seed(seed)
-        if self.device_gen is not self.gen:
-            self.device_gen.manual_seed(seed)
         if not self.prepared:
-            return tokens.to(self.device, non_blocking=True), None
+            return ReadyBatch(tokens.to(self.device, non_blocking=True), None, seed, self._state(),
+                              self.spec.loss_denominator(tokens, self.cfg.normalization))
         prepared = prepare_batch(tokens, self.cfg, self.gen, **self.tables, **self.shapes)
+        mask = prepared.loss_mask if self.spec.per_masked_token else None  # these draws: counted once, here
+        terms = self.spec.loss_denominator(tokens, self.cfg.normalization, mask=mask)
         prepared = prepared.to(self.device, non_blocking=True)
-        return prepared.tokens, prepared
+        return ReadyBatch(prepared.tokens, prepared, seed, self._state(), terms)
+
+    def _state(self) -> torch.Tensor | None:
+        return self.gen.get_state() if self.device_gen is self.gen else None
+
+    def generator(self, batch: ReadyBatch) -> torch.Generator:
+        """The generator of the draws `batch`'s loss makes on the device, set where its preparation left off."""
+        if batch.gen_state is not None:
+            self.gen.set_state(batch.gen_state)
+        else:
+            self.device_gen.manual_seed(batch.seed)
+        return self.device_gen
 
 
 class Objective(torch.nn.Module):
@@ -204,10 +250,11 @@ def uses_cudagraphs(mode: str | None, device: torch.device) -> bool:
 class LossStep:
     """Forward and loss of one micro-batch exactly as the trainer runs it (``mdc bench`` times the same object).
 
-    ``step(images, tokens, seed)`` prepares the CPU `tokens` (B, L) on the host (:class:`HostBatches`, with the
-    run's static shapes), runs :class:`Objective` under bf16 autocast when `bf16`, and returns (loss, metrics) on
-    the device; the caller runs the backward. With a compile mode (``train.compile``, "auto" resolved for the
-    device by :meth:`~mdc_core.config.TrainConfig.compile_mode`) the :class:`Objective` is compiled in place
+    ``step(images, tokens, seed)`` is :meth:`prepare` (the CPU `tokens` (B, L) on the host: :class:`HostBatches`,
+    with the run's static shapes) then :meth:`forward` (:class:`Objective` under bf16 autocast when `bf16`), and
+    returns (loss, metrics) on the device; the caller runs the backward. With a compile mode (``train.compile``,
+    "auto" resolved for the device by :meth:`~mdc_core.config.TrainConfig.compile_mode`) the :class:`Objective` is
+    compiled in place
     (``dynamic=False`` with static shapes: one graph per shape, never a dynamic one), and with CUDA graphs each
     call marks a new step for cudagraph trees (the loss and metrics of the last call stay readable until the next).
     `module` is what the trainer wraps in DistributedDataParallel. `backend`: torch.compile's (tests use
@@ -242,19 +289,20 @@ class LossStep:
 
     def __call__(self, images: torch.Tensor, tokens: torch.Tensor, seed: int
                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return self.forward(images, *self.prepare(tokens, seed))
+        return self.forward(images, self.prepare(tokens, seed))
 
-    def prepare(self, tokens: torch.Tensor, seed: int) -> tuple[torch.Tensor, PreparedBatch | None]:
+    def prepare(self, tokens: torch.Tensor, seed: int) -> ReadyBatch:
         """The host part: CPU `tokens` (B, L) prepared with masking seed `seed` and copied to the device."""
         return self.batches(tokens, seed)
 
-    def forward(self, images: torch.Tensor, tokens: torch.Tensor, prepared: PreparedBatch | None
-                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """(loss, metrics) of a batch :meth:`prepare` just prepared (its generators are where it left them)."""
+    def forward(self, images: torch.Tensor, batch: ReadyBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(loss, metrics) of images (B, 3, H, W) and a batch :meth:`prepare` made."""
+        prepared = batch.prepared
         if self.terms_dynamic and prepared is not None:  # one graph for all of padded's term counts
             for x in (prepared.index, prepared.owner, prepared.targets, prepared.valid):
                 torch._dynamo.mark_dynamic(x, 0)
         if self.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
+        generator = self.batches.generator(batch)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            return self.module(images.to(self.device, non_blocking=True), tokens, self.batches.device_gen, prepared)
+            return self.module(images.to(self.device, non_blocking=True), batch.tokens, generator, prepared)

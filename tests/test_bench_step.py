@@ -30,7 +30,10 @@ def test_the_phases_add_up_to_the_step_and_the_host_never_waits_between_logging_
     report = measure_step_phases("tiny", OVERRIDES, steps=8, warmup=1, data=data, sync_steps=4)
     assert set(report["phases_ms"]) == {"read", "prepare", "forward_backward", "clip_optimizer", "ema",
                                         "metrics_logging"}
-    assert abs(report["coverage"] - 1.0) <= 0.1, report  # the phases are the step, within 10%
+    # the phases are the step, within 10%: in the training thread's CPU time, which other processes on a shared
+    # machine cannot stretch (a wall-clock wait can land between two phases); the wall clock roughly agrees
+    assert abs(report["cpu_coverage"] - 1.0) <= 0.1, report
+    assert 0.3 < report["coverage"] <= 1.0 + 1e-9, report
     assert report["fixed_ms"] == pytest.approx(report["step_ms"] - report["model_ms"], rel=0.5, abs=5.0)
     assert report["syncs_per_step"]["between_log_steps"] == 0, report["sync_calls"]
     assert report["syncs_per_step"]["log_steps"] > 0  # a logging step reads the loss: the counter sees reads
@@ -61,6 +64,14 @@ def test_work_outside_the_phases_shows_as_missing_coverage():
         time.sleep(0.2)  # unmarked work: part of the step, in no phase
     summary = summarize(clock, [0, 1])
     assert summary["coverage"] < 0.5 and summary["fixed_ms"] > summary["phases_ms"]["read"]
+    clock = PhaseClock(torch.device("cpu"))
+    for _ in range(3):
+        with clock.phase("read"):
+            sum(range(20_000))
+        with clock.phase("prepare"):
+            sum(range(20_000))
+        sum(range(400_000))  # unmarked host work: CPU time in no phase
+    assert summarize(clock, [0, 1])["cpu_coverage"] < 0.5
     with pytest.raises(ValueError, match="no step to summarise"):
         summarize(clock, [])
 

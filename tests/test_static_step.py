@@ -162,7 +162,7 @@ def test_fifty_compiled_steps_never_recompile(data, objective, static):
         for i in range(50):
             batch = tok.tokenize_batch(captions(100 + i, low=2 + i % 5, high=12 - i % 3))[0]
             widths.add(int((batch != 0).sum(dim=1).max()))
-            terms.add(len(step.batches(batch, i)[1].index))  # the step's own draw (the same seed)
+            terms.add(len(step.batches(batch, i).prepared.index))  # the step's own draw (the same seed)
             loss, _ = step(torch.randn(len(batch), 3, 32, 32), batch, seed=i)
             loss.backward()
             model.zero_grad(set_to_none=True)

@@ -7,7 +7,8 @@ its own work. :func:`measure_step_phases` trains a preset for a few dozen steps 
 exactly as ``mdc train`` does, with that clock, and reports per phase the median milliseconds of the steps that
 neither log nor checkpoint. A step is the time from one ``read`` to the next, so the phases add up to it up to the
 few lines between them (``coverage``). The model's compute is forward_backward + clip_optimizer + ema; the rest of
-the step is its fixed cost (``fixed_ms``).
+the step is its fixed cost (``fixed_ms``). Each phase's CPU time on the training thread is reported beside its wall
+time: on a shared machine it is the steadier measure of the host's own work.
 
 A second, short run counts host synchronisations per step (:class:`SyncCounter`: every call that would make the
 host wait for a CUDA device, on the CPU path too; on CUDA also ``torch.cuda.set_sync_debug_mode``'s warnings).
@@ -138,7 +139,10 @@ class PhaseClock(StepClock):
     def __init__(self, device: torch.device | str, count_syncs: bool = False) -> None:
         self.device, self.count_syncs = torch.device(device), count_syncs
         self.steps: list[dict[str, float]] = []  # per step: phase -> seconds
+        self.cpu: list[dict[str, float]] = []  # per step: phase -> CPU seconds of this thread (the host's own work)
         self.starts: list[float] = []  # perf_counter at the start of each step
+        self.cpu_starts: list[float] = []  # thread_time at the start of each step
+        self.cpu_end = 0.0
         self.end = 0.0  # the end of the last phase
         self.syncs: list[list[str]] = []  # per step: the calls that would synchronise
         self.modules: list[torch.nn.Module] = []
@@ -153,7 +157,9 @@ class PhaseClock(StepClock):
     def _next_step(self) -> None:
         self._stop_counting()
         self.steps.append({})
+        self.cpu.append({})
         self.starts.append(time.perf_counter())
+        self.cpu_starts.append(time.thread_time())
         if self.count_syncs:
             self.syncs.append([])
             self._counter = SyncCounter(self.device, [b for m in self.modules for b in m.buffers()],
@@ -182,7 +188,7 @@ class PhaseClock(StepClock):
             self._next_step()
         if self._counter is not None:
             self._counter.paused = name == "read"
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         try:
             yield
         finally:
@@ -190,8 +196,10 @@ class PhaseClock(StepClock):
                 self._counter.paused = False
             if not self.count_syncs:
                 sync(self.device)
+            self.cpu_end = time.thread_time()  # before the wall clock: a wait inside this call stays in the phase
             self.end = time.perf_counter()
             self.steps[-1][name] = self.steps[-1].get(name, 0.0) + self.end - start
+            self.cpu[-1][name] = self.cpu[-1].get(name, 0.0) + self.cpu_end - cpu
             self._last = name
 
     def close(self) -> None:
@@ -207,20 +215,30 @@ class PhaseClock(StepClock):
         """Each step's wall time: from its start to the next step's (the last: to the end of its last phase)."""
         return [b - a for a, b in zip(self.starts, [*self.starts[1:], self.end], strict=True)]
 
+    def cpu_walls(self) -> list[float]:
+        """Each step's CPU time on the training thread, from its start to the next step's."""
+        return [b - a for a, b in zip(self.cpu_starts, [*self.cpu_starts[1:], self.cpu_end], strict=True)]
+
 
 def summarize(clock: PhaseClock, plain: list[int]) -> dict[str, Any]:
     """The phase breakdown of steps `plain` (indices into the clock's steps): the median ms of each phase and of
-    the step, the sum of the phases over the step (``coverage``: 1.0 when the phases cover the step), the model's
-    compute and the fixed cost (medians of the per-step figures)."""
+    the step, the sum of the phases over the step (``coverage``: 1.0 when the phases cover the step; ``cpu_coverage``
+    the same in the training thread's CPU time, which a loaded machine does not disturb), the model's
+    compute and the fixed cost (medians of the per-step figures). ``phases_cpu_ms``: the CPU time of the training
+    thread in each phase (median), the host's own work, which other processes on the machine slow much less than
+    the wall time (torch's other intra-op threads are not in it)."""
     if not plain:
         raise ValueError("no step to summarise: give more timed steps than warm-up, logging and checkpoint steps")
     walls = clock.walls()
     names = [p for p in StepClock.PHASES if any(p in clock.steps[i] for i in plain)]
     ms = {p: 1e3 * statistics.median(clock.steps[i].get(p, 0.0) for i in plain) for p in names}
+    cpu_ms = {p: 1e3 * statistics.median(clock.cpu[i].get(p, 0.0) for i in plain) for p in names}
     model = [sum(clock.steps[i].get(p, 0.0) for p in MODEL_PHASES) for i in plain]
     covered = sum(sum(clock.steps[i].values()) for i in plain)
-    return {"phases_ms": ms, "step_ms": 1e3 * statistics.median(walls[i] for i in plain),
+    cpu_covered, cpu_walls = sum(sum(clock.cpu[i].values()) for i in plain), clock.cpu_walls()
+    return {"phases_ms": ms, "phases_cpu_ms": cpu_ms, "step_ms": 1e3 * statistics.median(walls[i] for i in plain),
             "phase_sum_ms": sum(ms.values()), "coverage": covered / sum(walls[i] for i in plain),
+            "cpu_coverage": cpu_covered / max(sum(cpu_walls[i] for i in plain), 1e-9),
             "model_ms": 1e3 * statistics.median(model),
             "fixed_ms": 1e3 * statistics.median(walls[i] - m for i, m in zip(plain, model, strict=True)),
             "steps": len(plain)}
@@ -289,9 +307,10 @@ def format_phases(report: dict[str, Any]) -> str:
     step = report["step_ms"]
     rows = [f"step phases: {report['preset']} {' '.join(report['overrides'])} on {report['device']}, batch "
             f"{report['batch']} x {report['grad_accum']}, {report['threads']} threads; medians of {report['steps']} "
-            "steps that neither log nor checkpoint", "", f"{'phase':<18}{'ms/step':>10}{'share':>8}"]
+            "steps that neither log nor checkpoint", "",
+            f"{'phase':<18}{'ms/step':>10}{'share':>8}{'thread CPU ms':>15}"]
     for name, ms in report["phases_ms"].items():
-        rows.append(f"{name:<18}{ms:>10.2f}{ms / step:>8.1%}")
+        rows.append(f"{name:<18}{ms:>10.2f}{ms / step:>8.1%}{report['phases_cpu_ms'][name]:>15.2f}")
     syncs = report["syncs_per_step"]
     rows += [f"{'sum of phases':<18}{report['phase_sum_ms']:>10.2f}{report['phase_sum_ms'] / step:>8.1%}",
              f"{'step (wall)':<18}{step:>10.2f}", "",

@@ -55,6 +55,7 @@ from mdc_core.data.transforms import (
     open_image,
     read_image_file,
 )
+from mdc_core.tokenizer import CaptionTokenizer
 
 SKIP_REASONS = ("bad_shard", "missing_image", "bad_image", "too_large", "missing_caption",
                 "bad_caption_encoding", "empty_caption")
@@ -209,7 +210,7 @@ def _is_synthetic(source: Source) -> bool:
 
 def build_loader(cfg: DataConfig, *, split: str | None = "train", image_size: int, batch_size: int, seed: int = 0,
                  epoch: int = 0, skip_batches: int = 0, shuffle: bool = True, drop_last: bool = True,
-                 rank: int = 0, world: int = 1) -> Iterable[dict[str, Any]]:
+                 rank: int = 0, world: int = 1, context_length: int = 0) -> Iterable[dict[str, Any]]:
     """One epoch of batches from ``cfg.path`` (``path/split`` when that folder exists; see :mod:`.sources`).
 
     Each batch is a dict: ``image`` float (B, 3, image_size, image_size) normalised with the OpenAI CLIP
@@ -221,7 +222,10 @@ def build_loader(cfg: DataConfig, *, split: str | None = "train", image_size: in
     gives random resized crops, except for the val/test/compgen splits. Iterating the result again repeats the
     same epoch. `rank` of `world` (torchrun) reads only its share of the shards/rows (module docstring);
     `skip_batches` counts this rank's batches. ``cfg.in_memory`` serves the same samples from memory, decoded once
-    per process (:class:`MemoryBatches`; a full permutation per epoch instead of the shuffle buffer).
+    per process (:class:`MemoryBatches`; a full permutation per epoch instead of the shuffle buffer); with
+    `context_length` its batches also carry their captions tokenized once per process: ``tokens`` (B,
+    context_length) as :meth:`~mdc_core.tokenizer.CaptionTokenizer.tokenize_batch` gives them and ``truncated``,
+    how many of them were cut.
     """
     cfg.validate()
     if image_size < 1 or batch_size < 1 or skip_batches < 0:
@@ -237,7 +241,7 @@ def build_loader(cfg: DataConfig, *, split: str | None = "train", image_size: in
     if cfg.in_memory:  # decoded once per process; ranks deal batches, workers are not needed
         return MemoryBatches(source, image_size=image_size, batch_size=batch_size, seed=seed, epoch=epoch,
                              skip_batches=skip_batches, shuffle=shuffle and cfg.shuffle_buffer > 0,
-                             drop_last=drop_last, rank=rank, world=world)
+                             drop_last=drop_last, rank=rank, world=world, context_length=context_length)
     stream = CaptionBatches(source, image_size=image_size, batch_size=batch_size, seed=seed, epoch=epoch,
                             skip_batches=skip_batches, shuffle=shuffle and cfg.shuffle_buffer > 0,
                             drop_last=drop_last, shuffle_buffer=cfg.shuffle_buffer, random_crop=random_crop,
@@ -320,14 +324,30 @@ def decode_split(source: Source, image_size: int, max_bytes: int = MAX_BYTES) ->
     return entry
 
 
+def split_tokens(data: dict[str, Any], context_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens (N, context_length), cut (N,) bool: caption cut to the context) of a decoded split's captions,
+    tokenized once per process and context length (kept with the split)."""
+    key = ("tokens", context_length)
+    if key not in data:
+        tokenizer = CaptionTokenizer(context_length)
+        captions = data["captions"]
+        tokens = tokenizer(captions) if captions else torch.zeros(0, context_length, dtype=torch.long)
+        cut = torch.tensor([len(tokenizer.encode_text(c)) > context_length - 2 for c in captions], dtype=torch.bool)
+        data[key] = (tokens, cut)
+    return data[key]
+
+
 class MemoryBatches:
-    """One epoch of batches of a decoded split, in the format of :func:`mdc_core.data.build_loader`."""
+    """One epoch of batches of a decoded split, in the format of :func:`mdc_core.data.build_loader` (with
+    `context_length`, also their ``tokens`` and ``truncated`` count, gathered from :func:`split_tokens`)."""
 
     def __init__(self, source: Source, *, image_size: int, batch_size: int, seed: int, epoch: int,
-                 skip_batches: int, shuffle: bool, drop_last: bool, rank: int = 0, world: int = 1):
+                 skip_batches: int, shuffle: bool, drop_last: bool, rank: int = 0, world: int = 1,
+                 context_length: int = 0):
         self.source, self.image_size, self.batch_size = source, image_size, batch_size
         self.seed, self.epoch, self.skip_batches = seed, epoch, skip_batches
         self.shuffle, self.drop_last, self.rank, self.world = shuffle, drop_last, rank, world
+        self.context_length = context_length
 
     def _batches(self, n: int) -> list[list[int]]:
         order = list(range(n))
@@ -340,16 +360,20 @@ class MemoryBatches:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         data = decode_split(self.source, self.image_size)
+        tokens, cut = split_tokens(data, self.context_length) if self.context_length else (None, None)
         skipped = dict(data["skipped"]) if self.rank == 0 else {}
         for i, idx in enumerate(self._batches(len(data["keys"]))):
             if i < self.skip_batches:
                 continue
             index = torch.tensor(idx)
             report = skipped if i == 0 else {}  # as the shard loader: not when resuming mid-epoch
-            yield {"image": normalise_batch(data["images"][index]),  # (B, 3, S, S) float
-                   "caption": [data["captions"][j] for j in idx], "key": [data["keys"][j] for j in idx],
-                   "meta": [data["metas"][j] for j in idx], "n_skipped": sum(report.values()),
-                   "skipped": dict(report)}
+            batch = {"image": normalise_batch(data["images"].index_select(0, index)),  # (B, 3, S, S) float
+                     "caption": [data["captions"][j] for j in idx], "key": [data["keys"][j] for j in idx],
+                     "meta": [data["metas"][j] for j in idx], "n_skipped": sum(report.values()),
+                     "skipped": dict(report)}
+            if tokens is not None:  # ready tensors: no tokenizer on the training step's path
+                batch["tokens"], batch["truncated"] = tokens.index_select(0, index), int(cut[index].sum())
+            yield batch
 
 
 def iter_captions(cfg: DataConfig, split: str | None = "train") -> Iterator[str]:
@@ -372,8 +396,10 @@ def iter_captions(cfg: DataConfig, split: str | None = "train") -> Iterator[str]
 class BatchStream:
     """This rank's micro-batches, epoch after epoch, from the data position (epoch, batch_in_epoch).
 
-    :meth:`take` returns n micro-batches of the current epoch or, when any rank cannot fill its n (the end of the
-    epoch; ranks agree by one all-reduce), drops what it got, calls ``on_epoch_end`` and starts the next epoch.
+    :meth:`take` returns n micro-batches of the current epoch, each with its captions tokenized (``tokens`` (B,
+    context_length), ``truncated``: how many were cut; the in-memory set serves them ready) or, when any rank cannot
+    fill its n (the end of the epoch; ranks agree by one all-reduce), drops what it got, calls ``on_epoch_end`` and
+    starts the next epoch.
     Skipped-record counts met on this rank accumulate in `pending` until the trainer sums them over ranks.
     """
 
@@ -382,13 +408,15 @@ class BatchStream:
         self.cfg, self.ctx, self.on_epoch_end = cfg, ctx, on_epoch_end
         self.epoch, self.batch_in_epoch = epoch, batch_in_epoch
         self.pending: Counter[str] = Counter()
+        self.tokenizer = CaptionTokenizer(cfg.model.context_length)
         self._it: Iterator[dict[str, Any]] | None = None
 
     def _open(self) -> Iterator[dict[str, Any]]:
         tcfg = self.cfg.train
         return iter(build_loader(self.cfg.data, split="train", image_size=self.cfg.model.image_size,
                                  batch_size=tcfg.batch_size, seed=tcfg.seed, epoch=self.epoch,
-                                 skip_batches=self.batch_in_epoch, rank=self.ctx.rank, world=self.ctx.world))
+                                 skip_batches=self.batch_in_epoch, rank=self.ctx.rank, world=self.ctx.world,
+                                 context_length=self.cfg.model.context_length))
 
     def take(self, n: int) -> list[dict[str, Any]]:
         while True:
@@ -399,6 +427,9 @@ class BatchStream:
                 self.pending.update(batch.get("skipped", {}))
             if dist.all_agree(self.ctx, len(got) == n, "end-of-epoch agreement"):
                 self.batch_in_epoch += n
+                for batch in got:
+                    if "tokens" not in batch:  # the shard loader's batches
+                        batch["tokens"], batch["truncated"] = self.tokenizer.tokenize_batch(batch["caption"])
                 return got
             if self.batch_in_epoch == 0:
                 raise ValueError(self._too_little_data(n, len(got)))
