@@ -9,7 +9,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-KERNEL := mdc# the Jupyter kernel the notebooks name (their metadata.kernelspec.name; mdc_core.workbench.plans)
+KERNEL := mdc# the Jupyter kernel the notebooks name (their metadata.kernelspec.name; mdc_workbench.notebooks.plans)
 EXTRAS := dev,app,notebooks,eval,bench,vqgan,tensorboard# everything but [lab] (pyproject.toml's optional-dependencies)
 
 GPU_PYTHON ?= 3.12# the offline GPU machine's Python (make wheelhouse)
@@ -25,26 +25,26 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 	touch $(STAMP)
 
 demo: kernel  # summary: papermill_runs/cpu_demo/summary.md; then `make app`
-	$(PY) -m mdc_core runs plans/cpu_demo.yaml
+	$(PY) -m mdc_workbench runs plans/cpu_demo.yaml
 
 evidence: kernel  # summary: papermill_runs/cpu_evidence/summary.md (about 90 min on 2 cores; docs/results.md)
-	$(PY) -m mdc_core runs plans/cpu_evidence.yaml
+	$(PY) -m mdc_workbench runs plans/cpu_evidence.yaml
 
 evidence-1600: kernel  # Table 1's deciding CPU budget: ARC and MDC, 1600 steps, 5 seeds, LR re-chosen (~1.7 h)
-	$(PY) -m mdc_core runs plans/cpu_table1_1600.yaml
+	$(PY) -m mdc_workbench runs plans/cpu_table1_1600.yaml
 
 central-claim: kernel  # the central claim on both caption kinds and its consequence for features, 1600 steps, 3 seeds (~3.3 h)
-	$(PY) -m mdc_core runs plans/cpu_central_claim.yaml
-	$(PY) -m mdc_core.workbench.central_story papermill_runs/cpu_central_claim/summary.json  # docs/central_claim.json
+	$(PY) -m mdc_workbench runs plans/cpu_central_claim.yaml
+	$(PY) -m mdc_workbench.notebooks.central_story papermill_runs/cpu_central_claim/summary.json  # docs/central_claim.json
 
 evidence-more: kernel  # after `make evidence`: annealed budget curve, Table 5's middle schedules, Tables 2, 1-long (~2 h)
-	$(PY) -m mdc_core runs plans/cpu_evidence_more.yaml
+	$(PY) -m mdc_workbench runs plans/cpu_evidence_more.yaml
 
 quick-demo: $(STAMP)  # one model, no notebooks: synthesize, train tiny MDC, caption held-out images (outputs/demo/)
-	$(PY) -m mdc_core demo
+	$(PY) -m mdc_workbench demo
 
 app: $(STAMP)  # the Gradio app on 127.0.0.1, opened on the model of `make demo`, else on the shipped model
-	$(PY) -m mdc_core app
+	$(PY) -m mdc_workbench app
 
 kernel: $(STAMP)  # register this venv as the Jupyter kernel "mdc" (what the notebooks and `mdc runs` use)
 	$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "MDC workbench"
@@ -70,7 +70,7 @@ test-all: $(STAMP)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check mdc_core app tests
+	$(VENV)/bin/ruff check mdc_core mdc_workbench app tests docs
 
 clean-outputs:
 	rm -rf outputs

@@ -1,4 +1,4 @@
-"""Device check of the central claim's measure (mdc_core.eval.central_claim), not yet run on a GPU.
+"""Device check of the central claim's measure (mdc_workbench.eval.central_claim), not yet run on a GPU.
 
 Builds randomly initialised `tiny` ARC and MDC captioners (full vocabulary), scores random captions on random
 images with the image-gradient norm and the in-distribution PMI on the CPU and on CUDA (the same weights and mask
@@ -15,9 +15,9 @@ import time
 import torch
 
 from mdc_core.config import load_preset
-from mdc_core.eval.central_claim import score_captions
 from mdc_core.factory import create_model
 from mdc_core.tokenizer import EOT_ID, PAD_ID, SOT_ID
+from mdc_workbench.eval.central_claim import score_captions
 
 
 def batches(n, B=32, L=24, seed=0):

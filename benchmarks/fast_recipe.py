@@ -12,7 +12,7 @@ Verbs (run from the repository root with the package importable, e.g. ``PYTHONPA
 ``--every`` steps (all kept), while a watcher thread notes, the moment each checkpoint appears, the wall time and
 the process CPU time (``time.process_time``: every thread of this process) since training started, in
 ``RUN/timing.jsonl``. It then runs ``eval``: the single-object colour+shape accuracy of every checkpoint
-(:func:`mdc_core.eval.report.caption_report` on the first ``--limit`` test images, greedy, the run's N', as
+(:func:`mdc_workbench.eval.report.caption_report` on the first ``--limit`` test images, greedy, the run's N', as
 ``mdc eval objects``), merged with the timings into ``RUN/recipe_curve.json``; ``eval`` can also follow a run
 that is still training (only new checkpoints are captioned). ``plot`` draws accuracy against the *idle-machine
 estimate* ``cpu_s / threads`` (on a shared machine the wall time is inflated by the other processes; CPU time
@@ -94,7 +94,7 @@ def evaluate(run: Path, limit: int, threads: int) -> dict[str, Any]:
     import torch
 
     from mdc_core.checkpoint import list_checkpoints, load_model
-    from mdc_core.eval.report import caption_report
+    from mdc_workbench.eval.report import caption_report
 
     torch.set_num_threads(threads)
     out = run / "recipe_curve.json"
@@ -213,8 +213,8 @@ def cmd_probe(args: argparse.Namespace) -> None:
 
     from mdc_core.checkpoint import list_checkpoints, load_model
     from mdc_core.config import RunConfig
-    from mdc_core.eval.probe_data import extract_features, open_probe_dataset
     from mdc_core.train import init_model
+    from mdc_workbench.eval.probe_data import extract_features, open_probe_dataset
 
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", category=UserWarning)

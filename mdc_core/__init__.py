@@ -1,21 +1,18 @@
-"""mdc_core: masked diffusion captioning (Feng, Wei, Owens 2025) as a small, typed workbench.
+"""mdc_core: masked diffusion captioning (Feng, Wei, Owens 2025), the method and its training loop.
 
-**The core** (this top level and :mod:`mdc_core.data`) trains and samples a captioner and imports no extension.
-Reading order: :mod:`~mdc_core.config` -> :mod:`~mdc_core.tokenizer` -> :mod:`~mdc_core.encoders` ->
-:mod:`~mdc_core.model` -> :mod:`~mdc_core.objectives` -> :mod:`~mdc_core.sampler` -> :mod:`~mdc_core.scoring` ->
-:mod:`~mdc_core.train`, with :mod:`~mdc_core.checkpoint`, :mod:`~mdc_core.distributed`, :mod:`~mdc_core.factory`
-(objective -> model), :mod:`~mdc_core.clip_model` (the CLIP baseline), :mod:`~mdc_core.ar_decode` (ARC decoding)
-and :mod:`~mdc_core.auto_length` (``--length auto``), :mod:`~mdc_core.infill` (prompts with fixed words and their
-conditional scores).
+This package trains and samples a captioner and imports nothing of the workbench (:mod:`mdc_workbench`:
+evaluation, evidence, notebooks and plans, benchmarks, export, MC-Diffusion, the ``mdc`` command line), as
+``open_clip`` imports nothing of ``open_clip_train``.
 
-**Extensions** (subpackages that build on the core):
-
-* :mod:`mdc_core.eval`: evaluations (probes, compositionality, captioning metrics, position signal, ...).
-* :mod:`mdc_core.masked_conditional`: MC-Diffusion (D3PM, VQ image tokens, guidance, CLIPScore, the sweep).
-* :mod:`mdc_core.workbench`: notebook helpers, plans of notebooks run by papermill, summaries, the paper's numbers,
-  trajectory replay, attention maps and GIFs (:mod:`~mdc_core.workbench.animation`).
-* :mod:`mdc_core.bench`: speed benchmarks.
-* :mod:`mdc_core.cli`: the ``mdc`` command line.
+**A reader's path.** Start with the lesson (``notebooks/00_masked_diffusion_captioning.ipynb``), then:
+:mod:`~mdc_core.registry` (the objective table: MDC, its baselines, ARC, CLIP) and :mod:`~mdc_core.objectives`
+(their losses) -> :mod:`~mdc_core.model` (timm ViT encoder via :mod:`~mdc_core.encoders` + cross-attention text
+decoder) -> :mod:`~mdc_core.sampler` (unmasking) and :mod:`~mdc_core.scoring` (likelihoods) -> :mod:`~mdc_core.train`
+(the step and the loop). Around them: :mod:`~mdc_core.config` (typed sections), :mod:`~mdc_core.tokenizer`,
+:mod:`~mdc_core.factory` (objective -> model), :mod:`~mdc_core.clip_model` (the CLIP baseline),
+:mod:`~mdc_core.ar_decode` (ARC decoding), :mod:`~mdc_core.auto_length` (``--length auto``),
+:mod:`~mdc_core.infill` (prompts with fixed words), :mod:`mdc_core.data`, :mod:`~mdc_core.checkpoint`,
+:mod:`~mdc_core.distributed`.
 
 **Downstream code** takes a trained encoder with ``encoder, preprocess = mdc_core.load_encoder(path)``
 (:mod:`~mdc_core.encoder_io`; ``mdc export`` writes the folders it reads). It resolves on first use, so

@@ -121,7 +121,9 @@ class ObjectiveConfig:
         return section
 
     def validate(self) -> None:
-        _choice(self, "name", registry.objective_names())
+        if self.name not in registry.OBJECTIVES:  # a name the core lacks: maybe a plug-in's (loaded only then)
+            registry.load_plugins()
+        _choice(self, "name", tuple(registry.OBJECTIVES))
         _choice(self, "normalization", ("per_token", "per_sequence"))
         if not 0.0 <= self.t_low < self.t_high <= 1.0:
             raise ConfigError(f"objective.t_low/t_high must satisfy 0 <= t_low < t_high <= 1, "
@@ -378,9 +380,10 @@ def _plain(obj: Any) -> Any:
     out: dict[str, Any] = {}
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
-        if "plugin_settings" in f.metadata:
-            for settings in value.values():
-                out.update(dataclasses.asdict(settings))
+        if "plugin_settings" in f.metadata:  # a plug-in's keys only where they differ from its defaults, so a
+            for settings in value.values():  # run's config holds its own objective's keys (and old ones load)
+                out.update({k: v for k, v in dataclasses.asdict(settings).items()
+                            if v != type(settings).__dataclass_fields__[k].default})
         else:
             out[f.name] = _plain(value)
     return out
@@ -391,6 +394,8 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
         raise ConfigError(f"{prefix or 'config'} must be a JSON object, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     fields = dataclasses.fields(cls)
+    if any("plugin_settings" in f.metadata for f in fields) and set(data) - {f.name for f in fields}:
+        registry.load_plugins()  # a key the core lacks: an extension's (an old run's config), or a typo
     names = [f.name for f in fields if "plugin_settings" not in f.metadata]
     plugins: dict[type, dict[str, Any]] = {settings: {} for f in fields if "plugin_settings" in f.metadata
                                            for settings in registry.settings_for(f.metadata["plugin_settings"])}

@@ -1,6 +1,6 @@
 """Process groups for ``torchrun``: setup/teardown, rank helpers and the few collectives the trainer needs.
 
-``torchrun --nproc_per_node=N -m mdc_core train ...`` sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and the
+``torchrun --nproc_per_node=N -m mdc_workbench train ...`` sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and the
 rendezvous variables; :func:`setup` reads them and joins the default process group (NCCL when the run is on
 CUDA, gloo on CPU) with a timeout, so a collective that waits on a dead or hung rank fails instead of hanging.
 Without those variables (plain ``mdc train``) it returns a one-process context and every helper here is a

@@ -2,12 +2,12 @@
 
 The core declares its own rows (the objectives MDC, its baselines, ARC and CLIP) and never names an extension. An
 extension that adds a variant the core must be able to build (an objective, an image encoder, configuration keys,
-a transform of the image condition during training) does so in a module ``plugin.py`` at the top of its
-subpackage of ``mdc_core``, or, for a package outside this repository, in a module it names under the entry-point
-group ``mdc_core.plugins``. :func:`load_plugins` imports them all, once, the first time a table is read, so a
-config naming an extension's objective or keys loads without the caller importing the extension; importing the
-core alone imports no extension. A plug-in module stays light (no torch at import): it names its functions as
-``"module:attribute"`` strings or wraps them in small functions that import on call.
+a transform of the image condition during training) registers it when its module is imported, and names that
+module under the entry-point group ``mdc_core.plugins`` (the workbench names its MC-Diffusion plug-in there).
+The core imports them (:func:`load_plugins`) only when it meets a name it does not know: an objective, a config key
+or an image encoder that is no timm model. So an MDC run never loads MC-Diffusion, and an old run folder whose
+``config.json`` carries an extension's keys still loads. A plug-in module stays light (no torch at import): it
+names its functions as ``"module:attribute"`` strings or wraps them in small functions that import on call.
 
 This module imports nothing but the standard library (the command line builds its choices from it); like a row's
 loss, the tensor helpers :meth:`ObjectiveSpec.loss_denominator` counts with are named as ``"module:function"``.
@@ -16,15 +16,12 @@ loss, the tensor helpers :meth:`ObjectiveSpec.loss_denominator` counts with are 
 from __future__ import annotations
 
 import importlib
-import pkgutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from pathlib import Path
 from typing import Any
 
-ENTRY_POINT_GROUP = "mdc_core.plugins"  # outside packages: [project.entry-points."mdc_core.plugins"] name = "module"
-PLUGIN_MODULE = "plugin"  # a subpackage of mdc_core with this module is an extension that registers with the core
+ENTRY_POINT_GROUP = "mdc_core.plugins"  # [project.entry-points."mdc_core.plugins"] name = "module"
 
 
 def resolve_ref(ref: str | Callable[..., Any]) -> Any:
@@ -220,12 +217,8 @@ def register_condition_transform(transform: Callable[..., Any]) -> None:
 
 
 def plugin_modules() -> list[str]:
-    """The modules :func:`load_plugins` imports: ``mdc_core.<sub>.plugin`` for each subpackage that has one, then
-    the entry points of :data:`ENTRY_POINT_GROUP`."""
-    package = Path(__file__).parent
-    found = [f"{__package__}.{info.name}.{PLUGIN_MODULE}" for info in pkgutil.iter_modules([str(package)])
-             if info.ispkg and (package / info.name / f"{PLUGIN_MODULE}.py").is_file()]
-    return found + [ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)]
+    """The modules :func:`load_plugins` imports: the entry points of :data:`ENTRY_POINT_GROUP`."""
+    return [ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)]
 
 
 def load_plugins() -> list[str]:
@@ -239,13 +232,14 @@ def load_plugins() -> list[str]:
 
 
 def objective_names() -> tuple[str, ...]:
-    """Every objective name: the core's, then the plug-ins'."""
+    """Every objective name: the core's, then the plug-ins' (this loads the plug-ins: it lists them all)."""
     load_plugins()
     return tuple(OBJECTIVES)
 
 
 def objective_spec(name: str) -> ObjectiveSpec:
-    """The row of objective `name`; ValueError listing the known names."""
+    """The row of objective `name` (the plug-ins are loaded only for a name the core lacks); ValueError listing
+    the known names."""
     if name not in OBJECTIVES:
         load_plugins()
     if name not in OBJECTIVES:
@@ -254,17 +248,24 @@ def objective_spec(name: str) -> ObjectiveSpec:
 
 
 def encoder_builder(name: str) -> Callable[..., Any] | None:
-    """The builder of a registered encoder `name`, or None (then ``name`` is a timm model)."""
-    load_plugins()
+    """The builder of a registered encoder `name`, or None (then ``name`` is a timm model). The plug-ins are loaded
+    only for a name that is neither registered nor a timm model."""
+    if name not in ENCODERS and not _is_timm_model(name):
+        load_plugins()
     return resolve_ref(ENCODERS[name]) if name in ENCODERS else None
 
 
+def _is_timm_model(name: str) -> bool:
+    import timm  # the encoder is about to be built: timm is imported anyway
+
+    return bool(timm.is_model(name.split(".")[0]))
+
+
 def settings_for(section: str) -> list[type]:
-    """The settings dataclasses plug-ins added to config section `section`."""
-    load_plugins()
+    """The settings dataclasses registered plug-ins added to config section `section`."""
     return list(SETTINGS.get(section, ()))
 
 
 def condition_transforms() -> list[Callable[..., Any]]:
-    load_plugins()
+    """The registered transforms of the image condition (none unless a plug-in that adds one was loaded)."""
     return list(CONDITION_TRANSFORMS)

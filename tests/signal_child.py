@@ -1,8 +1,8 @@
 """``python tests/signal_child.py PAUSE MDC_ARGS...``: run ``mdc MDC_ARGS`` and hold it at a named moment, so that a
 test can send it a signal there without racing the start-up (the machine may be loaded; no sleep decides anything).
 
-At the moment it prints ``PAUSED`` on stdout and then waits: ``import-cli`` (``python -m mdc_core`` is importing
-``mdc_core.cli``), ``import-torch`` (torch's import is about to begin),
+At the moment it prints ``PAUSED`` on stdout and then waits: ``import-cli`` (``python -m mdc_workbench`` is importing
+``mdc_workbench.cli``), ``import-torch`` (torch's import is about to begin),
 ``after-prepare`` (the run folder is locked, checked and its data fingerprint written; the trainer is not built yet)
 and ``final-checkpoint`` (the last checkpoint is about to be written; it waits for a line on stdin, so that the test
 can first see the signal's message, then lets it go on). Only the moment is arranged; the signal handling is the
@@ -36,10 +36,10 @@ class _Hold(importlib.abc.MetaPathFinder):
 
 
 def main(moment: str, argv: list[str]) -> int:
-    if moment == "import-cli":  # exactly `python -m mdc_core ARGS`, held while it imports mdc_core.cli
-        sys.meta_path.insert(0, _Hold("mdc_core.cli.main"))
+    if moment == "import-cli":  # exactly `python -m mdc_workbench ARGS`, held while it imports mdc_workbench.cli
+        sys.meta_path.insert(0, _Hold("mdc_workbench.cli.main"))
         sys.argv = ["mdc", *argv]
-        runpy.run_module("mdc_core", run_name="__main__", alter_sys=True)
+        runpy.run_module("mdc_workbench", run_name="__main__", alter_sys=True)
     if moment == "import-torch":
         sys.meta_path.insert(0, _Hold("torch"))
     elif moment == "after-prepare":
@@ -65,7 +65,7 @@ def main(moment: str, argv: list[str]) -> int:
         checkpoint.save_checkpoint = pause_before_the_last
     else:
         raise SystemExit(f"signal_child: unknown moment {moment!r}")
-    from mdc_core.cli import main as mdc
+    from mdc_workbench.cli import main as mdc
     return mdc(argv)
 
 

@@ -27,8 +27,8 @@ from mdc_core.data.transforms import eval_transform
 from mdc_core.model import Captioner
 from mdc_core.sampler import sample, trajectory
 from mdc_core.tokenizer import CaptionTokenizer, build_output_vocab
-from mdc_core.workbench import animation, trajectory_view
-from mdc_core.workbench.shipped import SHIPPED_DIR
+from mdc_workbench.notebooks import animation, trajectory_view
+from mdc_workbench.notebooks.shipped import SHIPPED_DIR
 from tests.conftest import micro_config
 
 CHIP = re.compile(r'data-pos="(\d+)" data-state="(\w+)" data-token="([^"]*)"')
@@ -254,7 +254,7 @@ def test_score_own_captions_ranked_as_the_scorer_says(app):
 
 
 def test_loopback_by_default_and_no_analytics(app):
-    from mdc_core.cli import build_parser
+    from mdc_workbench.cli import build_parser
     args = build_parser().parse_args(["app"])
     assert (args.host, args.share, args.run) == ("127.0.0.1", False, None)  # None: serve() picks default_run()
     assert S.serve.__kwdefaults__["host"] == "127.0.0.1" and S.serve.__kwdefaults__["share"] is False

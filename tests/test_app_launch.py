@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from mdc_core.config import SamplerConfig
-from mdc_core.workbench.shipped import SHIPPED_LABEL
+from mdc_workbench.notebooks.shipped import SHIPPED_LABEL
 from tests.train_helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +46,7 @@ def test_mdc_app_in_a_fresh_folder_captions_with_the_shipped_model_and_cleans_up
     env = {**os.environ, "TMPDIR": str(temp), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env.pop("GRADIO_TEMP_DIR", None)
     port = free_port()
-    cmd = [sys.executable, "-m", "mdc_core", "app", "--port", str(port)]
+    cmd = [sys.executable, "-m", "mdc_workbench", "app", "--port", str(port)]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         url = f"http://127.0.0.1:{port}/"

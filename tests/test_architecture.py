@@ -1,8 +1,8 @@
-"""The package's shape: no import cycles, and a thin core that imports no extension.
+"""The house's shape: two packages and the app, no import cycles, and a thin core that imports neither.
 
-The core is every module at the top level of ``mdc_core`` (except ``__main__``) plus ``mdc_core.data``; the
-extensions are the other subpackages (``eval``, ``bench``, ``masked_conditional``, ``workbench``, ``cli``) and
-the app (the ``app/`` folder, installed as the package ``mdc_app``). The import graph is read with ``ast`` from
+The core is the package ``mdc_core`` (the method and its training loop); the workbench is the sibling package
+``mdc_workbench`` (``eval``, ``bench``, ``masked_conditional``, ``notebooks``, ``cli``), and the app is the ``app/``
+folder, installed as the package ``mdc_app``. The import graph is read with ``ast`` from
 every ``import`` statement, also those inside functions (a cycle dodged by a lazy import is still a cycle).
 
 Not importing an extension is not enough: the core's text (code, strings, docstrings, comments) must not name one
@@ -19,16 +19,16 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"mdc_core": "mdc_core", "mdc_app": "app"}  # installed name -> folder (setup.py)
-EXTENSIONS = ("mdc_core.eval", "mdc_core.bench", "mdc_core.masked_conditional", "mdc_core.workbench", "mdc_core.cli",
-              "mdc_app")
+PACKAGES = {"mdc_core": "mdc_core", "mdc_workbench": "mdc_workbench", "mdc_app": "app"}  # name -> folder (setup.py)
+EXTENSIONS = ("mdc_workbench.eval", "mdc_workbench.bench", "mdc_workbench.masked_conditional",
+              "mdc_workbench.notebooks", "mdc_workbench.cli", "mdc_workbench", "mdc_app")
 HEAVY_OPTIONAL = ("papermill", "gradio", "nbformat", "jupyter_client", "ipykernel", "matplotlib.pyplot",
                   "sklearn", "transformers", "open_clip",  # open_clip's package init pulls in the other two
                   "tensorboard")  # train.tensorboard=true imports it when a run asks (mdc_core.tensorboard_log)
 
 
 def module_files() -> dict[str, Path]:
-    """Dotted module name (as installed) -> file, for every module of mdc_core and the app."""
+    """Dotted module name (as installed) -> file, for every module of mdc_core, mdc_workbench and the app."""
     modules = {}
     for package, folder in PACKAGES.items():
         for path in sorted((ROOT / folder).rglob("*.py")):
@@ -100,9 +100,7 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def core_modules() -> list[str]:
-    return sorted(name for name in module_files()
-                  if name.startswith("mdc_core") and name != "mdc_core.__main__"
-                  and not any(name == ext or name.startswith(ext + ".") for ext in EXTENSIONS))
+    return sorted(name for name in module_files() if name == "mdc_core" or name.startswith("mdc_core."))
 
 
 def is_extension(name: str) -> bool:
@@ -117,8 +115,8 @@ def test_cycle_finder_finds_a_cycle_and_a_self_contained_graph_has_none():
 def test_import_graph_reads_relative_lazy_and_submodule_imports():
     graph = import_graph()
     assert "mdc_core.model" in graph["mdc_core.objectives"]  # relative: from .model import ...
-    assert "mdc_core.masked_conditional.d3pm" in graph["mdc_core.masked_conditional.diffusion"]  # from pkg import mod
-    assert "mdc_core.train" in graph["mdc_core.cli.train"]  # inside a function
+    assert "mdc_workbench.masked_conditional.d3pm" in graph["mdc_workbench.masked_conditional.diffusion"]
+    assert "mdc_core.train" in graph["mdc_workbench.cli.train"]  # inside a function
 
 
 def test_no_import_cycles_in_the_package_or_the_app():
@@ -133,6 +131,25 @@ def test_core_modules_never_import_an_extension_even_lazily():
             "mdc_core.data.loaders"} <= set(core)
     upward = {name: sorted(t for t in graph[name] if is_extension(t)) for name in core}
     assert {k: v for k, v in upward.items() if v} == {}
+
+
+def test_an_mdc_run_loads_no_plug_in_and_its_config_holds_only_its_own_keys():
+    """A fresh interpreter builds, saves and reloads an MDC run's config: MC-Diffusion's keys are not in it and its
+    plug-in is never imported; the shipped model's config.json, which carries them from before, still loads."""
+    code = ("import json, sys\n"
+            "from mdc_core.config import RunConfig\n"
+            "cfg = RunConfig.from_dict({'objective': {'name': 'mdc'}})\n"
+            "saved = cfg.to_dict()\n"
+            "assert RunConfig.from_dict(saved).to_dict() == saved\n"
+            "print(json.dumps([sorted(saved['objective']), sorted(sys.modules)]))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    keys, loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert {"d3pm_steps", "guidance", "p_cond", "p_mask"}.isdisjoint(keys) and "t_low" in keys
+    assert [m for m in loaded if m.startswith("mdc_workbench")] == []
+    shipped = json.loads(next((ROOT / "mdc_core" / "pretrained").glob("*/config.json")).read_text())
+    assert "guidance" in shipped["objective"]  # written before the split: the extension's keys at their defaults
+    from mdc_core.config import RunConfig
+    assert "guidance" not in RunConfig.from_dict(shipped).to_dict()["objective"]
 
 
 def test_importing_the_core_loads_no_extension_nor_the_notebook_and_app_stacks():
@@ -151,16 +168,16 @@ def test_importing_the_core_loads_no_extension_nor_the_notebook_and_app_stacks()
 
 
 def extension_words() -> set[str]:
-    """What naming an extension means: its module paths (with and without ``mdc_core.``) and every name its
+    """What naming an extension means: its module paths (with and without ``mdc_workbench.``) and every name its
     plug-in registers with the core (objectives, encoders, config keys)."""
     from mdc_core import registry
     registry.load_plugins()
     words = {name for name in module_files() if is_extension(name)}
-    words |= {name.removeprefix("mdc_core.") for name in words}
+    words |= {name.removeprefix("mdc_workbench.") for name in words}
     words |= {name for name in registry.OBJECTIVES if name not in registry.CORE_OBJECTIVES} | set(registry.ENCODERS)
     words |= {key for rows in registry.SETTINGS.values() for settings in rows for key in settings.__dataclass_fields__}
-    return words - {"app", "cli", "eval", "bench", "workbench"}  # plain words (the last is also the project name);
-    # their dotted module paths still count
+    return words - {"app", "cli", "eval", "bench", "notebooks", "mdc_workbench"}  # plain words (the last is also
+    # the project's distribution name); their dotted module paths still count
 
 
 def naming_problems(source: str, words: set[str]) -> list[str]:
@@ -171,17 +188,18 @@ def naming_problems(source: str, words: set[str]) -> list[str]:
 
 def test_the_name_check_fails_on_a_core_string_or_config_field_naming_an_extension():
     words = extension_words()
-    assert {"d3pm", "vqvae", "guidance", "p_mask", "mdc_core.masked_conditional", "masked_conditional.guidance",
-            "mdc_core.eval.probe", "mdc_app.render"} <= words
+    assert {"d3pm", "vqvae", "guidance", "p_mask", "mdc_workbench.masked_conditional", "masked_conditional.guidance",
+            "mdc_workbench.eval.probe", "mdc_app.render"} <= words
     leaky = (
         "@dataclass\n"
         "class ObjectiveConfig:\n"
         "    d3pm_steps: int = 100  # a plug-in's key as a core config field\n"
-        "ENCODERS = {'vq': 'mdc_core.masked_conditional.vqvae:VQImageEncoder'}  # a string into an extension\n"
+        "ENCODERS = {'vq': 'mdc_workbench.masked_conditional.vqvae:VQImageEncoder'}  # a string into an extension\n"
         "def f(cfg):\n"
         "    return cfg.guidance\n"
     )
-    assert naming_problems(leaky, words) == ["3: d3pm_steps", "4: mdc_core.masked_conditional.vqvae", "6: guidance"]
+    assert naming_problems(leaky, words) == ["3: d3pm_steps", "4: mdc_workbench.masked_conditional.vqvae",
+                                             "6: guidance"]
     clean = "def loss(model, tokens):\n    return model.eval()  # mdc eval captioning; d3pmx, my_guidance_x\n"
     assert naming_problems(clean, words) == []
 
@@ -193,13 +211,15 @@ def test_the_core_names_no_extension_and_no_key_a_plug_in_registers():
     assert {name: problems for name, problems in found.items() if problems} == {}
 
 
-LAYERS = {  # docs/design.md "Core and extensions": what each part may import besides the core (and itself)
-    "mdc_core.cli": {"mdc_app", "mdc_core.workbench", "mdc_core.bench", "mdc_core.masked_conditional", "mdc_core.eval"},
-    "mdc_app": {"mdc_core.workbench"},
-    "mdc_core.workbench": {"mdc_core.masked_conditional", "mdc_core.eval"},
-    "mdc_core.bench": {"mdc_core.eval"},
-    "mdc_core.masked_conditional": {"mdc_core.eval"},
-    "mdc_core.eval": set(),
+LAYERS = {  # docs/design.md "Core and workbench": what each part may import besides the core (and itself)
+    "mdc_workbench": {"mdc_workbench.cli"},  # python -m mdc_workbench
+    "mdc_workbench.cli": {"mdc_app", "mdc_workbench.notebooks", "mdc_workbench.bench",
+                          "mdc_workbench.masked_conditional", "mdc_workbench.eval"},
+    "mdc_app": {"mdc_workbench.notebooks"},
+    "mdc_workbench.notebooks": {"mdc_workbench.masked_conditional", "mdc_workbench.eval"},
+    "mdc_workbench.bench": {"mdc_workbench.eval"},
+    "mdc_workbench.masked_conditional": {"mdc_workbench.eval"},
+    "mdc_workbench.eval": set(),
 }
 
 
@@ -209,18 +229,19 @@ def part(name: str) -> str:
 
 def test_the_parts_import_as_the_picture_in_design_md_draws():
     graph = import_graph()
-    arrows = {(part(a), part(b)) for a, deps in graph.items() for b in deps if a != "mdc_core.__main__"}
+    arrows = {(part(a), part(b)) for a, deps in graph.items() for b in deps}
     assert {(a, b) for a, b in arrows if a != b and b != "core" and b not in LAYERS.get(a, set())} == set()
-    assert ("mdc_app", "mdc_core.workbench") in arrows  # the app draws trajectories with the workbench's code
+    assert ("mdc_app", "mdc_workbench.notebooks") in arrows  # the app draws trajectories with the workbench's code
 
 
 def test_the_app_builds_on_the_workbench_never_the_reverse():
     """The app imports the workbench's drawings (trajectory_view, animation); no extension below the command line
-    imports the app (only ``mdc app`` in mdc_core.cli launches it)."""
+    imports the app (only ``mdc app`` in mdc_workbench.cli launches it)."""
     graph = import_graph()
-    assert "mdc_core.workbench.trajectory_view" in graph["mdc_app.callbacks"]
+    assert "mdc_workbench.notebooks.trajectory_view" in graph["mdc_app.callbacks"]
     upward = {name: sorted(t for t in deps if t == "mdc_app" or t.startswith("mdc_app."))
-              for name, deps in graph.items() if name.startswith("mdc_core.") and not name.startswith("mdc_core.cli")}
+              for name, deps in graph.items() if name.startswith(("mdc_core.", "mdc_workbench."))
+              and not name.startswith(("mdc_workbench.cli", "mdc_workbench.__main__"))}
     assert {k: v for k, v in upward.items() if v} == {}
 
 

@@ -5,11 +5,11 @@ import math
 
 import pytest
 
-from mdc_core.bench.coca import build_coca, coca_config
-from mdc_core.bench.core import BenchConfig
-from mdc_core.bench.run import format_report, run_bench, targets
-from mdc_core.cli import main
 from mdc_core.config import load_preset
+from mdc_workbench.bench.coca import build_coca, coca_config
+from mdc_workbench.bench.core import BenchConfig
+from mdc_workbench.bench.run import format_report, run_bench, targets
+from mdc_workbench.cli import main
 from tests.conftest import MICRO, micro_config
 
 MICRO_OVERRIDES = [f"model.{k}={json.dumps(v)}" for k, v in MICRO.items()] + ["train.batch_size=4"]
@@ -52,7 +52,7 @@ def test_rows_count_their_host_operations(report):
 
 
 def test_a_row_past_its_time_limit_is_an_error_that_names_it(tmp_path):
-    from mdc_core.bench.training import run_train_bench
+    from mdc_workbench.bench.training import run_train_bench
 
     got = run_train_bench(["mdc"], tmp_path / "payload.pt", steps=1, warmup=1, device="cpu", threads=1,
                           timeout_s=0.01)
@@ -60,7 +60,7 @@ def test_a_row_past_its_time_limit_is_an_error_that_names_it(tmp_path):
 
 
 def test_best_rows_by_prefix_leave_out_the_full_vocabulary_head():
-    from mdc_core.bench.run import _best
+    from mdc_workbench.bench.run import _best
 
     report = {"train": {"mdc": {"samples_per_s": 10.0}, "mdc_graphs": {"samples_per_s": 30.0},
                         "mdc_full_vocab": {"samples_per_s": 99.0}, "arc": {"samples_per_s": 20.0},

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from mdc_core import step_parts
-from mdc_core.bench.step_phases import PhaseClock, format_phases, measure_step_phases, summarize
-from mdc_core.cli import main
+from mdc_workbench.bench.step_phases import PhaseClock, format_phases, measure_step_phases, summarize
+from mdc_workbench.cli import main
 from tests.conftest import MICRO
 from tests.train_helpers import one_thread, write_micro_data  # noqa: F401 - a fixture
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mdc_core.workbench.cell_ids import VALID_ID, kernel_language_info, main, normalize, normalized_text
+from mdc_workbench.notebooks.cell_ids import VALID_ID, kernel_language_info, main, normalize, normalized_text
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 OLD_STYLE = pytest.mark.filterwarnings("ignore:Cell is missing an id field",  # nbformat warns about what is tested
@@ -60,4 +60,4 @@ def test_every_notebook_has_cell_ids_and_is_what_a_save_would_write(path: Path) 
     nb = nbformat.reads(text, as_version=4)
     assert (nb.nbformat, nb.nbformat_minor) == (4, 5) and all("id" in c for c in nb.cells)
     assert set(nb.metadata.language_info) >= set(kernel_language_info())  # nothing for the kernel to fill in
-    assert normalized_text(text) == text, f"run: python -m mdc_core.workbench.cell_ids {path.name}"
+    assert normalized_text(text) == text, f"run: python -m mdc_workbench.notebooks.cell_ids {path.name}"

@@ -1,4 +1,4 @@
-"""The central claim's one measure (mdc_core.eval.central_claim): the image-gradient norm by hand, the
+"""The central claim's one measure (mdc_workbench.eval.central_claim): the image-gradient norm by hand, the
 in-distribution PMI on a hand computation and on a constructed case whose true PMI is known, the statistics per
 caption, and the pre-declared tests (the interaction, ARC's fall, MDC's flatness inside / outside its margin
 relative to ARC's fall) on models built to show them or not."""
@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mdc_core.config import ObjectiveConfig
-from mdc_core.eval.central_claim import (
+from mdc_core.tokenizer import EMBED_SIZE, EOT_ID, MASK_ID, PAD_ID, SOT_ID
+from mdc_workbench.eval.central_claim import (
     ClaimScores,
     bin_deviations,
     caption_items,
@@ -26,10 +27,9 @@ from mdc_core.eval.central_claim import (
     token_gradient_norms,
     token_pmi,
 )
-from mdc_core.eval.claims import evaluate_claims, gather_tables
-from mdc_core.eval.paper_claims import CENTRAL_TABLE, FLAT_SHARE
-from mdc_core.eval.stats import EQUIVALENT, HOLDS, NOT_EQUIVALENT
-from mdc_core.tokenizer import EMBED_SIZE, EOT_ID, MASK_ID, PAD_ID, SOT_ID
+from mdc_workbench.eval.claims import evaluate_claims, gather_tables
+from mdc_workbench.eval.paper_claims import CENTRAL_TABLE, FLAT_SHARE
+from mdc_workbench.eval.stats import EQUIVALENT, HOLDS, NOT_EQUIVALENT
 
 V = 8  # logits per position (token ids 1..7 are their own output rows)
 
@@ -147,7 +147,7 @@ def test_a_word_determined_by_the_previous_one_has_pmi_zero_whatever_the_image(c
     else:
         assert pmi.tolist() == pytest.approx([0.0] * 3, abs=1e-9)
     # the old estimator (equal weights over the other images) on the same model: far from the true 0
-    from mdc_core.eval.central_claim import token_log_probs
+    from mdc_workbench.eval.central_claim import token_log_probs
     log_p = torch.stack([token_log_probs(model, v.roll(s, 0), tokens, mask).double() for s in range(3)])
     equal = in_distribution_pmi(log_p, torch.zeros_like(log_p))
     second = equal.view(3, -1)[:, -1]
@@ -375,11 +375,11 @@ def test_feature_order_table_and_its_check_by_hand():
 
 def test_cli_measures_both_caption_kinds_and_writes_table_and_plot(tmp_path, capsys):
     from mdc_core.checkpoint import save_checkpoint
-    from mdc_core.cli import main
     from mdc_core.config import DataConfig, RunConfig
     from mdc_core.data import iter_captions, write_synthetic_dataset
     from mdc_core.factory import create_model
     from mdc_core.tokenizer import build_output_vocab
+    from mdc_workbench.cli import main
 
     from .conftest import micro_config
 

@@ -1,4 +1,4 @@
-"""One story of the central claim (mdc_core.workbench.central_story): every text that states it quotes only numbers
+"""One story of the central claim (mdc_workbench.notebooks.central_story): every text that states it quotes only numbers
 its cited results file holds (a deliberately wrong number fails), the declared constants agree with the code, and
 before the run the story says the measure is declared and not yet run."""
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from mdc_core.data.captions import LINK_SHARE
-from mdc_core.eval.paper_claims import FEATURE_EFFECT, FLAT_SHARE
-from mdc_core.workbench.central_story import (
+from mdc_workbench.eval.paper_claims import FEATURE_EFFECT, FLAT_SHARE
+from mdc_workbench.notebooks.central_story import (
     DECLARED,
     RESULTS,
     check_quotes,
@@ -84,8 +84,8 @@ def test_the_results_file_is_written_from_a_plan_summary(tmp_path):
 
 
 def test_the_exercise_message_states_the_results_files_verdicts(tmp_path, monkeypatch):
-    from mdc_core.workbench import central_story
-    from mdc_core.workbench import exercises as ex
+    from mdc_workbench.notebooks import central_story
+    from mdc_workbench.notebooks import exercises as ex
 
     assert "declared in docs/evidence.md and not yet run" in ex.check("00.arc_signal", "b").message
     measured = {"status": "measured", "declared": DECLARED, "claims": {"central_claim": {

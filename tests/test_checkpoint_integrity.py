@@ -9,8 +9,8 @@ import pytest
 import webdataset as wds
 
 from mdc_core import checkpoint as ck
-from mdc_core.cli import main
 from mdc_core.train_state import TrainState
+from mdc_workbench.cli import main
 from tests.test_cli import MICRO_SETS
 from tests.train_helpers import read_metrics
 

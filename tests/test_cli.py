@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from mdc_core.cli import build_parser, main
+from mdc_workbench.cli import build_parser, main
 
 MICRO_SETS = [
     "--set", 'model.encoder_kwargs={"patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 2}',
@@ -122,7 +122,7 @@ def _help(*verbs: str) -> str:
     """The help of `verbs` (e.g. "data", "synth") on one line, from its options on."""
     import argparse
 
-    from mdc_core.cli import build_parser
+    from mdc_workbench.cli import build_parser
     parser = build_parser()
     for verb in verbs:
         parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[verb]
@@ -145,7 +145,7 @@ def test_help_names_defaults_objectives_the_version_and_no_main_job(capsys):
     assert "(default: 64)" in _help("data", "synth")  # sub-verbs too
 
 
-_BAR = ("import sys, time\nfrom mdc_core.cli.main import _progress_throttled_when_logged\n"
+_BAR = ("import sys, time\nfrom mdc_workbench.cli.main import _progress_throttled_when_logged\n"
         "with _progress_throttled_when_logged():\n    from tqdm import tqdm\n"
         "    bar = tqdm(total=3, file=sys.stderr)\nprint(bar.mininterval, bar.maxinterval)\n")
 

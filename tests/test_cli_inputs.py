@@ -11,9 +11,9 @@ import pytest
 from PIL import Image
 
 from mdc_core import checkpoint as ck
-from mdc_core.cli import build_parser, main
-from mdc_core.cli.checks import ANY_REAL, check_numeric_args
-from mdc_core.eval.captioning import load_caption_set
+from mdc_workbench.cli import build_parser, main
+from mdc_workbench.cli.checks import ANY_REAL, check_numeric_args
+from mdc_workbench.eval.captioning import load_caption_set
 from tests.test_cli import MICRO_SETS
 
 

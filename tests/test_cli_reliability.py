@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import webdataset as wds
 
-from mdc_core.cli import main
+from mdc_workbench.cli import main
 from tests.test_cli import MICRO_SETS
 from tests.train_helpers import read_metrics
 
@@ -42,12 +42,12 @@ def _one_line(capsys) -> str:
 
 
 def test_building_the_parser_imports_no_torch():
-    code = ("import sys; from mdc_core.cli import build_parser; build_parser().format_help(); "
+    code = ("import sys; from mdc_workbench.cli import build_parser; build_parser().format_help(); "
             "print(sorted(m for m in ('torch', 'torchvision', 'numpy', 'PIL', 'webdataset') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
-    from mdc_core.cli.evaluate import PROBE_LABELS
     from mdc_core.data import LABEL_NAMES
+    from mdc_workbench.cli.evaluate import PROBE_LABELS
     assert PROBE_LABELS == LABEL_NAMES
 
 
@@ -89,7 +89,7 @@ def test_app_on_a_port_in_use_says_so_before_importing_anything_heavy(capsys, mo
     import socket
     import sys
 
-    cli_main = sys.modules["mdc_core.cli.main"]  # the module (the package exports its `main` function)
+    cli_main = sys.modules["mdc_workbench.cli.main"]  # the module (the package exports its `main` function)
     imported = []
     monkeypatch.setattr(cli_main.importlib, "import_module", lambda name: imported.append(name))
     with socket.socket() as busy:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mdc_core.cli import main
+from mdc_workbench.cli import main
 from tests.test_cli import MICRO_SETS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +47,8 @@ def start(moment: str, data: Path, run: Path, steps: int, ignored: bool = False,
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_while_the_cli_imports_is_one_line(data, tmp_path, sig):
-    """SIGINT in the first ~0.2 s of `python -m mdc_core` (or `mdc`) used to print a KeyboardInterrupt traceback."""
+    """SIGINT in the first ~0.2 s of `python -m mdc_workbench` (or `mdc`) used to print a KeyboardInterrupt
+    traceback."""
     proc = start("import-cli", data, tmp_path / "run", 4)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)

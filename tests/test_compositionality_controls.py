@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from mdc_core.checkpoint import load_model
-from mdc_core.cli import main
-from mdc_core.eval import compositionality as comp
-from mdc_core.eval.composition_sets import load_benchmark
 from mdc_core.tokenizer import CaptionTokenizer
+from mdc_workbench.cli import main
+from mdc_workbench.eval import compositionality as comp
+from mdc_workbench.eval.composition_sets import load_benchmark
 from tests.test_eval_compositionality import make_run, sugarcrepe_dir  # noqa: F401 - a fixture
 
 

@@ -149,10 +149,10 @@ def test_cuda_graph_step_trains_like_the_eager_step(data, tmp_path):
 
 
 def test_cli_trains_on_cuda_under_torchrun(data, tmp_path):
-    """`torchrun --nproc_per_node=1 -m mdc_core train` on a GPU machine: the run lands on cuda:0 with bf16."""
+    """`torchrun --nproc_per_node=1 -m mdc_workbench train` on a GPU machine: the run lands on cuda:0 with bf16."""
     run = tmp_path / "torchrun"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--master_port=29531",
-           "-m", "mdc_core", "train", "--preset", "tiny", "--data", str(data), "--out", str(run), "--steps", "6",
+           "-m", "mdc_workbench", "train", "--preset", "tiny", "--data", str(data), "--out", str(run), "--steps", "6",
            "--set", "model.image_size=32", "--set", "train.batch_size=8", "--set", "train.log_every=1",
            "--set", "train.ckpt_every=6", "--set", "train.warmup_steps=1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

@@ -1,5 +1,5 @@
-"""The mask-and-replace D3PM mathematics (mdc_core.masked_conditional.d3pm) against explicit matrices and brute-force
-enumeration."""
+"""The mask-and-replace D3PM mathematics (mdc_workbench.masked_conditional.d3pm) against explicit matrices and
+brute-force enumeration."""
 
 import itertools
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mdc_core.masked_conditional import d3pm
+from mdc_workbench.masked_conditional import d3pm
 
 T = 6
 

@@ -1,11 +1,11 @@
-"""Fig. 5's data-scaling table (mdc_core.eval.data_scaling) on constructed runs: rows per method and size,
+"""Fig. 5's data-scaling table (mdc_workbench.eval.data_scaling) on constructed runs: rows per method and size,
 intervals over seeds by hand, the largest-minus-smallest difference paired by seed, and the guards."""
 
 import math
 
 import pytest
 
-from mdc_core.eval.data_scaling import (
+from mdc_workbench.eval.data_scaling import (
     SEED_PARAM,
     data_scaling_markdown,
     data_scaling_table,
@@ -14,8 +14,8 @@ from mdc_core.eval.data_scaling import (
     scaling_differences,
     scaling_estimates,
 )
-from mdc_core.eval.stats import t_interval
-from mdc_core.workbench import evidence
+from mdc_workbench.eval.stats import t_interval
+from mdc_workbench.notebooks import evidence
 
 T2 = 4.302653  # Student-t 97.5% quantile, 2 degrees of freedom
 
@@ -102,7 +102,7 @@ def test_the_shipped_plan_gives_the_table_its_sizes():
     its runs' parameters are what data_scaling_table gathers (here with constructed metrics)."""
     from pathlib import Path
 
-    from mdc_core.workbench.plans import load_plan
+    from mdc_workbench.notebooks.plans import load_plan
 
     root = Path(__file__).resolve().parents[1]
     plan = load_plan(root / "plans" / "data_scaling.yaml", root=root)
@@ -121,7 +121,7 @@ def test_the_shipped_plan_gives_the_table_its_sizes():
 def test_the_summary_lists_fig5_as_measured_without_a_verdict_once_the_sizes_are_gathered():
     """With runs at several sizes the claims section lists Fig. 5 under "Measured without a verdict", pointing at the
     table; without them it stays "not measured". The other unencoded statements stay not measured either way."""
-    from mdc_core.eval.claims import not_encoded_markdown
+    from mdc_workbench.eval.claims import not_encoded_markdown
 
     described, missing = not_encoded_markdown()
     assert described == [] and any("Fig. 5" in line and "*not measured*" in line for line in missing)

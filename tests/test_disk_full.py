@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from mdc_core import checkpoint as ck
-from mdc_core.cli import main
 from mdc_core.config import RunConfig
+from mdc_workbench.cli import main
 from tests.conftest import micro_config
 from tests.test_cli import MICRO_SETS
 from tests.train_helpers import micro_run, read_metrics

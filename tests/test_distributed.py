@@ -94,11 +94,11 @@ def test_a_dead_rank_stops_the_job_with_a_clear_message(data, tmp_path):
 @pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
                     reason="torchrun not installed beside this python")
 def test_torchrun_cli(data, tmp_path):
-    """The documented command line: ``torchrun --standalone --nproc_per_node=2 -m mdc_core train ...``."""
+    """The documented command line: ``torchrun --standalone --nproc_per_node=2 -m mdc_workbench train ...``."""
     cfg = micro_run(data, steps=3, batch_size=4, ckpt_every=3)
     sets = [arg for key in ("model", "data", "train") for k, v in cfg.to_dict()[key].items()
             for arg in ("--set", f"{key}.{k}={__import__('json').dumps(v)}")]
-    cmd = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node=2", "-m", "mdc_core",
+    cmd = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node=2", "-m", "mdc_workbench",
            "train", "--preset", "tiny", "--out", str(tmp_path / "run"), "--quiet", *sets]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = [ROOT / "README.md", *DOCS]
-CODE_DIRS = ("mdc_core", "app", "tests", "notebooks", "plans")
+CODE_DIRS = ("mdc_core", "mdc_workbench", "app", "tests", "notebooks", "plans")
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")  # [text](target) and ![alt](target)
 DESIGN_REF = re.compile(r'docs/design\.md "([^"]+)"')  # how code cites a section: docs/design.md "Decisions"
 
@@ -43,7 +43,7 @@ def _commands(text: str) -> list[str]:
             in_block = not in_block
             continue
         if in_block:
-            stripped = re.sub(r"^.*?-m mdc_core ", "mdc ", line.split("  #")[0].split(" # ")[0])  # torchrun
+            stripped = re.sub(r"^.*?-m mdc_workbench ", "mdc ", line.split("  #")[0].split(" # ")[0])  # torchrun
             if re.match(r"\s*mdc ", stripped):
                 j = i + 1
                 while j < len(lines) and lines[j].startswith(" ") and not lines[j].lstrip().startswith(("#", "mdc ")):
@@ -98,7 +98,7 @@ def test_design_references_resolve_to_docs_design() -> None:
 
 def test_commands_in_the_docs_parse() -> None:
     """Each ``mdc VERB [SUB] --flag`` on a page names a real verb, sub-verb and flag of ``mdc``'s parser."""
-    from mdc_core.cli import build_parser
+    from mdc_workbench.cli import build_parser
 
     verbs = _subparsers(build_parser())
     problems, checked = [], 0
@@ -126,8 +126,8 @@ def test_commands_in_the_docs_parse() -> None:
 
 
 def test_code_the_docs_name_exists() -> None:
-    """Paths (`mdc_core/eval/probe.py`, `plans/cpu_demo.yaml`) and dotted names (`mdc_core.scoring.METHODS`,
-    `mdc_core/masked_conditional/diffusion.py: d3pm_loss`) in the README and docs/ exist in this tree."""
+    """Paths (`mdc_workbench/eval/probe.py`, `plans/cpu_demo.yaml`) and dotted names (`mdc_core.scoring.METHODS`,
+    `mdc_workbench/masked_conditional/diffusion.py: d3pm_loss`) in the README and docs/ exist in this tree."""
     import importlib
 
     missing, names = [], set()
@@ -156,7 +156,7 @@ def test_code_the_docs_name_exists() -> None:
 
 
 def test_cli_reference_covers_every_verb() -> None:
-    from mdc_core.cli import build_parser
+    from mdc_workbench.cli import build_parser
 
     text = (ROOT / "docs" / "cli.md").read_text()
     verbs = _subparsers(build_parser())

@@ -1,4 +1,4 @@
-"""Tests for mdc_core.eval.caption_metrics (pycocoevalcap scorers, Java fallback, SPICE guard)."""
+"""Tests for mdc_workbench.eval.caption_metrics (pycocoevalcap scorers, Java fallback, SPICE guard)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from mdc_core.eval import caption_metrics as cm
-from mdc_core.eval.caption_metrics import score_captions
+from mdc_workbench.eval import caption_metrics as cm
+from mdc_workbench.eval.caption_metrics import score_captions
 
 has_java = cm._java_missing_reason() is None
 

@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 from mdc_core.checkpoint import latest_checkpoint, load_model
 from mdc_core.config import RunConfig
 from mdc_core.data import write_synthetic_dataset
-from mdc_core.eval import captioning as cap
 from mdc_core.tokenizer import CaptionTokenizer
+from mdc_workbench.eval import captioning as cap
 
 from .test_eval_compositionality import make_run
 
@@ -181,7 +181,7 @@ def test_finetune_errors(tmp_path, karpathy):
 
 
 def test_cli_captioning_with_finetune(tmp_path, karpathy, capsys):
-    from mdc_core.cli import main
+    from mdc_workbench.cli import main
     run = make_run(tmp_path)
     out = tmp_path / "eval"
     argv = ["eval", "captioning", "--run", str(run), "--data", str(karpathy), "--lengths", "4", "6",
@@ -236,7 +236,7 @@ def _table3(rows: dict[str, dict[str, list[float]]]) -> dict:
 def test_table3_is_descriptive_and_its_matched_row_matches_lengths():
     """The paper calls MDC-N vs ARC 'not directly comparable' and claims no order: every Table 3 row is an
     observation (differences with intervals, no verdict); the matched row is MDC at ARC's length per image."""
-    from mdc_core.eval.claims import claims_markdown, evaluate_claims, gather_tables
+    from mdc_workbench.eval.claims import claims_markdown, evaluate_claims, gather_tables
     good, bad = [300.0] * 9 + [0.0] * 3, [300.0] * 3 + [0.0] * 9  # CIDEr per image on 12 images
     rows = {"MDC-10": {"CIDEr": bad}, "MDC (ARC's length)": {"CIDEr": good, "length": [9.0] * 6 + [7.0] * 6},
             "MDC (median length)": {"CIDEr": good}, "MDC (oracle length)": {"CIDEr": good},

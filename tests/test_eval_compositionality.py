@@ -12,8 +12,10 @@ from mdc_core.checkpoint import save_checkpoint
 from mdc_core.clip_model import CLIPModel
 from mdc_core.config import ObjectiveConfig, RunConfig
 from mdc_core.data import write_synthetic_dataset
-from mdc_core.eval import compositionality as comp
-from mdc_core.eval.composition_sets import (
+from mdc_core.model import Captioner
+from mdc_core.tokenizer import CaptionTokenizer
+from mdc_workbench.eval import compositionality as comp
+from mdc_workbench.eval.composition_sets import (
     Example,
     example_pixels,
     load_benchmark,
@@ -21,8 +23,6 @@ from mdc_core.eval.composition_sets import (
     shuffle_trigrams,
     shuffle_within_trigrams,
 )
-from mdc_core.model import Captioner
-from mdc_core.tokenizer import CaptionTokenizer
 
 from .conftest import micro_config
 
@@ -279,7 +279,7 @@ def test_synth_negatives_map_to_table2_columns(synth_dir):
 
 
 def test_cli_runs_every_family_on_the_embedded_data(tmp_path, synth_dir, capsys):
-    from mdc_core.cli import main
+    from mdc_workbench.cli import main
     runs = [make_run(tmp_path, o) for o in ("mdc", "arc", "clip")]
     out = tmp_path / "eval"
     argv = ["eval", "compositionality", "--data", str(synth_dir), "--limit", "3", "--samples", "8",

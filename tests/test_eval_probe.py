@@ -1,4 +1,5 @@
-"""Tests for mdc_core.eval.probe: the converged (L-BFGS) and CLIP-benchmark linear probes, and the feature cache."""
+"""Tests for mdc_workbench.eval.probe: the converged (L-BFGS) and CLIP-benchmark linear probes, and the feature
+cache."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from mdc_core.eval import probe_lbfgs
-from mdc_core.eval.probe import C_GRID, CLIP_BENCHMARK_WD_GRID, _wd_search, cached_features, linear_probe
+from mdc_workbench.eval import probe_lbfgs
+from mdc_workbench.eval.probe import C_GRID, CLIP_BENCHMARK_WD_GRID, _wd_search, cached_features, linear_probe
 
 clip_probe = functools.partial(linear_probe, protocol="clip_benchmark")  # the default protocol is lbfgs
 SMALL_GRID = (1e-6, 1e-4, 1e-2)  # keeps the tests fast where the default 97-point search is not under test

@@ -22,9 +22,9 @@ from mdc_core.objectives import maskable_positions, trim_padding
 from mdc_core.sampler import sample
 from mdc_core.scoring import score_tokens
 from mdc_core.tokenizer import EOT_ID, MASK_ID, SOT_ID, CaptionTokenizer, build_output_vocab
-from mdc_core.workbench import exercises as ex
-from mdc_core.workbench import exercises_tables as tables
-from mdc_core.workbench.notebook import loss_draws
+from mdc_workbench.notebooks import exercises as ex
+from mdc_workbench.notebooks import exercises_tables as tables
+from mdc_workbench.notebooks.notebook import loss_draws
 from tests.conftest import micro_config
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
@@ -234,7 +234,7 @@ def test_schedule_variance_is_robust_on_an_untrained_model_and_its_message_follo
         wide, narrow = (statistics.stdev(loss_draws(model, dataclasses.replace(cfg, objective=dataclasses.replace(
             cfg.objective, t_low=low, t_high=1.0)), images, CAPTIONS, draws=32, seed=0)) for low in (0.0, 0.5))
         assert wide > 1.5 * narrow, (batch, wide, narrow)
-    import mdc_core.workbench.notebook as notebook
+    import mdc_workbench.notebooks.notebook as notebook
 
     monkeypatch.setattr(notebook, "loss_draws", lambda m, run, *a, **k: [1.0, 1.2, 1.4] if run.objective.t_low
                         else [1.0, 1.1, 1.2])  # [0, 1] narrower

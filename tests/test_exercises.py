@@ -17,8 +17,8 @@ from mdc_core.objectives import trim_padding
 from mdc_core.sampler import sample
 from mdc_core.scoring import score_tokens
 from mdc_core.tokenizer import CaptionTokenizer, build_output_vocab
-from mdc_core.workbench import exercises as ex
-from mdc_core.workbench.notebook import loss_draws
+from mdc_workbench.notebooks import exercises as ex
+from mdc_workbench.notebooks.notebook import loss_draws
 from tests.conftest import micro_config
 
 WORDS = "a an of the image photo drawing red blue green circle square triangle star cross on left right big small"

@@ -15,9 +15,9 @@ from mdc_core.config import RunConfig, SamplerConfig
 from mdc_core.model import Captioner
 from mdc_core.objectives import apply_mask, trim_padding
 from mdc_core.tokenizer import CaptionTokenizer, build_output_vocab
-from mdc_core.workbench import exercises as ex
-from mdc_core.workbench import exercises_tables as tables
-from mdc_core.workbench.notebook import loss_draws
+from mdc_workbench.notebooks import exercises as ex
+from mdc_workbench.notebooks import exercises_tables as tables
+from mdc_workbench.notebooks.notebook import loss_draws
 from tests.conftest import micro_config
 
 WORDS = "a an of the image photo drawing red blue green circle square triangle star cross on left right big small"

@@ -20,8 +20,6 @@ from safetensors.torch import load_file, save_file
 
 import mdc_core
 from mdc_core.checkpoint import CheckpointError, load_model, save_checkpoint
-from mdc_core.cli import build_parser, main
-from mdc_core.cli.train import _train_config
 from mdc_core.config import load_preset
 from mdc_core.data.transforms import load_image
 from mdc_core.factory import create_model
@@ -29,8 +27,10 @@ from mdc_core.hub import MDCCaptioner
 from mdc_core.sampler import sample
 from mdc_core.tokenizer import CaptionTokenizer, build_output_vocab
 from mdc_core.train import train
-from mdc_core.workbench.encoder_export import export_run
-from mdc_core.workbench.model_card import rebuild_command
+from mdc_workbench.cli import build_parser, main
+from mdc_workbench.cli.train import _train_config
+from mdc_workbench.notebooks.encoder_export import export_run
+from mdc_workbench.notebooks.model_card import rebuild_command
 from tests.train_helpers import micro_run, one_thread, write_micro_data  # noqa: F401 - one_thread is a fixture
 
 ROOT = Path(__file__).resolve().parents[1]

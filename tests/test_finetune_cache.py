@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 
 from mdc_core.checkpoint import latest_checkpoint, save_checkpoint
 from mdc_core.config import ObjectiveConfig, RunConfig
-from mdc_core.eval import captioning as cap
 from mdc_core.model import Captioner
+from mdc_workbench.eval import captioning as cap
 
 from .test_eval_captioning import karpathy  # noqa: F401  (a fixture)
 from .test_eval_compositionality import micro_config

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mdc_core.workbench.gpu_check import GOAL_MIN, Phase, plan_minutes, scale_plan, trained_models, write_summary
-from mdc_core.workbench.plans import load_plan
+from mdc_workbench.notebooks.gpu_check import GOAL_MIN, Phase, plan_minutes, scale_plan, trained_models, write_summary
+from mdc_workbench.notebooks.plans import load_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -145,15 +145,15 @@ def test_gpu_check_runs_end_to_end_at_its_tiny_budget_on_the_cpu(tmp_path):
 
 def test_the_evidence_plan_runs_without_the_caption_metrics_extra():
     """A GPU image has no pycocoevalcap (a 100 MB wheel): `mdc runs`, its summary and notebook 03's imports must not
-    need it (the first GPU check failed there, at `mdc_core.eval`'s import)."""
+    need it (the first GPU check failed there, at `mdc_workbench.eval`'s import)."""
     import subprocess
 
     code = ("import sys; sys.modules['pycocoevalcap'] = None\n"
-            "import mdc_core.workbench.plans, mdc_core.workbench.runner, mdc_core.workbench.summary\n"
-            "import mdc_core.workbench.evidence, mdc_core.eval.probe_data, mdc_core.eval.budget_curve\n"
-            "import mdc_core.eval.parity, mdc_core.eval.central_claim, mdc_core.workbench.probe_report\n"
-            "from mdc_core.eval import linear_probe\n"
-            "try:\n    from mdc_core.eval import score_captions\nexcept ImportError:\n    print('lazy')\n")
+            "import mdc_workbench.notebooks.plans, mdc_workbench.notebooks.runner, mdc_workbench.notebooks.summary\n"
+            "import mdc_workbench.notebooks.evidence, mdc_workbench.eval.probe_data, mdc_workbench.eval.budget_curve\n"
+            "import mdc_workbench.eval.parity, mdc_workbench.eval.central_claim, mdc_workbench.notebooks.probe_report\n"
+            "from mdc_workbench.eval import linear_probe\n"
+            "try:\n    from mdc_workbench.eval import score_captions\nexcept ImportError:\n    print('lazy')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "lazy"  # the metrics still need it, when asked for

@@ -45,7 +45,7 @@ def test_a_signal_to_mdc_train_checkpoints_the_step_and_resume_matches_an_uninte
     kw = dict(batch_size=4, ckpt_every=100_000, ema_decay=0.9, min_lr_ratio=1.0)
     cfg = micro_run(data, steps=100_000, **kw)
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "mdc_core", "train", "--preset", "tiny", "--out", str(run), "--quiet",
+    cmd = [sys.executable, "-m", "mdc_workbench", "train", "--preset", "tiny", "--out", str(run), "--quiet",
            *_cli_sets(cfg)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -16,7 +16,7 @@ import torch
 from mdc_core.config import ObjectiveConfig
 from mdc_core.objectives import maskable_positions
 from mdc_core.tokenizer import MASK_ID, CaptionTokenizer
-from mdc_core.workbench import lesson
+from mdc_workbench.notebooks import lesson
 from tests.test_exercise_answers import CAPTIONS, ContextFree, _build
 
 

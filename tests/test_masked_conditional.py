@@ -7,15 +7,18 @@ import torch
 import torch.nn.functional as F
 
 from mdc_core.config import ConfigError, ObjectiveConfig, RunConfig, SamplerConfig, load_preset
-from mdc_core.masked_conditional.diffusion import d3pm_loss, d3pm_sample, state_table
-from mdc_core.masked_conditional.guidance import (
+from mdc_core.objectives import compute_loss
+from mdc_core.sampler import sample
+from mdc_core.tokenizer import EOT_ID, MASK_ID, SOT_ID, CaptionTokenizer
+from mdc_workbench.masked_conditional.diffusion import d3pm_loss, d3pm_sample, state_table
+from mdc_workbench.masked_conditional.guidance import (
     GuidanceConfig,
     GuidedCaptioner,
     condition_mask_value,
     corrupt_condition,
     guided_log_probs,
 )
-from mdc_core.masked_conditional.vqvae import (
+from mdc_workbench.masked_conditional.vqvae import (
     VQVAE,
     VQImageEncoder,
     VQVAEConfig,
@@ -23,9 +26,6 @@ from mdc_core.masked_conditional.vqvae import (
     save_vqvae,
     vqvae_encoder_kwargs,
 )
-from mdc_core.objectives import compute_loss
-from mdc_core.sampler import sample
-from mdc_core.tokenizer import EOT_ID, MASK_ID, SOT_ID, CaptionTokenizer
 
 from .conftest import micro_config
 

@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 
-from mdc_core.cli import main
+from mdc_workbench.cli import main
 
 DECODER = ["--set", "model.text_width=32", "--set", "model.text_layers=1", "--set", "model.text_heads=2",
            "--set", "train.batch_size=8", "--set", "train.warmup_steps=1", "--set", "train.log_every=1",
@@ -75,17 +75,17 @@ def test_parser_tables_match_the_library_and_do_not_import_torch():
     import subprocess
     import sys
 
-    from mdc_core.cli.masked_conditional import VQVAE_OPTIONS
-    from mdc_core.masked_conditional.guidance import GUIDANCE_FORMS
-    from mdc_core.masked_conditional.plugin import GUIDANCE_MODES
-    from mdc_core.masked_conditional.vqvae import VQVAEConfig
+    from mdc_workbench.cli.masked_conditional import VQVAE_OPTIONS
+    from mdc_workbench.masked_conditional.guidance import GUIDANCE_FORMS
+    from mdc_workbench.masked_conditional.plugin import GUIDANCE_MODES
+    from mdc_workbench.masked_conditional.vqvae import VQVAEConfig
 
     assert GUIDANCE_MODES == ("none", *GUIDANCE_FORMS)
     fields = {f.name: f for f in dataclasses.fields(VQVAEConfig)}
     assert list(VQVAE_OPTIONS) == list(fields)
     for name, (kind, text) in VQVAE_OPTIONS.items():
         assert kind is type(fields[name].default) and f"default {fields[name].default})" in text, name
-    code = "import sys; import mdc_core.cli; print('torch' in sys.modules)"
+    code = "import sys; import mdc_workbench.cli; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from mdc_core.workbench import notebook as wb
+from mdc_workbench.notebooks import notebook as wb
 
 
 def caption_table(folder: Path, captions: list[str]) -> Path:

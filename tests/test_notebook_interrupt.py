@@ -17,7 +17,7 @@ import pytest
 from mdc_core import checkpoint as ck
 from mdc_core import step_parts
 from mdc_core.train import TrainingInterrupted, train
-from mdc_core.workbench import notebook as wb
+from mdc_workbench.notebooks import notebook as wb
 from tests.train_helpers import (
     assert_same_metrics,
     micro_run,
@@ -97,7 +97,7 @@ def test_kernel_interrupt_in_jupyter_stops_the_training_cell(data, tmp_path):
     """The same through a real kernel and jupyter_client's interrupt, as JupyterLab's Kernel > Interrupt sends it."""
     from jupyter_client.manager import start_new_kernel
 
-    from mdc_core.workbench.plans import ensure_kernel
+    from mdc_workbench.notebooks.plans import ensure_kernel
 
     cfg = micro_run(data, steps=60, batch_size=4, ckpt_every=1000)
     cfg.save(tmp_path / "config.json")
@@ -108,7 +108,7 @@ import time
 import torch
 import mdc_core.step_parts as T
 from mdc_core.config import RunConfig
-from mdc_core.workbench import notebook as wb
+from mdc_workbench.notebooks import notebook as wb
 torch.set_num_threads(1)
 if not hasattr(T, "_real_forward"):
     T._real_forward = T.Objective.forward

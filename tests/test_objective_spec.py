@@ -7,15 +7,15 @@ import pytest
 import torch
 
 from mdc_core import registry
-from mdc_core.cli import trajectory
 from mdc_core.config import ObjectiveConfig, RunConfig
-from mdc_core.eval import captioning as cap
-from mdc_core.eval.compositionality import check_methods, row_label
-from mdc_core.eval.parity import expected_supervised_tokens
 from mdc_core.objectives import mask_rates
 from mdc_core.registry import OBJECTIVES, ObjectiveSpec, objective_spec
 from mdc_core.tokenizer import EOT_ID, PAD_ID, SOT_ID
 from mdc_core.train import loss_denominator
+from mdc_workbench.cli import trajectory
+from mdc_workbench.eval import captioning as cap
+from mdc_workbench.eval.compositionality import check_methods, row_label
+from mdc_workbench.eval.parity import expected_supervised_tokens
 
 # a new objective, written here and nowhere else: half the caption tokens masked, predicted in one pass
 HALF = ObjectiveSpec(causal=False, masking="fixed", inv_t_weight=False, loss="mdc_core.objectives:masked_token_loss",

@@ -172,7 +172,7 @@ def test_objective_table_rows_are_the_config_names_and_name_their_loss_functions
     assert CORE_OBJECTIVES == ("mdc", "mdc_no_t", "cmlm", "bert", "parallel", "arc", "clip")
     for name, spec in OBJECTIVES.items():
         assert callable(spec.loss_fn()), name
-    assert OBJECTIVES["d3pm"].loss_fn().__module__ == "mdc_core.masked_conditional.diffusion"  # the plug-in's row
+    assert OBJECTIVES["d3pm"].loss_fn().__module__ == "mdc_workbench.masked_conditional.diffusion"  # the plug-in's row
 
 
 def test_compute_loss_mdc_matches_manual(tiny_model):

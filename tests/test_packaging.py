@@ -75,7 +75,7 @@ def test_make_lab_installs_lab_registers_the_notebooks_kernel_and_serves_on_loop
     import json
     import subprocess
 
-    from mdc_core.workbench.plans import KERNEL_NAME
+    from mdc_workbench.notebooks.plans import KERNEL_NAME
 
     out = subprocess.run(["make", "-n", "-B", "lab", f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
@@ -89,14 +89,52 @@ def test_make_lab_installs_lab_registers_the_notebooks_kernel_and_serves_on_loop
     assert names == {registered} == {KERNEL_NAME}
 
 
-def test_the_install_holds_mdc_core_and_the_app_as_mdc_app_never_a_top_level_app(tmp_path):
+def test_the_install_holds_the_two_packages_and_the_app_as_mdc_app_never_a_top_level_app(tmp_path):
     """The app's folder is ``app/``; installed, it is ``mdc_app`` (setup.py), so site-packages gets no generic
     ``app``. Imported from outside the checkout, ``mdc_app`` is that folder and ``app`` is nothing."""
     top = importlib.metadata.distribution(_project()["name"]).read_text("top_level.txt").split()
-    assert sorted(top) == ["mdc_app", "mdc_core"]
+    assert sorted(top) == ["mdc_app", "mdc_core", "mdc_workbench"]
     code = ("import importlib.util, json, mdc_app\n"
             "print(json.dumps([mdc_app.__file__, importlib.util.find_spec('app') is None,"
             " callable(mdc_app.build_app)]))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
     file, no_app, builds = json.loads(out.stdout.strip().splitlines()[-1])
     assert Path(file).parent.name == "app" and no_app and builds
+
+
+def _core_imports() -> tuple[set[str], set[str]]:
+    """Third-party top-level names mdc_core imports: (at module level, only inside functions)."""
+    import ast
+
+    top, lazy = set(), set()
+    for path in (ROOT / "mdc_core").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        module_level = {id(n) for n in tree.body} | {id(c) for n in tree.body if isinstance(n, ast.Try)
+                                                     for c in n.body + n.orelse}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                first = name.split(".")[0]
+                if first in sys.stdlib_module_names or first in ("mdc_core", "__future__"):
+                    continue
+                (top if id(node) in module_level else lazy).add(first)
+    return top, lazy - top
+
+
+def test_the_core_depends_on_what_it_imports_and_nothing_more():
+    """pyproject's core dependencies are the distributions of mdc_core's imports (lazy ones may be extras')."""
+    dists = importlib.metadata.packages_distributions()
+    project = _project()
+    core = {_name(s) for s in project["dependencies"]}
+    extras = {_name(s) for specs in project["optional-dependencies"].values() for s in specs}
+    top, lazy = _core_imports()
+    as_dist = {name: {d.lower().replace("_", "-") for d in dists.get(name, [name])} for name in top | lazy}
+    assert {n for n in top if not as_dist[n] & core} == set(), "imported at module level, not a core dependency"
+    assert {n for n in lazy if not as_dist[n] & (core | extras)} == set(), "imported lazily, in no extra"
+    imported = set().union(*as_dist.values())
+    assert core - imported == set(), "a core dependency mdc_core never imports"

@@ -15,7 +15,7 @@ import pytest
 import torch
 import webdataset as wds
 
-from mdc_core.cli import main
+from mdc_workbench.cli import main
 from tests.test_cli import MICRO_SETS
 
 USER = "mdc-nonroot"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from mdc_core.cli import main
-from mdc_core.workbench.plans import load_plan
-from mdc_core.workbench.runner import execute_run, run_plan
+from mdc_workbench.cli import main
+from mdc_workbench.notebooks.plans import load_plan
+from mdc_workbench.notebooks.runner import execute_run, run_plan
 from tests.test_runs import write_notebook, write_plan
 
 

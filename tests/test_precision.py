@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from mdc_core.checkpoint import save_checkpoint
-from mdc_core.cli.main import main
 from mdc_core.config import ObjectiveConfig, RunConfig, SamplerConfig
 from mdc_core.model import Captioner
 from mdc_core.objectives import compute_loss
@@ -22,6 +21,7 @@ from mdc_core.precision import bf16_enabled, default_inference_precision, infere
 from mdc_core.sampler import sample
 from mdc_core.scoring import score_tokens
 from mdc_core.tokenizer import CaptionTokenizer, build_output_vocab
+from mdc_workbench.cli.main import main
 
 from .conftest import micro_config
 

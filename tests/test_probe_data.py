@@ -10,14 +10,14 @@ import torch
 from PIL import Image
 
 from mdc_core.checkpoint import save_checkpoint
-from mdc_core.cli import main
 from mdc_core.clip_model import CLIPModel
 from mdc_core.config import DataConfig, ObjectiveConfig, RunConfig
 from mdc_core.data import build_loader, load_image, vocabularies, write_synthetic_dataset
 from mdc_core.data.transforms import eval_transform
-from mdc_core.eval import probe_data
-from mdc_core.eval.probe_data import extract_features, load_cifar_pickle, open_probe_dataset, probe_run
 from mdc_core.factory import create_model
+from mdc_workbench.cli import main
+from mdc_workbench.eval import probe_data
+from mdc_workbench.eval.probe_data import extract_features, load_cifar_pickle, open_probe_dataset, probe_run
 
 from .conftest import micro_config
 
@@ -205,7 +205,7 @@ def test_cli_probe_has_random_init_rows_by_default(tmp_path, class_folders, caps
 
 def test_random_init_features_are_the_untrained_architecture(tmp_path, class_folders):
     from mdc_core.checkpoint import resolve_checkpoint
-    from mdc_core.eval.probe_baselines import random_init_model
+    from mdc_workbench.eval.probe_baselines import random_init_model
 
     trained = micro_run(tmp_path / "run", seed=3)  # weights drawn under seed 3; the config's train.seed is 0
     cfg = RunConfig.load(resolve_checkpoint(tmp_path / "run") / "config.json")

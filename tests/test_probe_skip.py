@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from mdc_core.cli import main
+from mdc_workbench.cli import main
 from tests.test_probe_data import class_folders, micro_run  # noqa: F401 - class_folders is a fixture
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import webdataset as wds
 
-from mdc_core.cli import main
-from mdc_core.cli.main import describe_os_error
+from mdc_workbench.cli import main
+from mdc_workbench.cli.main import describe_os_error
 from tests.test_cli import MICRO_SETS
 
 

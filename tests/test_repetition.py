@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from mdc_core.eval.remasking import remasking_table, wilson
-from mdc_core.eval.repetition import repeated_words, repetition_rate
+from mdc_workbench.eval.remasking import remasking_table, wilson
+from mdc_workbench.eval.repetition import repeated_words, repetition_rate
 
 
 @pytest.mark.parametrize("caption,words", [
@@ -46,7 +46,7 @@ def test_table_shows_intervals_and_paired_differences():
 
 
 def test_captioning_table_gets_a_repetition_column():
-    from mdc_core.eval.captioning import captioning_table
+    from mdc_workbench.eval.captioning import captioning_table
     rows = [{"label": "MDC", "run": "r", "length": "10", "metrics": {"BLEU@4": 0.2, "METEOR": None, "CIDEr": 0.5,
                                                                      "SPICE": None, "ROUGE-L": 0.4,
                                                                      "repetition_rate": 0.125}}]

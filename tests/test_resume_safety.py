@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mdc_core import checkpoint as ck
-from mdc_core.cli import main
+from mdc_workbench.cli import main
 from tests.test_cli import MICRO_SETS
 from tests.train_helpers import read_metrics
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mdc_core.cli import main
-from mdc_core.workbench import progress
-from mdc_core.workbench.paper import PAPER
-from mdc_core.workbench.plans import RunSpec, load_plan
-from mdc_core.workbench.runner import result_from_markers, run_plan, run_status, thread_env, thread_share
-from mdc_core.workbench.summary import _fmt, table_markdown
+from mdc_workbench.cli import main
+from mdc_workbench.notebooks import progress
+from mdc_workbench.notebooks.paper import PAPER
+from mdc_workbench.notebooks.plans import RunSpec, load_plan
+from mdc_workbench.notebooks.runner import result_from_markers, run_plan, run_status, thread_env, thread_share
+from mdc_workbench.notebooks.summary import _fmt, table_markdown
 
 TINY_BODY = """\
 import json, pathlib
@@ -123,7 +123,7 @@ def test_jobs_run_notebooks_at_once_with_a_share_of_the_threads(tmp_path: Path) 
 HANDOVER_BODY = """\
 import json, os, pathlib, time
 import torch
-import mdc_core.workbench.notebook  # noqa: F401  (under the runner: follow its thread share)
+import mdc_workbench.notebooks.notebook  # noqa: F401  (under the runner: follow its thread share)
 out = pathlib.Path(output_dir)
 seen = []
 deadline = time.time() + (value if value > 1 else 0)

@@ -241,7 +241,7 @@ def test_attention_is_off_by_default(tiny_model):
 
 
 def test_guided_sampling_reports_the_conditional_models_attention(tiny_model):
-    from mdc_core.masked_conditional.guidance import GuidanceConfig, GuidedCaptioner
+    from mdc_workbench.masked_conditional.guidance import GuidanceConfig, GuidedCaptioner
     model = tiny_model()
     image_tokens = model.encode_image(torch.randn(1, 3, 32, 32))
     out = sample(GuidedCaptioner(model, GuidanceConfig(mode="cfg", scale=2.0)), image_tokens,

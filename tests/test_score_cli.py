@@ -7,10 +7,10 @@ import torch
 from PIL import Image
 
 from mdc_core.checkpoint import save_checkpoint
-from mdc_core.cli import main
 from mdc_core.config import ObjectiveConfig, RunConfig, SamplerConfig
 from mdc_core.factory import create_model
 from mdc_core.tokenizer import build_output_vocab
+from mdc_workbench.cli import main
 
 from .conftest import micro_config
 

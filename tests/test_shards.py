@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from mdc_core.bench.data import measure
-from mdc_core.cli import main
 from mdc_core.config import DataConfig
 from mdc_core.data import build_loader
 from mdc_core.data.shards import write_shards
+from mdc_workbench.bench.data import measure
+from mdc_workbench.cli import main
 
 
 def _images(folder: Path, n: int) -> list[Path]:

@@ -140,7 +140,7 @@ def test_auto_static_shapes_stay_off_for_a_model_that_sees_pads(data):
 
 def test_config_key_ignores_how_the_step_runs(data, tmp_path):
     """A model cached by the notebooks serves a run that differs only in compile / static shapes."""
-    from mdc_core.workbench.notebook import config_key
+    from mdc_workbench.notebooks.notebook import config_key
 
     base = micro_run(data)
     assert config_key(base) == config_key(micro_run(data, "train.compile=reduce-overhead",

@@ -1,5 +1,5 @@
 """Intervals, differences and verdicts of the evidence protocol against hand-computed values and constructed
-cases (mdc_core.eval.stats, mdc_core.eval.claims)."""
+cases (mdc_workbench.eval.stats, mdc_workbench.eval.claims)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from mdc_core.eval.claims import (
+from mdc_workbench.eval.claims import (
     PAPER_CLAIMS,
     Cell,
     Claim,
@@ -21,8 +21,8 @@ from mdc_core.eval.claims import (
     evaluate_claims,
     gather_tables,
 )
-from mdc_core.eval.paper_claims import TABLE1_MARGIN, TABLE2_COLUMNS, TABLE4_ROW
-from mdc_core.eval.stats import (
+from mdc_workbench.eval.paper_claims import TABLE1_MARGIN, TABLE2_COLUMNS, TABLE4_ROW
+from mdc_workbench.eval.stats import (
     EQUIVALENT,
     EVERY,
     HOLDS,
@@ -445,7 +445,7 @@ def test_the_decision_table_by_hand() -> None:
 
 
 def test_the_statistics_modules_import_no_torch() -> None:
-    code = ("import sys; import mdc_core.eval.stats, mdc_core.eval.claims; "
+    code = ("import sys; import mdc_workbench.eval.stats, mdc_workbench.eval.claims; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
@@ -468,7 +468,7 @@ def test_claim_names_what_the_table_lacks() -> None:
 
 
 def test_probe_scores_and_items_average_the_evidence_tasks() -> None:
-    from mdc_core.workbench.probe_report import probe_items, probe_scores, probe_table
+    from mdc_workbench.notebooks.probe_report import probe_items, probe_scores, probe_table
 
     result = {"tasks": {"shape": {"top1": 0.5, "test_correct": [1, 0, 1, 0]},
                         "colour": {"top1": 1.0, "test_correct": [1, 1, 1, 1]},
@@ -487,7 +487,7 @@ def test_probe_scores_and_items_average_the_evidence_tasks() -> None:
 def test_chance_corrected_probe_mean_subtracts_the_random_row_of_the_same_feature_kind() -> None:
     """Gains over the random-init row of the same pooling (GAP vs GAP, CLS vs CLS), per task and their mean, with
     per-image items whose means are the gains."""
-    from mdc_core.workbench.probe_report import probe_gains, probe_items, probe_scores, probe_table
+    from mdc_workbench.notebooks.probe_report import probe_gains, probe_items, probe_scores, probe_table
 
     def run(pool: str, init: str, shape: list[int], count: list[int]) -> dict:
         return {"pool": pool, "init": init, "tasks": {
@@ -516,7 +516,7 @@ def test_chance_corrected_probe_mean_subtracts_the_random_row_of_the_same_featur
 
 
 def test_compositionality_items_pair_the_examples_every_scorer_scored() -> None:
-    from mdc_core.workbench.table_items import compositionality_items
+    from mdc_workbench.notebooks.table_items import compositionality_items
 
     result = {"results": [
         {"label": "ARC", "examples": [{"key": "a", "correct": {"relation": True, "add": False}},

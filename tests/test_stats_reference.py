@@ -1,7 +1,7 @@
-"""The hand-written statistics (mdc_core.eval.stats, mdc_core.eval.cells) against the libraries that define them:
-scipy.stats (Student-t, paired and Welch intervals, p-values, the percentile bootstrap) and statsmodels (Holm's
-step-down). Fixed random data; each comparison also has an input where a classic mistake would show (the normal
-quantile for the t one at n = 3, a bootstrap at the wrong level, Holm without its stop)."""
+"""The hand-written statistics (mdc_workbench.eval.stats, mdc_workbench.eval.cells) against the libraries that define
+them: scipy.stats (Student-t, paired and Welch intervals, p-values, the percentile bootstrap) and statsmodels (Holm's
+step-down). Fixed random data; each comparison also has an input where a classic mistake would show (the normal quantile
+for the t one at n = 3, a bootstrap at the wrong level, Holm without its stop)."""
 
 import math
 
@@ -11,8 +11,8 @@ from scipy import stats as sps
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestPower
 
-from mdc_core.eval.cells import Cell, cell_spread, difference_spread
-from mdc_core.eval.stats import (
+from mdc_workbench.eval.cells import Cell, cell_spread, difference_spread
+from mdc_workbench.eval.stats import (
     EVERY,
     HOLDS,
     REVERSED,

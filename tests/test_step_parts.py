@@ -3,7 +3,7 @@ compiles without graph breaks.
 
 On CUDA the host queues kernels and runs ahead of the GPU until it needs a value the GPU computes: ``.item()``,
 ``.tolist()``, ``.cpu()``/``.numpy()``, ``bool()``/``float()``/``int()`` of a tensor, ``nonzero``, boolean-mask
-indexing, or a blocking host-to-device copy. :class:`~mdc_core.bench.step_phases.SyncCounter` (also what
+indexing, or a blocking host-to-device copy. :class:`~mdc_workbench.bench.step_phases.SyncCounter` (also what
 ``mdc bench step`` counts with) counts such calls on the CPU: device tensors are
 the model's parameters, buffers and gradients, what the step moves with ``.to(device)``, and everything computed
 from them (followed through a ``TorchFunctionMode``); host tensors (the tokenizer's, the host-side batch
@@ -19,8 +19,8 @@ import torch
 import torch._dynamo
 
 import mdc_core.train as train_mod
-from mdc_core.bench.step_phases import SyncCounter
 from mdc_core.data.loaders import BatchStream
+from mdc_workbench.bench.step_phases import SyncCounter
 from tests.train_helpers import micro_run, write_micro_data
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mdc_core.workbench import exercises as ex
-from mdc_core.workbench.plans import ensure_kernel, notebook_parameters
+from mdc_workbench.notebooks import exercises as ex
+from mdc_workbench.notebooks.plans import ensure_kernel, notebook_parameters
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 LESSON = NOTEBOOKS / "00_masked_diffusion_captioning.ipynb"

@@ -14,8 +14,6 @@ from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 from torch.utils.tensorboard import SummaryWriter
 
 from mdc_core.checkpoint import CKPT_DIR
-from mdc_core.cli import build_parser
-from mdc_core.cli.train import _train_config
 from mdc_core.config import ConfigError
 from mdc_core.tensorboard_log import (
     NOT_DRAWN,
@@ -27,6 +25,8 @@ from mdc_core.tensorboard_log import (
     validation_problem,
 )
 from mdc_core.train import train
+from mdc_workbench.cli import build_parser
+from mdc_workbench.cli.train import _train_config
 from tests.train_helpers import (
     assert_same_metrics,
     micro_run,

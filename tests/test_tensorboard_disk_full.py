@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mdc_core.cli import main
+from mdc_workbench.cli import main
 from tests.test_cli import MICRO_SETS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = """
 import errno, sys
 from tensorboard.summary.writer import record_writer
-from mdc_core.cli import main
+from mdc_workbench.cli import main
 real, calls = record_writer.RecordWriter.write, {"n": 0}
 
 def fills_up(self, data):

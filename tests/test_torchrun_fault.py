@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mdc_core import checkpoint as ck
-from mdc_core.cli import main
+from mdc_workbench.cli import main
 from tests.test_cli import MICRO_SETS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +42,7 @@ def test_a_rank_killed_under_torchrun_stops_the_other_with_one_line_and_resume_g
     data, run = tmp_path / "data", tmp_path / "run"
     assert main(["data", "synth", "--out", str(data), "--n", "64", "--seed", "3", "--image-size", "32",
                  "--captions", "short", "--shard-size", "8"]) == 0  # every rank needs its own shards
-    cmd = [TORCHRUN, "--standalone", "--nproc_per_node=2", "-m", "mdc_core", "train", "--preset", "tiny", "--data",
+    cmd = [TORCHRUN, "--standalone", "--nproc_per_node=2", "-m", "mdc_workbench", "train", "--preset", "tiny", "--data",
            str(data), "--out", str(run), "--steps", "400", "--quiet", *MICRO_SETS, "--set", "train.batch_size=4",
            "--set", "train.dist_timeout_s=30"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

@@ -1,7 +1,7 @@
 """``mdc train``'s console notes: a run that never leaves warm-up, truncation with its total and advice, the
 first logged step and the corpus vocabulary line."""
 
-from mdc_core.cli.train import truncation_note, warmup_note
+from mdc_workbench.cli.train import truncation_note, warmup_note
 
 
 def test_warmup_note_only_when_the_run_never_leaves_warm_up():

@@ -5,8 +5,8 @@ import json
 import pytest
 from PIL import Image
 
-from mdc_core.cli import main
-from mdc_core.workbench.animation import load_record, record_image
+from mdc_workbench.cli import main
+from mdc_workbench.notebooks.animation import load_record, record_image
 from tests.test_cli import MICRO_SETS
 
 

@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from mdc_core.cli import main
 from mdc_core.encoders import build_image_encoder
-from mdc_core.masked_conditional.vqgan import DiffusersVQEncoder, vqgan_encoder_kwargs
 from mdc_core.model import Captioner
+from mdc_workbench.cli import main
+from mdc_workbench.masked_conditional.vqgan import DiffusersVQEncoder, vqgan_encoder_kwargs
 
 from .conftest import micro_config
 

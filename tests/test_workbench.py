@@ -6,9 +6,9 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from mdc_core.workbench import notebook as wb
-from mdc_core.workbench import trajectory_view
-from mdc_core.workbench.paper import PAPER
+from mdc_workbench.notebooks import notebook as wb
+from mdc_workbench.notebooks import trajectory_view
+from mdc_workbench.notebooks.paper import PAPER
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,7 +66,7 @@ def test_cache_lock_makes_a_second_writer_wait_and_says_so(tmp_path, monkeypatch
     import threading
     import time
 
-    from mdc_core.workbench import progress
+    from mdc_workbench.notebooks import progress
 
     monkeypatch.setattr(wb, "LOCK_WAIT_REPORT_S", 0.05)
     monkeypatch.setenv(progress.ENV, str(tmp_path / "progress.json"))

@@ -1,5 +1,0 @@
-"""The `mdc` command line: one module per verb group; `mdc = mdc_core.cli:main`."""
-
-from mdc_core.cli.main import build_parser, main
-
-__all__ = ["build_parser", "main"]

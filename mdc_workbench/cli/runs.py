@@ -1,0 +1,52 @@
+"""``mdc runs PLAN``: execute a plan's notebooks with papermill over its parameter grid, then summarise."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from mdc_workbench.cli.common import flags
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    runs = sub.add_parser("runs", help="execute notebooks with papermill over a plan's parameter grid",
+                          parents=[flags(quiet=True)])
+    runs.add_argument("plan", help="plan YAML file (see plans/)")
+    runs.add_argument("--dry-run", action="store_true", help="check the plan, parameters and notebooks; run nothing")
+    runs.add_argument("--jobs", type=int, help="notebooks executed at once, each with cpu_count // jobs threads "
+                      "(default: the plan's 'jobs', else 1)")
+    runs.add_argument("--deadline", type=float, metavar="S", help="stop after S seconds: no run starts later, the "
+                      "running ones are stopped and marked FAILED, the summary holds what finished (default: the "
+                      "plan's 'deadline_s', else none)")
+
+
+def cmd_runs(args: argparse.Namespace) -> None:
+    from mdc_workbench.notebooks.plans import load_plan
+    from mdc_workbench.notebooks.runner import describe_plan, run_plan
+
+    plan = load_plan(args.plan)
+    if args.dry_run:
+        print(describe_plan(plan))
+        print("\nplan is valid (nothing was run)")
+        return
+    if args.jobs is not None and args.jobs < 1:
+        raise SystemExit(f"mdc runs: --jobs must be a positive integer, got {args.jobs}")
+    if args.deadline is not None and args.deadline <= 0:
+        raise SystemExit(f"mdc runs: --deadline must be a positive number of seconds, got {args.deadline}")
+    results = run_plan(plan, progress=not args.quiet, jobs=args.jobs, deadline_s=args.deadline)
+    failed = [r for r in results if r.status == "failed"]
+    print(f"plan {plan.name}: {len(results) - len(failed)} of {len(results)} runs finished; "
+          f"summary: {plan.out_dir / 'summary.md'}")
+    for r in failed:
+        print(f"  FAILED {r.run_id}: {r.error.splitlines()[0][:200]}  (see {r.run_dir})")
+    for r in results:  # notebooks that name the model they trained (01) point at the app
+        try:
+            model_dir = json.loads((r.run_dir / "metrics.json").read_text())["run_dir"]
+        except (OSError, ValueError, KeyError):
+            continue
+        print(f"watch {r.run_id}'s model caption: mdc app --run {model_dir}")
+    if failed:
+        raise SystemExit(1)
+
+
+HANDLERS = {"runs": cmd_runs}

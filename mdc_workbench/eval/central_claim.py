@@ -1,0 +1,498 @@
+"""The paper's central claim, measured once (``mdc eval central-claim``; notebook 03's last section).
+
+The paper (abstract, Sec. 1): in autoregressive captioning "later text tokens can be predicted so well from the
+earlier ones that the image becomes decreasingly important", while "the strength of the visual learning signal in
+MDC does not depend on each token's position". Two per-token measures, each under the model's *own training
+conditions* (ARC: teacher forcing, weight 1; a masked objective: per caption a ratio t from its training
+distribution, :func:`mdc_core.objectives.mask_rates`, its masked tokens scored, weight 1/t where it trains so;
+`draws` seeded draws, a token's value the mean over the draws that masked it):
+
+* **gradient**, the visual learning signal itself: ``g[b][i] = || d (w_b CE_bi) / d V_b ||_2``, the gradient of the
+  token's loss term with respect to the image tokens V_b (M, D) fed to the decoder: what training sends into the
+  encoder from that token. One backward pass per caption column (captions are independent in the decoder).
+* **pmi**, in distribution: the image's information about the token given the same context::
+
+      pmi[b][i] = log p(c_i | ctx, I_b) - log sum_k w_k p(c_i | ctx, I_k),   w_k = p(ctx | I_k) / sum_k' p(ctx | I_k')
+
+  over a pool of P = 1 + `pool` images (the true one first, then the batch rolled by 1..pool): w_k is
+  p(I_k | ctx) under a uniform prior over the pool, so an image the context contradicts gets (almost) no weight
+  and the marginal never asks how a caption reads under an image it was never seen with (the cue conflict that
+  retired the mismatched-image measure). ctx is what the model conditions on: ARC the tokens before i
+  (p(ctx | I) by teacher forcing, exact); a masked model the unmasked caption tokens (p(ctx | I) by the chain
+  rule over them left to right, each scored with the later ones masked).
+
+Both measures run on **both caption kinds** (``short`` captions and ``clauses``: two-clause captions whose second
+clause restates the first, *predictable*, or names other facts, *unpredictable*), always together.
+
+Statistics (per model, kind and measure): values divided by the model's mean over every scored token; relative
+position x = i / (K - 1); per caption the least-squares **slope** against x; the **binned profile** (5 equal bins
+of x), each caption's bin mean minus its own mean (a **bin deviation**; 0 everywhere = flat); ARC's **fall** (first
+bin minus last bin). Robustness rows: the slope of log(gradient) (scale-free), and the slope without the first
+token and the clause connector. :func:`claim_table` writes them as the ``central_claim`` table of metrics.json with
+per-caption items (the same captions in every row), which :mod:`mdc_workbench.eval.paper_claims` tests as
+docs/evidence.md pre-declares. The retired measures and their numbers: docs/results.md, "History".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mdc_core.config import DataConfig, ObjectiveConfig
+from mdc_core.data import build_loader
+from mdc_core.data.captions import CLAUSE_CONNECTORS, CLAUSE_GROUPS
+from mdc_core.objectives import apply_mask, mask_rates, maskable_positions, objective_spec, trim_padding
+from mdc_core.tokenizer import MASK_ID, CaptionTokenizer
+
+MEASURES = ("gradient", "pmi")
+MEASURE_LABELS = {"gradient": "gradient", "pmi": "PMI"}
+CAPTION_KINDS = ("short", "clauses")  # measured together, reported side by side
+BINS = 5
+CONTRAST = f"{CLAUSE_GROUPS[0]} - {CLAUSE_GROUPS[1]}"
+# The table's name and MDC's flatness margin (FLAT_SHARE) live in mdc_workbench.eval.paper_claims, fixed before any run.
+Row = list[float | None]  # one caption: a value per caption position (None: not scored)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the measure
+
+
+def token_log_probs(model: torch.nn.Module, image_tokens: Tensor, tokens: Tensor, mask: Tensor | None,
+                    select: Tensor | None = None) -> Tensor:
+    """log p of each scored caption token, (n,) in row-major order of the scored (B, L) positions.
+
+    tokens (B, L), image_tokens (B, M, D). `mask` None: teacher forcing (column j predicted from columns < j; every
+    caption column scored). Otherwise the `mask`ed tokens are replaced by ``[MASK]`` and those listed in `select`
+    (default: all masked ones) are scored.
+    """
+    if mask is None:
+        scored = maskable_positions(tokens)[:, 1:]  # (B, L-1) targets in columns 1..
+        logits = model.decode(tokens[:, :-1], image_tokens, select=scored, causal=True)  # (n, V_out)
+        targets = tokens[:, 1:][scored]
+    else:
+        select = mask if select is None else select
+        logits = model.decode(tokens.masked_fill(mask, MASK_ID), image_tokens, select=select, causal=False)
+        targets = tokens[select]
+    rows = model.output_index[targets]
+    if bool((rows < 0).any()):
+        raise ValueError(f"caption token ids {targets[rows < 0].unique()[:5].tolist()} have no row in the model's "
+                         "output vocabulary (its corpus vocabulary comes from other captions)")
+    return -F.cross_entropy(logits.float(), rows, reduction="none")
+
+
+def training_draw(tokens: Tensor, objective: ObjectiveConfig | None, causal: bool, gen: torch.Generator
+                  ) -> tuple[Tensor | None, Tensor]:
+    """One draw of the training conditions: (mask (B, L) or None for teacher forcing, per-caption weight (B,))."""
+    if causal:
+        return None, torch.ones(len(tokens))
+    if objective is None:
+        raise ValueError("a masked (bidirectional) model needs its objective config to draw training masks")
+    t = mask_rates(objective, len(tokens), gen, "cpu")  # (B,) the training distribution's ratios
+    mask = apply_mask(tokens, t, generator=gen)[1]
+    weight = 1.0 / t if objective_spec(objective.name).inv_t_weight else torch.ones_like(t)
+    return mask, weight
+
+
+def token_gradient_norms(model: torch.nn.Module, image_tokens: Tensor, tokens: Tensor, mask: Tensor | None,
+                         weight: Tensor) -> Tensor:
+    """Per scored token ||d (w_b CE_bi) / d image_tokens_b||_2, (n,) in the order of :func:`token_log_probs`."""
+    scored = maskable_positions(tokens) if mask is None else mask
+    where = scored.nonzero().cpu()  # (n, 2): caption, column
+    leaf = image_tokens.detach().requires_grad_(True)
+    out = torch.zeros(len(where), dtype=torch.float64)
+    with torch.enable_grad():
+        ce = -token_log_probs(model, leaf, tokens, mask) * weight.to(leaf.device)[where[:, 0].to(leaf.device)]
+        columns = where[:, 1]
+        for j in columns.unique().tolist():  # a token's loss depends only on its own caption's image tokens
+            pick = columns == j
+            grad = torch.autograd.grad(ce[pick.to(ce.device)].sum(), leaf, retain_graph=True)[0]  # (B, M, D)
+            out[pick] = grad.flatten(1).norm(dim=1).double().cpu()[where[pick, 0]]
+    return out
+
+
+def in_distribution_pmi(log_p: Tensor, log_context: Tensor) -> Tensor:
+    """log p(token | ctx, pool image 0) - log sum_k w_k p(token | ctx, image k), w = softmax_k log p(ctx | image k).
+
+    log_p, log_context: (P, n), the pool's images along dim 0 with the true image first. Returns (n,) in nats.
+    """
+    if log_p.shape != log_context.shape or log_p.dim() != 2 or len(log_p) < 2:
+        raise ValueError(f"need log_p and log_context of the same shape (P >= 2, n); got {tuple(log_p.shape)} and "
+                         f"{tuple(log_context.shape)}")
+    marginal = torch.logsumexp(log_p + log_context, 0) - torch.logsumexp(log_context, 0)  # (n,)
+    return log_p[0] - marginal
+
+
+@torch.no_grad()
+def context_log_likelihood(model: torch.nn.Module, image_tokens: Tensor, tokens: Tensor, mask: Tensor | None
+                           ) -> Tensor:
+    """log p(ctx | image) of each scored token's context, (n,) in the order of :func:`token_log_probs`.
+
+    Teacher forcing: the sum of the log-probabilities of the caption tokens before the scored one. Masked: the
+    unmasked caption tokens by the chain rule left to right (column j scored with the later unmasked ones and
+    the masked ones hidden); the same for every masked token of a caption.
+    """
+    caption = maskable_positions(tokens)  # (B, L)
+    if mask is None:
+        per = torch.zeros(tokens.shape, dtype=torch.float64, device=tokens.device)
+        per[:, 1:][caption[:, 1:]] = token_log_probs(model, image_tokens, tokens, None).double()
+        before = per.cumsum(1) - per  # (B, L) sum over the columns before each
+        return before[caption]
+    visible = caption & ~mask
+    total = torch.zeros(len(tokens), dtype=torch.float64, device=tokens.device)
+    columns = torch.arange(tokens.shape[1], device=tokens.device)
+    for j in visible.any(0).nonzero().flatten().tolist():
+        rows = visible[:, j].nonzero().flatten()  # only the captions whose column j is visible
+        hide = mask[rows] | (visible[rows] & (columns >= j))  # column j and the later visible ones hidden
+        select = visible[rows] & (columns == j)
+        total[rows] += token_log_probs(model, image_tokens[rows], tokens[rows], hide, select).double()
+    return total[:, None].expand(tokens.shape)[mask]
+
+
+@torch.no_grad()
+def token_pmi(model: torch.nn.Module, image_tokens: Tensor, tokens: Tensor, mask: Tensor | None, pool: int
+              ) -> Tensor:
+    """:func:`in_distribution_pmi` of each scored token over the true image and `pool` others of the batch."""
+    k = min(pool, len(tokens) - 1)
+    if k < 1:
+        raise ValueError(f"the PMI needs at least one other image: batch of {len(tokens)}, pool={pool}")
+    pool_images = torch.cat([image_tokens.roll(s, dims=0) for s in range(k + 1)])  # (P * B, M, D), true first
+    pool_tokens = tokens.repeat(k + 1, 1)  # (P * B, L): the captions under every pool image, one batched pass
+    pool_mask = None if mask is None else mask.repeat(k + 1, 1)
+    log_p = token_log_probs(model, pool_images, pool_tokens, pool_mask).double().view(k + 1, -1)  # (P, n)
+    log_ctx = context_log_likelihood(model, pool_images, pool_tokens, pool_mask).view(k + 1, -1)  # (P, n)
+    return in_distribution_pmi(log_p, log_ctx).cpu()
+
+
+@dataclass
+class ClaimScores:
+    """Per caption (data order): its group (``all`` on short captions) and per measure its values by position."""
+
+    mode: str
+    groups: list[str] = field(default_factory=list)
+    tokens: list[list[int]] = field(default_factory=list)  # caption token ids, one per position
+    gradient: list[Row] = field(default_factory=list)
+    pmi: list[Row] = field(default_factory=list)
+
+
+def score_captions(model: torch.nn.Module, batches: Iterable[tuple[Tensor, Tensor, Sequence[str]]], *,
+                   objective: ObjectiveConfig | None = None, draws: int = 4, pool: int = 8, seed: int = 0
+                   ) -> ClaimScores:
+    """Both measures of every caption under the model's training conditions (module docstring).
+
+    Args:
+        model: a captioner (``encode_image``, ``decode``, ``output_index``, ``causal``) in eval mode.
+        batches: (images (B, 3, S, S), tokens (B, L), groups (B names)); B >= 2.
+        objective: a masked model's objective config (its masking distribution and 1/t weight).
+        draws: training-mask draws per batch of a masked model (teacher forcing needs one).
+        pool: other images of the batch in the PMI's pool.
+        seed: seeds the mask draws (drawn on the CPU: the same on every device).
+    """
+    if draws < 1 or pool < 1:
+        raise ValueError(f"need draws >= 1 and pool >= 1; got {draws}, {pool}")
+    causal = bool(getattr(model, "causal", False))
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    out = ClaimScores("teacher_forcing" if causal else "masked")
+    for images, tokens, groups in batches:
+        if not len(images) == len(tokens) == len(groups) or len(images) < 2:
+            raise ValueError(f"a batch needs >= 2 images, as many captions and groups; got {len(images)}, "
+                             f"{len(tokens)}, {len(groups)}")
+        tokens = trim_padding(tokens.cpu())
+        image_tokens = model.encode_image(images.to(device)).detach()  # (B, M, D)
+        sums = {m: torch.zeros(tokens.shape, dtype=torch.float64) for m in MEASURES}
+        counts = torch.zeros(tokens.shape, dtype=torch.float64)
+        on_device = tokens.to(device)
+        for _ in range(1 if causal else draws):
+            mask, weight = training_draw(tokens, objective, causal, gen)
+            scored = maskable_positions(tokens) if mask is None else mask
+            if not bool(scored.any()):
+                continue
+            dev_mask = None if mask is None else mask.to(device)
+            sums["pmi"][scored] += token_pmi(model, image_tokens, on_device, dev_mask, pool)
+            sums["gradient"][scored] += token_gradient_norms(model, image_tokens, on_device, dev_mask, weight)
+            counts[scored] += 1
+        columns = maskable_positions(tokens)
+        for measure in MEASURES:
+            mean = (sums[measure] / counts.clamp(min=1)).masked_fill(counts == 0, math.nan)
+            getattr(out, measure).extend([[None if math.isnan(v) else v for v in mean[b, columns[b]].tolist()]
+                                          for b in range(len(tokens))])
+        out.tokens.extend(tokens[b, columns[b]].tolist() for b in range(len(tokens)))
+        out.groups.extend(str(g) for g in groups)
+    if not out.groups:
+        raise ValueError("no caption to score: the data gave no batch")
+    return out
+
+
+def caption_batches(data: str | Path, image_size: int, context_length: int, *, split: str = "test",
+                    batch_size: int = 32, limit: int = 512) -> Iterator[tuple[Tensor, Tensor, list[str]]]:
+    """(images, tokens, groups) of the first `limit` samples of `split` (group: ``clause_group`` or ``all``)."""
+    if limit < 2 or batch_size < 2:
+        raise ValueError(f"limit and batch_size must be >= 2 (got {limit}, {batch_size})")
+    tokenizer = CaptionTokenizer(context_length)
+    loader = build_loader(DataConfig(path=str(data), shuffle_buffer=0), split=split, image_size=image_size,
+                          batch_size=batch_size, shuffle=False, drop_last=False)
+    seen = 0
+    for batch in loader:
+        n = min(len(batch["caption"]), limit - seen)
+        if n < 2:  # a last batch of one image has no other image for the pool
+            return
+        metas = batch.get("meta") or [{}] * n
+        yield (batch["image"][:n], tokenizer.tokenize_batch(batch["caption"][:n])[0],
+               [str((m or {}).get("clause_group", "all")) for m in metas[:n]])
+        seen += n
+        if seen >= limit:
+            return
+
+
+# ----------------------------------------------------------------------------------------------------------
+# per-caption statistics (torch-free)
+
+
+def positions(length: int) -> np.ndarray:
+    """Relative positions x = i / (K - 1) of a caption's K tokens ([0.0] for one token)."""
+    return np.zeros(1) if length == 1 else np.arange(length) / (length - 1)
+
+
+def _xy(values: Row, drop: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
+    x = positions(len(values)) if values else np.zeros(0)
+    keep = [i for i, v in enumerate(values) if v is not None and math.isfinite(v) and i not in drop]
+    return x[keep], np.array([values[i] for i in keep], dtype=float)
+
+
+def slope(values: Row, drop: Sequence[int] = ()) -> float | None:
+    """Least-squares slope of a caption's values against relative position (positions in `drop` left out);
+    None with fewer than two scored positions."""
+    x, y = _xy(values, drop)
+    if len(x) < 2:
+        return None
+    dx = x - x.mean()
+    return float((dx * (y - y.mean())).sum() / (dx * dx).sum())
+
+
+def bin_deviations(values: Row, bins: int = BINS) -> list[float | None]:
+    """Per bin of relative position the caption's mean there minus its mean over all scored positions (None:
+    empty bin); all 0 for a flat caption."""
+    x, y = _xy(values)
+    if not len(x):
+        return [None] * bins
+    which = np.minimum((x * bins).astype(int), bins - 1)
+    return [float(y[which == k].mean() - y.mean()) if (which == k).any() else None for k in range(bins)]
+
+
+def model_mean(captions: Sequence[Row]) -> float:
+    """The normaliser: the mean over every scored token of every caption (NaN when none is)."""
+    ys = [_xy(c)[1] for c in captions]
+    n = sum(len(y) for y in ys)
+    return float(sum(y.sum() for y in ys) / n) if n else math.nan
+
+
+def caption_items(captions: Sequence[Row], tokens: Sequence[Sequence[int]], measure: str, connectors: set[int],
+                  bins: int = BINS) -> dict[str, list[float | None]]:
+    """Per caption (data order) each statistic of one model and measure, normalised by the model's mean: ``slope``,
+    ``bin 1`` .. ``bin <bins>`` (deviations), ``fall`` (first bin minus last), ``slope w/o first and connector``;
+    the gradient also ``log slope`` (slope of log(gradient), unnormalised). None where a caption lacks it. A model
+    whose mean is not above 0 has no normalised statistics (all None)."""
+    m = model_mean(captions)
+    ok = math.isfinite(m) and m > 0
+    out: dict[str, list[float | None]] = {k: [] for k in ("slope", *(f"bin {k + 1}" for k in range(bins)), "fall",
+                                                           "slope w/o first and connector")}
+    if measure == "gradient":
+        out["log slope"] = []
+    for values, ids in zip(captions, tokens, strict=True):
+        scaled = [None if v is None or not ok else v / m for v in values]
+        devs = bin_deviations(scaled, bins)
+        out["slope"].append(slope(scaled))
+        for k, d in enumerate(devs):
+            out[f"bin {k + 1}"].append(d)
+        out["fall"].append(None if devs[0] is None or devs[-1] is None else devs[0] - devs[-1])
+        drop = [0, *(i for i, t in enumerate(ids) if t in connectors)]
+        out["slope w/o first and connector"].append(slope(scaled, drop))
+        if measure == "gradient":
+            logs = [math.log(v) if v is not None and v > 0 else None for v in values]
+            out["log slope"].append(slope(logs))
+    return out
+
+
+def connector_ids(context_length: int = 77) -> set[int]:
+    """Token ids of the clause connectors (``again``, ``also``), each a single BPE token."""
+    tok = CaptionTokenizer(context_length)
+    return {i for word in CLAUSE_CONNECTORS.values() for i in tok.encode_text(word)}
+
+
+def claim_table(scores: dict[str, dict[str, ClaimScores]], connectors: set[int], bins: int = BINS
+                ) -> dict[str, Any]:
+    """The ``central_claim`` table (metrics.json layout) from ``{kind: {row name: scores}}`` (rows e.g. ARC, MDC
+    scored on the same captions of each kind): columns ``"<kind> <measure>: <statistic>"`` (and per caption group
+    on two-clause captions, ``"... slope, predictable"`` etc. and the paired contrast ``"... slope, predictable -
+    unpredictable"``); values the means over the column's items, items the per-caption values of the captions
+    every row has one for (the same captions in every row: paired)."""
+    values: dict[str, dict[str, float]] = {}
+    items: dict[str, dict[str, list[float]]] = {}
+    for kind, by_row in scores.items():
+        if kind not in CAPTION_KINDS:
+            raise ValueError(f"caption kind must be one of {', '.join(CAPTION_KINDS)}, got {kind!r}")
+        rows = list(by_row)
+        groups = by_row[rows[0]].groups
+        if any(s.groups != groups or len(s.tokens) != len(groups) for s in by_row.values()):
+            raise ValueError(f"the {kind} rows scored different captions: compare runs with the same image size, "
+                             "context length and data")
+        for measure in MEASURES:
+            stats = {r: caption_items(getattr(s, measure), s.tokens, measure, connectors, bins)
+                     for r, s in by_row.items()}
+            columns: dict[str, list[int] | None] = {name: None for name in stats[rows[0]]}
+            slopes = [k for k in stats[rows[0]] if "slope" in k]
+            if kind == "clauses":
+                columns.update({f"{k}, {g}": [i for i, x in enumerate(groups) if x == g]
+                                for k in slopes for g in CLAUSE_GROUPS})
+            for name, members in columns.items():
+                key = name.split(",")[0]
+                idx = range(len(groups)) if members is None else members
+                common = [i for i in idx if all(stats[r][key][i] is not None for r in rows)]
+                for r in rows:
+                    col = [float(stats[r][key][i]) for i in common]  # type: ignore[arg-type]
+                    if col:
+                        items.setdefault(r, {})[f"{kind} {MEASURE_LABELS[measure]}: {name}"] = col
+                        values.setdefault(r, {})[f"{kind} {MEASURE_LABELS[measure]}: {name}"] = sum(col) / len(col)
+            for r in rows if kind == "clauses" else ():
+                for k in slopes:
+                    a, b = (items.get(r, {}).get(f"clauses {MEASURE_LABELS[measure]}: {k}, {g}", [])
+                            for g in CLAUSE_GROUPS)
+                    pairs = [x - y for x, y in zip(a, b, strict=False)]  # k-th predictable with k-th unpredictable
+                    if pairs:
+                        col = f"clauses {MEASURE_LABELS[measure]}: {k}, {CONTRAST}"
+                        items[r][col], values[r][col] = pairs, sum(pairs) / len(pairs)
+    return {"metric": "the central claim: per caption, statistics of each model's per-token visual learning signal "
+                      "(gradient: image-gradient norm of the token's training loss term; PMI: in-distribution "
+                      "pointwise mutual information), normalised by the model's mean, against relative position "
+                      "(slope < 0: falls along the caption; bin k: the caption's k-th fifth minus its mean; fall: "
+                      "first fifth minus last)", "values": values, "items": items}
+
+
+def claim_markdown(table: dict[str, Any]) -> str:
+    """Markdown of :func:`claim_table`: per caption kind and measure, each row's mean slope, fall and largest bin
+    deviation (one seed's means; the verdicts and their intervals come from :mod:`mdc_workbench.eval.claims`)."""
+    rows = list(table["values"])
+    lines = ["| caption kind | measure | " + " | ".join(f"{r}: slope | {r}: fall | {r}: max abs bin" for r in rows)
+             + " |", "|---|---|" + "---|" * (3 * len(rows))]
+    for kind in CAPTION_KINDS:
+        for measure in MEASURES:
+            prefix = f"{kind} {MEASURE_LABELS[measure]}: "
+            cells = []
+            for r in rows:
+                v = table["values"][r]
+                bins = [abs(x) for k, x in v.items() if k.startswith(prefix + "bin ")]
+                cells += [_num(v.get(prefix + "slope")), _num(v.get(prefix + "fall")),
+                          _num(max(bins) if bins else None)]
+            if any(c != "-" for c in cells):
+                lines.append(f"| {kind} | {MEASURE_LABELS[measure]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.3f}"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# runs, figure, and the consequence for features
+
+
+def central_claim_runs(pairs: dict[str, Sequence[str | Path]], data: dict[str, str | Path], *, limit: int = 512,
+                       draws: int = 4, pool: int = 15, seed: int = 0, device: str = "cpu", batch_size: int = 32,
+                       labels: dict[str, str] | None = None) -> dict[str, dict[str, ClaimScores]]:
+    """:func:`score_captions` of each run on the first `limit` test captions of its kind's data set.
+
+    `pairs`: ``{kind: [run folders]}`` (kinds of :data:`CAPTION_KINDS`; e.g. an ARC and an MDC run each); `data`:
+    ``{kind: data folder}``; rows are named by `labels` (objective -> name; default the objective in capitals).
+    Returns ``{kind: {row name: scores}}``, :func:`claim_table`'s input.
+    """
+    from mdc_core.checkpoint import load_model
+
+    out: dict[str, dict[str, ClaimScores]] = {}
+    for kind, runs in pairs.items():
+        if kind not in CAPTION_KINDS or kind not in data:
+            raise ValueError(f"caption kind {kind!r} needs to be one of {', '.join(CAPTION_KINDS)} with a data set")
+        for run in runs:
+            model, cfg = load_model(run, device=device)
+            if objective_spec(cfg.objective.name).model != "captioner":
+                raise ValueError(f"{run} is a {cfg.objective.name} run: the central claim needs a captioner")
+            row = (labels or {}).get(cfg.objective.name, cfg.objective.name.upper())
+            if row in out.get(kind, {}):
+                raise ValueError(f"two {row} runs on the {kind} captions: give one run per objective and kind")
+            batches = caption_batches(data[kind], cfg.model.image_size, cfg.model.context_length, limit=limit,
+                                      batch_size=batch_size)
+            out.setdefault(kind, {})[row] = score_captions(model, batches, objective=cfg.objective, draws=draws,
+                                                           pool=pool, seed=seed)
+    return out
+
+
+def plot_profiles(table: dict[str, Any], path: str | Path) -> Path:
+    """The binned profiles of :func:`claim_table` (mean bin deviation per row), one panel per caption kind and
+    measure; a PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mdc_workbench.eval.figures import save_png
+
+    fig, axes = plt.subplots(len(MEASURES), len(CAPTION_KINDS), figsize=(8.4, 6.2), squeeze=False, sharex=True)
+    for i, measure in enumerate(MEASURES):
+        for j, kind in enumerate(CAPTION_KINDS):
+            ax, prefix = axes[i][j], f"{kind} {MEASURE_LABELS[measure]}: bin "
+            for row, values in table["values"].items():
+                ys = [values.get(f"{prefix}{k + 1}") for k in range(BINS)]
+                pts = [((k + 0.5) / BINS, y) for k, y in enumerate(ys) if y is not None]
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), marker="o", ms=3, label=row)
+            ax.axhline(0.0, color="grey", lw=0.8)
+            ax.set_title(f"{kind} captions: {MEASURE_LABELS[measure]}", fontsize=9)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
+        axes[i][0].set_ylabel("bin minus caption mean\n(model's mean = 1)")
+    for ax in axes[-1]:
+        ax.set_xlabel("relative caption position")
+    fig.suptitle("visual learning signal along the caption, both caption kinds (means over captions)", fontsize=9)
+    return save_png(fig, path)
+
+
+FEATURE_ATTRIBUTES = {"shape": "colour_last", "colour": "shape_last"}  # attribute -> the order that names it first
+FEATURE_ORDERS = ("shape_last", "colour_last")
+
+
+def feature_order_table(results: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The ``feature_order`` table: ``results[order][row]`` is a probe result
+    (:func:`~mdc_workbench.eval.probe_data.probe_run`, tasks ``shape`` and ``colour``) of the model of that row trained
+    on that caption order, all probed on the same held-out images. Per row: ``<attribute>: late penalty``, per
+    image 100 x (right when the attribute's word comes first) - 100 x (right when it comes last), and ``late
+    penalty``, their mean per image; ``<attribute>: top-1, <order>`` descriptive."""
+    if set(results) != set(FEATURE_ORDERS):
+        raise ValueError(f"need probes after both caption orders {FEATURE_ORDERS}, got {sorted(results)}")
+    rows = list(results[FEATURE_ORDERS[0]])
+    values: dict[str, dict[str, float]] = {}
+    items: dict[str, dict[str, list[float]]] = {}
+    for row in rows:
+        per: dict[str, list[float]] = {}
+        for attribute, first in FEATURE_ATTRIBUTES.items():
+            last = next(o for o in FEATURE_ORDERS if o != first)
+            right = {o: [100.0 * float(x) for x in results[o][row]["tasks"][attribute]["test_correct"]]
+                     for o in FEATURE_ORDERS}
+            if len(right[first]) != len(right[last]):
+                raise ValueError(f"{row}: the two orders were probed on different test images")
+            per[attribute] = [a - b for a, b in zip(right[first], right[last], strict=True)]
+            for o in FEATURE_ORDERS:
+                items.setdefault(row, {})[f"{attribute}: top-1, {o}"] = right[o]
+        per["late penalty"] = [(a + b) / 2 for a, b in zip(per["shape"], per["colour"], strict=True)]
+        for name, col in per.items():
+            key = name if name == "late penalty" else f"{name}: late penalty"
+            items[row][key] = col
+        values[row] = {k: sum(v) / len(v) for k, v in items[row].items()}
+    return {"metric": "probe top-1 % on held-out images where shape and colour are not linked, after training on "
+                      "captions that name the attribute first or last (late penalty: first minus last, points)",
+            "values": values, "items": items}

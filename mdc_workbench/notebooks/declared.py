@@ -1,0 +1,110 @@
+"""Pre-declaration, enforced: the fingerprint of what a plan's verdicts are judged under, recorded when its first run
+starts and compared when its summary is written (torch-free).
+
+The *definitions* are everything that decides a verdict besides the data: the claims table and the statements no
+table tests (:data:`~mdc_workbench.eval.paper_claims.PAPER_CLAIMS`, ``NOT_ENCODED``), the paper's numbers
+(:data:`~mdc_workbench.notebooks.paper.PAPER`), the statistical constants and margins (``mdc_workbench.eval.stats``'s
+confidence, power and bootstrap sizes; ``mdc_workbench.eval.paper_claims``'s upper-case constants), and the source text
+of the deciding functions (:data:`DECIDING`, read by :func:`inspect.getsource`). :func:`fingerprint` hashes each
+group and the whole. The runner writes it into the plan folder as ``declared.json`` when a plan starts and the
+file is absent (:func:`record_start`); the summary records the fingerprint it was judged under beside it and, when
+the two differ, says so in its first lines (:func:`declaration_lines`). A plan folder whose runs finished before
+this existed has no record, and its summary says that instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+DECLARED = "declared.json"  # in the plan folder, beside summary.md
+GROUPS = ("claims", "paper", "constants", "source")
+GROUP_TEXT = {"claims": "the claims table", "paper": "the paper's numbers",
+              "constants": "the margins and statistical constants", "source": "the code of the deciding functions"}
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def deciding_functions() -> list[Any]:
+    """The functions whose code turns gathered tables into verdicts (their source is part of the fingerprint)."""
+    from mdc_workbench.eval import cells, claims, stats
+
+    return [claims.evaluate_claim, claims._comparisons, claims._rows, claims._match, claims._solved_blind,
+            cells.difference_spread, stats.decide, stats._part_at, stats.holm_step_down, stats.detectable_difference,
+            stats._t_power_multiple, stats.power_verdict, stats.equivalence_verdict, stats.null_value,
+            stats.Spread.interval, stats.Spread.p_value]
+
+
+def constants() -> dict[str, Any]:
+    """The statistical constants and the claims module's margins and effects, by name."""
+    from mdc_workbench.eval import paper_claims, stats
+
+    out = {f"stats.{k}": getattr(stats, k) for k in ("CONFIDENCE", "ALPHA", "POWER", "N_BOOT", "N_BOOT_TESTS",
+                                                     "MIN_ITEMS")}
+    tables = ("PAPER_CLAIMS", "NOT_ENCODED")  # hashed as the claims table
+    out.update({f"paper_claims.{k}": v for k, v in vars(paper_claims).items()
+                if k.isupper() and k not in tables and isinstance(v, (int, float, str, tuple))})
+    return out
+
+
+def fingerprint() -> dict[str, str]:
+    """12-hex-digit hashes of each group of definitions (:data:`GROUPS`) and of all of them (``"definitions"``)."""
+    from mdc_workbench.eval.paper_claims import NOT_ENCODED, PAPER_CLAIMS
+    from mdc_workbench.notebooks.paper import PAPER
+
+    parts = {"claims": _sha(repr(PAPER_CLAIMS) + repr(NOT_ENCODED)),
+             "paper": _sha(repr([(k, v.title, v.metric, v.values) for k, v in PAPER.items()])),
+             "constants": _sha(repr(sorted(constants().items()))),
+             "source": _sha("".join(inspect.getsource(f) for f in deciding_functions()))}
+    return {**parts, "definitions": _sha(json.dumps(parts, sort_keys=True))}
+
+
+def read_start(out: Path) -> dict[str, Any] | None:
+    """The record `out`/declared.json holds (None when absent). A file that is not a record raises, naming it."""
+    path = Path(out) / DECLARED
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not JSON ({err}); it records the definitions a plan's runs started under") from err
+    if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in (*GROUPS, "definitions")):
+        raise ValueError(f"{path}: needs the fingerprints {', '.join((*GROUPS, 'definitions'))} as strings")
+    return record
+
+
+def record_start(out: Path, runs_finished: bool) -> dict[str, Any] | None:
+    """At a plan's start: write the current :func:`fingerprint` into `out`/declared.json unless it is there; return
+    the record. When the file is absent but runs of the plan already finished (`runs_finished`: a folder from before
+    declarations were recorded), nothing is written and None returned: when those runs began is not known."""
+    record = read_start(out)
+    if record is not None or runs_finished:
+        return record
+    record = {**fingerprint(), "recorded": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / DECLARED).write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def declaration_lines(start: dict[str, Any] | None, now: dict[str, str]) -> list[str]:
+    """The summary's first lines on pre-declaration: a warning when the definitions `now` (the summary's
+    :func:`fingerprint`) differ from those recorded at the start (`start`), naming what changed; one plain line
+    when they match; a note when the start was not recorded."""
+    if start is None:
+        return [f"Definitions `{now['definitions']}` (claims, paper numbers, margins, deciding code: "
+                f"`{DECLARED}`); when this plan's first run started was not recorded (runs from before "
+                "2026-11-28), so whether they changed since is not known.", ""]
+    if start["definitions"] == now["definitions"]:
+        return [f"Definitions `{now['definitions']}`: the same as when this plan's first run started "
+                f"({start.get('recorded', 'time not recorded')}; `{DECLARED}`).", ""]
+    changed = ", ".join(GROUP_TEXT[g] for g in GROUPS if start[g] != now[g])
+    when = start.get("recorded", "time not recorded")
+    return [f"**Warning: the claim definitions changed after this plan's runs began.** Judged under "
+            f"`{now['definitions']}`; its first run started under `{start['definitions']}` ({when}). "
+            f"Changed: {changed}. The verdicts below were not declared before the data were seen.", ""]

@@ -1,0 +1,432 @@
+"""``make gpu-check``: everything a rare, short GPU loan should measure, in one command that stops itself in time.
+
+    python -m mdc_workbench.notebooks.gpu_check --out gpu_check_out [--budget-s 540]   # on a CUDA machine
+    python -m mdc_workbench.notebooks.gpu_check --out /tmp/gc --tiny                  # the same structure on a CPU
+
+Phases, each a child process with its own time limit, all writing into `--out`:
+
+1. ``bench/``: ``mdc bench`` on ``vit_b32`` at batch 128 (training rows eager and compiled with CUDA graphs, ARC,
+   OpenCLIP CoCa; captioning at N' = 20; the profile of the compiled step in the training precision; host
+   operations per step) and at batch 256 (training rows only), and ``tiny_fast`` (eager vs CUDA graphs). The bench
+   runs alone, so its timings are the machine's.
+2. Then, side by side (none of them times anything the bench reports): the evidence plan
+   ``plans/gpu_check.yaml`` (``mdc runs`` with a deadline: whatever finished is summarised), the CUDA tests, and
+   ``python -m mdc_workbench.bench.precision_curves`` (fp32 vs bf16 loss curves of the CUDA test's setting).
+3. ``summary.md``: the machine, each phase's outcome and time, the bench's targets, the plan's summary.
+
+Each phase runs in its own process group (session): a phase past its time limit, and every running phase when the
+check gets SIGTERM or SIGINT, is stopped as a whole group (SIGTERM, then after a grace period SIGKILL to what is
+left), so no child outlives the check; a stopped check still writes ``summary.md`` with what finished, what was
+stopped and what never started, and exits 128 + the signal number.
+
+``--tiny`` runs the same phases on the CPU at a budget of seconds (a plain-ViT bench with ``--quick``, the plan
+scaled to a few steps and one seed by :func:`scale_plan`, no CUDA tests): the structure is tested in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PLAN = Path("plans/gpu_check.yaml")
+GOAL_MIN = 8.0  # the evidence plan's wall-clock goal on one GPU (minutes)
+STEP_S = 0.0228  # tiny_fast training step, batch 64, eager, one process on an H200 (benchmarks/README.md)
+RUN_EXTRA_S = 45.0  # per run: kernel start, data load, probes or the signal measure (an allowance, not measured)
+CUDA_TESTS = ["tests/test_cuda.py", "tests/test_step_parts.py", "tests/test_static_step.py"]
+
+
+@dataclass
+class Phase:
+    """One child process of the check: its command, time limit, log file, and what happened."""
+
+    name: str
+    cmd: list[str]
+    timeout_s: float
+    log: Path
+    env: dict[str, str] = field(default_factory=dict)
+    returncode: int | None = None
+    seconds: float = 0.0
+    timed_out: bool = False
+    proc: Any = None
+    start: float = 0.0
+    stopped: str = ""  # why the check stopped this phase before it ended ("" when it ended or hit its limit)
+    grace_s: float = 20.0  # after SIGTERM to the phase's process group, how long before SIGKILL
+
+    def launch(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.start = time.monotonic()
+        self.fh = open(self.log, "w")
+        self.fh.write("$ " + " ".join(self.cmd) + "\n")
+        self.fh.flush()
+        self.proc = subprocess.Popen(self.cmd, stdout=self.fh, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
+
+    def wait(self) -> None:
+        try:
+            self.returncode = self.proc.wait(timeout=max(1.0, self.timeout_s - (time.monotonic() - self.start)))
+        except subprocess.TimeoutExpired:
+            self.timed_out = True
+            self.returncode = end_group(self.proc, self.grace_s)
+        self._close()
+
+    def stop(self, why: str) -> None:
+        """End the phase's whole process group now (the check was stopped); nothing when it has ended."""
+        if self.proc is None or self.returncode is not None:
+            return
+        self.stopped = why
+        self.returncode = end_group(self.proc, self.grace_s)
+        self._close()
+
+    def _close(self) -> None:
+        self.seconds = time.monotonic() - self.start
+        note = " (time limit)" if self.timed_out else f" ({self.stopped})" if self.stopped else ""
+        self.fh.write(f"\n[gpu_check] {self.name}: exit {self.returncode} after {self.seconds:.0f} s{note}\n")
+        self.fh.close()
+
+    def record(self) -> dict[str, Any]:
+        return {"phase": self.name, "command": " ".join(self.cmd), "returncode": self.returncode,
+                "seconds": round(self.seconds, 1), "timed_out": self.timed_out, "stopped": self.stopped,
+                "log": self.log.name}
+
+
+def end_group(proc: subprocess.Popen, grace_s: float) -> int:
+    """SIGTERM the process group led by `proc` (a phase started in its own session), wait up to `grace_s` for the
+    leader to exit and the group to empty, then SIGKILL whatever of the group is left; returns the exit code."""
+    _signal_group(proc.pid, signal.SIGTERM)
+    end = time.monotonic() + grace_s
+    while time.monotonic() < end and (proc.poll() is None or _group_alive(proc.pid)):
+        time.sleep(0.1)
+    _signal_group(proc.pid, signal.SIGKILL)
+    return proc.wait()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):  # the group has ended
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of the group is still running (zombies waiting for their reaper do not count)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+class CheckStopped(Exception):
+    """SIGTERM or SIGINT reached the check: stop the running phases and write what finished."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+def scale_plan(source: Path, out: Path, *, steps: dict[int, int], device: str, seeds: list[int], n_train: int,
+               n_eval: int, probe_limit: int, position_limit: int, jobs: int, name: str, output_root: Path) -> Path:
+    """A copy of the plan `source` at another budget: every ``steps`` value (the base one and each entry's) mapped by
+    `steps` (old -> new; warm-up and checkpoint intervals follow as the same fraction), on `device`, with `seeds`,
+    smaller data and probes, and its own output folders: runs, ``_data`` and ``_models`` under
+    `output_root`/<name>/."""
+    plan = yaml.safe_load(source.read_text())
+    old_prefix = f"{plan.get('output_root', 'papermill_runs')}/{plan['name']}/"
+    new_prefix = f"{output_root}/{name}/"
+
+    def rescale(params: dict[str, Any]) -> None:
+        if "steps" in params:
+            old = params["steps"]
+            if old not in steps:
+                raise ValueError(f"plan {source}: no scaled budget for {old} steps; give scale_plan one")
+            new = steps[old]
+            params["steps"] = new
+            over = params.get("overrides", {})
+            for key in ("train.warmup_steps", "train.ckpt_every", "train.log_every"):
+                if key in over:
+                    over[key] = max(1, round(over[key] * new / old))
+        for key, value in list(params.items()):
+            if isinstance(value, str):
+                params[key] = value.replace(old_prefix, new_prefix)
+
+    base = plan["parameters"]
+    base.update(device=device, n_train=n_train, n_eval=n_eval, probe_limit=probe_limit)
+    rescale(base)
+    for entry in plan["notebooks"]:
+        params = entry.setdefault("parameters", {}) if isinstance(entry, dict) else {}
+        if "overrides" in params and "steps" not in params:
+            params["steps"] = base["steps"]
+        if "steps" in params and "overrides" not in params:
+            params["overrides"] = dict(base.get("overrides", {}))
+        if "steps" in params:
+            old = params["steps"]
+            if old not in steps:
+                raise ValueError(f"plan {source}: no scaled budget for {old} steps; give scale_plan one")
+        rescale(params)
+        if "position_limit" in params:
+            params["position_limit"] = min(params["position_limit"], position_limit)
+        if isinstance(entry, dict) and "seeds" in entry:
+            entry["seeds"] = seeds
+    plan.update(name=name, seeds=seeds, jobs=jobs, output_root=str(output_root))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(yaml.safe_dump(plan, sort_keys=False))
+    return out
+
+
+def _param(run: Any, declared: dict[str, Any], key: str) -> Any:
+    """A run's parameter `key`: the plan's value, else the notebook's declared default."""
+    import ast
+
+    if key in run.parameters:
+        return run.parameters[key]
+    default = declared.get(key, {}).get("default")
+    return None if default is None else ast.literal_eval(default.replace("true", "True").replace("false", "False"))
+
+
+def trained_models(run: Any, declared: dict[str, Any]) -> int:
+    """How many models of the run's ``steps`` notebook 03 trains for `run`: one per objective, one per (objective,
+    learning rate) of a sweep (``lrs``; the chosen one is reused), an ARC + MDC pair per caption kind for the central
+    claim (``position_signal``: short and two-clause captions; the short pair is the run's own ARC and MDC when it
+    trains them) and per caption order for its features (``feature_orders``)."""
+    objectives = _param(run, declared, "objectives") or []
+    swept = [o for o in objectives if o in ("clip", "arc", "mdc")]
+    n = len(objectives) + len(swept) * max(0, len(_param(run, declared, "lrs") or []) - 1)
+    if _param(run, declared, "position_signal"):
+        own = _param(run, declared, "captions") == "short" and {"arc", "mdc"} <= set(objectives) and not \
+            _param(run, declared, "lrs")  # this run's own ARC and MDC are the short pair
+        n += 2 if own else 4
+    if _param(run, declared, "feature_orders"):
+        n += 4
+    return n
+
+
+def plan_minutes(plan: Any, *, step_s: float = STEP_S, extra_s: float = RUN_EXTRA_S, jobs: int | None = None
+                 ) -> tuple[float, list[tuple[str, float, float]]]:
+    """The plan's wall-clock estimate on one GPU, in minutes, and ``(run id, start, end)`` per run (minutes): each
+    run takes ``trained_models x steps x step_s + extra_s``, and runs start in plan order as one of `jobs` slots
+    frees (:mod:`mdc_workbench.notebooks.runner`), taking runs that share the GPU not to slow each other (not measured).
+    `plan` is a :class:`~mdc_workbench.notebooks.plans.Plan`. Example: 2 runs of 1 model x 1000 steps at 0.06 s,
+    ``extra_s=0``, one slot: 1 + 1 = 2.0 minutes."""
+    if step_s <= 0 or extra_s < 0:
+        raise ValueError(f"step_s must be > 0 and extra_s >= 0, got {step_s} and {extra_s}")
+    slots = [0.0] * (jobs or plan.jobs)
+    schedule = []
+    for run in plan.runs:
+        declared = plan.declared.get(str(run.notebook), {})
+        seconds = trained_models(run, declared) * int(_param(run, declared, "steps")) * step_s + extra_s
+        k = min(range(len(slots)), key=slots.__getitem__)
+        schedule.append((run.run_id, slots[k] / 60, (slots[k] + seconds) / 60))
+        slots[k] += seconds
+    return max(slots) / 60, schedule
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
+                            "cpu_count": os.cpu_count(), "platform": platform.platform()}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1),
+                    multiprocessors=props.multi_processor_count, cuda=torch.version.cuda)
+    return info
+
+
+def bench_phases(out: Path, tiny: bool, python: str) -> list[Phase]:
+    """The bench runs, one after another (each a fresh ``mdc bench``; each row its own process inside)."""
+    mdc = [python, "-m", "mdc_workbench", "bench"]
+    if tiny:
+        return [Phase("bench_tiny", [*mdc, "--quick", "--device", "cpu", "--rows", "mdc,arc", "--sections", "none",
+                                     "--count-ops", "--out", str(out / "bench_tiny.json")], 600,
+                      out / "bench_tiny.log")]
+    common = ["--device", "cuda", "--steps", "10", "--row-timeout", "120"]
+    return [
+        Phase("bench_vit_b32_b128", [*mdc, "--preset", "vit_b32", *common, "--set", "train.batch_size=128",
+                                     "--rows", "mdc,mdc_graphs,arc,coca", "--sections", "caption", "--profile", "25",
+                                     "--count-ops", "--out", str(out / "bench_vit_b32_b128.json")], 210,
+              out / "bench_vit_b32_b128.log"),
+        Phase("bench_vit_b32_b256", [*mdc, "--preset", "vit_b32", *common, "--set", "train.batch_size=256",
+                                     "--rows", "mdc_graphs,arc", "--sections", "none",
+                                     "--out", str(out / "bench_vit_b32_b256.json")], 110,
+              out / "bench_vit_b32_b256.log"),
+        Phase("bench_tiny_fast", [*mdc, "--preset", "tiny_fast", *common, "--rows", "mdc,mdc_graphs",
+                                  "--sections", "none", "--count-ops", "--out", str(out / "bench_tiny_fast.json")], 80,
+              out / "bench_tiny_fast.log"),
+    ]
+
+
+def side_phases(out: Path, tiny: bool, python: str, plan: Path, deadline_s: float) -> list[Phase]:
+    """The evidence plan, the CUDA tests and the precision curves, run side by side."""
+    phases = [Phase("evidence_plan", [python, "-m", "mdc_workbench", "runs", "--quiet", str(plan), "--deadline",
+                                      str(round(deadline_s))],
+                    deadline_s + 40, out / "evidence_plan.log")]
+    if not tiny:
+        phases.append(Phase("cuda_tests", [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *CUDA_TESTS],
+                            deadline_s, out / "cuda_tests.log"))
+        phases.append(Phase("precision_curves", [python, "-m", "mdc_workbench.bench.precision_curves", "--out",
+                                                 str(out / "precision_curves.json")], deadline_s,
+                            out / "precision_curves.log"))
+    return phases
+
+
+def _targets(out: Path) -> list[str]:
+    lines = []
+    for path in sorted(out.glob("bench_*.json")):
+        report = json.loads(path.read_text())
+        lines.append(f"\n### {path.stem}\n")
+        lines.append("| row | samples/s | step ms | MFU | compile s | error |")
+        lines.append("|---|---|---|---|---|---|")
+        for name, row in report.get("train", {}).items():
+            if "error" in row:
+                lines.append(f"| {name} | | | | | {row['error'][:150]} |")
+                continue
+            compile_s = row.get("compile_s")
+            lines.append(f"| {name} | {row['samples_per_s']:.1f} | {row['step_s'] * 1e3:.2f} | "
+                         f"{row.get('mfu', float('nan')):.3f} | {'' if compile_s is None else f'{compile_s:.0f}'} | |")
+        for target in report.get("targets", []):
+            status = {True: "reached", False: "missed", None: "not measured"}[target["reached"]]
+            value = "-" if target["value"] is None else f"{target['value']:.3g}"
+            lines.append(f"- {target['target']}: {value} (goal {target['goal']}): {status}")
+    return lines
+
+
+def write_summary(out: Path, phases: list[Phase], info: dict[str, Any], plan_out: Path, *, stopped_by: str = "",
+                  not_started: list[str] | None = None) -> Path:
+    """``summary.md`` and ``summary.json`` of the check; the plan's summary files are copied beside them.
+    `stopped_by` (a signal's name) and `not_started` (phase names) describe a check that was stopped early."""
+    for name in ("summary.md", "summary.json", "summary.png", "budget_annealed.png"):
+        if (plan_out / name).is_file():
+            shutil.copy(plan_out / name, out / f"plan_{name}")
+    records = [p.record() for p in phases]
+    record: dict[str, Any] = {"machine": info, "phases": records}
+    if stopped_by:
+        record.update(stopped_by=stopped_by, not_started=list(not_started or []))
+    (out / "summary.json").write_text(json.dumps(record, indent=1) + "\n")
+    lines = ["# gpu-check", "", f"machine: {json.dumps(info)}", ""]
+    if stopped_by:
+        finished = [r["phase"] for r in records if not r["stopped"]]
+        lines += [f"**Stopped by {stopped_by}.** Finished: {', '.join(finished) or 'none'}; stopped: "
+                  f"{', '.join(r['phase'] for r in records if r['stopped']) or 'none'}; not started: "
+                  f"{', '.join(not_started or []) or 'none'}.", ""]
+    lines += ["| phase | exit | seconds | time limit hit | stopped |", "|---|---|---|---|---|"]
+    lines += [f"| {r['phase']} | {r['returncode']} | {r['seconds']} | {r['timed_out']} | {r['stopped']} |"
+              for r in records]
+    lines += ["", "## bench", *_targets(out)]
+    if (out / "plan_summary.md").is_file():
+        lines += ["", "## evidence plan", "", "See plan_summary.md (and plan_summary.png)."]
+    path = out / "summary.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run(out: Path, *, tiny: bool, budget_s: float, python: str = sys.executable, plan: Path = PLAN) -> Path:
+    """All phases into `out`; returns the summary's path. `budget_s`: the whole check's wall-clock budget."""
+    start = time.monotonic()
+    out.mkdir(parents=True, exist_ok=True)
+    info = machine()
+    spec = yaml.safe_load(plan.read_text())
+    plan_out = Path(spec.get("output_root", "papermill_runs")) / spec["name"]
+    if tiny:
+        plan = scale_plan(plan, out / "gpu_check_tiny.yaml", steps={8000: 4, 1600: 2, 400: 1}, device="cpu",
+                          seeds=[0], n_train=64, n_eval=32, probe_limit=32, position_limit=8, jobs=2,
+                          name="gpu_check_tiny", output_root=out / "plan_runs")
+        plan_out = out / "plan_runs" / "gpu_check_tiny"
+    bench = bench_phases(out, tiny, python)
+    planned = [p.name for p in bench] + [p.name for p in side_phases(out, tiny, python, plan, deadline_s=60.0)]
+    phases: list[Phase] = []  # in the order they were launched
+    try:
+        with _signals_raise():
+            for phase in bench:
+                left = budget_s - (time.monotonic() - start)
+                phase.timeout_s = min(phase.timeout_s, max(30.0, left - 180))  # keep time for the plan
+                phases.append(phase)
+                phase.launch()
+                phase.wait()
+                print(f"[gpu_check] {phase.name}: exit {phase.returncode} in {phase.seconds:.0f} s", flush=True)
+            left = budget_s - (time.monotonic() - start)
+            side = side_phases(out, tiny, python, plan, deadline_s=max(60.0, left - 45))
+            for phase in side:
+                phases.append(phase)
+                phase.launch()
+            for phase in side:
+                phase.wait()
+                print(f"[gpu_check] {phase.name}: exit {phase.returncode} in {phase.seconds:.0f} s", flush=True)
+    except CheckStopped as stop:
+        with _signals_ignored():  # a second signal must not cut the clean-up short
+            phases = [p for p in phases if p.proc is not None]  # one the signal came before is not started
+            for phase in phases:
+                phase.stop(f"stopped by {stop}")
+            launched = {p.name for p in phases}
+            summary = write_summary(out, phases, info, plan_out, stopped_by=str(stop),
+                                    not_started=[name for name in planned if name not in launched])
+        print(f"[gpu_check] stopped by {stop} after {time.monotonic() - start:.0f} s; what finished: {summary}",
+              file=sys.stderr, flush=True)
+        raise SystemExit(128 + stop.signum) from None
+    summary = write_summary(out, phases, info, plan_out)
+    print(f"[gpu_check] done in {time.monotonic() - start:.0f} s: {summary}", flush=True)
+    return summary
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGTERM and SIGINT raise :class:`CheckStopped` inside the block (the phases run in their own sessions, so
+    a Ctrl-C in the terminal reaches only the check, which stops them)."""
+    def stop(signum: int, _frame: Any) -> None:
+        raise CheckStopped(signum)
+
+    before = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _signals_ignored() -> Iterator[None]:
+    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="the GPU check: bench, evidence plan, CUDA tests (module docstring)")
+    ap.add_argument("--out", default="gpu_check_out", help="folder for every result (default gpu_check_out)")
+    ap.add_argument("--tiny", action="store_true", help="the same structure on the CPU at a budget of seconds")
+    ap.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget of the whole check (s)")
+    ap.add_argument("--estimate", action="store_true", help="print the plan's GPU time estimate and exit")
+    args = ap.parse_args(argv)
+    if args.estimate:
+        from mdc_workbench.notebooks.plans import load_plan
+
+        total, schedule = plan_minutes(load_plan(PLAN))
+        for run_id, begin, end in schedule:
+            print(f"{run_id:28s} {begin:5.1f} -> {end:5.1f} min")
+        print(f"{PLAN}: about {total:.1f} minutes (goal {GOAL_MIN:g}; step {STEP_S * 1000:.1f} ms, "
+              f"{RUN_EXTRA_S:.0f} s per run besides training, runs sharing the GPU assumed not to slow each other)")
+        return
+    run(Path(args.out), tiny=args.tiny, budget_s=args.budget_s)
+
+
+if __name__ == "__main__":
+    main()
