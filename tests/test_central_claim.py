@@ -28,7 +28,7 @@ from mdc_workbench.eval.central_claim import (
     token_pmi,
 )
 from mdc_workbench.eval.claims import evaluate_claims, gather_tables
-from mdc_workbench.eval.paper_claims import CENTRAL_TABLE, FLAT_SHARE
+from mdc_workbench.eval.paper import CENTRAL_TABLE, FLAT_SHARE
 from mdc_workbench.eval.stats import EQUIVALENT, HOLDS, NOT_EQUIVALENT
 
 V = 8  # logits per position (token ids 1..7 are their own output rows)

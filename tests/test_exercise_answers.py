@@ -23,7 +23,7 @@ from mdc_core.sampler import sample
 from mdc_core.scoring import score_tokens
 from mdc_core.tokenizer import EOT_ID, MASK_ID, SOT_ID, CaptionTokenizer, build_output_vocab
 from mdc_workbench.notebooks import exercises as ex
-from mdc_workbench.notebooks import exercises_tables as tables
+from mdc_workbench.notebooks.exercises import tables
 from mdc_workbench.notebooks.notebook import loss_draws
 from tests.conftest import micro_config
 

@@ -16,7 +16,7 @@ from mdc_core.model import Captioner
 from mdc_core.objectives import apply_mask, trim_padding
 from mdc_core.tokenizer import CaptionTokenizer, build_output_vocab
 from mdc_workbench.notebooks import exercises as ex
-from mdc_workbench.notebooks import exercises_tables as tables
+from mdc_workbench.notebooks.exercises import tables
 from mdc_workbench.notebooks.notebook import loss_draws
 from tests.conftest import micro_config
 

@@ -147,7 +147,7 @@ def test_the_kernels_own_stderr_goes_to_the_run_folder_not_the_terminal(tmp_path
 
 def test_a_summary_says_in_its_first_lines_when_its_definitions_changed_after_its_runs_began(
         seeded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from mdc_workbench.eval import paper_claims, stats
+    from mdc_workbench.eval import paper, stats
 
     plan = load_plan(write_plan(seeded / "d.yaml", f"output_root: {seeded / 'out'}\nseeds: [0, 1]\n"
                                                    "notebooks: [probe.ipynb]\n"), root=seeded)
@@ -158,7 +158,7 @@ def test_a_summary_says_in_its_first_lines_when_its_definitions_changed_after_it
     assert lines[2].startswith(f"Definitions `{start['definitions']}`: the same as when this plan's first run started")
     run_plan(plan, progress=False, cwd=seeded)  # unchanged definitions, summary written again: no warning
     assert "Warning" not in (out / "summary.md").read_text()
-    monkeypatch.setattr(paper_claims, "TABLE1_MARGIN", 0.06)  # a margin changed between the runs and the summary
+    monkeypatch.setattr(paper, "TABLE1_MARGIN", 0.06)  # a margin changed between the runs and the summary
     run_plan(plan, progress=False, cwd=seeded)
     lines = (out / "summary.md").read_text().splitlines()
     assert lines[2].startswith("**Warning: the claim definitions changed after this plan's runs began.**")

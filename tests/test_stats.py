@@ -21,7 +21,7 @@ from mdc_workbench.eval.claims import (
     evaluate_claims,
     gather_tables,
 )
-from mdc_workbench.eval.paper_claims import TABLE1_MARGIN, TABLE2_COLUMNS, TABLE4_ROW
+from mdc_workbench.eval.paper import TABLE1_MARGIN, TABLE2_COLUMNS, TABLE4_ROW
 from mdc_workbench.eval.stats import (
     EQUIVALENT,
     EVERY,

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from mdc_workbench.eval.paper import PAPER
 from mdc_workbench.notebooks import notebook as wb
 from mdc_workbench.notebooks import trajectory_view
-from mdc_workbench.notebooks.paper import PAPER
 
 ROOT = Path(__file__).resolve().parents[1]
 

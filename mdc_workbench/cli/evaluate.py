@@ -173,7 +173,7 @@ def cmd_eval_central_claim(args: argparse.Namespace) -> None:
         plot_profiles,
     )
     from mdc_workbench.eval.claims import claims_markdown, evaluate_claims, gather_tables
-    from mdc_workbench.eval.paper_claims import CENTRAL_TABLE
+    from mdc_workbench.eval.paper import CENTRAL_TABLE
 
     scores = central_claim_runs({"short": args.short_runs, "clauses": args.clauses_runs},
                                 {"short": args.short_data, "clauses": args.clauses_data}, limit=args.limit,

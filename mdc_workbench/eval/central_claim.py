@@ -29,7 +29,7 @@ position x = i / (K - 1); per caption the least-squares **slope** against x; the
 of x), each caption's bin mean minus its own mean (a **bin deviation**; 0 everywhere = flat); ARC's **fall** (first
 bin minus last bin). Robustness rows: the slope of log(gradient) (scale-free), and the slope without the first
 token and the clause connector. :func:`claim_table` writes them as the ``central_claim`` table of metrics.json with
-per-caption items (the same captions in every row), which :mod:`mdc_workbench.eval.paper_claims` tests as
+per-caption items (the same captions in every row), which :mod:`mdc_workbench.eval.paper` tests as
 docs/evidence.md pre-declares. The retired measures and their numbers: docs/results.md, "History".
 """
 
@@ -57,7 +57,7 @@ MEASURE_LABELS = {"gradient": "gradient", "pmi": "PMI"}
 CAPTION_KINDS = ("short", "clauses")  # measured together, reported side by side
 BINS = 5
 CONTRAST = f"{CLAUSE_GROUPS[0]} - {CLAUSE_GROUPS[1]}"
-# The table's name and MDC's flatness margin (FLAT_SHARE) live in mdc_workbench.eval.paper_claims, fixed before any run.
+# The table's name and MDC's flatness margin (FLAT_SHARE) live in mdc_workbench.eval.paper, fixed before any run.
 Row = list[float | None]  # one caption: a value per caption position (None: not scored)
 
 

@@ -1,4 +1,4 @@
-"""Verdicts of the paper's claims (:data:`~mdc_workbench.eval.paper_claims.PAPER_CLAIMS`) on measured tables, and their
+"""Verdicts of the paper's claims (:data:`~mdc_workbench.eval.paper.PAPER_CLAIMS`) on measured tables, and their
 markdown (torch-free).
 
 Tables are gathered over runs and seeds by :func:`~mdc_workbench.eval.cells.gather_tables`. Each claim is a set of
@@ -24,7 +24,7 @@ from mdc_workbench.eval.cells import (  # noqa: F401  (re-exported: the notebook
     gather_tables,
     table_estimates,
 )
-from mdc_workbench.eval.paper_claims import (  # noqa: F401
+from mdc_workbench.eval.paper import (  # noqa: F401
     BASELINE_ROWS,
     CHECK,
     CLAIM,

@@ -29,7 +29,7 @@ SEED_PARAM = "train_seed"  # = mdc_workbench.notebooks.evidence.SEED_PARAM (the 
 SIZE_PARAM = "n_train"  # the notebook parameter that sets the training-set size
 SCALING_SEP = " @ "  # row names: "<method> @ <n_train>"
 SOURCE_TABLE = "table1"  # the table each run writes (notebook 03, short captions)
-BASELINES = ("random init*", "raw pixels*")  # baseline rows (mdc_workbench.eval.paper_claims.BASELINE_ROWS): no method
+BASELINES = ("random init*", "raw pixels*")  # baseline rows (mdc_workbench.eval.paper.BASELINE_ROWS): no method
 COLUMNS = ("gain", "top-1")  # the probe's chance-corrected gain (the figure's) and its mean top-1
 
 

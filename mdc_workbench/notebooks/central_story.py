@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from mdc_workbench.eval.paper_claims import CENTRAL_TABLE, FEATURE_EFFECT, FLAT_SHARE
+from mdc_workbench.eval.paper import CENTRAL_TABLE, FEATURE_EFFECT, FLAT_SHARE
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "central_claim.json"
 CLAIM_KEYS = ("central_claim", "central_claim_arc", "central_claim_flat", "feature_order")  # with a verdict
@@ -143,7 +143,8 @@ def citing_texts(root: Path) -> Iterable[tuple[str, str]]:
     for rel in ("notebooks/00_masked_diffusion_captioning.ipynb", "notebooks/03_linear_probing.ipynb"):
         nb = nbformat.read(root / rel, as_version=4)
         yield rel, "\n\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
-    yield "mdc_workbench/notebooks/exercises.py", (root / "mdc_core" / "workbench" / "exercises.py").read_text()
+    rel = "mdc_workbench/notebooks/exercises/lesson.py"  # the checks' messages of 00 (00.arc_signal)
+    yield rel, (root / rel).read_text()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,9 +2,9 @@
 starts and compared when its summary is written (torch-free).
 
 The *definitions* are everything that decides a verdict besides the data: the claims table and the statements no
-table tests (:data:`~mdc_workbench.eval.paper_claims.PAPER_CLAIMS`, ``NOT_ENCODED``), the paper's numbers
-(:data:`~mdc_workbench.notebooks.paper.PAPER`), the statistical constants and margins (``mdc_workbench.eval.stats``'s
-confidence, power and bootstrap sizes; ``mdc_workbench.eval.paper_claims``'s upper-case constants), and the source text
+table tests (:data:`~mdc_workbench.eval.paper.PAPER_CLAIMS`, ``NOT_ENCODED``), the paper's numbers
+(:data:`~mdc_workbench.eval.paper.PAPER`), the statistical constants and margins (``mdc_workbench.eval.stats``'s
+confidence, power and bootstrap sizes; ``mdc_workbench.eval.paper``'s upper-case constants), and the source text
 of the deciding functions (:data:`DECIDING`, read by :func:`inspect.getsource`). :func:`fingerprint` hashes each
 group and the whole. The runner writes it into the plan folder as ``declared.json`` when a plan starts and the
 file is absent (:func:`record_start`); the summary records the fingerprint it was judged under beside it and, when
@@ -43,20 +43,19 @@ def deciding_functions() -> list[Any]:
 
 def constants() -> dict[str, Any]:
     """The statistical constants and the claims module's margins and effects, by name."""
-    from mdc_workbench.eval import paper_claims, stats
+    from mdc_workbench.eval import paper, stats
 
     out = {f"stats.{k}": getattr(stats, k) for k in ("CONFIDENCE", "ALPHA", "POWER", "N_BOOT", "N_BOOT_TESTS",
                                                      "MIN_ITEMS")}
     tables = ("PAPER_CLAIMS", "NOT_ENCODED")  # hashed as the claims table
-    out.update({f"paper_claims.{k}": v for k, v in vars(paper_claims).items()
+    out.update({f"paper.{k}": v for k, v in vars(paper).items()
                 if k.isupper() and k not in tables and isinstance(v, (int, float, str, tuple))})
     return out
 
 
 def fingerprint() -> dict[str, str]:
     """12-hex-digit hashes of each group of definitions (:data:`GROUPS`) and of all of them (``"definitions"``)."""
-    from mdc_workbench.eval.paper_claims import NOT_ENCODED, PAPER_CLAIMS
-    from mdc_workbench.notebooks.paper import PAPER
+    from mdc_workbench.eval.paper import NOT_ENCODED, PAPER, PAPER_CLAIMS
 
     parts = {"claims": _sha(repr(PAPER_CLAIMS) + repr(NOT_ENCODED)),
              "paper": _sha(repr([(k, v.title, v.metric, v.values) for k, v in PAPER.items()])),

@@ -23,7 +23,7 @@ from mdc_workbench.eval.claims import (
     table_estimates,
 )
 from mdc_workbench.eval.data_scaling import data_scaling_table
-from mdc_workbench.eval.paper_claims import CHECK, CLAIM, EXPLORATORY, OBSERVATION
+from mdc_workbench.eval.paper import CHECK, CLAIM, EXPLORATORY, OBSERVATION
 from mdc_workbench.eval.stats import Estimate
 
 SCALING_TABLE = "data_scaling"  # Fig. 5: Table 1 gathered by training-set size

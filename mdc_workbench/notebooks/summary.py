@@ -31,6 +31,7 @@ from typing import Any
 
 from mdc_workbench.eval.budget_curve import ANNEALED_TABLE, plot_annealed_budget
 from mdc_workbench.eval.data_scaling import plot_data_scaling
+from mdc_workbench.eval.paper import PAPER
 from mdc_workbench.notebooks.declared import declaration_lines, fingerprint, read_start
 from mdc_workbench.notebooks.evidence import (
     SCALING_TABLE,
@@ -39,7 +40,6 @@ from mdc_workbench.notebooks.evidence import (
     gather_runs,
     interval_note,
 )
-from mdc_workbench.notebooks.paper import PAPER
 
 
 @dataclass

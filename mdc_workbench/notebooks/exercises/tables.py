@@ -1,11 +1,10 @@
-"""Exercises of the table notebooks 02-05 (the noise schedule, linear probes, compositionality, captioning): their
-checks, in :data:`CHECKS` here, which :mod:`mdc_workbench.notebooks.exercises` merges into its own (notebooks call
-``ex.check("02.no_t_spread", ...)``; see that module's docstring for the four cells of an exercise). This module
-imports nothing from that one (no import cycle): it keeps its own registry and the small helpers the checks share.
+"""The checks of the table notebooks 02-05 (the noise schedule, linear probes, compositionality, captioning); see
+:mod:`mdc_workbench.notebooks.exercises` for the four cells of an exercise.
 
 Each check recomputes the right answer with ``mdc_core`` from the notebook's own objects (its trained model, its
 probe table, its test images), so an answer is right for the run at hand, whatever a plan made of it.
 """
+
 
 from __future__ import annotations
 
@@ -14,45 +13,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-Verdict = tuple[bool, str]  # (right?, what to tell the student)
-CHECKS: dict[str, Callable[..., Verdict]] = {}
-
-
-def exercise(name: str) -> Callable[[Callable[..., Verdict]], Callable[..., Verdict]]:
-    """Register a check under `name` (``<notebook>.<exercise>``)."""
-    def register(fn: Callable[..., Verdict]) -> Callable[..., Verdict]:
-        CHECKS[name] = fn
-        return fn
-    return register
-
-
-class NotAnswered(Exception):
-    """A function answer returned None (an untouched ``...`` body)."""
-
-
-def call_answer(fn: Callable[..., Any], *args: Any) -> Any:
-    """A function answer called on `args`; NotAnswered when it returns None (its body is still ``...``)."""
-    out = fn(*args)
-    if out is None:
-        raise NotAnswered
-    return out
-
-
-def is_close(a: float, b: float, rel: float = 1e-4, abs_: float = 1e-4) -> bool:
-    return math.isclose(float(a), float(b), rel_tol=rel, abs_tol=abs_)
-
-
-def choice(answer: Any, right: str, options: dict[str, str], why: str,
-           hint: str = "read the question again") -> Verdict:
-    """A multiple-choice answer ("a", "(b)", ...) against `right`: `why` when right, the chosen option's meaning and
-    `hint` when not, how to answer when it is none of `options`."""
-    given = str(answer).strip().lower().strip("()")
-    if given not in options:
-        return False, f"answer with one of {', '.join(options)} (got {answer!r})"
-    if given == right:
-        return True, why
-    return False, f"({given}) says: {options[given]}. Not quite: {hint}."
-
+from .registry import NotAnswered, Verdict, call_answer, choice, exercise, is_close  # noqa: F401
 
 # --------------------------------------------------------------------------------------------------------------
 # 02: the noise schedule and the 1/t weight

@@ -1,93 +1,13 @@
-"""Exercises with checks for the notebooks: a student writes an attempt, runs the check cell and reads whether it
-is right; a hidden solution cell follows.
-
-In a notebook every exercise is four cells: the question (markdown), the attempt (code the student edits: a
-value or a function, ``None`` / a body of ``...`` until answered), the check (``ex.check("01.schedule_variance",
-answer, **context)``, whose result shows as one line: right, not yet and why, or not answered yet) and the
-solution (source hidden in JupyterLab, tagged ``solution``), which calls :func:`check` with ``solution=True``:
-that raises when the solution does not pass, so executing the notebooks (the test suite does) runs every solution
-through its check.
-
-Each check is a function of the answer and the notebook's objects (model, batch, ...) registered under its id
-``<notebook>.<name>`` in :data:`CHECKS`; it recomputes the right answer with ``mdc_core`` and compares.
-"""
+"""The checks of the lesson and the pretraining and MC-Diffusion notebooks (00, 01, 06); see
+:mod:`mdc_workbench.notebooks.exercises` for the four cells of an exercise."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from mdc_workbench.notebooks.exercises_tables import CHECKS as TABLE_CHECKS
-from mdc_workbench.notebooks.exercises_tables import NotAnswered as _NotAnswered
-from mdc_workbench.notebooks.exercises_tables import call_answer, choice, is_close
-
-Verdict = tuple[bool, str]  # (right?, what to tell the student)
-CHECKS: dict[str, Callable[..., Verdict]] = {}
-
-
-def exercise(name: str) -> Callable[[Callable[..., Verdict]], Callable[..., Verdict]]:
-    """Register a check under `name` (``<notebook>.<exercise>``)."""
-    def register(fn: Callable[..., Verdict]) -> Callable[..., Verdict]:
-        CHECKS[name] = fn
-        return fn
-    return register
-
-
-@dataclass
-class Result:
-    """What a check cell shows: ``ok`` True (right), False (not yet) or None (not answered yet)."""
-
-    exercise: str
-    ok: bool | None
-    message: str
-
-    @property
-    def verdict(self) -> str:
-        return {True: "right", False: "not yet", None: "not answered yet"}[self.ok]
-
-    def __str__(self) -> str:
-        return f"{self.exercise}: {self.verdict}: {self.message}"
-
-    __repr__ = __str__  # what a plain-text frontend shows
-
-    def _repr_markdown_(self) -> str:
-        icon = {True: "\u2714", False: "\u2718", None: "\u2610"}[self.ok]  # in common text fonts, unlike emoji
-        return f"{icon} **{self.exercise}**, {self.verdict}: {self.message}"
-
-
-def _unanswered(answer: Any) -> bool:
-    return answer is None or answer is Ellipsis or (isinstance(answer, dict) and any(
-        v is None or v is Ellipsis for v in answer.values()))
-
-
-def check(name: str, answer: Any, *, solution: bool = False, **context: Any) -> Result:
-    """Check `answer` to exercise `name` with the notebook's objects `context`. A function answer that returns
-    None (an untouched ``...`` body) counts as not answered. With `solution`, a wrong answer raises AssertionError
-    (the hidden solution cells: a solution that fails its own check must fail the notebook)."""
-    if name not in CHECKS:
-        raise KeyError(f"no exercise {name!r}; known: {', '.join(sorted(CHECKS))}")
-    if _unanswered(answer):
-        result = Result(name, None, "replace the `None` / `...` in the attempt cell above with your answer, then "
-                                    "run this cell again")
-    else:
-        try:
-            ok, message = CHECKS[name](answer, **context)
-        except _NotAnswered:
-            ok, message = None, "your function returns None: write its body (the `...`), then run this cell again"
-        except Exception as err:  # noqa: BLE001 - the student's code raised: say what, do not crash the notebook
-            ok, message = False, f"your answer raised {type(err).__name__}: {err}"
-        result = Result(name, ok, message)
-    if solution:
-        if result.ok is not True:
-            raise AssertionError(f"the solution of {name} fails its own check: {result.message}")
-        return Result(name, True, "the hidden solution passes this check")
-    return result
-
-
-# --------------------------------------------------------------------------------------------------------------
-# 00: the lesson
+from .registry import NotAnswered, Verdict, call_answer, choice, exercise, is_close  # noqa: F401
 
 
 @exercise("00.heuristic_score")
@@ -371,4 +291,3 @@ def _cfg_is_mcs(answer: Any) -> Verdict:
                    "token (here the same token as MCS's [MASK])")
 
 
-CHECKS.update(TABLE_CHECKS)  # notebooks 02-05 (mdc_workbench/notebooks/exercises_tables.py)
