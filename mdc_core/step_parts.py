@@ -1,4 +1,4 @@
-"""The parts the training step is made of (the step itself is ``_Trainer.step`` in :mod:`mdc_core.train`),
+"""The parts the training step is made of (the step itself is ``Trainer.step`` in :mod:`mdc_core.train`),
 each built so that the step never waits on the device: host-side batches, the loss step, fused AdamW, a sync-free
 EMA, lazy non-finite checks, compilation.
 

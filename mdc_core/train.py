@@ -47,13 +47,12 @@ from torch.optim.swa_utils import AveragedModel
 
 from . import checkpoint as ckpt_io
 from . import distributed as dist
-from . import resume as resume_io
-from . import step_parts
+from . import run_start, step_parts
 from .config import ObjectiveConfig, RunConfig
 from .data.loaders import BatchStream
 from .model_init import init_from_weights, init_model
 from .objectives import draw_masks, objective_spec, trim_padding
-from .resume import resolve_data_paths
+from .run_start import resolve_data_paths
 from .runlock import RunLock
 from .train_log import RunLog, StepStats, TrainingDiverged, diverged  # noqa: F401 - TrainingDiverged: what train raises
 from .train_restore import restore
@@ -161,13 +160,13 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, init_from: s
     created = not out.exists()
     lock = RunLock(out, "mdc train --resume" if resume else "mdc train")
     try:
-        resume_io.lock_run_folder(lock, ctx)
-        cfg, start_ckpt, state_problem = resume_io.prepare_run(resolve_data_paths(cfg), out, resume, ctx.is_main,
+        run_start.lock_run_folder(lock, ctx)
+        cfg, start_ckpt, state_problem = run_start.prepare_run(resolve_data_paths(cfg), out, resume, ctx.is_main,
                                                                lr_lambda)
         dist.barrier(ctx, "start-up")  # every rank has checked the run folder before rank 0 writes to it
-        return _Trainer(cfg, out, ctx, start_ckpt, progress, state_problem, init_from, clock).run()
+        return Trainer(cfg, out, ctx, start_ckpt, progress, state_problem, init_from, clock).run()
     except BaseException:
-        if lock.held and created and resume_io.never_started(out):  # a run that could not start leaves no folder behind
+        if lock.held and created and run_start.never_started(out):  # a run that could not start leaves no folder behind
             shutil.rmtree(out, ignore_errors=True)
         raise
     finally:
@@ -175,7 +174,7 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, init_from: s
         dist.teardown(ctx)
 
 
-class _Trainer:
+class Trainer:
     """One training run, as nanoGPT's ``train.py`` reads: build or restore the run's state (model, optimizer,
     schedule, EMA, data position, counters), then :meth:`run`'s loop of read -> :meth:`step` -> maybe log /
     checkpoint / stop. :meth:`step` is the whole optimizer step; nothing in it reads the device."""
@@ -261,7 +260,7 @@ class _Trainer:
         if stopped_by:
             raise TrainingInterrupted(stopped_by, self.n.step, self.last_ckpt)
         last = self.last_ckpt or ckpt_io.latest_checkpoint(self.out)  # None: resumed a run that was complete
-        loss = loss if self.n.step > self.start_step else resume_io.logged_loss(self.out, self.n.step)
+        loss = loss if self.n.step > self.start_step else run_start.logged_loss(self.out, self.n.step)
         return TrainResult(self.out, self.n.step, loss, last, dict(self.n.skipped), self.n.truncated, self.start_step)
 
     def step(self, micro: list[dict[str, Any]]) -> tuple[step_parts.DeviceStep | None, StepStats | None]:

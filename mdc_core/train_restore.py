@@ -1,7 +1,7 @@
 """Where a resumed run picks up: :func:`restore` loads a checkpoint's training state (what
 :class:`~mdc_core.train_state.TrainState` holds) into the trainer's optimizer, schedule and EMA, sets the RNG
 states, and cuts the run's logs back to the checkpoint's step. The weights themselves are the model's
-(:func:`mdc_core.checkpoint.load_model`); which checkpoint to resume is :func:`mdc_core.resume.prepare_run`'s call.
+(:func:`mdc_core.checkpoint.load_model`); which checkpoint to resume is :func:`mdc_core.run_start.prepare_run`'s call.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from torch.optim.swa_utils import AveragedModel
 
 from . import checkpoint as ckpt_io
 from . import distributed as dist
-from . import resume as resume_io
+from . import run_start
 from .train_state import Counters, TrainState
 
 
@@ -27,8 +27,8 @@ def restore(ckpt: Path, out: Path, ctx: dist.DistContext, opt: torch.optim.Optim
     `state_problem` (its state.pt is missing or damaged) only what the logs give back (weights only)."""
     if state_problem:
         step = json.loads((ckpt / "meta.json").read_text())["step"]
-        state = resume_io.weights_only_state(out, step, grad_accum)
-        resume_io.set_schedule_step(sched, step)
+        state = run_start.weights_only_state(out, step, grad_accum)
+        run_start.set_schedule_step(sched, step)
     else:
         state = TrainState.from_state_dict(ckpt_io.load_train_state(ckpt))
         opt.load_state_dict(state.optimizer)

@@ -3,7 +3,7 @@
 A checkpoint is the model's weights (``model.safetensors``, ``ema.safetensors``: :mod:`mdc_core.checkpoint`) and
 :class:`TrainState`: the optimizer, the schedule and the RNG states, the data position and the run's counters.
 :meth:`TrainState.state_dict` is the only writer of ``state.pt``'s keys and :meth:`TrainState.from_state_dict`
-their only reader, so :mod:`mdc_core.train` (saving and resuming) and :mod:`mdc_core.resume` (a weights-only
+their only reader, so :mod:`mdc_core.train` (saving and resuming) and :mod:`mdc_core.run_start` (a weights-only
 resume, rebuilt from the logs) spell none of them. The keys on disk are those of every earlier checkpoint; keys an
 older or partial ``state.pt`` lacks take the defaults below.
 """
@@ -29,7 +29,7 @@ class Counters:
 @dataclass
 class TrainState:
     """Everything a resume needs besides the weights. `optimizer`, `scheduler` and `rng` are None where they are
-    lost (a weights-only resume: :func:`mdc_core.resume.weights_only_state`)."""
+    lost (a weights-only resume: :func:`mdc_core.run_start.weights_only_state`)."""
 
     counters: Counters = field(default_factory=Counters)
     epoch: int = 0  # the data position: the epoch being read ...

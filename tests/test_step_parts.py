@@ -69,7 +69,7 @@ def test_a_non_logging_step_never_waits_for_the_device(data, tmp_path, monkeypat
     cfg = micro_run(data, f"objective.name={objective}", f'train.device="{device}"', *CASES[objective], steps=3,
                     batch_size=4, grad_accum=2, log_every=100, ckpt_every=100)
     trainers, counters, takes = [], [], []
-    real_run, real_take = train_mod._Trainer.run, BatchStream.take
+    real_run, real_take = train_mod.Trainer.run, BatchStream.take
 
     def run(self):
         trainers.append(self)
@@ -92,7 +92,7 @@ def test_a_non_logging_step_never_waits_for_the_device(data, tmp_path, monkeypat
                 torch.cuda.set_sync_debug_mode("error")  # any real sync raises inside the step
         return got
 
-    monkeypatch.setattr(train_mod._Trainer, "run", run)
+    monkeypatch.setattr(train_mod.Trainer, "run", run)
     monkeypatch.setattr(BatchStream, "take", take)
     try:
         result = train_mod.train(cfg, tmp_path / "run", progress=False)

@@ -72,7 +72,7 @@ class Source:
         gives the same one, and other content of the same sizes another.
 
         Each shard is read once: `known` (``{absolute path: {"bytes", "mtime_ns", "sha256"}}``, what
-        :func:`mdc_core.resume.record_fingerprint` keeps in the run folder) and this process's own memo give the
+        :func:`mdc_core.run_start.record_fingerprint` keeps in the run folder) and this process's own memo give the
         digest of a shard whose size and modification time are unchanged without reading it; `known` gains the
         entries computed here."""
         known = {} if known is None else known
