@@ -170,3 +170,30 @@ def test_reliability_names_tests_that_exist() -> None:
     assert len(named) >= 20
     for file, name in named:
         assert f"def {name}(" in (ROOT / "tests" / file).read_text(), f"reliability.md names {file}::{name}"
+
+
+
+LESSON_TIME = re.compile(r"\*\*(\d+(?:\.\d+)?) (s|min)\*\*")
+
+
+def lesson_time(text: str, anchor: str) -> str | None:
+    """The first bold time (``**99 s**``) within 300 characters after `anchor` in `text`, or None."""
+    at = text.find(anchor)
+    found = LESSON_TIME.search(text[at:at + 300]) if at >= 0 else None
+    return f"{found.group(1)} {found.group(2)}" if found else None
+
+
+def test_the_lesson_time_is_one_measured_figure_wherever_it_is_quoted():
+    """Notebook 00's opening, README's start and docs/notebooks.md's timing table quote the same time."""
+    import json
+
+    nb = json.loads((ROOT / "notebooks" / "00_masked_diffusion_captioning.ipynb").read_text())
+    table_row = next(line for line in (ROOT / "docs" / "notebooks.md").read_text().splitlines()
+                     if line.startswith("| `00_masked_diffusion_captioning` | **"))
+    quoted = {"notebook 00": lesson_time("".join(nb["cells"][0]["source"]), "On a fresh clone"),
+              "README.md": lesson_time((ROOT / "README.md").read_text(), "00_masked_diffusion_captioning.ipynb`"),
+              "docs/notebooks.md": lesson_time(table_row, "00_masked")}
+    assert None not in quoted.values() and len(set(quoted.values())) == 1, quoted
+    # and it tells another figure apart
+    assert lesson_time("`00_masked_diffusion_captioning`: **2 min** on a laptop", "00_masked") == "2 min"
+    assert lesson_time("nothing timed here", "00_masked") is None
