@@ -210,6 +210,15 @@ def _mark_failed(run_dir: Path, error: str, duration: float) -> None:
     (run_dir / FAILED).write_text(f"{error}\nduration_s: {duration:.1f}\n")
 
 
+def show_postfix(bar: Any, text: str) -> None:
+    """Set the plan bar's postfix and redraw it no more often than its ``mininterval``: every poll on a terminal,
+    at most every 30 s in a log (``make demo > log``; the command line sets tqdm's default, mdc_workbench.cli.main),
+    instead of a carriage-return line every second."""
+    bar.set_postfix_str(text, refresh=False)
+    if not bar.disable and time.time() - bar.last_print_t >= bar.mininterval:
+        bar.refresh()
+
+
 def run_plan(plan: Plan, *, progress: bool = True, cwd: Path | None = None, jobs: int | None = None,
              deadline_s: float | None = None) -> list[RunResult]:
     """Execute every pending run of `plan`, skipping finished ones, then write the summary. `jobs` (default: the
@@ -258,8 +267,7 @@ def _run_plan_locked(plan: Plan, kernel: str, *, progress: bool, cwd: Path | Non
     if stop_at is None and (jobs == 1 or len(todo) <= 1):
         for i, spec in todo:
             bar.set_postfix_str(spec.run_id)
-            report = (lambda text, rid=spec.run_id: bar.set_postfix_str(f"{rid}: {text}", refresh=True)) \
-                if progress else None
+            report = (lambda text, rid=spec.run_id: show_postfix(bar, f"{rid}: {text}")) if progress else None
             finished(i, execute_run(spec, out / spec.run_id, kernel=kernel, timeout_s=plan.timeout_s, cwd=cwd,
                                     on_progress=report, plan_dir=out))
     else:
@@ -404,8 +412,8 @@ def _run_concurrently(plan: Plan, todo: list[tuple[int, RunSpec]], *, kernel: st
                     write_thread_share(shares_dir / spec.run_id, share)
                     given[spec.run_id] = share
             if bar is not None:
-                bar.set_postfix_str(" | ".join(f"{spec.run_id}: {describe(run_dir / 'progress.json') or 'starting'}"
-                                               for _, spec, run_dir in active.values()), refresh=True)
+                show_postfix(bar, " | ".join(f"{spec.run_id}: {describe(run_dir / 'progress.json') or 'starting'}"
+                                             for _, spec, run_dir in active.values()))
     except KeyboardInterrupt:
         _stop_runs(active, INTERRUPTED)
         raise
