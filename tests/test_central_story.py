@@ -52,11 +52,11 @@ def test_the_declared_constants_are_the_codes():
     assert load_results(RESULTS)["declared"] == DECLARED
 
 
+DECLARED_ONLY = {"status": "declared", "declared": DECLARED, "source": "docs/evidence.md", "claims": {}}
+
+
 def test_before_the_run_the_story_says_declared_and_no_verdict():
-    results = load_results(RESULTS)
-    if results["status"] != "declared":
-        pytest.skip("the plan has run: the story quotes its verdicts")
-    text = story(results)
+    text = story(DECLARED_ONLY)
     assert "declared in docs/evidence.md and not yet run" in text and "holds" not in text
 
 
@@ -87,12 +87,41 @@ def test_the_exercise_message_states_the_results_files_verdicts(tmp_path, monkey
     from mdc_workbench.notebooks import central_story
     from mdc_workbench.notebooks import exercises as ex
 
+    (tmp_path / "d.json").write_text(json.dumps(DECLARED_ONLY))
+    monkeypatch.setattr(central_story, "RESULTS", tmp_path / "d.json")
     assert "declared in docs/evidence.md and not yet run" in ex.check("00.arc_signal", "b").message
-    measured = {"status": "measured", "declared": DECLARED, "claims": {"central_claim": {
-        "verdict_text": "holds over 3 seeds", "parts": [{"column": "c", "better": "ARC", "worse": "MDC",
-                                                         "mean": -0.6, "low": -1.2, "high": -0.1}]}}}
+    part = {"column": "c", "better": "ARC", "worse": "MDC", "mean": -0.6, "low": -1.2, "high": -0.1}
+    measured = {"status": "measured", "declared": DECLARED, "claims": {
+        "central_claim": {"verdict_text": "holds over 3 seeds", "parts": [part]},
+        "central_claim_slopes": {"verdict_text": "no verdict", "parts": [{**part, "column": "an observation"}]}}}
     (tmp_path / "r.json").write_text(json.dumps(measured))
     monkeypatch.setattr(central_story, "RESULTS", tmp_path / "r.json")
     message = ex.check("00.arc_signal", "b").message
     assert "central_claim: holds over 3 seeds (c (ARC vs MDC): -0.60 [-1.20, -0.10])" in message
-    assert "not yet run" not in message
+    assert "not yet run" not in message and "an observation" not in message  # verdicts only; observations in 03
+
+
+def test_the_shipped_results_quote_the_committed_summary_they_name():
+    """docs/central_claim.json, once measured, names a committed plan summary and holds exactly its verdicts."""
+    results = load_results(RESULTS)
+    if results["status"] == "declared":
+        assert results["claims"] == {}
+        return
+    summary = ROOT / results["source"]
+    assert summary.is_file(), f"{results['source']} is not in the checkout"
+    record = json.loads(summary.read_text())
+    verdicts = {c["key"]: c.get("verdict_text", "") for c in record["claims"] if c["key"] in results["claims"]}
+    assert verdicts == {k: v["verdict_text"] for k, v in results["claims"].items()}
+
+
+def test_the_story_figure_draws_intervals_from_a_gathered_table(tmp_path):
+    from mdc_workbench.eval.central_claim import plot_profiles
+
+    cols = [f"{kind} {m}: bin {k}" for kind in ("short", "clauses") for m in ("gradient", "PMI") for k in range(1, 6)]
+    means = {row: {c: 0.1 * i for i, c in enumerate(cols)} for row in ("ARC", "MDC")}
+    intervals = {row: {c: [v - 0.05, v + 0.05] for c, v in vals.items()} for row, vals in means.items()}
+    features = {"values": {"ARC": {"late penalty": 4.0}, "MDC": {"late penalty": 0.0}},
+                "intervals": {"ARC": {"late penalty": [-1.0, 9.0]}, "MDC": {"late penalty": [-2.0, 2.0]}}}
+    path = plot_profiles({"values": means, "means": means, "intervals": intervals}, tmp_path / "p.png", features)
+    assert path.stat().st_size > 10_000
+

@@ -433,33 +433,69 @@ def central_claim_runs(pairs: dict[str, Sequence[str | Path]], data: dict[str, s
     return out
 
 
-def plot_profiles(table: dict[str, Any], path: str | Path) -> Path:
+def plot_profiles(table: dict[str, Any], path: str | Path, features: dict[str, Any] | None = None) -> Path:
     """The binned profiles of :func:`claim_table` (mean bin deviation per row), one panel per caption kind and
-    measure; a PNG."""
+    measure; a PNG. A table gathered over seeds (a plan summary's, with ``means`` and ``intervals``) is drawn with
+    its 95% intervals as error bars; with `features` (the gathered ``feature_order`` table) a last panel shows each
+    model's late-position penalty per attribute, with its intervals."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from mdc_workbench.eval.figures import save_png
 
-    fig, axes = plt.subplots(len(MEASURES), len(CAPTION_KINDS), figsize=(8.4, 6.2), squeeze=False, sharex=True)
+    cols = len(CAPTION_KINDS) + (features is not None)
+    fig, axes = plt.subplots(len(MEASURES), cols, figsize=(4.2 * cols, 6.2), squeeze=False)
+    means, intervals = table.get("means", table["values"]), table.get("intervals", {})
     for i, measure in enumerate(MEASURES):
         for j, kind in enumerate(CAPTION_KINDS):
             ax, prefix = axes[i][j], f"{kind} {MEASURE_LABELS[measure]}: bin "
-            for row, values in table["values"].items():
-                ys = [values.get(f"{prefix}{k + 1}") for k in range(BINS)]
-                pts = [((k + 0.5) / BINS, y) for k, y in enumerate(ys) if y is not None]
-                if pts:
-                    ax.plot(*zip(*pts, strict=True), marker="o", ms=3, label=row)
+            for r, (row, values) in enumerate(means.items()):
+                keys = [f"{prefix}{k + 1}" for k in range(BINS)]
+                pts = [((k + 0.5) / BINS + 0.012 * (r - 0.5), values[key], intervals.get(row, {}).get(key))
+                       for k, key in enumerate(keys) if values.get(key) is not None]
+                if not pts:
+                    continue
+                xs, ys, ci = zip(*pts, strict=True)
+                if all(c is not None for c in ci):
+                    err = [[y - c[0] for y, c in zip(ys, ci, strict=True)],
+                           [c[1] - y for y, c in zip(ys, ci, strict=True)]]
+                    ax.errorbar(xs, ys, yerr=err, marker="o", ms=3, capsize=2, label=row)
+                else:
+                    ax.plot(xs, ys, marker="o", ms=3, label=row)
             ax.axhline(0.0, color="grey", lw=0.8)
             ax.set_title(f"{kind} captions: {MEASURE_LABELS[measure]}", fontsize=9)
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=7)
+            if i == len(MEASURES) - 1:
+                ax.set_xlabel("relative caption position")
         axes[i][0].set_ylabel("bin minus caption mean\n(model's mean = 1)")
-    for ax in axes[-1]:
-        ax.set_xlabel("relative caption position")
-    fig.suptitle("visual learning signal along the caption, both caption kinds (means over captions)", fontsize=9)
+    if features is not None:
+        _plot_penalties(axes[0][-1], features)
+        axes[1][-1].axis("off")
+    bars = " (95% intervals over seeds)" if intervals else ""
+    fig.suptitle(f"visual learning signal along the caption, both caption kinds (means over captions){bars}",
+                 fontsize=9)
     return save_png(fig, path)
+
+
+def _plot_penalties(ax: Any, features: dict[str, Any]) -> None:
+    """Each model's late-position penalty (points of probe top-1) per attribute and their mean, with intervals."""
+    columns = ["shape: late penalty", "colour: late penalty", "late penalty"]
+    means, intervals = features.get("means", features["values"]), features.get("intervals", {})
+    width = 0.8 / max(1, len(means))
+    for r, (row, values) in enumerate(means.items()):
+        xs = [c + (r - (len(means) - 1) / 2) * width for c in range(len(columns))]
+        ys = [values.get(c, float("nan")) for c in columns]
+        ci = [intervals.get(row, {}).get(c) for c in columns]
+        err = None if any(c is None for c in ci) else [[y - c[0] for y, c in zip(ys, ci, strict=True)],
+                                                       [c[1] - y for y, c in zip(ys, ci, strict=True)]]
+        ax.bar(xs, ys, width=width, yerr=err, capsize=3, label=row)
+    ax.axhline(0.0, color="grey", lw=0.8)
+    ax.set_xticks(range(len(columns)), ["shape", "colour", "mean"])
+    ax.set_ylabel("late-position penalty (points):\nattribute named first minus last")
+    ax.set_title("consequence for features (linked data)", fontsize=9)
+    ax.legend(fontsize=7)
 
 
 FEATURE_ATTRIBUTES = {"shape": "colour_last", "colour": "shape_last"}  # attribute -> the order that names it first

@@ -42,7 +42,8 @@ def load_results(path: str | Path = RESULTS) -> dict[str, Any]:
 
 def write_results(summary: str | Path, path: str | Path = RESULTS) -> Path:
     """The results file from a plan's ``summary.json``: the verdicts and part intervals of the central claim's
-    claims (measured), with the declared constants."""
+    claims (measured), with the declared constants; beside it (same name, ``.png``) the profiles and the feature
+    penalties with their intervals over seeds."""
     record = json.loads(Path(summary).read_text())
     claims = {}
     for c in record.get("claims", []):
@@ -56,6 +57,10 @@ def write_results(summary: str | Path, path: str | Path = RESULTS) -> Path:
         raise ValueError(f"{summary} holds no verdict of the central claim: run `make central-claim` first")
     out = {"status": "measured", "declared": DECLARED, "source": str(summary), "claims": claims}
     Path(path).write_text(json.dumps(out, indent=1) + "\n")
+    tables = record.get("tables", {})
+    if CENTRAL_TABLE in tables:  # the picture beside it: profiles and feature penalties with their intervals
+        from mdc_workbench.eval.central_claim import plot_profiles
+        plot_profiles(tables[CENTRAL_TABLE], Path(path).with_suffix(".png"), features=tables.get("feature_order"))
     return Path(path)
 
 

@@ -94,12 +94,14 @@ ARC_SIGNAL = {
 def central_claim_status() -> str:
     """The central claim's verdicts in one sentence, from docs/central_claim.json (the one results file every text
     about it cites; mdc_workbench.notebooks.central_story)."""
-    from mdc_workbench.notebooks.central_story import RESULTS, load_results, verdict_lines
+    from mdc_workbench.notebooks.central_story import CLAIM_KEYS, RESULTS, load_results, verdict_lines
 
     try:
         results = load_results(RESULTS)
     except FileNotFoundError:  # an installed package without the checkout's docs/
         return "see docs/central_claim.json in the workbench's checkout"
+    claims = results.get("claims", {})  # the claims with a verdict; the observations stay in the file and notebook 03
+    results = {**results, "claims": {k: claims[k] for k in CLAIM_KEYS if k in claims}}
     lines = [line.removeprefix("- ").replace("**", "").replace("`", "") for line in verdict_lines(results)]
     return " ".join(lines) + " (docs/central_claim.json)"
 
