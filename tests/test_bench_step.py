@@ -54,6 +54,25 @@ def test_a_read_of_the_loss_every_step_is_counted(data, monkeypatch):
     assert any(c.startswith("float(tensor)") for c in report["sync_calls"]["between_log_steps"])
 
 
+def test_the_counting_run_is_uncompiled_whatever_the_timed_run_does(data, monkeypatch):
+    """The sync counter is a TorchFunctionMode: under it a compiled step recompiles and breaks up (an H200 showed
+    the recompile limit and thousands of warnings per step), so the count must come from the eager step."""
+    import dataclasses
+
+    import mdc_core.train
+
+    real, seen = mdc_core.train.train, []
+
+    def recording(cfg, out, **kw):
+        seen.append(cfg.train.compile)
+        eager = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, compile=False))  # fast on the CPU
+        return real(eager, out, **kw)
+
+    monkeypatch.setattr(mdc_core.train, "train", recording)
+    measure_step_phases("tiny", [*OVERRIDES, "train.compile=true"], steps=4, warmup=0, data=data, sync_steps=3)
+    assert seen == [True, False]
+
+
 def test_work_outside_the_phases_shows_as_missing_coverage():
     clock = PhaseClock(torch.device("cpu"))
     for _ in range(3):

@@ -254,7 +254,7 @@ def measure_step_phases(preset: str = "tiny_fast", overrides: Iterable[str] = ()
                         sync_steps: int = 4, data: str | Path | None = None) -> dict[str, Any]:
     """Train `preset` (with `overrides`) for `warmup` + `steps` steps on `images` embedded-data training images
     (synthesized in a temporary folder unless `data` names a data set) under a :class:`PhaseClock`, then
-    `sync_steps` more in a fresh run that counts host synchronisations. Returns the JSON-ready report:
+    `sync_steps` more in a fresh, uncompiled run that counts host synchronisations. Returns the JSON-ready report:
     :func:`summarize`'s figures of the timed steps that neither log nor checkpoint (and the logging steps' median
     step), and the syncs per step between logging steps and at them."""
     from mdc_core.config import load_preset
@@ -287,8 +287,12 @@ def measure_step_phases(preset: str = "tiny_fast", overrides: Iterable[str] = ()
                   "grad_accum": cfg.train.grad_accum, "log_every": log_every, "warmup": warmup,
                   "threads": torch.get_num_threads(), **summarize(clock, plain),
                   "log_step_ms": 1e3 * statistics.median(clock.walls()[i] for i in logged) if logged else None}
+        # the counting run is eager: SyncCounter is a TorchFunctionMode, and dynamo guards on the mode stack, so a
+        # compiled step would recompile and break into pieces under it (seen on an H200: the recompile limit hit,
+        # thousands of sync warnings per step) and the count would be of another program than the timed one;
+        # CUDA graphs add no host synchronisation, so the eager step's count is the compiled step's too
         counted = load_preset(preset, [*base, f"train.steps={sync_steps}", f"train.ckpt_every={sync_steps}",
-                                       f"train.log_every={sync_steps + 1}"])
+                                       f"train.log_every={sync_steps + 1}", "train.compile=false"])
         clock = PhaseClock(dev, count_syncs=True)
         try:
             train(counted, Path(tmp) / "counted", progress=False, clock=clock)
