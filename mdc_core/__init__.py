@@ -11,7 +11,8 @@ decoder) -> :mod:`~mdc_core.sampler` (unmasking) and :mod:`~mdc_core.scoring` (l
 (the step and the loop). Around them: :mod:`~mdc_core.config` (typed sections), :mod:`~mdc_core.tokenizer`,
 :mod:`~mdc_core.factory` (objective -> model), :mod:`~mdc_core.clip_model` (the CLIP baseline),
 :mod:`~mdc_core.ar_decode` (ARC decoding), :mod:`~mdc_core.auto_length` (``--length auto``),
-:mod:`~mdc_core.infill` (prompts with fixed words), :mod:`mdc_core.data`, :mod:`~mdc_core.checkpoint`,
+:mod:`~mdc_core.infill` (prompts with fixed words), :mod:`mdc_core.data`, :mod:`~mdc_core.checkpoint` (with
+:mod:`~mdc_core.weights`: weight files checked before loading),
 :mod:`~mdc_core.distributed`.
 
 **Downstream code** takes a trained encoder with ``encoder, preprocess = mdc_core.load_encoder(path)``

@@ -32,7 +32,6 @@ import errno
 import hashlib
 import json
 import os
-import random
 import shutil
 import warnings
 from pathlib import Path
@@ -40,21 +39,17 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from .config import RunConfig
 from .factory import create_model
+from .weights import CheckpointError, check_fits, load_weights
 
 CKPT_DIR = "checkpoints"
 FILES = ("model.safetensors", "config.json", "state.pt")
 CORRUPT_PREFIX = "corrupt_"  # a checkpoint --resume found damaged is renamed corrupt_step_... (kept, never loaded)
 TMP_PREFIX = ".tmp_step_"  # a checkpoint being written: .tmp_step_<step>_<pid>, renamed step_<step> when complete
 WEIGHTS_ONLY = ("state.pt",)  # what a checkpoint can lack and still give its weights (a weights-only resume)
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file is damaged (its size or SHA-256 differs from meta.json, or it cannot be decoded)."""
 
 
 class DiskFullError(OSError):
@@ -452,60 +447,6 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", ema: boo
     return model.to(device).eval(), cfg
 
 
-HUB_PREFIXES = ("hf-hub:", "hf_hub:")  # timm model names it resolves on the Hugging Face Hub (network)
-
-
-def refuse_hub_encoder(cfg: RunConfig, where: str | Path) -> None:
-    """Raise ``ValueError`` when the config read from `where` (a local folder) names a Hub encoder: timm would
-    fetch its architecture from the network although the weights are right here. No saved model needs one."""
-    if cfg.model.encoder.lower().startswith(HUB_PREFIXES):
-        raise ValueError(f"{where}: model.encoder {cfg.model.encoder!r} is a Hugging Face Hub name, which timm would "
-                         "resolve on the network; a model loaded from a local folder is never resolved there (its "
-                         "config.json was edited or is not a workbench run's)")
-
-
-def weight_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
-    """Every tensor's shape in safetensors file `path`, read from its header (no tensor is loaded)."""
-    try:
-        with safe_open(str(path), framework="pt") as fh:
-            return {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}  # noqa: SIM118 (not a dict)
-    except Exception as err:  # SafetensorError for a damaged header
-        raise CheckpointError(f"checkpoint file {path} cannot be read ({type(err).__name__}: "
-                              f"{str(err).splitlines()[0][:200]}): truncated or not a safetensors file") from err
-
-
-def check_fits(cfg: RunConfig, weights: str | Path) -> None:
-    """Raise :class:`CheckpointError` unless the model `cfg` builds has exactly the tensors, with the same shapes,
-    that the header of safetensors file `weights` lists: checked before anything is allocated (the model is built
-    on the meta device, whose tensors hold no memory; ``cfg`` passed validation, which bounds every size first), so
-    a config.json edited to other sizes is one line, never a model that fills the memory or is left half random."""
-    refuse_hub_encoder(cfg, Path(weights).parent)
-    arch = dataclasses.replace(cfg.model, pretrained=False, pretrained_path="")
-    with torch.device("meta"):
-        own = {k: tuple(v.shape) for k, v in create_model(arch, cfg.objective.name).state_dict().items()}
-    theirs = weight_shapes(weights)
-    bad = [k for k in own if k in theirs and own[k] != theirs[k]]
-    missing, unknown = sorted(set(own) - set(theirs)), sorted(set(theirs) - set(own))
-    parts = [f"{len(bad)} tensors have other shapes (e.g. {bad[0]}: file {theirs[bad[0]]}, config "
-             f"{own[bad[0]]})"] if bad else []
-    if missing:
-        parts.append(f"{len(missing)} tensors of the model are missing from the file (e.g. {missing[0]})")
-    if unknown:
-        parts.append(f"{len(unknown)} tensors of the file are unknown to the model (e.g. {unknown[0]})")
-    if parts:
-        raise CheckpointError(f"checkpoint file {weights} does not fit the config.json beside it: "
-                              f"{'; '.join(parts)}. The config or the weights were edited, or come from another run")
-
-
-def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """A safetensors file's tensors; a file that cannot be decoded raises :class:`CheckpointError` naming it."""
-    try:
-        return load_file(str(path))
-    except Exception as err:  # safetensors raises SafetensorError (not an OSError) for truncated headers/data
-        raise CheckpointError(f"checkpoint file {path} cannot be read ({type(err).__name__}: "
-                              f"{str(err).splitlines()[0][:200]}): truncated or not a safetensors file") from err
-
-
 def load_train_state(ckpt: Path) -> dict[str, Any]:
     """Optimizer/scheduler/RNG/data-position state, loaded with ``weights_only=True`` (no code execution)."""
     try:
@@ -513,25 +454,6 @@ def load_train_state(ckpt: Path) -> dict[str, Any]:
     except (RuntimeError, EOFError, OSError, ValueError) as err:  # PytorchStreamReader failures are RuntimeErrors
         raise CheckpointError(f"checkpoint file {ckpt / 'state.pt'} cannot be read ({type(err).__name__}: "
                               f"{str(err).splitlines()[0][:200]})") from err
-
-
-def rng_state() -> dict[str, Any]:
-    """The torch, Python, NumPy and CUDA generator states (for ``state.pt``; loads with ``weights_only``)."""
-    np_state = np.random.get_state()
-    return {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
-            "python_version": random.getstate()[0],
-            "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]],
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`rng_state` saved."""
-    torch.set_rng_state(state["torch"])
-    random.setstate((state["python_version"], tuple(state["python"]), None))
-    np_state = state["numpy"]
-    np.random.set_state((np_state[0], np_state[1].numpy(), *np_state[2:]))
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def logged_step(record: Any) -> int | None:

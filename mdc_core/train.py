@@ -56,7 +56,7 @@ from .run_start import resolve_data_paths
 from .runlock import RunLock
 from .train_log import RunLog, StepStats, TrainingDiverged, diverged  # noqa: F401 - TrainingDiverged: what train raises
 from .train_restore import restore
-from .train_state import Counters, TrainState
+from .train_state import Counters, TrainState, rng_state
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -330,7 +330,7 @@ class Trainer:
         ema = self.ema
         state = TrainState(self.n, self.stream.epoch, self.stream.batch_in_epoch, self.ctx.world,
                            self.log.global_batch, int(ema.n_averaged) if ema is not None else 0, self.opt.state_dict(),
-                           self.sched.state_dict(), ckpt_io.rng_state())
+                           self.sched.state_dict(), rng_state())
         self.last_ckpt = ckpt_io.save_checkpoint(self.out, self.n.step, self.cfg, self.model,
                                                  ema_state=ema.module.state_dict() if ema is not None else None,
                                                  train_state=state.state_dict(), keep_last=self.cfg.train.keep_last)

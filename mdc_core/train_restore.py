@@ -16,7 +16,8 @@ from torch.optim.swa_utils import AveragedModel
 from . import checkpoint as ckpt_io
 from . import distributed as dist
 from . import run_start
-from .train_state import Counters, TrainState
+from .train_state import Counters, TrainState, set_rng_state
+from .weights import load_weights
 
 
 def restore(ckpt: Path, out: Path, ctx: dist.DistContext, opt: torch.optim.Optimizer,
@@ -34,10 +35,10 @@ def restore(ckpt: Path, out: Path, ctx: dist.DistContext, opt: torch.optim.Optim
         opt.load_state_dict(state.optimizer)
         sched.load_state_dict(state.scheduler)
     if ema is not None and (ckpt / "ema.safetensors").is_file():
-        ema.module.load_state_dict(ckpt_io.load_weights(ckpt / "ema.safetensors"))
+        ema.module.load_state_dict(load_weights(ckpt / "ema.safetensors"))
         ema.n_averaged.fill_(state.ema_n_averaged)
     if state.rng is not None:
-        ckpt_io.set_rng_state(state.rng)
+        set_rng_state(state.rng)
     batch_in_epoch = state.batch_in_epoch
     if state.world != ctx.world:  # the same number of samples of this epoch, but not the same samples
         batch_in_epoch = batch_in_epoch * state.world // ctx.world

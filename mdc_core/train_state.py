@@ -10,9 +10,13 @@ older or partial ``state.pt`` lacks take the defaults below.
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+import torch
 
 
 @dataclass
@@ -39,7 +43,7 @@ class TrainState:
     ema_n_averaged: int = 1  # updates the EMA has averaged (0: trained without EMA)
     optimizer: dict[str, Any] | None = None  # torch.optim.AdamW.state_dict()
     scheduler: dict[str, Any] | None = None  # torch.optim.lr_scheduler.LambdaLR.state_dict()
-    rng: dict[str, Any] | None = None  # mdc_core.checkpoint.rng_state()
+    rng: dict[str, Any] | None = None  # rng_state()
 
     @property
     def step(self) -> int:
@@ -92,3 +96,22 @@ def resume_problem(state: Any, step: int) -> str:
     if train_state.step != step:
         return f"it holds the train state of step {train_state.step}, not of step {step}"
     return ""
+
+
+def rng_state() -> dict[str, Any]:
+    """The torch, Python, NumPy and CUDA generator states (for ``state.pt``; loads with ``weights_only``)."""
+    np_state = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
+            "python_version": random.getstate()[0],
+            "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]],
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` saved."""
+    torch.set_rng_state(state["torch"])
+    random.setstate((state["python_version"], tuple(state["python"]), None))
+    np_state = state["numpy"]
+    np.random.set_state((np_state[0], np_state[1].numpy(), *np_state[2:]))
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -17,7 +17,7 @@ from mdc_core import checkpoint as ck
 from mdc_core.config import RunConfig, apply_overrides
 from mdc_core.data.sources import Source, resolve_source
 from mdc_core.train import init_from_weights, lr_lambda, param_groups, seed_everything, train
-from mdc_core.train_state import Counters, TrainState
+from mdc_core.train_state import Counters, TrainState, rng_state
 from tests.train_helpers import (
     assert_same_metrics,
     micro_run,
@@ -75,7 +75,7 @@ def _hand_built_step_0(out: Path, cfg: RunConfig, source: Path) -> None:
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: lr_lambda(s, tcfg.warmup_steps, tcfg.steps, tcfg.min_lr_ratio))
     seed_everything(tcfg.seed)
-    state = TrainState(optimizer=opt.state_dict(), scheduler=sched.state_dict(), rng=ck.rng_state())
+    state = TrainState(optimizer=opt.state_dict(), scheduler=sched.state_dict(), rng=rng_state())
     ck.save_checkpoint(out, 0, cfg, model, train_state=state.state_dict(), keep_last=tcfg.keep_last)
 
 
