@@ -457,12 +457,7 @@ def plot_profiles(table: dict[str, Any], path: str | Path, features: dict[str, A
                 if not pts:
                     continue
                 xs, ys, ci = zip(*pts, strict=True)
-                if all(c is not None for c in ci):
-                    err = [[y - c[0] for y, c in zip(ys, ci, strict=True)],
-                           [c[1] - y for y, c in zip(ys, ci, strict=True)]]
-                    ax.errorbar(xs, ys, yerr=err, marker="o", ms=3, capsize=2, label=row)
-                else:
-                    ax.plot(xs, ys, marker="o", ms=3, label=row)
+                ax.errorbar(xs, ys, yerr=_yerr(ys, ci), marker="o", ms=3, capsize=2, label=row)
             ax.axhline(0.0, color="grey", lw=0.8)
             ax.set_title(f"{kind} captions: {MEASURE_LABELS[measure]}", fontsize=9)
             if ax.get_legend_handles_labels()[0]:
@@ -479,6 +474,14 @@ def plot_profiles(table: dict[str, Any], path: str | Path, features: dict[str, A
     return save_png(fig, path)
 
 
+def _yerr(ys: Sequence[float], intervals: Sequence[Any]) -> list[list[float]] | None:
+    """Matplotlib's asymmetric error bars (below, above) from 95% intervals; None when a point has none."""
+    if any(c is None for c in intervals):
+        return None
+    pairs = list(zip(ys, intervals, strict=True))
+    return [[y - c[0] for y, c in pairs], [c[1] - y for y, c in pairs]]
+
+
 def _plot_penalties(ax: Any, features: dict[str, Any]) -> None:
     """Each model's late-position penalty (points of probe top-1) per attribute and their mean, with intervals."""
     columns = ["shape: late penalty", "colour: late penalty", "late penalty"]
@@ -487,10 +490,8 @@ def _plot_penalties(ax: Any, features: dict[str, Any]) -> None:
     for r, (row, values) in enumerate(means.items()):
         xs = [c + (r - (len(means) - 1) / 2) * width for c in range(len(columns))]
         ys = [values.get(c, float("nan")) for c in columns]
-        ci = [intervals.get(row, {}).get(c) for c in columns]
-        err = None if any(c is None for c in ci) else [[y - c[0] for y, c in zip(ys, ci, strict=True)],
-                                                       [c[1] - y for y, c in zip(ys, ci, strict=True)]]
-        ax.bar(xs, ys, width=width, yerr=err, capsize=3, label=row)
+        ax.bar(xs, ys, width=width, yerr=_yerr(ys, [intervals.get(row, {}).get(c) for c in columns]), capsize=3,
+               label=row)
     ax.axhline(0.0, color="grey", lw=0.8)
     ax.set_xticks(range(len(columns)), ["shape", "colour", "mean"])
     ax.set_ylabel("late-position penalty (points):\nattribute named first minus last")
