@@ -14,6 +14,8 @@ MDC loss, per-token normalisation (default)::
 where n_b is the number of maskable tokens of caption b. Each token is masked with probability t_b, so the 1/t_b
 weight makes up for the fraction of tokens in the sum: this is the NELBO estimator of MDLM with the linear
 schedule alpha_t = 1 - t, for which -alpha'_t / (1 - alpha_t) = 1/t (Eq. 5), and its mean over t is the NELBO.
+The draw of t, the masking rate and w_b are those of the objective's noise schedule (:mod:`mdc_core.schedule`,
+which derives the weight -alpha'_t / (1 - alpha_t) of each schedule it holds).
 Given t, E[L | t] = sum_b sum_i E[CE_bi | t] / sum_b n_b, with CE_bi the cross-entropy of token i when masked: the
 mean per-token cross-entropy at that noise level. It does not make the loss the same at every t: a model that reads
 the caption's unmasked words has fewer of them at larger t, so its loss rises with t (notebook 00 plots it); only
@@ -28,7 +30,7 @@ Without the weight there are two losses, and the paper's Table 4 row ("MDC (w/o 
   masked tokens), Eq. 1's MLM loss, and CMLM's (Ghazvininejad et al. 2019), which the paper says the ablation
   "essentially becomes": the loss per *masked* token, ``sum_b sum_i CE_bi / sum_b m_b`` (m_b masked tokens of
   caption b; ``per_sequence``: the mean over captions of ``sum_i CE_bi / m_b``). The row's
-  ``per_masked_token`` says so (:meth:`~mdc_core.registry.ObjectiveSpec.loss_denominator`).
+  ``per_masked_token`` says so (:func:`loss_terms`).
 
 Per batch the two differ by the factor ``sum_b n_b / sum_b m_b`` (about ``1 / E[t]``), so under AdamW, which is
 blind to a constant scale of the loss, they train alike up to that factor's batch-to-batch variation; with
@@ -43,6 +45,7 @@ host-device synchronisation; :func:`compute_loss` without a prepared batch calls
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -52,10 +55,9 @@ import torch.nn.functional as F
 from .clip_model import contrastive_loss
 from .config import ObjectiveConfig
 from .model import Captioner, lookup_rows, padding_mask, unknown_ids
-from .registry import condition_transforms, objective_spec
+from .registry import ObjectiveSpec, condition_transforms, objective_spec
 from .tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID
 
-T_MIN = 1e-3  # t is clamped here so that 1/t stays finite for a schedule starting at 0 (MDLM uses eps=1e-3)
 # the accuracy each loss logs, one name per meaning: of the masked tokens (the masked objectives, D3PM's x_0), of
 # the next token (ARC), of in-batch image-text retrieval (CLIP); runs logged before the split call all three
 # "acc_masked", which logged_accuracy still reads
@@ -91,7 +93,7 @@ class PreparedBatch:
     index: torch.Tensor | None = None  # (n,) their flat positions b * L_in + i
     owner: torch.Tensor | None = None  # (n,) their caption b
     targets: torch.Tensor | None = None  # (n,) output-head row of each target token
-    t: torch.Tensor | None = None  # (B,) masking rate of each caption (masked objectives)
+    t: torch.Tensor | None = None  # (B,) time of each caption's noise (for the linear schedule its masking rate)
     valid: torch.Tensor | None = None  # (n,) bool: False at loss terms that only pad to a static count; None: all real
 
     def to(self, device: torch.device | str, non_blocking: bool = True) -> PreparedBatch:
@@ -143,17 +145,6 @@ def _pad_columns(x: torch.Tensor, width: int, value: int | bool) -> torch.Tensor
     return x.contiguous() if x.shape[1] >= width else F.pad(x, (0, width - x.shape[1]), value=value)
 
 
-def sample_t(batch: int, low: float, high: float, *, antithetic: bool = False,
-             generator: torch.Generator | None = None, device: torch.device | str = "cpu") -> torch.Tensor:
-    """(B,) times in [low, high): i.i.d. uniform, or stratified one per 1/B-bin (MDLM's low-discrepancy
-    sampler: u_b = (b + U) / B), which keeps the marginal uniform and lowers the batch loss variance."""
-    u = torch.rand(batch, generator=generator, device=device)
-    if antithetic:
-        u = (torch.arange(batch, device=device) + u) / batch
-        u = u[torch.randperm(batch, generator=generator, device=device)]  # no order correlation with data
-    return low + (high - low) * u
-
-
 def apply_mask(tokens: torch.Tensor, t: torch.Tensor, *, generator: torch.Generator | None = None,
                min_one: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Mask each maskable token of caption b independently with probability t_b (Alg. 1: ``p < t``).
@@ -193,27 +184,37 @@ def normalized_token_loss(ce: torch.Tensor, mask: torch.Tensor, weight: torch.Te
     raise ValueError(f"unknown normalization {normalization!r}; use per_token or per_sequence")
 
 
-def mask_rates(cfg: ObjectiveConfig, batch: int, generator: torch.Generator | None,
-               device: torch.device | str) -> torch.Tensor:
-    """(B,) masking probabilities for the objective: sampled t (mdc, mdc_no_t, cmlm), r (bert) or 1 (parallel)."""
-    spec = objective_spec(cfg.name)
-    if spec.masking == "time":
-        t = sample_t(batch, cfg.t_low, cfg.t_high, antithetic=cfg.antithetic_t, generator=generator, device=device)
-        return t.clamp(min=T_MIN)
-    if spec.masking == "fixed":
-        return torch.full((batch,), cfg.mask_ratio, device=device)
-    if spec.masking == "all":
-        return torch.ones(batch, device=device)
-    raise ValueError(f"objective {cfg.name!r} does not mask tokens")
-
-
 def draw_masks(tokens: torch.Tensor, cfg: ObjectiveConfig, generator: torch.Generator | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The masking draws of trimmed captions `tokens` (B, L): (t (B,), noisy tokens (B, L), mask (B, L)), in the
-    order :func:`prepare_batch` makes them, so a generator seeded alike gives the trainer the same masks."""
-    t = mask_rates(cfg, tokens.shape[0], generator, tokens.device)  # (B,)
-    inputs, mask = apply_mask(tokens, t, generator=generator, min_one=cfg.min_one_masked)
+    order :func:`prepare_batch` makes them, so a generator seeded alike gives the trainer the same masks. t is the
+    objective's schedule's draw; each token is masked with probability ``schedule.mask_rate(t)``."""
+    schedule = objective_spec(cfg.name).schedule
+    if schedule is None or not schedule.masks:
+        raise ValueError(f"objective {cfg.name!r} does not mask tokens")
+    t = schedule.draw(cfg, tokens.shape[0], generator, tokens.device)  # (B,)
+    inputs, mask = apply_mask(tokens, schedule.mask_rate(t), generator=generator, min_one=cfg.min_one_masked)
     return t, inputs, mask
+
+
+def loss_terms(spec: ObjectiveSpec, tokens: torch.Tensor, normalization: str, mask: torch.Tensor | None = None
+               ) -> int:
+    """What the loss of a micro-batch `tokens` (B, L) under objective row `spec` is divided by: its loss-carrying
+    positions (``per_token``: caption tokens + ``<eot>`` under teacher forcing, the masked tokens `mask` (B, L') of
+    a ``per_masked_token`` objective, else the maskable positions) or its captions with any (``per_sequence``);
+    the batch size for a contrastive objective."""
+    if spec.schedule is None:
+        return tokens.shape[0]  # contrastive: a mean over the batch
+    if not spec.schedule.masks:  # next-token targets: every token after <sot> that is not padding
+        valid = ~padding_mask(tokens)[:, 1:]  # (B, L - 1)
+    elif spec.per_masked_token:  # the draws decide it: the caller passes them
+        if mask is None:
+            raise ValueError("this objective divides its loss by the masked tokens: pass the batch's mask")
+        valid = mask
+    else:
+        valid = maskable_positions(tokens)  # (B, L)
+    per_caption = valid.sum(dim=1)  # (B,)
+    return int(per_caption.sum()) if normalization == "per_token" else int((per_caption > 0).sum())
 
 
 def output_rows(output_index: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
@@ -262,15 +263,16 @@ def prepare_batch(tokens: torch.Tensor, cfg: ObjectiveConfig, generator: torch.G
         return PreparedBatch(tokens, tokens, None if input_index is None else lookup_rows(input_index, tokens))
     if output_index is None:
         raise ValueError("prepare_batch for a captioner needs its output_index (see id_tables)")
-    if spec.masking == "none":  # teacher forcing: predict token i+1 from tokens <= i
-        tokens = _pad_columns(tokens, width, PAD_ID)
-        inputs, loss_mask = tokens[:, :-1], ~padding_mask(tokens)[:, 1:]  # (B, L-1) caption tokens and <eot>
-        t = torch.ones(tokens.shape[0], device=tokens.device)
-    else:
+    if spec.schedule.masks:
         t, inputs, loss_mask = draw_masks(tokens, cfg, generator)
         tokens, inputs = _pad_columns(tokens, width, PAD_ID), _pad_columns(inputs, width, PAD_ID)
         loss_mask = _pad_columns(loss_mask, width, False)
-    target_ids = (tokens[:, 1:] if spec.masking == "none" else tokens)[loss_mask]  # (n,)
+        target_ids = tokens[loss_mask]  # (n,)
+    else:  # teacher forcing: predict token i+1 from tokens <= i
+        tokens = _pad_columns(tokens, width, PAD_ID)
+        inputs, loss_mask = tokens[:, :-1], ~padding_mask(tokens)[:, 1:]  # (B, L-1) caption tokens and <eot>
+        t = spec.schedule.draw(cfg, tokens.shape[0], generator, tokens.device)  # ones: nothing is drawn
+        target_ids = tokens[:, 1:][loss_mask]  # (n,)
     index = loss_mask.flatten().nonzero()[:, 0]  # (n,) row-major, as loss_mask's True positions
     targets, valid = output_rows(output_index, target_ids), None
     if static != "off":
@@ -290,13 +292,18 @@ def prepare_batch(tokens: torch.Tensor, cfg: ObjectiveConfig, generator: torch.G
 # the loss of a batch
 
 
+def loss_function(spec: ObjectiveSpec) -> Callable[..., LossOutput]:
+    """The batch loss of objective row `spec`: its own (a plug-in's), else its family's (:data:`LOSSES`)."""
+    return spec.loss or LOSSES[spec.family]
+
+
 def compute_loss(model: Captioner, images: torch.Tensor, tokens: torch.Tensor, cfg: ObjectiveConfig,
                  generator: torch.Generator | None = None, prepared: PreparedBatch | None = None) -> LossOutput:
-    """Loss of one batch: images (B, 3, H, W), tokens (B, L) from :class:`CaptionTokenizer`; the objective's
-    row of :data:`OBJECTIVES` names the loss function. `prepared`: the batch's :func:`prepare_batch` on this
-    device (then `tokens` are its trimmed tokens and `generator` only serves draws the loss makes itself, such as
-    a condition transform's); None prepares it here from `generator`."""
-    fn = objective_spec(cfg.name).loss_fn()
+    """Loss of one batch: images (B, 3, H, W), tokens (B, L) from :class:`CaptionTokenizer`, by the objective's
+    :func:`loss_function`. `prepared`: the batch's :func:`prepare_batch` on this device (then `tokens` are its
+    trimmed tokens and `generator` only serves draws the loss makes itself, such as a condition transform's);
+    None prepares it here from `generator`."""
+    fn = loss_function(objective_spec(cfg.name))
     if prepared is None:
         return fn(model, images, trim_padding(tokens), cfg, generator)
     return fn(model, images, tokens, cfg, generator, prepared=prepared)
@@ -338,16 +345,17 @@ def _term_hits(logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor 
 
 def masked_token_loss(model: Captioner, images: torch.Tensor, tokens: torch.Tensor, cfg: ObjectiveConfig,
                       generator: torch.Generator | None = None, prepared: PreparedBatch | None = None) -> LossOutput:
-    """MDC and its masked baselines (mdc_no_t, cmlm, bert, parallel): mask each caption token with the objective's
-    rate, predict the masked tokens, weight by 1/t where the row says so, divide by the caption tokens or, for a
-    ``per_masked_token`` row (cmlm), the masked ones (module docstring)."""
+    """MDC and its masked baselines (mdc_no_t, cmlm, bert, parallel): mask each caption token with the rate of the
+    objective's schedule, predict the masked tokens, weight each caption's loss by the schedule's weight (1/t for
+    mdc), divide by the caption tokens or, for a ``per_masked_token`` row (cmlm), the masked ones (module
+    docstring)."""
     spec = objective_spec(cfg.name)
     image_tokens = encode_condition(model, images, cfg, generator)
     p = _prepare_for(model, tokens, cfg, generator, prepared)
     t, mask, targets = p.t, p.loss_mask, p.targets  # (B,), (B, L), (n,)
     logits = model.decode(p.inputs, image_tokens, select=p.index, causal=False, rows=p.rows)  # (n, V_out) masked only
     ce = _term_ce(logits, targets, p.valid)  # (n,)
-    weight = 1.0 / t if spec.inv_t_weight else torch.ones_like(t)
+    weight = spec.schedule.weight(t)  # (B,)
     n_valid = maskable_positions(p.tokens).sum(dim=1)  # (B,)
     n_loss = mask.sum(dim=1) if spec.per_masked_token else n_valid  # (B,) what each caption's loss is divided by
     loss = normalized_token_loss(ce, mask, weight, n_loss, cfg.normalization, owner=p.owner)
@@ -383,3 +391,7 @@ def autoregressive_loss(model: Captioner, images: torch.Tensor, tokens: torch.Te
     }
     return LossOutput(loss, metrics)
 
+
+# the loss of each family, the default of a row that names none (ObjectiveSpec.loss)
+LOSSES: dict[str, Callable[..., LossOutput]] = {"masked": masked_token_loss, "causal": autoregressive_loss,
+                                                "contrastive": clip_loss}

@@ -6,11 +6,12 @@ a transform of the image condition during training) registers it when its module
 module under the entry-point group ``mdc_core.plugins`` (the workbench names its MC-Diffusion plug-in there).
 The core imports them (:func:`load_plugins`) only when it meets a name it does not know: an objective, a config key
 or an image encoder that is no timm model. So an MDC run never loads MC-Diffusion, and an old run folder whose
-``config.json`` carries an extension's keys still loads. A plug-in module stays light (no torch at import): it
-names its functions as ``"module:attribute"`` strings or wraps them in small functions that import on call.
+``config.json`` carries an extension's keys still loads. A plug-in module stays light (no torch at import): the
+functions it registers import their own modules when called.
 
-This module imports nothing but the standard library (the command line builds its choices from it); like a row's
-loss, the tensor helpers :meth:`ObjectiveSpec.loss_denominator` counts with are named as ``"module:function"``.
+This module imports nothing heavy (the standard library and :mod:`mdc_core.schedule`, which imports no torch at
+the top), so the command line builds its choices from it. A row names its noise process as a schedule object; its
+loss is its family's (:data:`mdc_core.objectives.LOSSES`) unless it brings its own function.
 """
 
 from __future__ import annotations
@@ -21,16 +22,9 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
+from .schedule import AllMasked, FixedRatio, LinearSchedule, NoiseSchedule, TeacherForcing
+
 ENTRY_POINT_GROUP = "mdc_core.plugins"  # [project.entry-points."mdc_core.plugins"] name = "module"
-
-
-def resolve_ref(ref: str | Callable[..., Any]) -> Any:
-    """The object a ``"package.module:attribute"`` string names, importing the module on first use (a callable is
-    returned as it is): how a table row names a function without importing its module."""
-    if callable(ref):
-        return ref
-    module, _, attr = ref.partition(":")
-    return getattr(importlib.import_module(module), attr)
 
 
 FAMILIES = ("masked", "causal", "contrastive")  # how a captioner's tokens are predicted, or no captioner at all
@@ -47,16 +41,14 @@ SCORING: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 class ObjectiveSpec:
     """One row of the objective table: everything the rest of the code asks about an objective.
 
-    Its family (:attr:`family`), how many loss terms a batch carries (:meth:`loss_denominator`,
-    :meth:`expected_loss_terms`), its display label, its model-card sentence, its default decoder and the
-    masking ratios it is scored at (:meth:`scoring_ratios`) are all read from here, never from its name."""
+    Its family (:attr:`family`), its noise process (:attr:`schedule`: the draw of t, the masking rate, the loss
+    weight, the expected loss terms, the ratios it is scored at), its display label, its model-card sentence and
+    its default decoder are all read from here, never from its name."""
 
     causal: bool  # decoder self-attention is causal (teacher forcing) instead of bidirectional
-    masking: str  # "time": t ~ U[t_low, t_high] per caption; "fixed": t = mask_ratio; "all": t = 1; "none";
-    # "custom": the loss draws its own noise (an extension's process; prepared=False)
-    inv_t_weight: bool  # weight each caption's masked CE by 1/t (the diffusion ELBO weight)
-    loss: str | Callable[..., Any]  # the batch loss (model, images, tokens, cfg, generator) -> LossOutput, or its
-    # "module:function" (resolved on use, so that registering a row imports nothing)
+    schedule: NoiseSchedule | None  # the noise process (mdc_core.schedule); None: no caption token is predicted
+    loss: Callable[..., Any] | None = None  # the batch loss (model, images, tokens, cfg, generator) -> LossOutput;
+    # None: its family's (mdc_core.objectives.LOSSES); a plug-in's row brings its own
     model: str = "captioner"  # architecture (mdc_core.factory.MODELS): "captioner" or "clip" (contrastive loss)
     prepared: bool = True  # the loss takes a PreparedBatch (objectives.prepare_batch, on the host in the trainer);
     # False: it draws its noise on the device itself
@@ -72,6 +64,9 @@ class ObjectiveSpec:
             object.__setattr__(self, "decoder", default)
         if self.decoder not in DECODERS:
             raise ValueError(f"objective decoder {self.decoder!r}: choose one of {', '.join(DECODERS)}")
+        if (self.schedule is None) != (self.family == "contrastive"):
+            raise ValueError("a captioner's objective names its noise schedule (mdc_core.schedule); a contrastive "
+                             "one has none")
 
     @property
     def family(self) -> str:
@@ -83,90 +78,48 @@ class ObjectiveSpec:
         """(compositionality scores that apply, the default ones) for this objective's family."""
         return SCORING[self.family]
 
-    def loss_fn(self) -> Callable[..., Any]:
-        return resolve_ref(self.loss)
-
-    def loss_denominator(self, tokens: Any, normalization: str, mask: Any = None) -> int:
-        """What the loss of a micro-batch `tokens` (B, L) is divided by: its loss-carrying positions (``per_token``:
-        caption tokens + ``<eot>`` when nothing is masked, the masked tokens `mask` (B, L') of a
-        :attr:`per_masked_token` objective, else the maskable positions) or its captions with any
-        (``per_sequence``); the batch size for a contrastive objective."""
-        if self.family == "contrastive":
-            return tokens.shape[0]  # a mean over the batch
-        if self.masking == "none":  # next-token targets: every token after <sot> that is not padding
-            valid = ~resolve_ref("mdc_core.model:padding_mask")(tokens)[:, 1:]  # (B, L - 1)
-        elif self.per_masked_token:  # the draws decide it: the caller passes them
-            if mask is None:
-                raise ValueError("this objective divides its loss by the masked tokens: pass the batch's mask")
-            valid = mask
-        else:
-            valid = resolve_ref("mdc_core.objectives:maskable_positions")(tokens)  # (B, L)
-        per_caption = valid.sum(dim=1)  # (B,)
-        return int(per_caption.sum()) if normalization == "per_token" else int((per_caption > 0).sum())
-
     def expected_loss_terms(self, lengths: Sequence[int], cfg: Any) -> float:
         """Expected loss-carrying tokens of captions of `lengths` caption tokens (no ``<sot>``/``<eot>``) under
-        objective settings `cfg` (an ObjectiveConfig); 0 for a contrastive objective."""
-        n = float(sum(lengths))
-        if self.family == "contrastive":
-            return 0.0
-        if self.masking == "none":
-            return n + len(lengths)  # every caption token and <eot>
-        if self.masking == "time":
-            return (cfg.t_low + cfg.t_high) / 2 * n
-        if self.masking == "fixed":
-            return cfg.mask_ratio * n
-        return n  # "all", and a custom process (D3PM noises all): every position carries a loss term
-
-    def scoring_ratios(self, cfg: Any) -> tuple[float, ...]:
-        """Masking ratios inside the range a run of objective settings `cfg` was trained on: its fixed ratio
-        ("fixed"; 1 for "all"), else three evenly spaced ratios of [t_low, t_high] (ratio 0 left out)."""
-        if self.masking == "all":
-            return (1.0,)
-        if self.masking == "fixed":
-            return (float(cfg.mask_ratio),)
-        steps = [cfg.t_low + k * (cfg.t_high - cfg.t_low) / 2 for k in range(3)]
-        return tuple(round(r, 4) for r in steps if r > 0)
+        objective settings `cfg` (an ObjectiveConfig): its schedule's; 0 for a contrastive objective."""
+        return 0.0 if self.schedule is None else self.schedule.expected_loss_terms(lengths, cfg)
 
     def display(self, name: str) -> str:
         """The label of objective `name` (this row) in tables."""
         return self.label or name
 
 
-_MASKED, _AR = "mdc_core.objectives:masked_token_loss", "mdc_core.objectives:autoregressive_loss"
 # the core's rows, in the order the command line lists them; extensions append theirs (register_objective)
 OBJECTIVES: dict[str, ObjectiveSpec] = {
     "mdc": ObjectiveSpec(  # masked diffusion captioning
-        causal=False, masking="time", inv_t_weight=True, loss=_MASKED, label="MDC",
+        causal=False, schedule=LinearSchedule(), label="MDC",
         description="masked diffusion captioning (Feng, Wei, Owens 2025): each caption token masked with probability "
                     "t ~ U[{t_low}, {t_high}], the masked tokens predicted from the image, the loss weighted by 1/t"),
     "mdc_no_t": ObjectiveSpec(  # Eq. 5 without its weight: divided by the caption tokens, as mdc is
-        causal=False, masking="time", inv_t_weight=False, loss=_MASKED, label="MDC (w/o 1/t), per caption token",
+        causal=False, schedule=LinearSchedule(weighted=False), label="MDC (w/o 1/t), per caption token",
         description="masked diffusion captioning without the 1/t weight, the masked tokens' loss divided by the "
                     "caption tokens (as MDC's): t ~ U[{t_low}, {t_high}]"),
     "cmlm": ObjectiveSpec(  # Table 4's "MDC (w/o t)": Alg. 1 without 1/t, which "essentially becomes CMLM"
-        causal=False, masking="time", inv_t_weight=False, loss=_MASKED, per_masked_token=True,
+        causal=False, schedule=LinearSchedule(weighted=False), per_masked_token=True,
         label="CMLM (w/o 1/t, per masked token)",
         description="CMLM (the paper's MDC without the 1/t weight, Table 4): the mean cross-entropy of the masked "
                     "tokens, each caption token masked with probability t ~ U[{t_low}, {t_high}]"),
     "bert": ObjectiveSpec(  # image-conditioned BERT, r
-        causal=False, masking="fixed", inv_t_weight=False, loss=_MASKED, label="BERT",
+        causal=False, schedule=FixedRatio(), label="BERT",
         description="image-conditioned BERT: a fixed fraction {mask_ratio} of the caption tokens masked and predicted"),
     "parallel": ObjectiveSpec(  # r = 1, CapPa parallel
-        causal=False, masking="all", inv_t_weight=False, loss=_MASKED, label="Parallel",
+        causal=False, schedule=AllMasked(), label="Parallel",
         description="parallel captioning (CapPa): every caption token masked and predicted at once from the image"),
     "arc": ObjectiveSpec(  # autoregressive captioning
-        causal=True, masking="none", inv_t_weight=False, loss=_AR, label="ARC",
+        causal=True, schedule=TeacherForcing(), label="ARC",
         description="autoregressive captioning: the next caption token predicted from the image and the tokens "
                     "before it"),
     "clip": ObjectiveSpec(  # contrastive baseline
-        causal=True, masking="none", inv_t_weight=False, model="clip", loss="mdc_core.objectives:clip_loss",
-        label="CLIP", description="contrastive image-text training (CLIP) with a text transformer of the decoder's "
-                                  "shape"),
+        causal=True, schedule=None, model="clip", label="CLIP",
+        description="contrastive image-text training (CLIP) with a text transformer of the decoder's shape"),
 }
 CORE_OBJECTIVES = tuple(OBJECTIVES)
-# image encoders besides timm (the default for any other model.encoder): name -> class built from a ModelConfig
-ENCODERS: dict[str, str | Callable[..., Any]] = {}
+# image encoders besides timm (the default for any other model.encoder): name -> builder of a ModelConfig
+ENCODERS: dict[str, Callable[..., Any]] = {}
 # config sections extensions add keys to: section -> settings dataclasses (see config.ObjectiveConfig)
 SETTINGS: dict[str, list[type]] = {}
 # transforms of the image tokens during training, in registration order: (model, image_tokens, objective config,
@@ -194,8 +147,8 @@ def register_objective(name: str, spec: ObjectiveSpec) -> None:
     _register(OBJECTIVES, "objective", name, spec)
 
 
-def register_encoder(name: str, build: str | Callable[..., Any]) -> None:
-    """Add an image encoder (a class or ``"module:class"`` built from a ModelConfig) chosen by ``model.encoder``."""
+def register_encoder(name: str, build: Callable[..., Any]) -> None:
+    """Add an image encoder (a class or function that builds it from a ModelConfig) chosen by ``model.encoder``."""
     _register(ENCODERS, "encoder", name, build)
 
 
@@ -252,7 +205,7 @@ def encoder_builder(name: str) -> Callable[..., Any] | None:
     only for a name that is neither registered nor a timm model."""
     if name not in ENCODERS and not _is_timm_model(name):
         load_plugins()
-    return resolve_ref(ENCODERS[name]) if name in ENCODERS else None
+    return ENCODERS.get(name)
 
 
 def _is_timm_model(name: str) -> bool:

@@ -40,7 +40,7 @@ from torch.optim.swa_utils import AveragedModel
 
 from . import distributed as dist
 from .config import ObjectiveConfig, TrainConfig
-from .objectives import PreparedBatch, compute_loss, id_tables, objective_spec, prepare_batch
+from .objectives import PreparedBatch, compute_loss, id_tables, loss_function, loss_terms, objective_spec, prepare_batch
 
 
 @dataclass
@@ -175,7 +175,7 @@ class ReadyBatch:
     prepared: PreparedBatch | None  # on the device; None for an objective that draws its noise in its own loss
     seed: int  # the micro-batch's masking seed
     gen_state: torch.Tensor | None  # the host generator after the preparation's draws (the loss's draws follow)
-    terms: int  # what its loss is divided by (ObjectiveSpec.loss_denominator), counted on the host from these masks
+    terms: int  # what its loss is divided by (objectives.loss_terms), counted on the host from these masks
 
 
 class HostBatches:
@@ -203,10 +203,10 @@ class HostBatches:
         self.gen.manual_seed(seed)
         if not self.prepared:
             return ReadyBatch(tokens.to(self.device, non_blocking=True), None, seed, self._state(),
-                              self.spec.loss_denominator(tokens, self.cfg.normalization))
+                              loss_terms(self.spec, tokens, self.cfg.normalization))
         prepared = prepare_batch(tokens, self.cfg, self.gen, **self.tables, **self.shapes)
         mask = prepared.loss_mask if self.spec.per_masked_token else None  # these draws: counted once, here
-        terms = self.spec.loss_denominator(tokens, self.cfg.normalization, mask=mask)
+        terms = loss_terms(self.spec, tokens, self.cfg.normalization, mask=mask)
         prepared = prepared.to(self.device, non_blocking=True)
         return ReadyBatch(prepared.tokens, prepared, seed, self._state(), terms)
 
@@ -231,7 +231,7 @@ class Objective(torch.nn.Module):
         super().__init__()
         self.model, self.cfg = model, cfg
         # the objective's loss function, resolved once: resolving it imports its module, which would break a graph
-        self.loss_fn = objective_spec(cfg.name).loss_fn()
+        self.loss_fn = loss_function(objective_spec(cfg.name))
 
     def forward(self, images: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator,
                 prepared: PreparedBatch | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -51,7 +51,7 @@ from . import run_start, step_parts
 from .config import ObjectiveConfig, RunConfig
 from .data.loaders import BatchStream
 from .model_init import init_from_weights, init_model
-from .objectives import draw_masks, objective_spec, trim_padding
+from .objectives import draw_masks, loss_terms, objective_spec, trim_padding
 from .run_start import resolve_data_paths
 from .runlock import RunLock
 from .train_log import RunLog, StepStats, TrainingDiverged, diverged  # noqa: F401 - TrainingDiverged: what train raises
@@ -130,12 +130,12 @@ def loss_denominator(tokens: torch.Tensor, objective: ObjectiveConfig, seed: int
     counts the masks it prepares (:attr:`~mdc_core.step_parts.ReadyBatch.terms`), the same number."""
     spec = objective_spec(objective.name)
     if not spec.per_masked_token:
-        return spec.loss_denominator(tokens, objective.normalization)
+        return loss_terms(spec, tokens, objective.normalization)
     if seed is None:
         raise ValueError(f"objective {objective.name!r} divides its loss by the masked tokens: give the micro-batch's "
                          "masking seed")
     _, _, mask = draw_masks(trim_padding(tokens), objective, torch.Generator().manual_seed(seed))
-    return spec.loss_denominator(tokens, objective.normalization, mask=mask)
+    return loss_terms(spec, tokens, objective.normalization, mask=mask)
 
 
 def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, init_from: str | Path | None = None,

@@ -76,11 +76,11 @@ def test_parser_tables_match_the_library_and_do_not_import_torch():
     import sys
 
     from mdc_workbench.cli.masked_conditional import VQVAE_OPTIONS
-    from mdc_workbench.masked_conditional.guidance import GUIDANCE_FORMS
-    from mdc_workbench.masked_conditional.plugin import GUIDANCE_MODES
+    from mdc_workbench.masked_conditional.guidance import GUIDANCE_FORMS, TRAINING_MODES
+    from mdc_workbench.masked_conditional.plugin import GUIDANCE_MODES, GUIDANCE_TRAINING_MODES
     from mdc_workbench.masked_conditional.vqvae import VQVAEConfig
 
-    assert GUIDANCE_MODES == ("none", *GUIDANCE_FORMS)
+    assert GUIDANCE_MODES == ("none", *GUIDANCE_FORMS) and GUIDANCE_TRAINING_MODES == TRAINING_MODES
     fields = {f.name: f for f in dataclasses.fields(VQVAEConfig)}
     assert list(VQVAE_OPTIONS) == list(fields)
     for name, (kind, text) in VQVAE_OPTIONS.items():

@@ -1,5 +1,5 @@
-"""The objective spec is the one place that knows an objective: its family, loss terms, label, decoder and scoring
-ratios (mdc_core.registry.ObjectiveSpec). A new objective is one registered row; every other file asks the spec."""
+"""The objective spec is the one place that knows an objective: its family, noise schedule, loss terms, label and
+decoder (mdc_core.registry.ObjectiveSpec). A new objective is one registered row; every other file asks the spec."""
 
 import argparse
 
@@ -8,8 +8,9 @@ import torch
 
 from mdc_core import registry
 from mdc_core.config import ObjectiveConfig, RunConfig
-from mdc_core.objectives import mask_rates
+from mdc_core.objectives import draw_masks, loss_terms
 from mdc_core.registry import OBJECTIVES, ObjectiveSpec, objective_spec
+from mdc_core.schedule import FixedRatio, LinearSchedule, TeacherForcing
 from mdc_core.tokenizer import EOT_ID, PAD_ID, SOT_ID
 from mdc_core.train import loss_denominator
 from mdc_workbench.cli import trajectory
@@ -18,8 +19,8 @@ from mdc_workbench.eval.compositionality import check_methods, row_label
 from mdc_workbench.eval.parity import expected_supervised_tokens
 
 # a new objective, written here and nowhere else: half the caption tokens masked, predicted in one pass
-HALF = ObjectiveSpec(causal=False, masking="fixed", inv_t_weight=False, loss="mdc_core.objectives:masked_token_loss",
-                     label="Half", description="half of the caption tokens ({mask_ratio}) masked and predicted")
+HALF = ObjectiveSpec(causal=False, schedule=FixedRatio(), label="Half",
+                     description="half of the caption tokens ({mask_ratio}) masked and predicted")
 
 
 @pytest.fixture
@@ -31,8 +32,9 @@ def half(monkeypatch: pytest.MonkeyPatch) -> str:
 
 def test_families_and_decoders_of_the_core_rows() -> None:
     fam = {name: objective_spec(name).family for name in registry.CORE_OBJECTIVES}
-    assert fam == {"mdc": "masked", "mdc_no_t": "masked", "cmlm": "masked", "bert": "masked", "parallel": "masked",
-                   "arc": "causal", "clip": "contrastive"}  # CLIP's text tower is causal, but it is no captioner
+    assert fam == {"mdc": "masked", "mdc_no_t": "masked", "cmlm": "masked",
+                   "bert": "masked", "parallel": "masked", "arc": "causal",
+                   "clip": "contrastive"}  # CLIP's text tower is causal, but it is no captioner
     assert objective_spec("arc").decoder == "left_to_right" and objective_spec("clip").decoder == "none"
     assert objective_spec("mdc").decoder == "unmask" and objective_spec("d3pm").decoder == "ancestral"
     assert objective_spec("d3pm").family == "masked" and objective_spec("d3pm").display("d3pm") == "d3pm"
@@ -40,26 +42,30 @@ def test_families_and_decoders_of_the_core_rows() -> None:
         "MDC (w/o 1/t), per caption token", "CMLM (w/o 1/t, per masked token)", "ARC"]
 
 
-def test_a_decoder_outside_the_list_is_refused() -> None:
+def test_a_decoder_outside_the_list_and_a_captioner_without_schedule_are_refused() -> None:
     with pytest.raises(ValueError, match="objective decoder 'beam'"):
-        ObjectiveSpec(causal=False, masking="time", inv_t_weight=True, loss="m:f", decoder="beam")
+        ObjectiveSpec(causal=False, schedule=LinearSchedule(), decoder="beam")
+    with pytest.raises(ValueError, match="names its noise schedule"):
+        ObjectiveSpec(causal=False, schedule=None)
+    with pytest.raises(ValueError, match="a contrastive one has none"):
+        ObjectiveSpec(causal=True, schedule=TeacherForcing(), model="clip")
 
 
 def test_loss_terms_by_hand() -> None:
     tokens = torch.tensor([[SOT_ID, 101, 102, 103, EOT_ID, PAD_ID], [SOT_ID, 104, EOT_ID, PAD_ID, PAD_ID, PAD_ID]])
-    assert objective_spec("mdc").loss_denominator(tokens, "per_token") == 3 + 1  # maskable caption tokens
-    assert objective_spec("mdc").loss_denominator(tokens, "per_sequence") == 2
-    assert objective_spec("arc").loss_denominator(tokens, "per_token") == 4 + 2  # next-token targets incl. <eot>
-    assert objective_spec("clip").loss_denominator(tokens, "per_token") == 2  # the batch
+    assert loss_terms(objective_spec("mdc"), tokens, "per_token") == 3 + 1  # maskable caption tokens
+    assert loss_terms(objective_spec("mdc"), tokens, "per_sequence") == 2
+    assert loss_terms(objective_spec("arc"), tokens, "per_token") == 4 + 2  # next-token targets incl. <eot>
+    assert loss_terms(objective_spec("clip"), tokens, "per_token") == 2  # the batch
     # a per-masked-token objective counts the masked tokens it is given, and refuses to guess them
     mask = torch.zeros(2, 6, dtype=torch.bool)
     mask[0, 2] = mask[1, 1] = mask[0, 3] = True
-    assert objective_spec("cmlm").loss_denominator(tokens, "per_token", mask=mask) == 3
-    assert objective_spec("mdc_no_t").loss_denominator(tokens, "per_token", mask=mask) == 3 + 1  # caption tokens
-    assert objective_spec("cmlm").loss_denominator(tokens, "per_sequence", mask=mask & (torch.arange(2) == 0)[:, None]
+    assert loss_terms(objective_spec("cmlm"), tokens, "per_token", mask=mask) == 3
+    assert loss_terms(objective_spec("mdc_no_t"), tokens, "per_token", mask=mask) == 3 + 1  # caption tokens
+    assert loss_terms(objective_spec("cmlm"), tokens, "per_sequence", mask=mask & (torch.arange(2) == 0)[:, None]
                                                    ) == 1  # only caption 0 has a masked token
     with pytest.raises(ValueError, match="divides its loss by the masked tokens"):
-        objective_spec("cmlm").loss_denominator(tokens, "per_token")
+        loss_terms(objective_spec("cmlm"), tokens, "per_token")
     cfg = ObjectiveConfig(t_low=0.2, t_high=0.6, mask_ratio=0.25)
     assert objective_spec("mdc").expected_loss_terms([3, 1], cfg) == pytest.approx(0.4 * 4)
     assert objective_spec("bert").expected_loss_terms([3, 1], cfg) == 1.0
@@ -68,9 +74,10 @@ def test_loss_terms_by_hand() -> None:
 
 
 def test_scoring_ratios_by_hand() -> None:
-    assert objective_spec("mdc").scoring_ratios(ObjectiveConfig(t_low=0.0, t_high=0.8)) == (0.4, 0.8)  # 0 left out
-    assert objective_spec("parallel").scoring_ratios(ObjectiveConfig(mask_ratio=0.3)) == (1.0,)
-    assert objective_spec("bert").scoring_ratios(ObjectiveConfig(mask_ratio=0.3)) == (0.3,)
+    assert objective_spec("mdc").schedule.scoring_ratios(ObjectiveConfig(t_low=0.0, t_high=0.8)) == (0.4, 0.8)  # 0 out
+    assert objective_spec("parallel").schedule.scoring_ratios(ObjectiveConfig(mask_ratio=0.3)) == (1.0,)
+    assert objective_spec("bert").schedule.scoring_ratios(ObjectiveConfig(mask_ratio=0.3)) == (0.3,)
+    assert objective_spec("arc").schedule.scoring_ratios(ObjectiveConfig()) == ()
 
 
 def test_a_new_objective_is_one_row_that_every_file_asks(half: str) -> None:
@@ -78,7 +85,7 @@ def test_a_new_objective_is_one_row_that_every_file_asks(half: str) -> None:
     tokens = torch.tensor([[SOT_ID, 101, 102, EOT_ID, PAD_ID]])
     assert loss_denominator(tokens, cfg.objective) == 2  # train.py
     assert expected_supervised_tokens([4, 2], cfg.objective) == 3.0  # eval/parity.py
-    assert mask_rates(cfg.objective, 2, torch.Generator(), "cpu").tolist() == [0.5, 0.5]  # eval/central_claim.py
+    assert draw_masks(tokens[:, :4], cfg.objective, torch.Generator())[0].tolist() == [0.5]  # eval/central_claim.py
     assert check_methods(half, None) == ("mc", "heuristic")  # eval/compositionality.py
     assert row_label(half, "mc", cfg) == "Half r=0.5 (Monte Carlo)"
     with pytest.raises(ValueError, match="do not apply to a Half run"):
@@ -93,10 +100,8 @@ def test_a_new_objective_is_one_row_that_every_file_asks(half: str) -> None:
 def test_a_new_contrastive_or_left_to_right_objective_is_routed_by_its_spec(monkeypatch: pytest.MonkeyPatch
                                                                              ) -> None:
     registry.load_plugins()
-    monkeypatch.setitem(OBJECTIVES, "siglip", ObjectiveSpec(causal=True, masking="none", inv_t_weight=False,
-                                                            model="clip", loss="m:f", label="SigLIP"))
-    monkeypatch.setitem(OBJECTIVES, "ltr", ObjectiveSpec(causal=True, masking="none", inv_t_weight=False,
-                                                         loss="mdc_core.objectives:autoregressive_loss"))
+    monkeypatch.setitem(OBJECTIVES, "siglip", ObjectiveSpec(causal=True, schedule=None, model="clip", label="SigLIP"))
+    monkeypatch.setitem(OBJECTIVES, "ltr", ObjectiveSpec(causal=True, schedule=TeacherForcing()))
     with pytest.raises(ValueError, match="a SigLIP run cannot caption images"):
         cap.decoders_for("siglip")
     assert check_methods("siglip", None) == ("cosine",) and row_label("siglip", "cosine") == "SigLIP"

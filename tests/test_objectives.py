@@ -8,19 +8,25 @@ import torch.nn.functional as F
 
 from mdc_core.config import ObjectiveConfig
 from mdc_core.objectives import (
-    T_MIN,
+    LOSSES,
     apply_mask,
     compute_loss,
     logged_accuracy,
-    mask_rates,
+    loss_function,
     maskable_positions,
     normalized_token_loss,
     prepare_batch,
-    sample_t,
     trim_padding,
 )
 from mdc_core.registry import CORE_OBJECTIVES, OBJECTIVES, objective_names
+from mdc_core.schedule import T_MIN, sample_t
 from mdc_core.tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID
+
+
+def mask_rates(cfg: ObjectiveConfig, batch: int, generator: torch.Generator) -> torch.Tensor:
+    """(B,) masking rates of objective `cfg`'s schedule, drawn as the loss draws them."""
+    schedule = OBJECTIVES[cfg.name].schedule
+    return schedule.mask_rate(schedule.draw(cfg, batch, generator, "cpu"))
 
 
 def caption(n: int, length: int) -> list[int]:
@@ -69,7 +75,7 @@ def test_masked_fraction_distribution_over_t():
     """With t ~ U[0.5, 1], the masked fraction of long captions is ~ uniform on [0.5, 1]."""
     g = torch.Generator().manual_seed(2)
     tokens = batch(*[60] * 4000, length=62)
-    t = mask_rates(ObjectiveConfig(), tokens.shape[0], g, "cpu")
+    t = mask_rates(ObjectiveConfig(), tokens.shape[0], g)
     _, mask = apply_mask(tokens, t, generator=g)
     frac = mask.sum(1) / 60.0
     assert abs(frac.mean().item() - 0.75) < 0.01
@@ -143,7 +149,7 @@ def test_estimator_expectation_is_mean_token_ce(normalization):
     cfg = ObjectiveConfig()
     losses = []
     for _ in range(20_000):
-        t = mask_rates(cfg, 4, g, "cpu")
+        t = mask_rates(cfg, 4, g)
         _, mask = apply_mask(tokens, t, generator=g)
         losses.append(normalized_token_loss(table[mask], mask, 1 / t, n_valid, normalization))
     losses = torch.stack(losses)
@@ -153,26 +159,32 @@ def test_estimator_expectation_is_mean_token_ce(normalization):
 
 def test_time_clamped_for_zero_schedule():
     cfg = ObjectiveConfig(t_low=0.0, t_high=1e-6)
-    t = mask_rates(cfg, 100, torch.Generator().manual_seed(0), "cpu")
+    t = mask_rates(cfg, 100, torch.Generator().manual_seed(0))
     assert (t >= T_MIN).all() and torch.isfinite(1 / t).all()
 
 
 def test_fixed_ratio_and_parallel_rates():
     g = torch.Generator().manual_seed(0)
-    assert torch.equal(mask_rates(ObjectiveConfig(name="bert", mask_ratio=0.4), 3, g, "cpu"), torch.full((3,), 0.4))
-    assert torch.equal(mask_rates(ObjectiveConfig(name="parallel"), 3, g, "cpu"), torch.ones(3))
+    assert torch.equal(mask_rates(ObjectiveConfig(name="bert", mask_ratio=0.4), 3, g), torch.full((3,), 0.4))
+    assert torch.equal(mask_rates(ObjectiveConfig(name="parallel"), 3, g), torch.ones(3))
     assert OBJECTIVES["arc"].causal and not OBJECTIVES["mdc"].causal
-    assert OBJECTIVES["mdc"].inv_t_weight and not OBJECTIVES["mdc_no_t"].inv_t_weight
+    t = torch.tensor([0.25, 0.5])
+    assert OBJECTIVES["mdc"].schedule.weight(t).tolist() == [4.0, 2.0]
+    assert [OBJECTIVES[n].schedule.weight(t).tolist() for n in ("mdc_no_t", "cmlm", "bert")] == [[1, 1]] * 3
 
 
-def test_objective_table_rows_are_the_config_names_and_name_their_loss_functions():
+def test_objective_table_rows_are_the_config_names_and_have_loss_functions():
     """registry.objective_names (torch-free, used by the CLI and config validation) is the table's key list, the
-    core's rows first, then the plug-ins'; every row's "module:function" loss resolves to a function."""
+    core's rows first, then the plug-ins'; a core row's loss is its family's, a plug-in's row brings its own."""
     assert objective_names() == tuple(OBJECTIVES) and objective_names()[:len(CORE_OBJECTIVES)] == CORE_OBJECTIVES
     assert CORE_OBJECTIVES == ("mdc", "mdc_no_t", "cmlm", "bert", "parallel", "arc", "clip")
     for name, spec in OBJECTIVES.items():
-        assert callable(spec.loss_fn()), name
-    assert OBJECTIVES["d3pm"].loss_fn().__module__ == "mdc_workbench.masked_conditional.diffusion"  # the plug-in's row
+        assert callable(loss_function(spec)), name
+    assert {loss_function(OBJECTIVES[n]).__name__ for n in ("mdc", "cmlm", "bert", "parallel")} == {
+        "masked_token_loss"}
+    assert loss_function(OBJECTIVES["arc"]) is LOSSES["causal"] and loss_function(OBJECTIVES["clip"]).__name__ == \
+        "clip_loss"
+    assert loss_function(OBJECTIVES["d3pm"]).__module__ == "mdc_workbench.masked_conditional.plugin"  # its own
 
 
 def test_compute_loss_mdc_matches_manual(tiny_model):
@@ -185,7 +197,7 @@ def test_compute_loss_mdc_matches_manual(tiny_model):
     # replay the same random draws by hand
     g2 = torch.Generator().manual_seed(9)
     trimmed = trim_padding(tokens)
-    t = mask_rates(cfg, 3, g2, "cpu")
+    t = mask_rates(cfg, 3, g2)
     noisy, mask = apply_mask(trimmed, t, generator=g2)
     logits = model.decode(noisy, model.encode_image(images))  # full (B, L, V)
     ce = F.cross_entropy(logits[mask], trimmed[mask], reduction="none")
@@ -207,7 +219,7 @@ def test_compute_loss_without_the_weight_matches_manual(tiny_model, name):
     out = compute_loss(model, images, tokens, cfg, torch.Generator().manual_seed(9))
     g2 = torch.Generator().manual_seed(9)
     trimmed = trim_padding(tokens)
-    t = mask_rates(cfg, 3, g2, "cpu")
+    t = mask_rates(cfg, 3, g2)
     noisy, mask = apply_mask(trimmed, t, generator=g2)
     logits = model.decode(noisy, model.encode_image(images))
     ce = F.cross_entropy(logits[mask], trimmed[mask], reduction="none")

@@ -4,7 +4,8 @@ The paper (abstract, Sec. 1): in autoregressive captioning "later text tokens ca
 earlier ones that the image becomes decreasingly important", while "the strength of the visual learning signal in
 MDC does not depend on each token's position". Two per-token measures, each under the model's *own training
 conditions* (ARC: teacher forcing, weight 1; a masked objective: per caption a ratio t from its training
-distribution, :func:`mdc_core.objectives.mask_rates`, its masked tokens scored, weight 1/t where it trains so;
+distribution, drawn by its noise schedule (:mod:`mdc_core.schedule`), its masked tokens scored, weighted as it
+trains (1/t for MDC);
 `draws` seeded draws, a token's value the mean over the draws that masked it):
 
 * **gradient**, the visual learning signal itself: ``g[b][i] = || d (w_b CE_bi) / d V_b ||_2``, the gradient of the
@@ -49,7 +50,7 @@ from torch import Tensor
 from mdc_core.config import DataConfig, ObjectiveConfig
 from mdc_core.data import build_loader
 from mdc_core.data.captions import CLAUSE_CONNECTORS, CLAUSE_GROUPS
-from mdc_core.objectives import apply_mask, mask_rates, maskable_positions, objective_spec, trim_padding
+from mdc_core.objectives import apply_mask, maskable_positions, objective_spec, trim_padding
 from mdc_core.tokenizer import MASK_ID, CaptionTokenizer
 
 MEASURES = ("gradient", "pmi")
@@ -95,9 +96,10 @@ def training_draw(tokens: Tensor, objective: ObjectiveConfig | None, causal: boo
         return None, torch.ones(len(tokens))
     if objective is None:
         raise ValueError("a masked (bidirectional) model needs its objective config to draw training masks")
-    t = mask_rates(objective, len(tokens), gen, "cpu")  # (B,) the training distribution's ratios
-    mask = apply_mask(tokens, t, generator=gen)[1]
-    weight = 1.0 / t if objective_spec(objective.name).inv_t_weight else torch.ones_like(t)
+    schedule = objective_spec(objective.name).schedule
+    t = schedule.draw(objective, len(tokens), gen, "cpu")  # (B,) the training distribution's times
+    mask = apply_mask(tokens, schedule.mask_rate(t), generator=gen)[1]
+    weight = schedule.weight(t)
     return mask, weight
 
 

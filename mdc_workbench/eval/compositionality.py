@@ -65,8 +65,8 @@ def row_label(objective: str, method: str, cfg: RunConfig | None = None, *, blin
     "per token" and "blind" (e.g. "MDC (Monte Carlo, per token), blind")."""
     spec = objective_spec(objective)
     name = spec.display(objective)
-    if spec.masking == "fixed" and cfg is not None:
-        name += f" r={cfg.objective.mask_ratio:g}"
+    if spec.schedule is not None and cfg is not None:
+        name += spec.schedule.label_suffix(cfg.objective)  # BERT's " r=0.15"
     detail = [METHOD_LABELS[method]] if spec.family == "masked" else []
     detail += ["per token"] if per_token else []
     name += f" ({', '.join(detail)})" if detail else ""

@@ -43,7 +43,7 @@ def object_accuracy_curve(run: str | Path, *, data: str | Path | None = None, le
     examples: list[dict[str, Any]] = []
     for ckpt in ckpts:
         model, cfg = load_model(ckpt, device=device, ema=ema)
-        if objective_spec(cfg.objective.name).masking in ("none", "custom"):  # ARC, CLIP, MC-Diffusion
+        if objective_spec(cfg.objective.name).decoder != "unmask":  # ARC, CLIP, MC-Diffusion
             raise ValueError(f"{run} is a {cfg.objective.name} run: this curve needs an MDC-family captioner "
                              "(mdc, mdc_no_t, bert, parallel)")
         data_cfg = cfg.data if data is None else dataclasses.replace(cfg.data, path=str(data))

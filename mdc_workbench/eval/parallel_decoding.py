@@ -133,7 +133,7 @@ def decoding_curve(run: str | Path, data: str | Path, *, thresholds: Sequence[fl
                          f"{timing_repeats}")
     model, cfg = load_model(run, device=device)
     spec = objective_spec(cfg.objective.name)
-    if spec.model != "captioner" or spec.causal or spec.masking == "custom":
+    if spec.decoder != "unmask":  # ARC, CLIP, MC-Diffusion
         raise ValueError(f"{run} is a {cfg.objective.name} run: parallel decoding needs a masked-diffusion "
                          "captioner (mdc, mdc_no_t, bert, parallel)")
     length = cfg.sampler.length if length is None else length

@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
-from mdc_workbench.masked_conditional.plugin import GUIDANCE_TRAINING_MODES
-
-TRAINING_MODES = GUIDANCE_TRAINING_MODES
+# objective.guidance: plugin.GUIDANCE_TRAINING_MODES (the plug-in, which imports this module when training, keeps
+# its own torch-free copy for the config check; tests/test_masked_conditional_cli.py holds the two equal)
+TRAINING_MODES = ("none", "cfg", "mcs")
 # sampling: mode -> (weight of log p(x | y), weight of log p(x | reference)) as functions of the scale w
 GUIDANCE_FORMS: dict[str, Any] = {
     "cfg": lambda w: (w, 1.0 - w),

@@ -5,7 +5,7 @@
 * the objective keys of :class:`MaskedConditionalSettings` (``objective.d3pm_steps``, ``objective.guidance``, ...);
 * the training-time corruption of the image condition for guided sampling (``objective.guidance = cfg | mcs``).
 
-Light on purpose: functions are named as ``"module:function"`` strings, resolved on use, so loading the plug-ins
+Light on purpose: the functions registered here import their modules when first called, so loading the plug-ins
 imports no torch.
 """
 
@@ -16,6 +16,7 @@ from typing import Any
 
 from mdc_core import registry
 from mdc_core.config import ConfigError
+from mdc_core.schedule import NoiseSchedule
 
 GUIDANCE_TRAINING_MODES = ("none", "cfg", "mcs")  # objective.guidance: condition corruption while training
 GUIDANCE_MODES = ("none", "cfg", "mcs", "mcs_cfg")  # mdc sample --guidance: "none" + guidance.GUIDANCE_FORMS
@@ -51,16 +52,51 @@ def corrupt_for_guidance(model: Any, image_tokens: Any, objective: Any, generato
     """The condition transform: unchanged (no draws) unless ``objective.guidance`` is cfg or mcs."""
     if objective.guidance == "none":
         return image_tokens
-    corrupt = registry.resolve_ref("mdc_workbench.masked_conditional.guidance:corrupt_training_condition")
-    return corrupt(model, image_tokens, objective, generator)
+    from mdc_workbench.masked_conditional.guidance import corrupt_training_condition
+
+    return corrupt_training_condition(model, image_tokens, objective, generator)
+
+
+def d3pm_loss(*args: Any, **kwargs: Any) -> Any:
+    """The ``d3pm`` row's batch loss: :func:`mdc_workbench.masked_conditional.diffusion.d3pm_objective`."""
+    from mdc_workbench.masked_conditional.diffusion import d3pm_objective
+
+    return d3pm_objective(*args, **kwargs)
+
+
+def vqvae_encoder(cfg: Any) -> Any:
+    """``model.encoder = vqvae``: the discrete tokens of a frozen VQ-VAE (:mod:`.vqvae`)."""
+    from mdc_workbench.masked_conditional.vqvae import VQImageEncoder
+
+    return VQImageEncoder(cfg)
+
+
+def vqgan_encoder(cfg: Any) -> Any:
+    """``model.encoder = vqgan``: the discrete tokens of a local diffusers VQModel (:mod:`.vqgan`)."""
+    from mdc_workbench.masked_conditional.vqgan import DiffusersVQEncoder
+
+    return DiffusersVQEncoder(cfg)
+
+
+@dataclass(frozen=True)
+class MaskAndReplace(NoiseSchedule):
+    """D3PM's noise process, which :func:`d3pm_loss` draws itself (T discrete steps of masking and replacing
+    tokens, :mod:`.d3pm`): to the core's questions it answers that every caption position carries a loss term."""
+
+    def draw(self, cfg: Any, batch: int, generator: Any = None, device: Any = "cpu") -> Any:
+        raise ValueError(f"objective {cfg.name!r} draws its noise inside its own loss (D3PM's T steps)")
+
+    def expected_rate(self, cfg: Any) -> float:
+        return 1.0  # every position carries a loss term (the VLB and the x_0 cross-entropy)
+
+    def scoring_ratios(self, cfg: Any) -> tuple[float, ...]:
+        return ()  # no masking ratio: the noise is D3PM's own
 
 
 registry.register_objective("d3pm", registry.ObjectiveSpec(  # MC-Diffusion's mask-and-replace D3PM
-    causal=False, masking="custom", inv_t_weight=False, prepared=False, decoder="ancestral",
-    loss="mdc_workbench.masked_conditional.diffusion:d3pm_objective",
+    causal=False, schedule=MaskAndReplace(), prepared=False, decoder="ancestral", loss=d3pm_loss,
     description="MC-Diffusion: mask-and-replace discrete diffusion (D3PM) over caption tokens"))
-registry.register_encoder("vqvae", "mdc_workbench.masked_conditional.vqvae:VQImageEncoder")  # frozen VQ-VAE tokens
-# local diffusers VQModel
-registry.register_encoder("vqgan", "mdc_workbench.masked_conditional.vqgan:DiffusersVQEncoder")
+registry.register_encoder("vqvae", vqvae_encoder)  # frozen VQ-VAE tokens
+registry.register_encoder("vqgan", vqgan_encoder)  # local diffusers VQModel
 registry.register_settings("objective", MaskedConditionalSettings)
 registry.register_condition_transform(corrupt_for_guidance)
