@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
-from .schedule import AllMasked, FixedRatio, LinearSchedule, NoiseSchedule, TeacherForcing
+from .schedule import AllMasked, CosineSchedule, FixedRatio, LinearSchedule, NoiseSchedule, TeacherForcing
 
 ENTRY_POINT_GROUP = "mdc_core.plugins"  # [project.entry-points."mdc_core.plugins"] name = "module"
 
@@ -103,6 +103,11 @@ OBJECTIVES: dict[str, ObjectiveSpec] = {
         label="CMLM (w/o 1/t, per masked token)",
         description="CMLM (the paper's MDC without the 1/t weight, Table 4): the mean cross-entropy of the masked "
                     "tokens, each caption token masked with probability t ~ U[{t_low}, {t_high}]"),
+    "mdc_cosine": ObjectiveSpec(  # MDC with MDLM's cosine schedule (mdc_core.schedule.CosineSchedule)
+        causal=False, schedule=CosineSchedule(), label="MDC (cosine)",
+        description="masked diffusion captioning with MDLM's cosine schedule: t ~ U[{t_low}, {t_high}], each caption "
+                    "token masked with probability 1 - cos(pi t / 2), the loss weighted by -alpha'_t / (1 - alpha_t) "
+                    "= (pi / 2) / tan(pi t / 4)"),
     "bert": ObjectiveSpec(  # image-conditioned BERT, r
         causal=False, schedule=FixedRatio(), label="BERT",
         description="image-conditioned BERT: a fixed fraction {mask_ratio} of the caption tokens masked and predicted"),

@@ -13,6 +13,12 @@ with probability ``alpha_t`` and masked with probability ``1 - alpha_t``; ``alph
 cross-entropy at time ``t`` by ``w(t) = -alpha'_t / (1 - alpha_t)``:
 
 * linear (the paper's): ``alpha_t = 1 - t``, tokens masked with probability ``t``, ``w(t) = 1 / t``.
+* cosine (MDLM's ``CosineNoise`` with eps = 0; MaskGIT's mask ratio ``cos(pi r / 2)`` read with ``r = 1 - t``
+  would be another schedule): ``alpha_t = cos(pi t / 2)``, masked with probability
+  ``1 - cos(pi t / 2) = 2 sin^2(pi t / 4)``, and ``alpha'_t = -(pi / 2) sin(pi t / 2)``, so
+  ``w(t) = (pi / 2) sin(pi t / 2) / (1 - cos(pi t / 2)) = (pi / 2) / tan(pi t / 4)`` (half-angle:
+  ``sin x / (1 - cos x) = 1 / tan(x / 2)``); near 0 it is about ``2 / t``, twice the linear weight, because the
+  cosine masks about ``pi^2 t^2 / 8`` of the tokens where the linear schedule masks ``t``.
 
 ``t`` is drawn uniformly from ``[objective.t_low, objective.t_high]`` (the paper's ``[w_l, w_u]``), i.i.d. or
 stratified (``objective.antithetic_t``), and clamped at :data:`T_MIN` so that every weight stays finite. Over the
@@ -31,6 +37,7 @@ without torch); the methods take and return tensors, and the float ones (expecte
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -60,6 +67,14 @@ def _full(batch: int, value: float, device: torch.device | str) -> torch.Tensor:
     import torch  # as in sample_t
 
     return torch.full((batch,), value, device=device)
+
+
+def _sin(x: Any) -> Any:
+    return math.sin(x) if isinstance(x, (int, float)) else x.sin()
+
+
+def _tan(x: Any) -> Any:
+    return math.tan(x) if isinstance(x, (int, float)) else x.tan()
 
 
 class NoiseSchedule(ABC):
@@ -148,6 +163,21 @@ class LinearSchedule(TimeSchedule):
 
     def rate_integral(self, t: float) -> float:
         return t * t / 2
+
+
+@dataclass(frozen=True)
+class CosineSchedule(TimeSchedule):
+    """MDLM's cosine schedule: ``alpha_t = cos(pi t / 2)``, weight ``(pi / 2) / tan(pi t / 4)`` (module
+    docstring). Both are written with ``pi t / 4`` (``1 - cos(2x) = 2 sin^2 x``), which keeps small rates exact."""
+
+    def mask_rate(self, t: Any) -> Any:
+        return 2 * _sin(math.pi / 4 * t) ** 2
+
+    def elbo_weight(self, t: Any) -> Any:
+        return (math.pi / 2) / _tan(math.pi / 4 * t)
+
+    def rate_integral(self, t: float) -> float:
+        return t - 2 / math.pi * math.sin(math.pi / 2 * t)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ COMMON = {"n_train": 200, "n_eval": 32, "image_size": 32, "steps": 6, "overrides
 PAPER_DATA = {"preset": "tiny", "difficulty": "paper"}  # 02-05 default to make demo's `easy` data and `tiny_fast`
 TINY = {  # per notebook: parameters on top of COMMON
     "01_pretraining": {"n_show": 4},
-    "02_noise_schedule_ablation": {"schedules": [[0.0, 1.0], [0.5, 1.0]], "bert_ratios": [1.0], "variance_draws": 3,
+    "02_noise_schedule_ablation": {"schedules": [[0.0, 1.0], [0.5, 1.0]], "cosine_schedules": [[0.0, 1.0]],
+                                   "bert_ratios": [1.0], "variance_draws": 3,
                                    "probe_tasks": ["shape", "colour"], "probe_limit": 0, **PAPER_DATA},
     "03_linear_probing": {"position_limit": 8, "probe_tasks": ["shape", "colour"], "probe_limit": 0,
                           "captions": "mixed", **PAPER_DATA},
@@ -36,7 +37,8 @@ TINY = {  # per notebook: parameters on top of COMMON
 EXPECTED = {  # what each notebook's metrics.json must hold: metric keys and paper tables
     "01_pretraining": ({"final_loss", "final_masked_acc", "single_object_accuracy"}, set()),
     "02_noise_schedule_ablation": ({"probe/[0.0, 1.0]", "probe/[0.5, 1.0]", "probe/CMLM (w/o 1/t, per masked token)",
-                                    "probe/Parallel (r = 1)", "loss_std/[0.0, 1.0]", "probe/random init"},
+                                    "probe/Parallel (r = 1)", "loss_std/[0.0, 1.0]", "probe/random init",
+                                    "probe/cosine [0.0, 1.0]", "loss_std/cosine [0.0, 1.0]"},
                                    {"table4", "table5", "fig4"}),
     "03_linear_probing": ({"probe/CLIP", "probe/ARC", "probe/MDC", "probe/random init (CLS)",
                            "probe/random init (GAP)", "probe_gain/MDC", "central_claim/ARC/short gradient: slope",
@@ -114,6 +116,7 @@ def test_notebook_executes_with_tiny_parameters(name: str, shared: Path) -> None
         assert all({"top-1", "gain"} <= set(table["values"][row]) for row in models)  # raw and chance-corrected
     if name == "02_noise_schedule_ablation":  # probed on a held-out set: images no model was pretrained on
         assert record["probe_data"].endswith("data_short_probe")
+        assert "cosine [0.0, 1.0]" in record["tables"]["table5"]["values"]  # the cosine row sits in Table 5
     assert list((out / "figures").glob("*.png")), "every notebook saves figures"
     assert_figures_shown_as_pictures(out / f"{name}.ipynb")  # never "<Figure size ...>" or "PosixPath(...)"
     cells = nbformat.read(str(out / f"{name}.ipynb"), as_version=4).cells

@@ -32,7 +32,7 @@ def half(monkeypatch: pytest.MonkeyPatch) -> str:
 
 def test_families_and_decoders_of_the_core_rows() -> None:
     fam = {name: objective_spec(name).family for name in registry.CORE_OBJECTIVES}
-    assert fam == {"mdc": "masked", "mdc_no_t": "masked", "cmlm": "masked",
+    assert fam == {"mdc": "masked", "mdc_no_t": "masked", "cmlm": "masked", "mdc_cosine": "masked",
                    "bert": "masked", "parallel": "masked", "arc": "causal",
                    "clip": "contrastive"}  # CLIP's text tower is causal, but it is no captioner
     assert objective_spec("arc").decoder == "left_to_right" and objective_spec("clip").decoder == "none"
@@ -78,6 +78,8 @@ def test_scoring_ratios_by_hand() -> None:
     assert objective_spec("parallel").schedule.scoring_ratios(ObjectiveConfig(mask_ratio=0.3)) == (1.0,)
     assert objective_spec("bert").schedule.scoring_ratios(ObjectiveConfig(mask_ratio=0.3)) == (0.3,)
     assert objective_spec("arc").schedule.scoring_ratios(ObjectiveConfig()) == ()
+    # the cosine schedule's rates at t = 0.5, 0.75, 1: 1 - cos(pi t / 2)
+    assert objective_spec("mdc_cosine").schedule.scoring_ratios(ObjectiveConfig()) == (0.2929, 0.6173, 1.0)
 
 
 def test_a_new_objective_is_one_row_that_every_file_asks(half: str) -> None:

@@ -177,10 +177,10 @@ def test_objective_table_rows_are_the_config_names_and_have_loss_functions():
     """registry.objective_names (torch-free, used by the CLI and config validation) is the table's key list, the
     core's rows first, then the plug-ins'; a core row's loss is its family's, a plug-in's row brings its own."""
     assert objective_names() == tuple(OBJECTIVES) and objective_names()[:len(CORE_OBJECTIVES)] == CORE_OBJECTIVES
-    assert CORE_OBJECTIVES == ("mdc", "mdc_no_t", "cmlm", "bert", "parallel", "arc", "clip")
+    assert CORE_OBJECTIVES == ("mdc", "mdc_no_t", "cmlm", "mdc_cosine", "bert", "parallel", "arc", "clip")
     for name, spec in OBJECTIVES.items():
         assert callable(loss_function(spec)), name
-    assert {loss_function(OBJECTIVES[n]).__name__ for n in ("mdc", "cmlm", "bert", "parallel")} == {
+    assert {loss_function(OBJECTIVES[n]).__name__ for n in ("mdc", "cmlm", "mdc_cosine", "bert", "parallel")} == {
         "masked_token_loss"}
     assert loss_function(OBJECTIVES["arc"]) is LOSSES["causal"] and loss_function(OBJECTIVES["clip"]).__name__ == \
         "clip_loss"
