@@ -12,11 +12,13 @@ too), the other rendering (captions, tables) is in :mod:`mdc_app.render`, the mo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import html
+import inspect
 import os
 import random
 import time
-import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,8 @@ import gradio as gr
 import torch
 from PIL import Image
 
-from mdc_core.config import SAMPLER_RANGES, SamplerConfig
+from mdc_core import config
+from mdc_core.config import SamplerConfig
 from mdc_core.data import make_example
 from mdc_core.data.transforms import eval_transform, open_image
 from mdc_core.sampler import trajectory
@@ -43,12 +46,18 @@ PRIVATE = "private"  # api_visibility of the callbacks that are no API endpoint 
 DELETE_CACHE = (3600, 3600)  # gradio deletes its copies of uploads and downloads hourly, and all when it stops
 MAX_SCORED = 20  # captions per scoring request
 SCORE_METHODS = ["heuristic", "mc", "ar"]  # mdc_core.scoring.METHODS: greedy-order path, Monte Carlo ELBO, chain rule
-SAMPLER_FIELDS = (*SAMPLER_RANGES, "seed")  # the sampler inputs, in the order the callbacks take them
-SAMPLER_MAIN = ("length", "tokens_per_step")  # the first SAMPLER_FIELDS, shown; the others sit in an accordion
-SAMPLER_LABELS = {"length": "caption length N'", "tokens_per_step": "tokens revealed per step k",
-                  "temperature": "temperature (0 = greedy)", "top_k": "top-k (0 = all tokens)",
-                  "threshold": "confidence threshold", "remask_threshold": "remask tokens below this confidence",
-                  "remask_steps": "remasking: extra steps at most (0 = greedy)"}
+SAMPLER_MAIN = ("length", "tokens_per_step")  # the first sampler inputs, shown; the others sit in an accordion
+
+
+def sampler_inputs() -> tuple[config.Option, ...]:
+    """The sampler options in the order of the page's controls and the callbacks' parameters: those with a range
+    (sliders) in declaration order, then the others (number boxes: the seed). Generated from
+    :func:`mdc_core.config.sampler_options`, so a new option needs no change here."""
+    declared = config.sampler_options()
+    return tuple(o for o in declared if o.range is not None) + tuple(o for o in declared if o.range is None)
+
+
+SAMPLER_FIELDS = tuple(o.name for o in sampler_inputs())  # the callbacks' sampler parameters (the API's names)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -124,13 +133,36 @@ def _image_tokens(run: LoadedRun, state: dict | None) -> torch.Tensor:
 
 
 def sampler_config(*values: Any) -> SamplerConfig:
-    """A validated SamplerConfig from the slider values, in the order of :data:`SAMPLER_FIELDS`."""
-    hints = typing.get_type_hints(SamplerConfig)
-    kw = {name: hints[name](v) for name, v in zip(SAMPLER_FIELDS, values, strict=True) if v is not None}
-    cfg = SamplerConfig(**kw)
+    """A validated SamplerConfig from the control values, in the order of :func:`sampler_inputs`."""
+    kw = {o.name: o.type(v) for o, v in zip(sampler_inputs(), values, strict=True) if v is not None}
+    cfg = config.SamplerConfig(**kw)
     with user_errors():
         cfg.validate()
     return cfg
+
+
+def takes_sampler_settings(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn`, whose parameter ``sampler`` takes a SamplerConfig, as the page and the API call it: one parameter per
+    sampler option in its place (:func:`sampler_inputs`, named as the fields), turned into a validated config by
+    :func:`sampler_config`. Gradio names an endpoint's parameters from this signature."""
+    signature = inspect.signature(fn)
+    params = list(signature.parameters.values())
+    at = [p.name for p in params].index("sampler")
+    settings = [inspect.Parameter(o.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=o.type.__name__)
+                for o in sampler_inputs()]
+    exposed = signature.replace(parameters=[*params[:at], *settings, *params[at + 1:]])
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        bound = exposed.bind(*args, **kwargs)
+        values = dict(bound.arguments)
+        sampler = sampler_config(*(values.pop(p.name) for p in settings))
+        return fn(**values, sampler=sampler)
+
+    call.__signature__ = exposed  # type: ignore[attr-defined]
+    call.__annotations__ = {**{p.name: p.annotation for p in exposed.parameters.values()},
+                            "return": signature.return_annotation}
+    return call
 
 
 def _unmask(run: LoadedRun, image_tokens: torch.Tensor, cfg: SamplerConfig, prompt: torch.Tensor | None = None
@@ -144,14 +176,13 @@ def _unmask(run: LoadedRun, image_tokens: torch.Tensor, cfg: SamplerConfig, prom
     return record
 
 
-def run_caption(run: str, state: dict | None, length: int, tokens_per_step: int, temperature: float, top_k: int,
-                threshold: float, remask_threshold: float, remask_steps: int, seed: int
+@takes_sampler_settings
+def run_caption(run: str, state: dict | None, sampler: SamplerConfig
                 ) -> tuple[dict, str, Any, Any, str, dict[str, Any]]:
     """Caption the current image; show the final canvas, the step slider at its end, the heatmap, a summary, and
     return the same data as JSON for scripts (``/caption``'s last output: what ``/caption_json`` answers).
     The parameters after `state` are :data:`SAMPLER_FIELDS` (their names are the ``/caption`` API's)."""
-    run_key, run = run, get_run(run)
-    cfg = sampler_config(length, tokens_per_step, temperature, top_k, threshold, remask_threshold, remask_steps, seed)
+    run_key, run, cfg = run, get_run(run), sampler
     start = time.perf_counter()
     image_tokens = _image_tokens(run, state)
     record = _unmask(run, image_tokens, cfg, explore.prompt_ids(run, state))
@@ -198,9 +229,9 @@ def trajectory_json(record: dict[str, Any], tokenizer: CaptionTokenizer) -> dict
             "settings": record["settings"], "latency_s": record.get("latency_s"), "steps": steps}
 
 
-def caption_json(run: str, length: int, tokens_per_step: int, temperature: float, top_k: int, threshold: float,
-                 remask_threshold: float, remask_steps: int, seed: int, image: str | None = None,
-                 scene: float | None = None, prompt: str | None = "") -> dict[str, Any]:
+@takes_sampler_settings
+def caption_json(run: str, sampler: SamplerConfig, image: str | None = None, scene: float | None = None,
+                 prompt: str | None = "") -> dict[str, Any]:
     """Caption the image file `image` (opened by :func:`open_upload`, as an upload is; else scene number `scene` of
     the held-out split) with `run` and return the caption and its trajectory as JSON (:func:`trajectory_json`, plus
     ``run`` and ``source``). `prompt` fixes words as the "fix some words" box does. This is the ``/caption_json``
@@ -213,8 +244,7 @@ def caption_json(run: str, length: int, tokens_per_step: int, temperature: float
         raise refuse("give an image or a scene number")
     state["prompt"] = (prompt or "").strip()
     loaded = get_run(run)
-    cfg = sampler_config(length, tokens_per_step, temperature, top_k, threshold, remask_threshold, remask_steps, seed)
-    record = _unmask(loaded, _image_tokens(loaded, state), cfg, explore.prompt_ids(loaded, state))
+    record = _unmask(loaded, _image_tokens(loaded, state), sampler, explore.prompt_ids(loaded, state))
     return {"run": run, "source": state["source"], **trajectory_json(record, loaded.tokenizer)}
 
 
@@ -237,7 +267,7 @@ def play_tick(step: float | None, state: dict | None) -> tuple[Any, Any]:
 def on_run_change(run_key: str) -> Any:
     """Fit the length slider to the chosen model's context."""
     run = get_run(run_key)
-    lo, hi = SAMPLER_RANGES["length"]
+    hi = next(o for o in sampler_inputs() if o.name == "length").range[1]
     return gr.Slider(maximum=min(hi, run.cfg.model.context_length - 2))
 
 
@@ -265,17 +295,16 @@ def _arc_rows(arc_key: str, state: dict | None) -> list[list[str]]:
     return rows
 
 
-def compare_lengths(run: str, arc_run: str | None, state: dict | None, length: int, tokens_per_step: int,
-                    temperature: float, top_k: int, threshold: float, remask_threshold: float, remask_steps: int,
-                    seed: int) -> str:
-    """Captions of the MDC run at N' = 10 / 15 / 20 side by side (and the ARC run's, if one is chosen); `length`
-    is unused (the table sets it), the other sampler settings apply."""
+@takes_sampler_settings
+def compare_lengths(run: str, arc_run: str | None, state: dict | None, sampler: SamplerConfig) -> str:
+    """Captions of the MDC run at N' = 10 / 15 / 20 side by side (and the ARC run's, if one is chosen); the
+    sampler's `length` is unused (the table sets it), its other settings apply."""
     arc_key = arc_run
     run = get_run(run) if run else None
     arc = get_run(arc_key) if arc_key else None
     if arc is not None and not arc.is_arc:
         raise refuse(f"{arc.label} is not an ARC run (objective {arc.cfg.objective.name!r})")
-    cfg = sampler_config(length, tokens_per_step, temperature, top_k, threshold, remask_threshold, remask_steps, seed)
+    cfg = sampler
     rows = []
     if run is not None and not run.is_arc:
         image_tokens = _image_tokens(run, state)

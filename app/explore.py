@@ -22,7 +22,7 @@ import gradio as gr
 import torch
 from PIL import Image
 
-from mdc_core.config import SamplerConfig
+from mdc_core.config import SamplerConfig, sampler_options
 from mdc_core.infill import parse_prompt
 from mdc_workbench.notebooks import animation, trajectory_view
 
@@ -150,9 +150,7 @@ def load_replay(path: str | None, state: dict | None) -> tuple[dict, Image.Image
         image = animation.record_image(record)
     n = len(record["steps"])
     settings = record["settings"]
-    shown = ", ".join(f"{k} = {settings[k]}" for k in ("length", "tokens_per_step", "temperature", "top_k", "seed",
-                                                         "threshold", "remask_threshold", "remask_steps")
-                      if k in settings)
+    shown = ", ".join(f"{o.name} = {settings[o.name]}" for o in sampler_options() if o.name in settings)
     summary = (f"**replay of {html.escape(name)}**: *{html.escape(record.get('caption', ''))}* &middot; {n} steps "
                f"&middot; settings: {html.escape(shown)}" + (f" &middot; run {html.escape(str(record['run']))}"
                                                             if record.get("run") else ""))

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,7 +19,7 @@ from gradio_client.utils import is_file_obj_with_meta, is_http_url_like
 from pydantic import create_model, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from mdc_core.config import SAMPLER_RANGES, RunConfig, SamplerConfig
+from mdc_core.config import RunConfig, SamplerConfig
 
 from . import explore
 from .callbacks import (
@@ -29,7 +28,6 @@ from .callbacks import (
     PLAY_INTERVAL_S,
     PRIVATE,
     SAMPLER_FIELDS,
-    SAMPLER_LABELS,
     SAMPLER_MAIN,
     SCORE_METHODS,
     UPLOAD_TYPES,
@@ -41,6 +39,7 @@ from .callbacks import (
     play_tick,
     rescan_runs,
     run_caption,
+    sampler_inputs,
     score_own,
     show_scene,
     show_step,
@@ -102,14 +101,19 @@ def _image_path(payload: ImageData | None) -> str | None:
 
 
 def _sampler_inputs(defaults: SamplerConfig, max_length: int) -> list[gr.components.Component]:
-    hints = typing.get_type_hints(SamplerConfig)
+    """One control per sampler option (:func:`~mdc_app.callbacks.sampler_inputs`): a slider over its declared range
+    (N' and k at most `max_length`, the model's caption length), a number box where it declares none."""
     inputs: list[gr.components.Component] = []
-    for name, (lo, hi) in SAMPLER_RANGES.items():
-        hi = min(hi, max_length) if name in ("length", "tokens_per_step") else hi
-        step = 1 if hints[name] is int else 0.05
-        inputs.append(gr.Slider(lo, hi, value=min(getattr(defaults, name), hi), step=step,
-                                label=SAMPLER_LABELS.get(name, name), render=False))
-    inputs.append(gr.Number(value=defaults.seed, precision=0, label="seed (temperature > 0)", render=False))
+    for opt in sampler_inputs():
+        value = getattr(defaults, opt.name)
+        if opt.range is None:
+            inputs.append(gr.Number(value=value, precision=0 if opt.type is int else None, label=opt.label,
+                                    render=False))
+            continue
+        lo, hi = opt.range
+        hi = min(hi, max_length) if opt.name in SAMPLER_MAIN else hi
+        inputs.append(gr.Slider(lo, hi, value=min(value, hi), step=1 if opt.type is int else 0.05, label=opt.label,
+                                render=False))
     return inputs
 
 
@@ -203,7 +207,8 @@ def _input_panel(ui: SimpleNamespace, init: dict[str, Any], choices: list[tuple[
     main = len(SAMPLER_MAIN)
     for slider in sliders[:main]:
         slider.render()
-    with gr.Accordion("more sampler settings: temperature, top-k, threshold, remasking, seed", open=False):
+    more = [opt.name.replace("_", " ") for opt in sampler_inputs()[main:]]
+    with gr.Accordion(f"more sampler settings: {', '.join(more)}", open=False):
         for slider in sliders[main:]:
             slider.render()
     ui.settings = sliders

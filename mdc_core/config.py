@@ -233,27 +233,69 @@ class TrainConfig:
             raise ConfigError(f"train.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
 
 
+@dataclass(frozen=True)
+class Option:
+    """One field of a config section as the command line, its range check and the app show it (:func:`option`)."""
+
+    name: str  # the field, the flag (--name-with-dashes) and the app's parameter
+    type: type  # int or float
+    default: Any
+    help: str  # what it does: the flag's help
+    label: str  # the app control's label
+    range: tuple[float, float] | None  # inclusive bounds (checked by validate; the slider's ends); None: any value
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def problem(self, value: float) -> str | None:
+        """Why `value` is outside :attr:`range` ("must be in [lo, hi]"), or None."""
+        if self.range is None or self.range[0] <= value <= self.range[1]:
+            return None
+        return f"must be in [{self.range[0]:g}, {self.range[1]:g}]"
+
+
+def option(default: Any, help: str, *, label: str = "", range: tuple[float, float] | None = None) -> Any:
+    """A config field declared for the command line, its checks and the app (:class:`Option`): its default, `help`,
+    the app's `label` (`help` when empty) and its inclusive `range`."""
+    return field(default=default, metadata={"help": help, "label": label or help, "range": range})
+
+
+def options(section: type) -> tuple[Option, ...]:
+    """The fields of config dataclass `section` declared with :func:`option`, in declaration order."""
+    hints = typing.get_type_hints(section)
+    return tuple(Option(f.name, hints[f.name], f.default, f.metadata["help"], f.metadata["label"], f.metadata["range"])
+                 for f in dataclasses.fields(section) if "help" in f.metadata)
+
+
 @dataclass
 class SamplerConfig:
-    """Greedy confidence unmasking (paper Eq. 6) and its options. Ranges feed the app's sliders."""
+    """Greedy confidence unmasking (paper Eq. 6) and its options. Each field is an :func:`option`: ``mdc sample``'s
+    flags, their range checks and the app's controls are generated from these declarations
+    (:func:`sampler_options`), so a new option is its field here and its use in :mod:`mdc_core.sampler`."""
 
-    length: int = field(default=15, metadata={"range": (1, 75)})  # N': caption tokens to generate
-    tokens_per_step: int = field(default=1, metadata={"range": (1, 75)})  # k tokens revealed per step
-    temperature: float = field(default=0.0, metadata={"range": (0.0, 2.0)})  # 0 = greedy argmax
-    top_k: int = field(default=0, metadata={"range": (0, 100)})  # sample from the k best tokens (0 = all)
-    seed: int = 0  # seed for temperature sampling
-    # Fast-dLLM parallel decoding: also reveal every masked token with confidence >= threshold (0 = off)
-    threshold: float = field(default=0.0, metadata={"range": (0.0, 1.0)})
-    # revisable tokens (opt-in, see mdc_core.sampler): once a caption is complete, mask again its least confident
-    # token below remask_threshold and predict it anew, for at most remask_steps extra steps (0 and 0 = off)
-    remask_threshold: float = field(default=0.0, metadata={"range": (0.0, 1.0)})
-    remask_steps: int = field(default=0, metadata={"range": (0, 75)})
+    length: int = option(15, "caption length N' in tokens", label="caption length N'", range=(1, 75))
+    tokens_per_step: int = option(1, "tokens revealed per step k, 1 as the paper", label="tokens revealed per step k",
+                                  range=(1, 75))
+    temperature: float = option(0.0, "0 = greedy argmax; > 0 samples the candidate tokens",
+                                label="temperature (0 = greedy)", range=(0.0, 2.0))
+    top_k: int = option(0, "with temperature > 0, sample among the k best tokens, 0 = all",
+                        label="top-k (0 = all tokens)", range=(0, 100))
+    seed: int = option(0, "seed for temperature sampling", label="seed (temperature > 0)")
+    threshold: float = option(0.0, "parallel decoding (Fast-dLLM): also reveal every masked token this confident, "
+                              "0 = off", label="confidence threshold", range=(0.0, 1.0))
+    # revisable tokens (opt-in, see mdc_core.sampler): 0 and 0 = off
+    remask_threshold: float = option(0.0, "revisable tokens: once the caption is complete, mask again tokens revealed "
+                                     "with confidence below this and predict them anew; needs remask_steps",
+                                     label="remask tokens below this confidence", range=(0.0, 1.0))
+    remask_steps: int = option(0, "revisable tokens: at most this many extra steps, 0 = off",
+                               label="remasking: extra steps at most (0 = greedy)", range=(0, 75))
 
     def validate(self) -> None:
-        for name, (lo, hi) in SAMPLER_RANGES.items():
-            value = getattr(self, name)
-            if not lo <= value <= hi:
-                raise ConfigError(f"sampler.{name} must be in [{lo}, {hi}], got {value}")
+        for opt in options(type(self)):
+            problem = opt.problem(getattr(self, opt.name))
+            if problem:
+                raise ConfigError(f"sampler.{opt.name} {problem}, got {getattr(self, opt.name)}")
         if (self.remask_threshold > 0) != (self.remask_steps > 0):
             raise ConfigError("remasking needs both sampler.remask_threshold > 0 and sampler.remask_steps > 0 "
                               f"(got {self.remask_threshold} and {self.remask_steps}); set both, or both to 0")
@@ -264,9 +306,10 @@ class SamplerConfig:
         return self.remask_steps > 0 and self.remask_threshold > 0
 
 
-SAMPLER_RANGES: dict[str, tuple[float, float]] = {
-    f.name: f.metadata["range"] for f in dataclasses.fields(SamplerConfig) if "range" in f.metadata
-}
+def sampler_options() -> tuple[Option, ...]:
+    """The options of :class:`SamplerConfig`, what the command line, its checks and the app generate their flags,
+    ranges and controls from."""
+    return options(SamplerConfig)
 
 
 @dataclass

@@ -22,7 +22,7 @@ from mdc_app.layout import build_app
 from PIL import Image
 
 from mdc_core.checkpoint import save_checkpoint
-from mdc_core.config import SAMPLER_RANGES, RunConfig, SamplerConfig
+from mdc_core.config import RunConfig, SamplerConfig, sampler_options
 from mdc_core.data.transforms import eval_transform
 from mdc_core.model import Captioner
 from mdc_core.sampler import sample, trajectory
@@ -168,11 +168,12 @@ def test_good_upload_is_captioned(app, tmp_path):
 
 def test_sampler_settings_follow_the_config(app):
     sliders = {s.label: s for s in app["demo"].blocks.values() if isinstance(s, gr.Slider)}
-    length = sliders[A.SAMPLER_LABELS["length"]]
-    assert (length.minimum, length.maximum) == (SAMPLER_RANGES["length"][0], 22)  # micro context 24 - 2
-    temp = sliders[A.SAMPLER_LABELS["temperature"]]
-    assert (temp.minimum, temp.maximum) == SAMPLER_RANGES["temperature"]
-    with pytest.raises(gr.Error, match=r"sampler.temperature must be in \[0.0, 2.0\]"):
+    declared = {o.name: o for o in sampler_options()}
+    length = sliders[declared["length"].label]
+    assert (length.minimum, length.maximum) == (declared["length"].range[0], 22)  # micro context 24 - 2
+    temp = sliders[declared["temperature"].label]
+    assert (temp.minimum, temp.maximum) == declared["temperature"].range == (0.0, 2.0)
+    with pytest.raises(gr.Error, match=r"sampler.temperature must be in \[0, 2\]"):
         A.run_caption("micro", A.show_scene(0, "micro", None)[0], *_settings(temperature=3.0))
     with pytest.raises(gr.Error, match="exceeds the model's context"):
         A.run_caption("micro", A.show_scene(0, "micro", None)[0], *_settings(length=40))

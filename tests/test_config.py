@@ -1,16 +1,18 @@
 """Typed configs: presets, strict keys and types, overrides, JSON round trip."""
 
+import dataclasses
 import json
 
 import pytest
 
 from mdc_core.config import (
-    SAMPLER_RANGES,
     ConfigError,
     RunConfig,
+    SamplerConfig,
     apply_overrides,
     list_presets,
     load_preset,
+    sampler_options,
 )
 
 
@@ -79,7 +81,13 @@ def test_load_errors(tmp_path):
         RunConfig.load(tmp_path / "bad.json")
 
 
-def test_sampler_ranges_come_from_the_config():
-    assert SAMPLER_RANGES["length"] == (1, 75)
-    assert set(SAMPLER_RANGES) == {"length", "tokens_per_step", "temperature", "top_k", "threshold",
-                                   "remask_threshold", "remask_steps"}
+def test_sampler_options_come_from_the_config():
+    declared = {o.name: o for o in sampler_options()}
+    assert list(declared) == [f.name for f in dataclasses.fields(SamplerConfig)]  # every field is an option
+    assert declared["length"].range == (1, 75) and declared["length"].type is int and declared["length"].default == 15
+    assert declared["seed"].range is None and declared["temperature"].flag == "--temperature"
+    assert {name for name, o in declared.items() if o.range} == {"length", "tokens_per_step", "temperature", "top_k",
+                                                                 "threshold", "remask_threshold", "remask_steps"}
+    assert declared["threshold"].problem(1.5) == "must be in [0, 1]" and declared["threshold"].problem(1.0) is None
+    with pytest.raises(ConfigError, match=r"sampler.top_k must be in \[0, 100\], got 101"):
+        SamplerConfig(top_k=101).validate()

@@ -188,8 +188,8 @@ def test_threshold_rows_finish_at_their_own_step_and_trajectory_stays_valid():
 
 
 def test_threshold_setting_range():
-    from mdc_core.config import SAMPLER_RANGES
-    assert SAMPLER_RANGES["threshold"] == (0.0, 1.0)
+    from mdc_core.config import sampler_options
+    assert next(o for o in sampler_options() if o.name == "threshold").range == (0.0, 1.0)
     with pytest.raises(ConfigError, match="sampler.threshold"):
         SamplerConfig(threshold=1.5).validate()
 

@@ -2,7 +2,8 @@
 
 argparse checks that ``--steps 0`` is an integer, not that it makes sense; :func:`check_numeric_args` runs on the
 parsed arguments of any verb and raises ``ValueError`` naming the first flag outside its range, which
-:func:`mdc_workbench.cli.main.main` prints as one ``mdc: error:`` line (exit 2) before anything runs. A flag not listed
+:func:`mdc_workbench.cli.main.main` prints as one ``mdc: error:`` line (exit 2) before anything runs. The sampler's
+flags take the ranges their options declare (:func:`mdc_core.config.sampler_options`); any other flag not listed
 below must be >= 1 (counts, sizes, steps, lengths); the tables list the exceptions.
 """
 
@@ -11,11 +12,12 @@ from __future__ import annotations
 import argparse
 import math
 
-NON_NEGATIVE = frozenset({  # 0 is meaningful: a seed, "off", "this process", "greedy", "all"
-    "seed", "workers", "finetune_steps", "threads", "profile", "temperature", "top_k", "weight_decay", "beta",
-    "remask_steps",
+from mdc_core.config import sampler_options
+
+NON_NEGATIVE = frozenset({  # 0 is meaningful: a seed, "off", "this process", "all"
+    "seed", "workers", "finetune_steps", "threads", "profile", "weight_decay", "beta",
 })
-UNIT_INTERVAL = frozenset({"threshold", "guidance_p_mask", "remask_threshold"})  # in [0, 1]
+UNIT_INTERVAL = frozenset({"guidance_p_mask"})  # in [0, 1]
 POSITIVE_REAL = frozenset({"lr"})  # > 0, need not be >= 1
 ANY_REAL = frozenset({"guidance_scale"})  # any finite number (negative guidance is a valid experiment)
 PORTS = frozenset({"port"})  # 1-65535
@@ -27,6 +29,9 @@ def _problem(dest: str, value: float) -> str | None:
         return "must be a finite number"
     if dest in ANY_REAL:
         return None
+    declared = {opt.name: opt for opt in sampler_options() if opt.range is not None}
+    if dest in declared:
+        return declared[dest].problem(value)
     if dest in NON_NEGATIVE:
         return None if value >= 0 else "must be >= 0"
     if dest in UNIT_INTERVAL:

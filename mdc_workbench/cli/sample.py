@@ -14,14 +14,13 @@ import sys
 import time
 from typing import Any
 
-from mdc_core.config import SAMPLER_RANGES, SCORE_METHODS, apply_overrides
+from mdc_core.config import SCORE_METHODS, apply_overrides, sampler_options
 from mdc_core.registry import objective_spec
 from mdc_workbench.cli import trajectory
 from mdc_workbench.cli.common import flags
 from mdc_workbench.masked_conditional.plugin import GUIDANCE_MODES
 
-# ``mdc sample`` options of MDC's confidence sampler that the D3PM sampler has no use for: (dest, flag)
-MDC_ONLY_ARGS = (("tokens_per_step", "--tokens-per-step"), ("threshold", "--threshold"), ("top_k", "--top-k"))
+D3PM_SAMPLER_OPTIONS = ("length", "temperature", "seed")  # the sampler options D3PM's ancestral sampler reads
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -29,7 +28,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                           "(--objective d3pm runs), optionally guided",
                           parents=[flags(run=True, image=True, ema=True, device=True, precision=True,
                                          json="print the caption and its full trajectory as JSON")])
-    _add_sampler_args(samp)
+    add_sampler_flags(samp)
     samp.add_argument("--auto-range", default="3-20", help="N' tried by --length auto: LO-HI or a list 5,10,15")
     add_guidance_args(samp)
     trajectory.add_trajectory_args(samp)  # --prompt, --remask-*, --attention, --gif (mdc_workbench/cli/trajectory.py)
@@ -50,17 +49,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                        "only the slots are scored, given the fixed words")
 
 
-def _add_sampler_args(p: argparse.ArgumentParser) -> None:
-    lo, hi = SAMPLER_RANGES["length"]
-    p.add_argument("--length", type=_length_arg,
-                   help=f"caption length N' in tokens ({lo:.0f}-{hi:.0f}; default: the run's), or 'auto': sample "
-                   "every N' of --auto-range and keep the best heuristic score per token")
-    p.add_argument("--threshold", type=float,
-                   help="parallel decoding: also reveal every masked token this confident (0-1; 0 = off)")
-    p.add_argument("--tokens-per-step", type=int, help="tokens revealed per step k (default 1, as the paper)")
-    p.add_argument("--temperature", type=float, help="0 = greedy (default); > 0 samples the candidate tokens")
-    p.add_argument("--top-k", type=int, help="with --temperature, sample among the k best tokens (0 = all)")
-    p.add_argument("--seed", type=int, help="seed for temperature sampling")
+def add_sampler_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per sampler option (:func:`mdc_core.config.sampler_options`: its type, range and help), not given
+    = the run's ``sampler.*`` value; ``--length`` also takes ``auto``. The checks of
+    :mod:`mdc_workbench.cli.checks` read the same ranges."""
+    for opt in sampler_options():
+        bounds = "" if opt.range is None else f"{opt.range[0]:g}-{opt.range[1]:g}; "
+        text = f"{opt.help} ({bounds}default: the run's)"
+        if opt.name == "length":
+            text += ", or 'auto': sample every N' of --auto-range and keep the best heuristic score per token"
+        p.add_argument(opt.flag, type=_length_arg if opt.name == "length" else opt.type, help=text)
 
 
 def _length_arg(text: str) -> int | str:
@@ -72,10 +70,11 @@ def _length_arg(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected a number of tokens or 'auto', got {text!r}") from None
 
 
-def _sampler_overrides(args: argparse.Namespace) -> list[str]:
-    pairs = {"length": None if args.length == "auto" else args.length, "tokens_per_step": args.tokens_per_step,
-             "temperature": args.temperature, "top_k": args.top_k, "seed": args.seed,
-             "threshold": args.threshold}
+def sampler_overrides(args: argparse.Namespace) -> list[str]:
+    """``sampler.*`` overrides of the sampler flags given (``--length auto`` overrides nothing)."""
+    pairs = {opt.name: getattr(args, opt.name) for opt in sampler_options()}
+    if pairs["length"] == "auto":
+        pairs["length"] = None
     return [f"sampler.{k}={json.dumps(v)}" for k, v in pairs.items() if v is not None]
 
 
@@ -109,7 +108,7 @@ def cmd_sample(args: argparse.Namespace) -> None:
     if spec.decoder == "ancestral":  # MC-Diffusion: T-step ancestral sampling
         return cmd_sample_d3pm(args, model, cfg, image, guidance)
     check_mdc_sampler_args(args, cfg)
-    cfg = apply_overrides(cfg, _sampler_overrides(args) + trajectory.sampler_overrides(args))
+    cfg = apply_overrides(cfg, sampler_overrides(args))
     if args.length == "auto":
         if guidance.mode != "none":
             raise ValueError("--length auto ranks lengths by the unguided heuristic score; drop --guidance or "
@@ -207,7 +206,8 @@ def cmd_sample_d3pm(args: argparse.Namespace, model: Any, cfg: Any, image: Any, 
     from mdc_workbench.masked_conditional.d3pm import reverse_times
     from mdc_workbench.masked_conditional.diffusion import d3pm_sample
     from mdc_workbench.masked_conditional.guidance import GuidedCaptioner
-    given = [flag for dest, flag in MDC_ONLY_ARGS if getattr(args, dest) is not None]
+    given = [opt.flag for opt in sampler_options()
+             if opt.name not in D3PM_SAMPLER_OPTIONS and getattr(args, opt.name) is not None]
     if given or args.length == "auto":
         raise ValueError(f"{', '.join(given) or '--length auto'}: options of MDC's confidence sampler; {args.run} "
                          "is a D3PM run (ancestral sampling: --length N, --temperature, --seed, --diffusion-stride)")

@@ -1,4 +1,4 @@
-"""``mdc sample`` options for infilling, remasking, attention and shareable trajectories.
+"""``mdc sample`` options for infilling, attention and shareable trajectories.
 
 ``mdc_workbench/cli/sample.py`` only declares these flags (:func:`add_trajectory_args`) and calls :func:`sample_one`,
 which samples, builds the JSON record (seed and settings included, the image embedded so the app can replay it)
@@ -20,26 +20,16 @@ def add_trajectory_args(p: argparse.ArgumentParser) -> None:
     """Flags of ``mdc sample`` handled here."""
     p.add_argument("--prompt", help="infilling: a caption with [MASK] or _ where words should be generated, e.g. "
                    "\"a [MASK] square on the _\"; the other words stay fixed and N' is the prompt's token count")
-    p.add_argument("--remask-threshold", type=float, help="revisable tokens: once the caption is complete, mask "
-                   "again tokens revealed with confidence below this (0-1), predict them anew (with --remask-steps)")
-    p.add_argument("--remask-steps", type=int, help="revisable tokens: at most this many extra steps (default 0 = off)")
     p.add_argument("--attention", action="store_true",
                    help="record each revealed token's cross-attention (layers x heads x image tokens) in --json")
     p.add_argument("--gif", metavar="OUT.gif", help="also write the unmasking as an animated GIF (one frame per step, "
                    "the attention of the token just revealed over the image)")
 
 
-def sampler_overrides(args: argparse.Namespace) -> list[str]:
-    """``sampler.*`` overrides of the remasking flags."""
-    pairs = {"remask_threshold": args.remask_threshold, "remask_steps": args.remask_steps}
-    return [f"sampler.{k}={v}" for k, v in pairs.items() if v is not None]
-
-
 def check_args(args: argparse.Namespace, objective: str) -> None:
     """ValueError for flag combinations that cannot work."""
-    given = [f for f, v in (("--prompt", args.prompt), ("--remask-threshold", args.remask_threshold),
-                            ("--remask-steps", args.remask_steps), ("--gif", args.gif),
-                            ("--attention", args.attention)) if v not in (None, False)]
+    given = [f for f, v in (("--prompt", args.prompt), ("--gif", args.gif), ("--attention", args.attention))
+             if v not in (None, False)]
     if objective_spec(objective).decoder == "ancestral" and given:
         raise ValueError(f"{', '.join(given)} belong to MDC's confidence sampler; {args.run} is a D3PM run")
     if args.prompt is not None and args.length not in (None,) and args.length != "auto":
