@@ -23,7 +23,7 @@ import torch
 from PIL import Image
 
 from mdc_core.config import SamplerConfig, sampler_options
-from mdc_core.infill import parse_prompt
+from mdc_core.sampler import parse_prompt
 from mdc_workbench.notebooks import animation, trajectory_view
 
 from .runs import LoadedRun, get_run, refuse, user_errors

@@ -5,13 +5,13 @@ evaluation, evidence, notebooks and plans, benchmarks, export, MC-Diffusion, the
 ``open_clip`` imports nothing of ``open_clip_train``.
 
 **A reader's path.** Start with the lesson (``notebooks/00_masked_diffusion_captioning.ipynb``), then:
-:mod:`~mdc_core.registry` (the objective table: MDC, its baselines, ARC, CLIP) and :mod:`~mdc_core.objectives`
-(their losses) -> :mod:`~mdc_core.model` (timm ViT encoder via :mod:`~mdc_core.encoders` + cross-attention text
-decoder) -> :mod:`~mdc_core.sampler` (unmasking) and :mod:`~mdc_core.scoring` (likelihoods) -> :mod:`~mdc_core.train`
-(the step and the loop). Around them: :mod:`~mdc_core.config` (typed sections), :mod:`~mdc_core.tokenizer`,
+:mod:`~mdc_core.registry` (the objective table: MDC, its baselines, ARC, CLIP), :mod:`~mdc_core.schedule` (their
+noise processes) and :mod:`~mdc_core.objectives` (their losses) -> :mod:`~mdc_core.model` (timm ViT encoder via
+:mod:`~mdc_core.encoders` + cross-attention text decoder) -> :mod:`~mdc_core.sampler` (unmasking, infilling
+prompts) and :mod:`~mdc_core.scoring` (likelihoods, ``--length auto``) -> :mod:`~mdc_core.train` (the step and the
+loop). Around them: :mod:`~mdc_core.config` (typed sections), :mod:`~mdc_core.tokenizer`,
 :mod:`~mdc_core.factory` (objective -> model), :mod:`~mdc_core.clip_model` (the CLIP baseline),
-:mod:`~mdc_core.ar_decode` (ARC decoding), :mod:`~mdc_core.auto_length` (``--length auto``),
-:mod:`~mdc_core.infill` (prompts with fixed words), :mod:`mdc_core.data`, :mod:`~mdc_core.checkpoint` (with
+:mod:`~mdc_core.ar_decode` (ARC decoding), :mod:`mdc_core.data`, :mod:`~mdc_core.checkpoint` (with
 :mod:`~mdc_core.weights`: weight files checked before loading),
 :mod:`~mdc_core.distributed`.
 

@@ -284,7 +284,6 @@ class SamplerConfig:
     seed: int = option(0, "seed for temperature sampling", label="seed (temperature > 0)")
     threshold: float = option(0.0, "parallel decoding (Fast-dLLM): also reveal every masked token this confident, "
                               "0 = off", label="confidence threshold", range=(0.0, 1.0))
-    # revisable tokens (opt-in, see mdc_core.sampler): 0 and 0 = off
     remask_threshold: float = option(0.0, "revisable tokens: once the caption is complete, mask again tokens revealed "
                                      "with confidence below this and predict them anew; needs remask_steps",
                                      label="remask tokens below this confidence", range=(0.0, 1.0))
@@ -307,8 +306,7 @@ class SamplerConfig:
 
 
 def sampler_options() -> tuple[Option, ...]:
-    """The options of :class:`SamplerConfig`, what the command line, its checks and the app generate their flags,
-    ranges and controls from."""
+    """The options of :class:`SamplerConfig`: what the command line, its checks and the app are generated from."""
     return options(SamplerConfig)
 
 

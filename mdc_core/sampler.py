@@ -13,8 +13,11 @@ taking the argmax (its confidence is still its untempered probability), ``seed``
 confidence is >= threshold, so the number of steps depends on the data (at most ceil(N'/k)).
 
 Infilling (``prompt``): the canvas may start with some positions fixed (a prompt of token ids with ``[MASK]`` at
-the slots to fill, see :mod:`mdc_core.infill`); fixed tokens are never changed, never revealed and never remasked,
-and the trajectory covers only the slots.
+the slots to fill); fixed tokens are never changed, never revealed and never remasked, and the trajectory covers
+only the slots. :func:`parse_prompt` reads such a prompt from text: ``"a [MASK] square on the _"`` is tokenised in
+place, each stretch of text between slots with the caption tokenizer (CLIP's BPE splits at word boundaries, so
+this equals tokenising the words in the full caption), each slot one ``[MASK]`` token; the prompt's token count is
+the caption length N'. Which filling the model prefers is :func:`mdc_core.scoring.score_fills`.
 
 Attention (``attention=True``): each revealed token's cross-attention weights over the M image tokens, per
 decoder layer and head, at the step that revealed it (:attr:`SampleOutput.step_attention`). Off by default; the
@@ -43,13 +46,14 @@ Reading order: :func:`sample` is the loop of Eq. 6 (remask, predict, propose, re
 small object chosen once from the settings: the proposed token (:func:`greedy` or :class:`TemperatureDraw`), which
 proposals to reveal (:class:`ConfidenceReveal`), which revealed tokens to revise (:class:`NoRemasking` or
 :class:`Remasking`); :class:`Recorder` keeps the trajectory apart from the decisions, and :func:`trajectory` turns it
-into the JSON record that the app, the notebooks and the GIFs replay.
+into the JSON record that the app, the notebooks and the GIFs replay; the prompt helpers close the module.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -417,3 +421,65 @@ def trajectory(out: SampleOutput, tokenizer: CaptionTokenizer, index: int = 0, *
         "steps": steps,
         "settings": dict(out.settings),
     }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# infilling prompts: captions with some words fixed and [MASK] (or _) slots for the sampler to fill
+
+
+SLOT = re.compile(r"\[mask\]|(?<!\S)_(?!\S)", re.IGNORECASE)  # "[MASK]" anywhere, "_" as a word of its own
+
+
+def shown(text: str, limit: int = 60) -> str:
+    """`text` quoted for an error message, cut to `limit` characters (a pasted paragraph stays one short line)."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+def word_list(words: list[str], limit: int = 8) -> str:
+    """`words` without repeats, comma separated, at most `limit` of them and how many more."""
+    unique = list(dict.fromkeys(words))
+    return ", ".join(unique[:limit]) + (f" and {len(unique) - limit} more" if len(unique) > limit else "")
+
+
+def parse_prompt(text: str, tokenizer: CaptionTokenizer, model: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids (N,) with ``[MASK]`` at the slots, and the fixed mask (N,) bool, of a prompt string.
+
+    With `model`, words outside a corpus-restricted model's vocabulary raise ValueError naming them.
+    Raises ValueError for an empty prompt, one without a slot, or one longer than the tokenizer's context."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("the prompt is empty; write a caption with [MASK] or _ where words should be filled in")
+    ids: list[int] = []
+    pieces = SLOT.split(text)
+    for i, piece in enumerate(pieces):
+        ids += tokenizer.encode_text(piece)
+        if i < len(pieces) - 1:
+            ids.append(MASK_ID)
+    if MASK_ID not in ids:
+        raise ValueError(f"the prompt {shown(text)} has no slot to fill: mark the words to generate with [MASK] or _")
+    if len(ids) > tokenizer.context_length - 2:
+        raise ValueError(f"the prompt has {len(ids)} tokens; the model's context holds {tokenizer.context_length - 2}")
+    prompt = torch.tensor(ids, dtype=torch.long)
+    fixed = prompt != MASK_ID
+    if model is not None and getattr(model, "restricted", False):
+        unknown = tokenizer.words_with(prompt, {int(t) for t in prompt[fixed] if int(model.output_index[t]) < 0})
+        if unknown:
+            raise ValueError(f"the prompt uses words this model never saw in training: {word_list(unknown)}")
+    return prompt, fixed
+
+
+def prompt_text(prompt: torch.Tensor, tokenizer: CaptionTokenizer) -> str:
+    """The prompt (N,) written back as text, ``_`` for each slot."""
+    words = [("_ " if int(t) == MASK_ID else tokenizer.token_string(int(t), keep_space=True)) for t in prompt]
+    return "".join(words).strip()
+
+
+def fill_prompt(prompt: torch.Tensor, fill: str, tokenizer: CaptionTokenizer) -> torch.Tensor:
+    """The prompt (N,) with its slots replaced, in order, by the tokens of `fill` (as many as there are slots)."""
+    slots = prompt == MASK_ID
+    ids = tokenizer.encode_text(fill)
+    if len(ids) != int(slots.sum()):
+        raise ValueError(f"the filling {shown(fill)} has {len(ids)} token(s) but the prompt has {int(slots.sum())} "
+                         "slot(s); give one word piece per [MASK]")
+    out = prompt.clone()
+    out[slots] = torch.tensor(ids, dtype=torch.long)
+    return out

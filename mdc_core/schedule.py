@@ -7,7 +7,7 @@ the time ``t`` (:meth:`NoiseSchedule.draw`), the probability that a caption toke
 number of loss terms (:meth:`~NoiseSchedule.expected_loss_terms`) and the masking ratios a run was trained on
 (:meth:`~NoiseSchedule.scoring_ratios`).
 
-Convention (docs/design.md "The noise schedule"). At time ``t`` in [0, 1] each maskable caption token is kept
+Convention (docs/design.md "Decisions", the noise schedule). At time ``t`` in [0, 1] each maskable caption token is kept
 with probability ``alpha_t`` and masked with probability ``1 - alpha_t``; ``alpha_0 = 1`` (clean), ``alpha_1 = 0``
 (all masked). The NELBO of masked diffusion (MDLM Eq. 10, the paper's Eq. 5) weights the masked tokens'
 cross-entropy at time ``t`` by ``w(t) = -alpha'_t / (1 - alpha_t)``:

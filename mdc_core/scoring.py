@@ -22,6 +22,10 @@ method scores only the free slots given the fixed tokens, e.g. ``log p(colour wo
 estimates the ELBO of the slots (Eq. 8 with n = number of slots, masks drawn among the slots only), ``heuristic``
 reveals only the slots, ``ar`` (MDC) reveals the slots left to right. ARC models cannot condition on later words.
 
+Built on them: :func:`score_fills` ranks fillings of an infilling prompt's slots (:func:`mdc_core.sampler.parse_prompt`)
+by their conditional score, and :func:`sample_auto_length` (``mdc sample --length auto``) samples every N' of a
+range and keeps, per image, the caption with the best heuristic score per token.
+
 Log-probabilities are always under the model's full output softmax (the distribution its loss trains), taken in
 fp32; the decoder runs under bf16 autocast on CUDA and in fp32 on the CPU by default (``precision``,
 :mod:`mdc_core.precision`). The image cross-attention keys/values are computed once (:meth:`Captioner.image_cache`)
@@ -31,6 +35,7 @@ benchmarks).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,11 +43,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .model import padding_mask, unknown_ids
+from .config import SamplerConfig
+from .model import Captioner, padding_mask, unknown_ids
 from .objectives import maskable_positions, trim_padding
 from .precision import inference_autocast
-from .sampler import allowed_rows
-from .tokenizer import EOT_ID, MASK_ID, SOT_ID, CaptionTokenizer
+from .sampler import SampleOutput, allowed_rows, fill_prompt, parse_prompt, sample, word_list
+from .tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID, CaptionTokenizer
 
 
 @dataclass
@@ -330,3 +336,104 @@ def score_captions(model: Any, image_tokens: torch.Tensor, captions: Sequence[st
             rec["order"] = out.order[i, 1:n + 1].tolist()
         records.append(rec)
     return records
+
+
+# ----------------------------------------------------------------------------------------------------------
+# scores of prompt fillings (infilling): which words the model prefers in the slots, given the fixed ones
+
+
+@torch.no_grad()
+def score_fills(model: Any, image_tokens: torch.Tensor, prompt: str, fills: Sequence[str], method: str = "heuristic",
+                **kw: Any) -> list[dict[str, Any]]:
+    """Rank fillings of a prompt's slots for one image (image_tokens (1, M, D) or (M, D)).
+
+    Each filling is scored by the conditional log-likelihood of its slot tokens given the fixed words and the
+    image (`method` and `kw` as :func:`score_tokens`: ``heuristic``, ``mc`` or ``ar``). Returns
+    one dict per filling, best first: ``fill``, ``caption``, ``score``, ``slot_tokens``, ``stderr`` (mc),
+    ``slot_logprobs`` (heuristic, ar)."""
+    fills = [f for f in fills if f.strip()]
+    if not fills:
+        raise ValueError("no fillings to score: give at least one word for the slots")
+    tokenizer = CaptionTokenizer(model.cfg.context_length)
+    ids, _ = parse_prompt(prompt, tokenizer, model)
+    rows = torch.stack([fill_prompt(ids, f, tokenizer) for f in fills])  # (F, N)
+    if getattr(model, "restricted", False):
+        wanted = {int(t) for t in rows.flatten() if int(model.output_index[t]) < 0}
+        unknown = sorted({w for row in rows for w in tokenizer.words_with(row, wanted)})
+        if unknown:
+            raise ValueError(f"the fillings use words this model never saw in training: {word_list(unknown)}")
+    F, N = rows.shape
+    tokens = torch.cat([torch.full((F, 1), SOT_ID), rows, torch.full((F, 1), EOT_ID)], dim=1)  # (F, N+2)
+    fixed = torch.zeros_like(tokens, dtype=torch.bool)
+    fixed[:, 1:-1] = ids != MASK_ID
+    image_tokens = image_tokens[None] if image_tokens.ndim == 2 else image_tokens
+    out = score_tokens(model, image_tokens, tokens.to(image_tokens.device), method, fixed=fixed.to(image_tokens.device),
+                       **kw)
+    slots = (ids == MASK_ID).nonzero()[:, 0] + 1  # token columns of the slots
+    records = []
+    for i, fill in enumerate(fills):
+        rec: dict[str, Any] = {"fill": fill, "caption": tokenizer.decode(rows[i]), "score": float(out.score[i]),
+                               "slot_tokens": [tokenizer.token_string(int(t)) for t in tokens[i, slots]]}
+        if out.stderr is not None:
+            rec["stderr"] = float(out.stderr[i])
+        if out.token_logprobs is not None:
+            rec["slot_logprobs"] = out.token_logprobs[i, slots].tolist()
+        records.append(rec)
+    return sorted(records, key=lambda r: -r["score"])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# adaptive caption length (``mdc sample --length auto``): MDC writes exactly N' tokens, so every image is
+# captioned at each N' of a range (all images of a length in one batch, one image cache for all lengths), every
+# candidate scored by the heuristic likelihood, and the candidate with the best score per token kept
+
+
+@dataclass
+class AutoLengthOutput:
+    """B images, K candidate lengths."""
+
+    lengths: list[int]  # (K,) the N' tried
+    candidates: list[SampleOutput]  # K sampler outputs, each for all B images
+    scores: torch.Tensor  # (B, K) heuristic log-likelihood of each candidate
+    normalized: torch.Tensor  # (B, K) scores / N'
+    choice: torch.Tensor  # (B,) index into `lengths` of the kept candidate
+
+    def tokens(self, index: int) -> torch.Tensor:
+        """Caption ids (N',) kept for image `index`."""
+        return self.candidates[int(self.choice[index])].tokens[index]
+
+
+def parse_range(text: str, context_length: int) -> list[int]:
+    """``"LO-HI"`` (inclusive) or a comma list ``"5,10,15"`` -> lengths, each within the model's context."""
+    try:
+        if "-" in text:
+            lo, hi = (int(v) for v in text.split("-", 1))
+            lengths = list(range(lo, hi + 1))
+        else:
+            lengths = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError as err:
+        raise ValueError(f"caption length range must look like 3-20 or 5,10,15, got {text!r}") from err
+    limit = context_length - 2
+    if not lengths or min(lengths) < 1 or max(lengths) > limit:
+        raise ValueError(f"caption lengths must lie in 1..{limit} (the model's context), got {text!r}")
+    return sorted(set(lengths))
+
+
+@torch.no_grad()
+def sample_auto_length(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig,
+                       lengths: Sequence[int]) -> AutoLengthOutput:
+    """Sample image_tokens (B, M, D) at every N' in `lengths` with `cfg` (its ``length`` is ignored) and pick,
+    per image, the caption with the best heuristic score per token."""
+    if not lengths:
+        raise ValueError("no caption lengths to try")
+    cache = model.image_cache(image_tokens)
+    B, device = image_tokens.shape[0], image_tokens.device
+    candidates = [sample(model, image_tokens, dataclasses.replace(cfg, length=n), cache=cache) for n in lengths]
+    width = max(lengths) + 2
+    rows = torch.full((len(lengths), B, width), PAD_ID, dtype=torch.long, device=device)  # (K, B, L)
+    for k, (n, out) in enumerate(zip(lengths, candidates, strict=True)):
+        rows[k, :, 0], rows[k, :, 1:n + 1], rows[k, :, n + 1] = SOT_ID, out.tokens, EOT_ID
+    images = image_tokens.repeat(len(lengths), 1, 1)  # (K*B, M, D) paired with the flattened candidates
+    scores = score_tokens(model, images, rows.view(-1, width), "heuristic").score.view(len(lengths), B).T  # (B, K)
+    normalized = scores / torch.tensor(lengths, dtype=scores.dtype, device=device)
+    return AutoLengthOutput(list(lengths), candidates, scores, normalized, normalized.argmax(dim=1))

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from mdc_core.infill import fill_prompt, parse_prompt, prompt_text, score_fills
-from mdc_core.scoring import score_tokens
+from mdc_core.sampler import fill_prompt, parse_prompt, prompt_text
+from mdc_core.scoring import score_fills, score_tokens
 from mdc_core.tokenizer import EOT_ID, MASK_ID, SOT_ID, CaptionTokenizer
 
 TOK = CaptionTokenizer(24)

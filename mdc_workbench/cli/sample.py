@@ -1,7 +1,7 @@
 """``mdc sample`` (caption one image: MDC's confidence unmasking, D3PM ancestral sampling for ``d3pm`` runs,
 optionally guided; ``--length auto``) and ``mdc score`` (likelihood of captions given an image).
 
-Thin wrappers around :mod:`mdc_core.sampler`, :mod:`mdc_core.auto_length`, :mod:`mdc_core.scoring` and, for
+Thin wrappers around :mod:`mdc_core.sampler`, :mod:`mdc_core.scoring` (likelihoods, ``--length auto``) and, for
 MC-Diffusion runs and guidance, :mod:`mdc_workbench.masked_conditional`.
 """
 
@@ -131,8 +131,8 @@ def cmd_sample_auto(args: argparse.Namespace, model, cfg, image) -> None:
     """``mdc sample --length auto``: the best candidate of each N' in ``--auto-range`` by heuristic score per token."""
     import torch
 
-    from mdc_core.auto_length import parse_range, sample_auto_length
     from mdc_core.sampler import trajectory
+    from mdc_core.scoring import parse_range, sample_auto_length
     from mdc_core.tokenizer import CaptionTokenizer
     lengths = parse_range(args.auto_range, cfg.model.context_length)
     tok = CaptionTokenizer(cfg.model.context_length)
@@ -257,8 +257,8 @@ def cmd_score(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     with torch.no_grad():
         image_tokens = model.encode_image(image)  # encoded once for all captions
-    if args.prompt is not None:  # conditional: only the slots are scored (mdc_core/infill.py)
-        from mdc_core.infill import score_fills
+    if args.prompt is not None:  # conditional: only the slots are scored
+        from mdc_core.scoring import score_fills
         rows = score_fills(model, image_tokens, args.prompt, args.caption, args.method, samples=args.samples,
                            seed=args.seed, batch_size=args.batch_size)
         rows = [{**r, "tokens": r["slot_tokens"]} for r in rows]

@@ -11,8 +11,8 @@
   length N' (10 / 15 / 20 in the paper) and at lengths taken from the test set (:data:`LENGTH_MODES`):
   ``median`` (the test captions' median token length, one N' for all), ``oracle`` (each image at its own
   reference's length: information ARC does not get), ``auto`` (MDC picks its own length,
-  :mod:`mdc_core.auto_length`) and ``arc`` (each image at the length of ARC's beam-search caption of it: the
-  matched length, so MDC and ARC write equally many tokens per image; needs an ARC run among the runs, which is
+  :func:`mdc_core.scoring.sample_auto_length`) and ``arc`` (each image at the length of ARC's beam-search caption of
+  it: the matched length, so MDC and ARC write equally many tokens per image; needs an ARC run among the runs, which is
   decoded first); ARC by greedy and beam search (beam 6 in the paper, :mod:`mdc_core.ar_decode`). CLIP cannot
   caption. The paper calls MDC-N vs ARC "not directly comparable" (MDC is told the length) and claims no order,
   so :func:`table3` keeps the lengths apart and the workbench reports every row descriptively (no verdict).
@@ -289,7 +289,7 @@ def decode(model: torch.nn.Module, image_tokens: torch.Tensor, decoder: str, *, 
     if kind == "mdc":
         from mdc_core.sampler import sample
         if arg == "auto":
-            from mdc_core.auto_length import parse_range, sample_auto_length
+            from mdc_core.scoring import parse_range, sample_auto_length
             out = sample_auto_length(model, image_tokens, SamplerConfig(),
                                      parse_range(auto_range, model.cfg.context_length))
             return _pad_rows([out.tokens(i) for i in range(image_tokens.shape[0])], image_tokens.device)
