@@ -1,7 +1,7 @@
 """Converged (L-BFGS) vs CLIP-benchmark probe on the same cached features of the `tiny` preset's encoder,
 randomly initialised (seed 0), over a 2000-image embedded set with 512 test images (docs/evidence.md).
 
-    PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/probe_protocols.py [WORK_DIR]   # default /tmp/probe_protocols
+    OMP_NUM_THREADS=1 python -m mdc_workbench.bench.probe_protocols [WORK_DIR]   # default /tmp/probe_protocols
 """
 
 import json

@@ -5,7 +5,7 @@ images with the image-gradient norm and the in-distribution PMI on the CPU and o
 draws: the values must agree to float32 precision, `max_rel_diff`), then times 1024 captions with 8 mask draws and
 a pool of 16 images on CUDA. Writes $OUT/gpu_check_p39.json (or ./gpu_check_p39.json).
 
-    PYTHONPATH=$PWD python3 benchmarks/central_claim_device_check.py 32   # 32 captions for the CPU/CUDA check
+    python -m mdc_workbench.bench.central_claim_device_check 32   # 32 captions for the CPU/CUDA check
 """
 import json
 import os
