@@ -9,7 +9,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-KERNEL := mdc# the Jupyter kernel the notebooks name (their metadata.kernelspec.name; mdc_workbench.notebooks.plans)
+KERNEL := mdc# the Jupyter kernel the notebooks name (their metadata.kernelspec.name; mdc_workbench.runs.plans)
 EXTRAS := dev,app,notebooks,eval,bench,vqgan,tensorboard# everything but [lab] (pyproject.toml's optional-dependencies)
 
 GPU_PYTHON ?= 3.12# the offline GPU machine's Python (make wheelhouse)
@@ -35,7 +35,7 @@ evidence-1600: kernel  # Table 1's deciding CPU budget: ARC and MDC, 1600 steps,
 
 central-claim: kernel  # the central claim on both caption kinds and its consequence for features, 1600 steps, 3 seeds (~3.3 h)
 	$(PY) -m mdc_workbench runs plans/cpu_central_claim.yaml
-	$(PY) -m mdc_workbench.notebooks.central_story papermill_runs/cpu_central_claim/summary.json  # docs/central_claim.json
+	$(PY) -m mdc_workbench.runs.central_story papermill_runs/cpu_central_claim/summary.json  # docs/central_claim.json
 
 evidence-more: kernel  # after `make evidence`: annealed budget curve, Table 5's middle schedules, Tables 2, 1-long (~2 h)
 	$(PY) -m mdc_workbench runs plans/cpu_evidence_more.yaml

@@ -5,7 +5,7 @@ compare, score), each a named module-level function of plain values, so tests ca
 :func:`mdc_app.launch.serve` (the CLI verb ``mdc app --run RUN``) loads a run and launches it on 127.0.0.1.
 Per-user data (the image and the last trajectory) lives in a ``gr.State`` dict; models live in a process-wide
 cache keyed by run folder.
-The trajectory's chips and heatmap are :mod:`mdc_workbench.notebooks.trajectory_view`'s (the notebooks draw with it
+The trajectory's chips and heatmap are :mod:`mdc_workbench.viz.trajectory_view`'s (the notebooks draw with it
 too), the other rendering (captions, tables) is in :mod:`mdc_app.render`, the model cache in :mod:`mdc_app.runs`.
 """
 
@@ -32,7 +32,7 @@ from mdc_core.data import make_example
 from mdc_core.data.transforms import eval_transform, open_image
 from mdc_core.sampler import trajectory
 from mdc_core.tokenizer import MASK_ID, CaptionTokenizer
-from mdc_workbench.notebooks import trajectory_view
+from mdc_workbench.viz import trajectory_view
 
 from . import explore, render
 from .runs import LoadedRun, get_run, optional_module, refuse, run_choices, user_errors

@@ -24,7 +24,7 @@ from PIL import Image
 
 from mdc_core.config import SamplerConfig, sampler_options
 from mdc_core.sampler import parse_prompt
-from mdc_workbench.notebooks import animation, trajectory_view
+from mdc_workbench.viz import animation, trajectory_view
 
 from .runs import LoadedRun, get_run, refuse, user_errors
 

@@ -1,6 +1,6 @@
 """Launching the app: which run it opens on, and :func:`serve` (the CLI verb ``mdc app``), which builds the
 :func:`mdc_app.layout.build_app` Blocks and serves them on 127.0.0.1 until Ctrl-C or SIGTERM, then deletes the app's
-temporary files. The shipped model (:mod:`mdc_workbench.notebooks.shipped`) is always in the run menu, and the default
+temporary files. The shipped model (:mod:`mdc_workbench.export.shipped`) is always in the run menu, and the default
 run when nothing was trained yet.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 import gradio as gr
 
 from mdc_core.checkpoint import load_model
-from mdc_workbench.notebooks.shipped import SHIPPED_DIR, SHIPPED_LABEL, load_shipped
+from mdc_workbench.export.shipped import SHIPPED_DIR, SHIPPED_LABEL, load_shipped
 
 from . import explore
 from .callbacks import MAX_UPLOAD_BYTES
@@ -34,7 +34,7 @@ DEFAULT_RUN = "outputs/demo/run"  # the run `mdc demo` trains
 def default_run() -> str:
     """The run the app opens without ``--run``: the MDC model of `make demo`'s notebook 01 when that plan has
     run, else the run of `mdc demo` when it exists, else the small model shipped with the repository
-    (:mod:`mdc_workbench.notebooks.shipped`), so that the app opens on a trained captioner straight after set-up."""
+    (:mod:`mdc_workbench.export.shipped`), so that the app opens on a trained captioner straight after set-up."""
     try:
         run_dir = json.loads(Path(DEMO_METRICS).read_text())["run_dir"]
     except (OSError, ValueError, KeyError):

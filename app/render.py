@@ -1,8 +1,8 @@
-"""Rendering helpers of the app besides the trajectory (:mod:`mdc_workbench.notebooks.trajectory_view` draws that):
+"""Rendering helpers of the app besides the trajectory (:mod:`mdc_workbench.viz.trajectory_view` draws that):
 captions as small chips, per-token log-probabilities, plain tables.
 
 Each is a pure function returning an HTML string; nothing touches gradio or a model. Colours come from the one
-confidence colour map (:func:`mdc_workbench.notebooks.trajectory_view.chip_colours`).
+confidence colour map (:func:`mdc_workbench.viz.trajectory_view.chip_colours`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import math
 
-from mdc_workbench.notebooks.trajectory_view import CHIP_FONT, chip_colours
+from mdc_workbench.viz.trajectory_view import CHIP_FONT, chip_colours
 
 
 def mini_caption_html(tokens: list[str], confidences: list[float] | None) -> str:

@@ -27,14 +27,18 @@ from tests.test_architecture import import_graph  # noqa: E402
 
 # part -> (x, y) of its box centre; the core at the bottom, the command line at the top
 LAYOUT = {
+    "mdc_app": (1.6, 9.0),
     "mdc_workbench.cli": (5.0, 9.0),
-    "mdc_app": (1.6, 7.4),
-    "mdc_workbench.notebooks": (5.0, 7.4),
-    "mdc_workbench.bench": (8.4, 7.4),
-    "mdc_workbench.masked_conditional": (3.2, 5.6),
-    "mdc_workbench.eval": (6.8, 5.6),
+    "mdc_workbench.notebooks": (8.4, 9.0),
+    "mdc_workbench.runs": (1.3, 7.2),
+    "mdc_workbench.viz": (3.77, 7.2),
+    "mdc_workbench.export": (6.23, 7.2),
+    "mdc_workbench.bench": (8.7, 7.2),
+    "mdc_workbench.masked_conditional": (3.2, 5.4),
+    "mdc_workbench.eval": (6.8, 5.4),
     "mdc_core": (5.0, 2.0),
 }
+HALF_W, HALF_H = 1.1, 0.35  # half the size of a part's box
 CORE, WORKBENCH, APP = "#d9ead3", "#dbe5f1", "#fde9d9"
 
 
@@ -56,19 +60,25 @@ def draw(out: Path) -> None:
     ax.set_xlim(0, 10)
     ax.set_ylim(0.6, 10)
     ax.axis("off")
-    ax.add_patch(FancyBboxPatch((0.4, 4.6), 9.2, 5.2, boxstyle="round,pad=0.05", fc="none", ec="#4a6fa5", ls="--"))
-    ax.text(9.55, 9.65, "mdc_workbench (+ the app)", ha="right", va="top", fontsize=9, color="#4a6fa5")
+    ax.add_patch(FancyBboxPatch((0.1, 4.7), 9.8, 5.1, boxstyle="round,pad=0.05", fc="none", ec="#4a6fa5", ls="--"))
+    ax.text(9.85, 9.75, "mdc_workbench (+ the app)", ha="right", va="top", fontsize=9, color="#4a6fa5")
     ax.add_patch(FancyBboxPatch((0.4, 0.9), 9.2, 2.4, boxstyle="round,pad=0.05", fc="none", ec="#38761d", ls="--"))
     ax.text(9.55, 1.0, "mdc_core: imports neither", ha="right", va="bottom", fontsize=9, color="#38761d")
     for name, (x, y) in LAYOUT.items():
         face = CORE if name.startswith("mdc_core") else APP if name == "mdc_app" else WORKBENCH
-        ax.add_patch(FancyBboxPatch((x - 1.45, y - 0.35), 2.9, 0.7, boxstyle="round,pad=0.03", fc=face, ec="#555"))
+        ax.add_patch(FancyBboxPatch((x - HALF_W, y - HALF_H), 2 * HALF_W, 2 * HALF_H, boxstyle="round,pad=0.03",
+                                    fc=face, ec="#555"))
         ax.text(x, y, name.replace("mdc_workbench.", "workbench.").replace("mdc_app", "app (mdc_app)"),
                 ha="center", va="center", fontsize=9)
     for (a, b), n in sorted(counts.items()):
         (xa, ya), (xb, yb) = LAYOUT[a], LAYOUT[b]
         up = yb > ya
-        arrow = FancyArrowPatch((xa, ya - 0.35 if yb < ya else ya), (xb, yb + 0.35 if yb < ya else yb),
+        if ya == yb:  # one row: from the side of one box to the side of the other
+            side = HALF_W if xb > xa else -HALF_W
+            start, end = (xa + side, ya), (xb - side, yb)
+        else:
+            start, end = (xa, ya - HALF_H if yb < ya else ya), (xb, yb + HALF_H if yb < ya else yb)
+        arrow = FancyArrowPatch(start, end,
                                 arrowstyle="-|>", mutation_scale=12, color="#c00000" if up else "#666",
                                 lw=0.8 + 0.25 * min(n, 8), connectionstyle="arc3,rad=0.08", alpha=0.8)
         ax.add_patch(arrow)

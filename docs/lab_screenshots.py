@@ -332,7 +332,7 @@ def main() -> None:
     exe = find_chromium()
     if exe is None:
         raise SystemExit("no Chromium found; install it with: apt-get install -y chromium")
-    from mdc_workbench.notebooks.plans import ensure_kernel
+    from mdc_workbench.runs.plans import ensure_kernel
 
     ensure_kernel()
     with tempfile.TemporaryDirectory(prefix="mdc-lab-") as tmp:

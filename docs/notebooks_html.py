@@ -48,7 +48,7 @@ def execute(path: Path, executed_dir: Path) -> dict:
     """Run one notebook with its defaults; returns its timing record."""
     import papermill
 
-    from mdc_workbench.notebooks.plans import ensure_kernel
+    from mdc_workbench.runs.plans import ensure_kernel
 
     target = executed_dir / path.name
     before = os.getloadavg()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make gpu-check: the GPU check (mdc_workbench/notebooks/gpu_check.py) on this machine, with the machine's own torch.
+# make gpu-check: the GPU check (mdc_workbench/runs/gpu_check.py) on this machine, with the machine's own torch.
 # On an offline GPU machine, bring the repository and its wheelhouse (`make wheelhouse` on a machine with the package
 # index: .wheelhouse/), then `bash scripts/gpu_check.sh [OUT_DIR]`: the wheels install into a scratch folder put on
 # PYTHONPATH (nothing in the machine's environment changes), then the check runs within BUDGET_S seconds (default
@@ -18,4 +18,4 @@ if [ -z "$tiny" ] && compgen -G ".wheelhouse/*.whl" > /dev/null; then  # the GPU
 else
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
-exec "$py" -m mdc_workbench.notebooks.gpu_check --out "$out" --budget-s "${BUDGET_S:-540}" $tiny
+exec "$py" -m mdc_workbench.runs.gpu_check --out "$out" --budget-s "${BUDGET_S:-540}" $tiny

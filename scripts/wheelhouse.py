@@ -9,7 +9,7 @@ each remaining one as a wheel for the target Python and platform, at this enviro
     python scripts/wheelhouse.py --python-version 3.12 --out .wheelhouse
     # on the GPU machine, in the repository root (keeps the machine's torch):
     python3 -m pip install --no-index --no-deps --target /tmp/site .wheelhouse/*.whl
-    export PYTHONPATH=/tmp/site:$PWD && python3 -m mdc_workbench.notebooks.gpu_check --out gpu_check_out
+    export PYTHONPATH=/tmp/site:$PWD && python3 -m mdc_workbench.runs.gpu_check --out gpu_check_out
 
 ``--extras eval`` adds pycocoevalcap (its wheel alone is ~100 MB, for the caption metrics of notebook 05).
 """

@@ -10,7 +10,7 @@ from PIL import Image
 from mdc_core.config import SamplerConfig
 from mdc_core.sampler import sample, trajectory
 from mdc_core.tokenizer import MASK_ID, CaptionTokenizer
-from mdc_workbench.notebooks import animation
+from mdc_workbench.viz import animation
 
 TOK = CaptionTokenizer(24)
 

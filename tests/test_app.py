@@ -27,8 +27,8 @@ from mdc_core.data.transforms import eval_transform
 from mdc_core.model import Captioner
 from mdc_core.sampler import sample, trajectory
 from mdc_core.tokenizer import CaptionTokenizer, build_output_vocab
-from mdc_workbench.notebooks import animation, trajectory_view
-from mdc_workbench.notebooks.shipped import SHIPPED_DIR
+from mdc_workbench.export.shipped import SHIPPED_DIR
+from mdc_workbench.viz import animation, trajectory_view
 from tests.conftest import micro_config
 
 CHIP = re.compile(r'data-pos="(\d+)" data-state="(\w+)" data-token="([^"]*)"')

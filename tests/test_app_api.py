@@ -21,7 +21,7 @@ os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"  # before gradio is imported (a
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 
 from mdc_core.config import SamplerConfig  # noqa: E402
-from mdc_workbench.notebooks.shipped import SHIPPED_DIR, SHIPPED_LABEL  # noqa: E402
+from mdc_workbench.export.shipped import SHIPPED_DIR, SHIPPED_LABEL  # noqa: E402
 from tests.train_helpers import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,7 +150,7 @@ def test_every_image_entry_point_opens_images_as_the_upload_box(served, capfd):
     from mdc_app.explore import save_json
     from mdc_app.runs import get_run
 
-    from mdc_workbench.notebooks.animation import record_image
+    from mdc_workbench.viz.animation import record_image
     client, tmp = served["client"], served["tmp"]
     capfd.readouterr()
     files = {"empty.png": b"", "notes.png": b"not an image", "wide.png": _png(Image.new("RGB", (12000, 8))),

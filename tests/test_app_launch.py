@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from mdc_core.config import SamplerConfig
-from mdc_workbench.notebooks.shipped import SHIPPED_LABEL
+from mdc_workbench.export.shipped import SHIPPED_LABEL
 from tests.train_helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]

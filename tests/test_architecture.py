@@ -1,9 +1,11 @@
 """The house's shape: two packages and the app, no import cycles, and a thin core that imports neither.
 
 The core is the package ``mdc_core`` (the method and its training loop); the workbench is the sibling package
-``mdc_workbench`` (``eval``, ``bench``, ``masked_conditional``, ``notebooks``, ``cli``), and the app is the ``app/``
-folder, installed as the package ``mdc_app``. The import graph is read with ``ast`` from
-every ``import`` statement, also those inside functions (a cycle dodged by a lazy import is still a cycle).
+``mdc_workbench`` (``eval``, ``runs``, ``viz``, ``export``, ``notebooks``, ``bench``, ``masked_conditional``, ``cli``),
+and the app is the ``app/`` folder, installed as the package ``mdc_app``. The import graph is read with ``ast`` from
+every ``import`` statement, also those inside functions (a cycle dodged by a lazy import is still a cycle). Two
+graphs are checked: between modules, and between packages (``mdc_core`` as one, each subpackage of the workbench,
+the app), where a cycle may close that no module cycle shows.
 
 Not importing an extension is not enough: the core's text (code, strings, docstrings, comments) must not name one
 either, neither by module path nor by anything a plug-in registers (objective and encoder names, config keys), so a
@@ -20,8 +22,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"mdc_core": "mdc_core", "mdc_workbench": "mdc_workbench", "mdc_app": "app"}  # name -> folder (setup.py)
-EXTENSIONS = ("mdc_workbench.eval", "mdc_workbench.bench", "mdc_workbench.masked_conditional",
-              "mdc_workbench.notebooks", "mdc_workbench.cli", "mdc_workbench", "mdc_app")
+WORKBENCH_PARTS = tuple(sorted(f"mdc_workbench.{p.name}" for p in (ROOT / "mdc_workbench").iterdir()
+                               if (p / "__init__.py").exists()))  # its subpackages: cli, eval, runs, viz, ...
+EXTENSIONS = (*WORKBENCH_PARTS, "mdc_workbench", "mdc_app")
 HEAVY_OPTIONAL = ("papermill", "gradio", "nbformat", "jupyter_client", "ipykernel", "matplotlib.pyplot",
                   "sklearn", "transformers", "open_clip",  # open_clip's package init pulls in the other two
                   "tensorboard")  # train.tensorboard=true imports it when a run asks (mdc_core.tensorboard_log)
@@ -176,8 +179,8 @@ def extension_words() -> set[str]:
     words |= {name.removeprefix("mdc_workbench.") for name in words}
     words |= {name for name in registry.OBJECTIVES if name not in registry.CORE_OBJECTIVES} | set(registry.ENCODERS)
     words |= {key for rows in registry.SETTINGS.values() for settings in rows for key in settings.__dataclass_fields__}
-    return words - {"app", "cli", "eval", "bench", "notebooks", "mdc_workbench"}  # plain words (the last is also
-    # the project's distribution name); their dotted module paths still count
+    return words - {"app", "mdc_workbench", *(p.removeprefix("mdc_workbench.") for p in WORKBENCH_PARTS)}  # plain
+    # words (cli, eval, runs, export...; mdc_workbench is also the distribution's name); dotted module paths still count
 
 
 def naming_problems(source: str, words: set[str]) -> list[str]:
@@ -213,12 +216,16 @@ def test_the_core_names_no_extension_and_no_key_a_plug_in_registers():
 
 LAYERS = {  # docs/design.md "Core and workbench": what each part may import besides the core (and itself)
     "mdc_workbench": {"mdc_workbench.cli"},  # python -m mdc_workbench
-    "mdc_workbench.cli": {"mdc_app", "mdc_workbench.notebooks", "mdc_workbench.bench",
+    "mdc_workbench.cli": {"mdc_workbench.runs", "mdc_workbench.viz", "mdc_workbench.export", "mdc_workbench.bench",
                           "mdc_workbench.masked_conditional", "mdc_workbench.eval"},
-    "mdc_app": {"mdc_workbench.notebooks"},
-    "mdc_workbench.notebooks": {"mdc_workbench.masked_conditional", "mdc_workbench.eval"},
+    "mdc_app": {"mdc_workbench.viz", "mdc_workbench.export", "mdc_workbench.cli"},  # cli: its `mdc app` verb group
+    "mdc_workbench.notebooks": {"mdc_workbench.runs", "mdc_workbench.viz", "mdc_workbench.export",
+                                "mdc_workbench.masked_conditional", "mdc_workbench.eval"},
+    "mdc_workbench.runs": {"mdc_workbench.eval"},
+    "mdc_workbench.export": {"mdc_workbench.eval"},
     "mdc_workbench.bench": {"mdc_workbench.eval"},
     "mdc_workbench.masked_conditional": {"mdc_workbench.eval"},
+    "mdc_workbench.viz": set(),
     "mdc_workbench.eval": set(),
 }
 
@@ -231,17 +238,75 @@ def test_the_parts_import_as_the_picture_in_design_md_draws():
     graph = import_graph()
     arrows = {(part(a), part(b)) for a, deps in graph.items() for b in deps}
     assert {(a, b) for a, b in arrows if a != b and b != "core" and b not in LAYERS.get(a, set())} == set()
-    assert ("mdc_app", "mdc_workbench.notebooks") in arrows  # the app draws trajectories with the workbench's code
+    assert ("mdc_app", "mdc_workbench.viz") in arrows  # the app draws trajectories with the workbench's code
+
+
+def package(module: str, parts: tuple[str, ...] = WORKBENCH_PARTS) -> str:
+    """A module's node in the package graph: ``mdc_core`` (the core is one package), the workbench subpackage it is
+    in (one of `parts`; the workbench's own top level and ``__main__``: ``mdc_workbench``), or ``mdc_app``."""
+    top = module.split(".")[0]
+    if top != "mdc_workbench":
+        return top
+    return next((p for p in parts if module == p or module.startswith(p + ".")), "mdc_workbench")
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Package -> the other packages its modules import (every package of `graph` is a key)."""
+    packages: dict[str, set[str]] = {}
+    for name, deps in graph.items():
+        packages.setdefault(package(name), set()).update(package(t) for t in deps)
+    return {p: deps - {p} for p, deps in packages.items()}
+
+
+def forbidden_arrows(packages: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Arrows that point up: out of ``mdc_core`` to anything, and from any workbench package to ``mdc_app``."""
+    return sorted((a, b) for a, deps in packages.items() for b in deps
+                  if a == "mdc_core" or (a.split(".")[0] == "mdc_workbench" and b == "mdc_app"))
+
+
+def test_the_package_graph_shows_a_cycle_between_packages_that_no_module_cycle_shows():
+    modules = {"mdc_workbench.runs.summary": {"mdc_workbench.notebooks.notebook", "mdc_core.config"},
+               "mdc_workbench.notebooks.lesson": {"mdc_workbench.runs.progress"},
+               "mdc_workbench.notebooks.notebook": set(), "mdc_workbench.runs.progress": set(),
+               "mdc_workbench.__main__": {"mdc_workbench.cli.main"}, "mdc_workbench.cli.main": set(),
+               "mdc_core.config": set()}
+    assert find_cycles(modules) == []
+    packages = package_graph(modules)
+    assert packages == {"mdc_workbench.runs": {"mdc_workbench.notebooks", "mdc_core"},
+                        "mdc_workbench.notebooks": {"mdc_workbench.runs"}, "mdc_workbench": {"mdc_workbench.cli"},
+                        "mdc_workbench.cli": set(), "mdc_core": set()}
+    assert find_cycles(packages) == [["mdc_workbench.notebooks", "mdc_workbench.runs"]]
+    assert package("mdc_workbench.data.scene", ("mdc_workbench.data",)) == "mdc_workbench.data"  # a new subpackage
+
+
+def test_an_arrow_out_of_the_core_or_from_the_workbench_to_the_app_is_found():
+    packages = {"mdc_core": {"mdc_workbench.eval"}, "mdc_workbench.eval": {"mdc_core"},
+                "mdc_workbench.cli": {"mdc_app", "mdc_workbench.eval"}, "mdc_workbench": {"mdc_app"},
+                "mdc_app": {"mdc_workbench.viz", "mdc_core"}, "mdc_workbench.viz": {"mdc_core"}}
+    assert forbidden_arrows(packages) == [("mdc_core", "mdc_workbench.eval"), ("mdc_workbench", "mdc_app"),
+                                          ("mdc_workbench.cli", "mdc_app")]
+    assert forbidden_arrows({k: v for k, v in packages.items() if k in ("mdc_app", "mdc_workbench.viz")}) == []
+
+
+def test_the_package_graph_has_no_cycle_and_no_arrow_up():
+    """Between packages (the core, each workbench subpackage, the app): no cycle, nothing leaves the core, and no
+    workbench package imports the app (the app registers its ``mdc app`` verb itself: pyproject.toml)."""
+    packages = package_graph(import_graph())
+    assert {"mdc_core", "mdc_app", "mdc_workbench", "mdc_workbench.cli", "mdc_workbench.runs", "mdc_workbench.viz",
+            "mdc_workbench.export", "mdc_workbench.notebooks", "mdc_workbench.bench", "mdc_workbench.eval"} <= set(
+        packages)
+    assert find_cycles(packages) == []
+    assert forbidden_arrows(packages) == []
 
 
 def test_the_app_builds_on_the_workbench_never_the_reverse():
-    """The app imports the workbench's drawings (trajectory_view, animation); no extension below the command line
-    imports the app (only ``mdc app`` in mdc_workbench.cli launches it)."""
+    """The app imports the workbench's drawings (viz: trajectory_view, animation); no module of the workbench imports
+    the app, not even the command line (``mdc app`` is the app's own verb group, ``mdc_app.cli``)."""
     graph = import_graph()
-    assert "mdc_workbench.notebooks.trajectory_view" in graph["mdc_app.callbacks"]
+    assert "mdc_workbench.viz.trajectory_view" in graph["mdc_app.callbacks"]
+    assert "mdc_workbench.cli.common" in graph["mdc_app.cli"]
     upward = {name: sorted(t for t in deps if t == "mdc_app" or t.startswith("mdc_app."))
-              for name, deps in graph.items() if name.startswith(("mdc_core.", "mdc_workbench."))
-              and not name.startswith(("mdc_workbench.cli", "mdc_workbench.__main__"))}
+              for name, deps in graph.items() if name.startswith(("mdc_core", "mdc_workbench"))}
     assert {k: v for k, v in upward.items() if v} == {}
 
 

@@ -1,4 +1,4 @@
-"""One story of the central claim (mdc_workbench.notebooks.central_story): every text that states it quotes only numbers
+"""One story of the central claim (mdc_workbench.runs.central_story): every text that states it quotes only numbers
 its cited results file holds (a deliberately wrong number fails), the declared constants agree with the code, and
 before the run the story says the measure is declared and not yet run."""
 
@@ -9,7 +9,7 @@ import pytest
 
 from mdc_core.data.captions import LINK_SHARE
 from mdc_workbench.eval.paper import FEATURE_EFFECT, FLAT_SHARE
-from mdc_workbench.notebooks.central_story import (
+from mdc_workbench.runs.central_story import (
     DECLARED,
     RESULTS,
     check_quotes,
@@ -84,8 +84,8 @@ def test_the_results_file_is_written_from_a_plan_summary(tmp_path):
 
 
 def test_the_exercise_message_states_the_results_files_verdicts(tmp_path, monkeypatch):
-    from mdc_workbench.notebooks import central_story
     from mdc_workbench.notebooks import exercises as ex
+    from mdc_workbench.runs import central_story
 
     (tmp_path / "d.json").write_text(json.dumps(DECLARED_ONLY))
     monkeypatch.setattr(central_story, "RESULTS", tmp_path / "d.json")

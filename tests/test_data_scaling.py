@@ -15,7 +15,7 @@ from mdc_workbench.eval.data_scaling import (
     scaling_estimates,
 )
 from mdc_workbench.eval.stats import t_interval
-from mdc_workbench.notebooks import evidence
+from mdc_workbench.runs import evidence
 
 T2 = 4.302653  # Student-t 97.5% quantile, 2 degrees of freedom
 
@@ -102,7 +102,7 @@ def test_the_shipped_plan_gives_the_table_its_sizes():
     its runs' parameters are what data_scaling_table gathers (here with constructed metrics)."""
     from pathlib import Path
 
-    from mdc_workbench.notebooks.plans import load_plan
+    from mdc_workbench.runs.plans import load_plan
 
     root = Path(__file__).resolve().parents[1]
     plan = load_plan(root / "plans" / "data_scaling.yaml", root=root)

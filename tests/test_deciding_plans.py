@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mdc_workbench.notebooks.plans import load_plan
+from mdc_workbench.runs.plans import load_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -133,11 +133,12 @@ def test_code_the_docs_name_exists() -> None:
     missing, names = [], set()
     for page in [*PAGES, ROOT / "benchmarks" / "README.md"]:
         text = page.read_text()
-        for path in re.findall(r"`((?:mdc_core|app|notebooks|plans|tests|benchmarks|docs)/[^`\s:]*)", text):
+        for path in re.findall(r"`((?:mdc_core|mdc_workbench|app|notebooks|plans|tests|benchmarks|docs)/[^`\s:]*)",
+                               text):
             if not re.search(r"[*<{]|\.\.\.", path) and not (ROOT / path.rstrip("/")).exists():
                 missing.append(f"{page.name}: {path}")
-        names |= set(re.findall(r"`(mdc_core(?:\.\w+)+)", text))
-        cited = re.findall(r"`(mdc_core/[\w/]+\.py): (\w+)`", text)  # `mdc_core/x.py: name`
+        names |= set(re.findall(r"`((?:mdc_core|mdc_workbench|mdc_app)(?:\.\w+)+)", text))
+        cited = re.findall(r"`((?:mdc_core|mdc_workbench)/[\w/]+\.py): (\w+)`", text)  # `mdc_core/x.py: name`
         names |= {f"{f[:-3].replace('/', '.')}.{attr}" for f, attr in cited}
     for name in sorted(names):
         parts = name.split(".")

@@ -19,8 +19,8 @@ from mdc_workbench.eval.parity import (
     parameter_count,
     step_flops,
 )
-from mdc_workbench.notebooks.plans import load_plan
 from mdc_workbench.notebooks.tuning import best_learning_rates
+from mdc_workbench.runs.plans import load_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -170,7 +170,7 @@ def test_the_gpu_evidence_plan_carries_the_budget_curve_sweep_parity_and_claims(
 
 def test_notebook_03_declares_the_evidence_parameters_off_by_default() -> None:
     """budgets, lrs and parity exist (the evidence plans set them) and cost nothing unless set (make demo)."""
-    from mdc_workbench.notebooks.plans import notebook_parameters
+    from mdc_workbench.runs.plans import notebook_parameters
 
     params = notebook_parameters(ROOT / "notebooks" / "03_linear_probing.ipynb")
     assert {k: params[k]["default"] for k in ("budgets", "lrs", "parity")} == {
@@ -214,7 +214,7 @@ def _budget_runs() -> list[tuple[str, dict, dict]]:
 
 
 def test_runs_at_another_budget_are_other_models_not_repeats() -> None:
-    from mdc_workbench.notebooks.evidence import gather_runs
+    from mdc_workbench.runs.evidence import gather_runs
 
     gathered = gather_runs(_budget_runs(), reference=400)
     # the 400-step table1 holds only the 400-step seeds: no 1600-step row leaks in as "MDC (run id)"
@@ -232,8 +232,8 @@ def test_runs_at_another_budget_are_other_models_not_repeats() -> None:
 
 
 def test_one_budget_makes_no_annealed_curve_and_the_reference_is_the_plans_budget(tmp_path: Path) -> None:
-    from mdc_workbench.notebooks.evidence import gather_runs, reference_steps
-    from mdc_workbench.notebooks.summary import plan_steps
+    from mdc_workbench.runs.evidence import gather_runs, reference_steps
+    from mdc_workbench.runs.summary import plan_steps
 
     assert bc.ANNEALED_TABLE not in gather_runs(_budget_runs()[:3])
     assert gather_runs(_budget_runs())["table1"]["cells"]["MDC"]["gain"].values[0] == 10.0  # a tie: 1600 steps
@@ -248,14 +248,14 @@ def test_one_budget_makes_no_annealed_curve_and_the_reference_is_the_plans_budge
 
 
 def test_plot_annealed_budget_writes_a_png(tmp_path: Path) -> None:
-    from mdc_workbench.notebooks.evidence import gather_runs
+    from mdc_workbench.runs.evidence import gather_runs
 
     path = bc.plot_annealed_budget(gather_runs(_budget_runs(), 400)[bc.ANNEALED_TABLE], tmp_path / "b.png")
     assert path.stat().st_size > 5000
 
 
 def test_runs_at_other_training_set_sizes_make_the_data_scaling_table() -> None:
-    from mdc_workbench.notebooks.evidence import SCALING_TABLE, gather_runs
+    from mdc_workbench.runs.evidence import SCALING_TABLE, gather_runs
 
     runs = [(f"03_n{n}__seed={s}", {"steps": 400, "n_train": n, "train_seed": s},
              _table1({"MDC": g + s, "ARC": 5.0 + s})) for n, g in ((20000, 10.0), (5000, 4.0)) for s in range(3)]
@@ -270,7 +270,7 @@ def test_runs_at_other_training_set_sizes_make_the_data_scaling_table() -> None:
 
 
 def test_the_central_claims_tables_name_the_caption_style_they_were_measured_on() -> None:
-    from mdc_workbench.notebooks.evidence import run_setting
+    from mdc_workbench.runs.evidence import run_setting
 
     params = {"preset": "tiny_fast", "steps": 1600, "n_train": 20000, "difficulty": "easy", "captions": "short"}
     assert "easy, short and two-clause captions" in run_setting(params, "central_claim")

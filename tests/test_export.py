@@ -29,8 +29,8 @@ from mdc_core.tokenizer import CaptionTokenizer, build_output_vocab
 from mdc_core.train import train
 from mdc_workbench.cli import build_parser, main
 from mdc_workbench.cli.train import _train_config
-from mdc_workbench.notebooks.encoder_export import export_run
-from mdc_workbench.notebooks.model_card import rebuild_command
+from mdc_workbench.export.encoder_export import export_run
+from mdc_workbench.export.model_card import rebuild_command
 from tests.train_helpers import micro_run, one_thread, write_micro_data  # noqa: F401 - one_thread is a fixture
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mdc_workbench.notebooks.gpu_check import GOAL_MIN, Phase, plan_minutes, scale_plan, trained_models, write_summary
-from mdc_workbench.notebooks.plans import load_plan
+from mdc_workbench.runs.gpu_check import GOAL_MIN, Phase, plan_minutes, scale_plan, trained_models, write_summary
+from mdc_workbench.runs.plans import load_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -149,8 +149,8 @@ def test_the_evidence_plan_runs_without_the_caption_metrics_extra():
     import subprocess
 
     code = ("import sys; sys.modules['pycocoevalcap'] = None\n"
-            "import mdc_workbench.notebooks.plans, mdc_workbench.notebooks.runner, mdc_workbench.notebooks.summary\n"
-            "import mdc_workbench.notebooks.evidence, mdc_workbench.eval.probe_data, mdc_workbench.eval.budget_curve\n"
+            "import mdc_workbench.runs.plans, mdc_workbench.runs.runner, mdc_workbench.runs.summary\n"
+            "import mdc_workbench.runs.evidence, mdc_workbench.eval.probe_data, mdc_workbench.eval.budget_curve\n"
             "import mdc_workbench.eval.parity, mdc_workbench.eval.central_claim, mdc_workbench.notebooks.probe_report\n"
             "from mdc_workbench.eval import linear_probe\n"
             "try:\n    from mdc_workbench.eval import score_captions\nexcept ImportError:\n    print('lazy')\n")

@@ -27,7 +27,7 @@ time.sleep(600)
 DRIVER = """
 import sys
 from pathlib import Path
-from mdc_workbench.notebooks import gpu_check as gc
+from mdc_workbench.runs import gpu_check as gc
 out, stuck = Path(sys.argv[1]), sys.argv[2]
 gc.machine = lambda: {"gpu": "none (test)"}
 

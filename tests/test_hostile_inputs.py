@@ -11,7 +11,7 @@ import pytest
 
 from mdc_core.config import ConfigError, RunConfig
 from mdc_workbench.cli import main
-from mdc_workbench.notebooks.plans import bounded_yaml, load_plan
+from mdc_workbench.runs.plans import bounded_yaml, load_plan
 from tests.test_runs import write_notebook
 
 DEEP = "[" * 100_000 + "]" * 100_000  # deeper than any interpreter stack

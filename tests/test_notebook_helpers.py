@@ -68,7 +68,7 @@ def test_infill_slots_mask_a_word_worth_asking_about(full_vocab_model, caption, 
 
 
 def test_trained_or_shipped_opens_on_the_shipped_model_only_when_nothing_is_cached(tmp_path: Path, capsys) -> None:
-    from mdc_workbench.notebooks.shipped import SHIPPED_DIR, SHIPPED_SHA256, sha256
+    from mdc_workbench.export.shipped import SHIPPED_DIR, SHIPPED_SHA256, sha256
     from tests.train_helpers import micro_run, write_micro_data
 
     data = write_micro_data(tmp_path / "data", 16)

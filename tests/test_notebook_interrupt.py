@@ -97,7 +97,7 @@ def test_kernel_interrupt_in_jupyter_stops_the_training_cell(data, tmp_path):
     """The same through a real kernel and jupyter_client's interrupt, as JupyterLab's Kernel > Interrupt sends it."""
     from jupyter_client.manager import start_new_kernel
 
-    from mdc_workbench.notebooks.plans import ensure_kernel
+    from mdc_workbench.runs.plans import ensure_kernel
 
     cfg = micro_run(data, steps=60, batch_size=4, ckpt_every=1000)
     cfg.save(tmp_path / "config.json")

@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mdc_workbench.notebooks.plans import ensure_kernel, notebook_parameters
+from mdc_workbench.runs.plans import ensure_kernel, notebook_parameters
 from tests.test_teaching_notebooks import assert_figures_shown_as_pictures
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"

@@ -75,7 +75,7 @@ def test_make_lab_installs_lab_registers_the_notebooks_kernel_and_serves_on_loop
     import json
     import subprocess
 
-    from mdc_workbench.notebooks.plans import KERNEL_NAME
+    from mdc_workbench.runs.plans import KERNEL_NAME
 
     out = subprocess.run(["make", "-n", "-B", "lab", f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
@@ -138,3 +138,23 @@ def test_the_core_depends_on_what_it_imports_and_nothing_more():
     assert {n for n in lazy if not as_dist[n] & (core | extras)} == set(), "imported lazily, in no extra"
     imported = set().union(*as_dist.values())
     assert core - imported == set(), "a core dependency mdc_core never imports"
+
+
+def test_the_app_registers_its_verb_and_without_the_app_extra_mdc_app_says_which_to_install(tmp_path):
+    """`mdc app` is the app's own verb group, found through the entry point group ``mdc_workbench.verbs``
+    (pyproject.toml and the installed metadata agree; no workbench module imports the app). With the [app] extra's
+    gradio absent, `mdc app` is one line naming the extra and exit 2, before torch or gradio is imported."""
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    assert declared["mdc_workbench.verbs"] == {"app": "mdc_app.cli"}
+    installed = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="mdc_workbench.verbs")}
+    assert installed == declared["mdc_workbench.verbs"], "reinstall (make setup): the metadata predates pyproject"
+    code = ("import json, sys\n"
+            "sys.modules['gradio'] = None  # as if the [app] extra were not installed\n"
+            "from mdc_workbench.cli import main\n"
+            "code = main(['app', '--root', '.'])\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'gradio') and sys.modules[m])\n"
+            "print(json.dumps([code, heavy]))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [2, []]
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("mdc: error: ") and "[app] extra" in line and "gradio" in line  # which extra, what lacks

@@ -6,7 +6,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mdc_workbench.notebooks.plans import load_plan
+from mdc_workbench.runs.plans import load_plan
 from tests.test_runs import write_notebook, write_plan
 
 

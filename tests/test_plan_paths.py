@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from mdc_workbench.cli import main
-from mdc_workbench.notebooks.plans import load_plan
-from mdc_workbench.notebooks.runner import execute_run, run_plan
+from mdc_workbench.runs.plans import load_plan
+from mdc_workbench.runs.runner import execute_run, run_plan
 from tests.test_runs import write_notebook, write_plan
 
 

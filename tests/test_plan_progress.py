@@ -5,7 +5,7 @@ import io
 
 from tqdm import tqdm
 
-from mdc_workbench.notebooks.runner import show_postfix
+from mdc_workbench.runs.runner import show_postfix
 
 
 def redraws(mininterval: float, polls: int) -> int:

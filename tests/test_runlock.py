@@ -144,8 +144,8 @@ def test_two_mdc_runs_of_one_plan_started_together_one_runs_the_other_names_it(t
 
 def test_a_run_folder_is_locked_while_its_notebook_executes(tmp_path):
     from mdc_core.runlock import RunFolderBusy, RunLock
-    from mdc_workbench.notebooks.plans import load_plan
-    from mdc_workbench.notebooks.runner import execute_run
+    from mdc_workbench.runs.plans import load_plan
+    from mdc_workbench.runs.runner import execute_run
     write_notebook(tmp_path / "toy.ipynb")
     plan = load_plan(write_plan(tmp_path / "p.yaml", f"output_root: {tmp_path / 'out'}\nnotebooks:\n"
                                                       "  - path: toy.ipynb\n"), root=tmp_path)

@@ -10,10 +10,10 @@ import pytest
 
 from mdc_workbench.cli import main
 from mdc_workbench.eval.paper import PAPER
-from mdc_workbench.notebooks import progress
-from mdc_workbench.notebooks.plans import RunSpec, load_plan
-from mdc_workbench.notebooks.runner import result_from_markers, run_plan, run_status, thread_env, thread_share
-from mdc_workbench.notebooks.summary import _fmt, table_markdown
+from mdc_workbench.runs import progress
+from mdc_workbench.runs.plans import RunSpec, load_plan
+from mdc_workbench.runs.runner import result_from_markers, run_plan, run_status, thread_env, thread_share
+from mdc_workbench.runs.summary import _fmt, table_markdown
 
 TINY_BODY = """\
 import json, pathlib

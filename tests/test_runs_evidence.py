@@ -1,6 +1,6 @@
 """Plans repeated over training seeds, the summary's intervals and verdicts, and the runner's view of a
-notebook's own progress (mdc_workbench.notebooks.plans, mdc_workbench.notebooks.evidence,
-mdc_workbench.notebooks.progress)."""
+notebook's own progress (mdc_workbench.runs.plans, mdc_workbench.runs.evidence,
+mdc_workbench.runs.progress)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from mdc_workbench.notebooks import progress
-from mdc_workbench.notebooks.plans import SEED_PARAM, load_plan
-from mdc_workbench.notebooks.runner import execute_run, run_plan
+from mdc_workbench.runs import progress
+from mdc_workbench.runs.plans import SEED_PARAM, load_plan
+from mdc_workbench.runs.runner import execute_run, run_plan
 
 from .test_runs import write_notebook, write_plan
 
@@ -97,7 +97,7 @@ def test_summary_with_one_seed_says_so_and_bootstraps_the_test_items(seeded: Pat
 
 
 def test_runner_shows_the_notebooks_own_progress(tmp_path: Path) -> None:
-    body = ("import time\nfrom mdc_workbench.notebooks import progress\n"
+    body = ("import time\nfrom mdc_workbench.runs import progress\n"
             "for name in progress.track(['ARC', 'MDC'], 'train'):\n"
             "    progress.report(detail=f'step 5/10 of {name}')\n"
             "    time.sleep(1.6)\n"
@@ -131,7 +131,7 @@ def test_progress_helpers_are_no_ops_without_the_runner(tmp_path: Path, monkeypa
 def test_the_kernels_own_stderr_goes_to_the_run_folder_not_the_terminal(tmp_path: Path, capfd) -> None:
     """What a kernel prints to its process's stderr (its log, the tracebacks of a kernel stopped by Ctrl-C) lands in
     RUN/kernel.log, so an interrupted plan shows one line; the notebook's own output is unaffected."""
-    from mdc_workbench.notebooks.runner import KERNEL_LOG
+    from mdc_workbench.runs.runner import KERNEL_LOG
 
     body = ("import os, json, pathlib\nos.write(2, b'KERNEL-NOISE\\n')\nprint('cell output')\n"
             "(pathlib.Path(output_dir) / 'metrics.json').write_text(json.dumps({}))\n")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mdc_core.checkpoint import CheckpointError, load_model
-from mdc_workbench.notebooks import shipped
+from mdc_workbench.export import shipped
 
 
 @pytest.fixture(scope="module")

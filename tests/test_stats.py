@@ -516,7 +516,7 @@ def test_chance_corrected_probe_mean_subtracts_the_random_row_of_the_same_featur
 
 
 def test_compositionality_items_pair_the_examples_every_scorer_scored() -> None:
-    from mdc_workbench.notebooks.table_items import compositionality_items
+    from mdc_workbench.runs.table_items import compositionality_items
 
     result = {"results": [
         {"label": "ARC", "examples": [{"key": "a", "correct": {"relation": True, "add": False}},

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mdc_workbench.notebooks.evidence import display_tables, gather_runs
-from mdc_workbench.notebooks.summary import RunResult, clipped_texts, metric_unit, read_metrics, summary_figure
+from mdc_workbench.runs.evidence import display_tables, gather_runs
+from mdc_workbench.runs.summary import RunResult, clipped_texts, metric_unit, read_metrics, summary_figure
 
 TASKS = ("colour", "shape", "count", "position", "size")
 PROBE_METRIC = (f"probe top-1 % and gain over random init (mean over {', '.join(TASKS)}), short captions, probed on "

@@ -14,7 +14,7 @@ import nbformat
 import pytest
 
 from mdc_workbench.notebooks import exercises as ex
-from mdc_workbench.notebooks.plans import ensure_kernel, notebook_parameters
+from mdc_workbench.runs.plans import ensure_kernel, notebook_parameters
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 LESSON = NOTEBOOKS / "00_masked_diffusion_captioning.ipynb"

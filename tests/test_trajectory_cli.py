@@ -6,7 +6,7 @@ import pytest
 from PIL import Image
 
 from mdc_workbench.cli import main
-from mdc_workbench.notebooks.animation import load_record, record_image
+from mdc_workbench.viz.animation import load_record, record_image
 from tests.test_cli import MICRO_SETS
 
 

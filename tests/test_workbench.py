@@ -8,7 +8,7 @@ from matplotlib.figure import Figure
 
 from mdc_workbench.eval.paper import PAPER
 from mdc_workbench.notebooks import notebook as wb
-from mdc_workbench.notebooks import trajectory_view
+from mdc_workbench.viz import trajectory_view
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,7 +66,7 @@ def test_cache_lock_makes_a_second_writer_wait_and_says_so(tmp_path, monkeypatch
     import threading
     import time
 
-    from mdc_workbench.notebooks import progress
+    from mdc_workbench.runs import progress
 
     monkeypatch.setattr(wb, "LOCK_WAIT_REPORT_S", 0.05)
     monkeypatch.setenv(progress.ENV, str(tmp_path / "progress.json"))

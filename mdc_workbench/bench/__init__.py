@@ -5,6 +5,12 @@ rows live in :mod:`~mdc_workbench.bench.training`, :mod:`~mdc_workbench.bench.de
 :mod:`~mdc_workbench.bench.coca`; ``mdc bench step`` (the trainer's step by phase, and its host synchronisations) in
 :mod:`~mdc_workbench.bench.step_phases`; :mod:`~mdc_workbench.cli.bench` is the command line. Imports are lazy so that
 building the ``mdc`` parser does not load torch.
+
+The measurements behind single documents run as modules (their results stay in ``benchmarks/`` and ``docs/``):
+``python -m mdc_workbench.bench.fast_recipe`` (accuracy against CPU training time, docs/fast_recipe.md),
+``python -m mdc_workbench.bench.probe_protocols`` (converged vs CLIP-benchmark probe, docs/evidence.md),
+``python -m mdc_workbench.bench.central_claim_device_check`` (the central claim's measure on CPU vs CUDA) and
+``python -m mdc_workbench.bench.precision_curves`` (fp32 vs bf16 loss curves).
 """
 
 from __future__ import annotations

@@ -13,9 +13,14 @@ from typing import Any
 from mdc_core.config import PRECISIONS, ConfigError
 from mdc_core.runlock import RunFolderBusy
 
+
+class MissingExtra(ImportError):
+    """A verb needs an optional extra that is not installed; the message names the extra and how to install it."""
+
+
 # -> "mdc: error: ...", exit 2 (PermissionError: a shared run or folder this user may not read or write)
 USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, ValueError, PermissionError, IsADirectoryError,
-               NotADirectoryError, RunFolderBusy)
+               NotADirectoryError, RunFolderBusy, MissingExtra)
 
 FLAGS: dict[str, tuple[str, dict[str, Any]]] = {  # keyword -> (flag, standard add_argument keywords)
     "run": ("--run", {"required": True, "help": "run or checkpoint folder"}),

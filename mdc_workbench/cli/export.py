@@ -1,5 +1,5 @@
 """``mdc export RUN --format timm|hf --out DIR``: the trained encoder for other code
-(:mod:`mdc_workbench.notebooks.encoder_export`)."""
+(:mod:`mdc_workbench.export.encoder_export`)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> None:
-    from mdc_workbench.notebooks.encoder_export import export_run
+    from mdc_workbench.export.encoder_export import export_run
     out = export_run(args.run, args.out, fmt=args.fmt, step=args.step, ema=args.ema, force=args.force,
                      metrics=args.metrics)
     print(f"exported {args.run} as {args.fmt} into {out}: " + ", ".join(sorted(p.name for p in out.iterdir())))

@@ -8,10 +8,13 @@
 ``mdc vqvae ...``           :mod:`mdc_workbench.cli.masked_conditional` (MC-Diffusion)
 ``mdc bench``               :mod:`mdc_workbench.cli.bench`
 ``mdc runs``                :mod:`mdc_workbench.cli.runs`
-``mdc app``                 :mod:`mdc_workbench.cli.app`
 ``mdc export``              :mod:`mdc_workbench.cli.export`
+``mdc app``                 ``mdc_app.cli``, registered by the app (entry point group ``mdc_workbench.verbs``)
 ==========================  ===============================================================
 
+A verb group is a module with ``add_parsers(sub)``, ``HANDLERS`` (verb -> function) and optionally ``CHECKS`` (what
+a verb refuses before the heavy imports) and ``PRELOAD`` (those imports); groups outside the workbench register
+under the entry point group :data:`VERB_GROUPS` (:func:`groups`), so the workbench imports none of them.
 Every verb is a thin wrapper: it parses arguments, calls the library, prints a result. The shared flags come
 from :mod:`mdc_workbench.cli.common`. Errors a user can fix (missing files, bad config keys, unreadable images) print
 one line ``mdc: error: ...`` and exit with 2; a full disk is one line and exit 1; Ctrl-C at any moment (even
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import functools
 import importlib
 import os
 import signal
@@ -34,12 +38,22 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator
+from types import ModuleType
 
-from mdc_workbench.cli import app, bench, data, evaluate, export, masked_conditional, runs, sample, train
+from mdc_workbench.cli import bench, data, evaluate, export, masked_conditional, runs, sample, train
 from mdc_workbench.cli.checks import check_numeric_args
 from mdc_workbench.cli.common import USER_ERRORS
 
-GROUPS = (data, train, sample, evaluate, export, app, runs, bench, masked_conditional)
+BUILT_IN = (data, train, sample, evaluate, export, runs, bench, masked_conditional)
+VERB_GROUPS = "mdc_workbench.verbs"  # entry point group of verb groups from outside the workbench (the app's `mdc app`)
+
+
+@functools.cache
+def groups() -> tuple[ModuleType, ...]:
+    """The workbench's verb groups, then those registered under the entry point group :data:`VERB_GROUPS` (in
+    name order; pyproject.toml registers ``app = "mdc_app.cli"``). Loading one imports only its parser module."""
+    from importlib.metadata import entry_points
+    return BUILT_IN + tuple(ep.load() for ep in sorted(entry_points(group=VERB_GROUPS), key=lambda ep: ep.name))
 
 
 class DefaultsFormatter(argparse.HelpFormatter):
@@ -59,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mdc", description="Masked diffusion captioning workbench.")
     parser.add_argument("--version", action="version", version=f"mdc {__version__} (mdc-workbench)")
     sub = parser.add_subparsers(dest="verb", required=True)
-    for group in GROUPS:
+    for group in groups():
         group.add_parsers(sub)
     _show_defaults(parser)
     return parser
@@ -76,7 +90,14 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
 
 
 LIGHT_VERBS = frozenset({"presets", "runs"})  # verbs that import no torch
-PRELOAD = {"app": ("mdc_core.train", "mdc_app.layout")}  # default: mdc_core.train (torch, torchvision, timm)
+DEFAULT_PRELOAD = ("mdc_core.train",)  # torch, torchvision, timm; a group's PRELOAD names other imports for a verb
+
+
+def preload(verb: str) -> tuple[str, ...]:
+    """The modules `verb` imports before it runs, while a Ctrl-C still exits at once (:func:`_exit_now`)."""
+    if verb in LIGHT_VERBS:
+        return ()
+    return next((g.PRELOAD[verb] for g in groups() if verb in getattr(g, "PRELOAD", {})), DEFAULT_PRELOAD)
 
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -208,11 +229,11 @@ def _main(argv: list[str] | None) -> int:
 def _run(argv: list[str] | None, use: Callable[[Callable[[int, object], None]], None]) -> int:
     try:
         args = build_parser().parse_args(argv)
-        handler = {verb: fn for group in GROUPS for verb, fn in group.HANDLERS.items()}[args.verb]
+        handler = {verb: fn for group in groups() for verb, fn in group.HANDLERS.items()}[args.verb]
         check_numeric_args(args)  # e.g. --steps 0: an error, never the preset's default
-        for group in GROUPS:  # what a verb can refuse before the imports below (mdc app: a port in use)
+        for group in groups():  # what a verb can refuse before the imports below (mdc app: a port in use)
             getattr(group, "CHECKS", {}).get(args.verb, lambda _: None)(args)
-        for module in () if args.verb in LIGHT_VERBS else PRELOAD.get(args.verb, ("mdc_core.train",)):
+        for module in preload(args.verb):
             importlib.import_module(module)
         use(_raise)
         if getattr(args, "precision", None) is None:

@@ -21,8 +21,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_runs(args: argparse.Namespace) -> None:
-    from mdc_workbench.notebooks.plans import load_plan
-    from mdc_workbench.notebooks.runner import describe_plan, run_plan
+    from mdc_workbench.runs.plans import load_plan
+    from mdc_workbench.runs.runner import describe_plan, run_plan
 
     plan = load_plan(args.plan)
     if args.dry_run:

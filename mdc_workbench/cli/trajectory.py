@@ -51,7 +51,7 @@ def sample_one(args: argparse.Namespace, model: Any, cfg: Any, pixels: Any, imag
     from mdc_core.sampler import parse_prompt, sample, trajectory
     from mdc_core.tokenizer import CaptionTokenizer
     from mdc_workbench.masked_conditional.guidance import GuidedCaptioner
-    from mdc_workbench.notebooks.animation import trajectory_gif, with_image
+    from mdc_workbench.viz.animation import trajectory_gif, with_image
     tok = CaptionTokenizer(cfg.model.context_length)
     prompt = parse_prompt(args.prompt, tok, model)[0].to(pixels.device) if args.prompt is not None else None
     want_attention = bool(args.attention or args.gif)

@@ -11,7 +11,7 @@ is the one every other table gets: t over seeds widened by the hierarchical boot
 over test images), and the difference between the largest and the smallest size per method, paired by seed.
 
 Input: the runs of a plan as ``(run id, notebook parameters, metrics.json)``, the shape
-:func:`mdc_workbench.notebooks.evidence.gather_runs` takes; a run's size is its ``n_train`` parameter and its seed its
+:func:`mdc_workbench.runs.evidence.gather_runs` takes; a run's size is its ``n_train`` parameter and its seed its
 ``train_seed`` parameter (:data:`SEED_PARAM`, as the plans set it).
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 from mdc_workbench.eval.cells import Cell, difference_spread
 from mdc_workbench.eval.stats import Estimate
 
-SEED_PARAM = "train_seed"  # = mdc_workbench.notebooks.evidence.SEED_PARAM (the parameter a plan's seeds set)
+SEED_PARAM = "train_seed"  # = mdc_workbench.runs.evidence.SEED_PARAM (the parameter a plan's seeds set)
 SIZE_PARAM = "n_train"  # the notebook parameter that sets the training-set size
 SCALING_SEP = " @ "  # row names: "<method> @ <n_train>"
 SOURCE_TABLE = "table1"  # the table each run writes (notebook 03, short captions)

@@ -3,7 +3,7 @@ on the workbench's table names and row labels (torch-free data).
 
 **Its numbers.** :data:`PAPER` is the one table notebooks and plan summaries compare with. Keys are the workbench's
 table names (``table1`` ... ``table5``, ``table1_long``, ``fig4``, ...); a notebook reports its embedded-data
-version of a table under the same key in ``metrics.json`` (:mod:`mdc_workbench.notebooks.summary`). Each number is
+version of a table under the same key in ``metrics.json`` (:mod:`mdc_workbench.runs.summary`). Each number is
 quoted from the column that matches the workbench's metric: a probe table's mean over tasks is the paper's Table 1
 "Average" column (Tables 4 and 5 report ImageNet-1k only).
 
@@ -279,7 +279,7 @@ NOT_ENCODED: tuple[tuple[str, str, str, str | None], ...] = (
      "size for the same number of steps (2,500 images seen 10 times, 20,000 1.3 times at 400 steps) on a generator "
      "whose scenes 2,500 images already cover, so no size effect could show; mdc_workbench.eval.data_scaling gathers "
      "them by size (descriptive)",
-     "data_scaling"),  # = mdc_workbench.notebooks.evidence.SCALING_TABLE
+     "data_scaling"),  # = mdc_workbench.runs.evidence.SCALING_TABLE
     ("Sec. 4.3 'Noise schedule'", "with t ~ U[0, 1] the 'loss is very unstable' on short captions",
      "notebook 02 plots each schedule's loss spread; a spread is not a mean over test items, so it gets no verdict",
      None),

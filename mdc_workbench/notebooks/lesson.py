@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from mdc_workbench.notebooks.animation import canvas_at, confidence_colour
+from mdc_workbench.viz.animation import canvas_at, confidence_colour
 
 
 def unmasking_figure(record: dict[str, Any], image: Any = None, title: str = "") -> Any:

@@ -9,7 +9,7 @@
 * models: :func:`train_cached` trains a config into ``models_dir/<objective>-<config hash>`` or loads the
   finished run from there, so notebooks of one plan share their models; :func:`live_train` trains while a
   loss curve redraws in the notebook;
-* outputs: :func:`save_figure` and :func:`write_metrics` write the files :mod:`mdc_workbench.notebooks.runner` collects;
+* outputs: :func:`save_figure` and :func:`write_metrics` write the files :mod:`mdc_workbench.runs.runner` collects;
 * views: images, tables, masks and trajectories as the lessons show them live in
   :mod:`mdc_workbench.notebooks.notebook_views`, re-exported here (notebooks call them as ``wb.image_grid`` etc.).
 """
@@ -37,7 +37,7 @@ from mdc_workbench.notebooks.notebook_views import mask_figure as mask_figure
 from mdc_workbench.notebooks.notebook_views import show_figure as show_figure
 from mdc_workbench.notebooks.notebook_views import to_pixels as to_pixels
 from mdc_workbench.notebooks.notebook_views import trajectory_html as trajectory_html
-from mdc_workbench.notebooks.progress import follow_thread_share, report, target_set, watch_training
+from mdc_workbench.runs.progress import follow_thread_share, report, target_set, watch_training
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # mdc_workbench/notebooks/notebook.py -> the checkout
 LOCK_WAIT_REPORT_S = 2.0  # a notebook waiting this long for another's lock says so in the runner's bar
@@ -216,7 +216,7 @@ def train_cached(cfg: RunConfig, models_dir: str | Path, *, live: bool = False, 
                 if run_dir.is_symlink() or run_dir.resolve().parent != project_path(models_dir).resolve():
                     raise ValueError(f"the cached model folder {run_dir} leads outside {models_dir}: not clearing it")
                 shutil.rmtree(run_dir)
-            # the runner shows the step (mdc_workbench.notebooks.progress)
+            # the runner shows the step (mdc_workbench.runs.progress)
             with watch_training(run_dir, cfg.train.steps):
                 if live:
                     live_train(cfg, run_dir, resume=resume)
@@ -258,7 +258,7 @@ def _set_damage_aside(run_dir: Path) -> list[str]:
 
 def trained_or_shipped(cfg: RunConfig, models_dir: str | Path, *, shipped: bool = False, live: bool = False):
     """``(model, cfg, run_dir)`` for an MDC config, at once when possible: the finished run from the cache; else,
-    with `shipped`, the captioner shipped with the repository (:mod:`mdc_workbench.notebooks.shipped`: no training,
+    with `shipped`, the captioner shipped with the repository (:mod:`mdc_workbench.export.shipped`: no training,
     and the notebook says so), its config given `cfg`'s data path so that evaluations read the notebook's data;
     else `cfg` trained by :func:`train_cached`. The shipped model knows only the data it was trained on
     (``shipped.data_params()``: the `easy` scenes, short captions, 64 px), so a notebook offers it on that data."""
@@ -268,7 +268,7 @@ def trained_or_shipped(cfg: RunConfig, models_dir: str | Path, *, shipped: bool 
         raise ValueError(f"the shipped captioner is an MDC model; it cannot stand in for {cfg.objective.name!r}")
     if not shipped or _finished(cached_run_dir(models_dir, cfg), cfg.train.steps):
         return train_cached(cfg, models_dir, live=live)
-    from mdc_workbench.notebooks.shipped import SHIPPED_DIR, load_shipped
+    from mdc_workbench.export.shipped import SHIPPED_DIR, load_shipped
 
     device = "cpu" if cfg.train.device == "auto" else cfg.train.device
     model, saved = load_shipped(device)
@@ -381,7 +381,7 @@ def save_figure(fig: Any, output_dir: str | Path, name: str) -> None:
 
 def write_metrics(output_dir: str | Path, notebook: str, metrics: dict[str, Any],
                   tables: dict[str, dict[str, Any]] | None = None, **extra: Any) -> None:
-    """Write ``<output_dir>/metrics.json`` in the layout :mod:`mdc_workbench.notebooks.summary` reads: flat scalar
+    """Write ``<output_dir>/metrics.json`` in the layout :mod:`mdc_workbench.runs.summary` reads: flat scalar
     `metrics` and paper-style `tables` (name -> {"metric": str, "values": {row: number | {column: number}}}).
     Returns nothing (a notebook's last cell ends with it: no ``PosixPath(...)`` line)."""
     record = {"notebook": notebook, "metrics": metrics, "tables": tables or {}, **extra}

@@ -144,18 +144,18 @@ def markdown_table(rows: dict[str, dict[str, Any]], first: str = "", digits: int
 
 def trajectory_html(record: dict[str, Any], step: int) -> str:
     """The canvas of one :func:`mdc_core.sampler.trajectory` record after `step` denoising steps, as the app's
-    HTML token chips (:func:`mdc_workbench.notebooks.trajectory_view.chips_html`: one drawing for the app and the
+    HTML token chips (:func:`mdc_workbench.viz.trajectory_view.chips_html`: one drawing for the app and the
     notebooks)."""
-    from mdc_workbench.notebooks.trajectory_view import chips_html
+    from mdc_workbench.viz.trajectory_view import chips_html
 
     return chips_html(record, step)
 
 
 def confidence_heatmap(record: dict[str, Any], title: str = "") -> Any:
     """Steps x positions: each masked position's top-guess confidence per step, the reveal order traced on it
-    (:func:`mdc_workbench.notebooks.trajectory_view.heatmap_figure`); shown in the notebook's output when run inside
+    (:func:`mdc_workbench.viz.trajectory_view.heatmap_figure`); shown in the notebook's output when run inside
     one, and returned."""
-    from mdc_workbench.notebooks.trajectory_view import heatmap_figure
+    from mdc_workbench.viz.trajectory_view import heatmap_figure
 
     fig = heatmap_figure(record, title)
     try:

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mdc_workbench.notebooks.progress import report, track
+from mdc_workbench.runs.progress import report, track
 
 EVIDENCE_TASKS = ("shape", "colour", "count", "position")  # averaged into "mean" by default (module docstring)
 HELDOUT_SEED_OFFSET = 1000  # a held-out probe set is the embedded generator at data seed + this
@@ -68,7 +68,7 @@ def probe_models(runs: Mapping[str, str | Path], data: str | Path, *, tasks: Seq
     Returns ``{"scores": {row: {task: %, "mean": %}}, "items": {row: [% per test image]}, "results": {row:
     probe_run result}}``. Only `tasks` and `mean_tasks` are probed; `probe_kwargs` go to
     :func:`~mdc_workbench.eval.probe_data.probe_run`.
-    Progress is reported to the batch runner (:mod:`mdc_workbench.notebooks.progress`).
+    Progress is reported to the batch runner (:mod:`mdc_workbench.runs.progress`).
     """
     from mdc_workbench.eval.probe_data import probe_run
 

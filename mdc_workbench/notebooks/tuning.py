@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mdc_workbench.notebooks.progress import report, track
+from mdc_workbench.runs.progress import report, track
 
 
 def validation_loss(model: Any, cfg: Any, *, split: str = "val", limit: int = 512, batch_size: int = 64,

@@ -93,8 +93,8 @@ ARC_SIGNAL = {
 
 def central_claim_status() -> str:
     """The central claim's verdicts in one sentence, from docs/central_claim.json (the one results file every text
-    about it cites; mdc_workbench.notebooks.central_story)."""
-    from mdc_workbench.notebooks.central_story import CLAIM_KEYS, RESULTS, load_results, verdict_lines
+    about it cites; mdc_workbench.runs.central_story)."""
+    from mdc_workbench.runs.central_story import CLAIM_KEYS, RESULTS, load_results, verdict_lines
 
     try:
         results = load_results(RESULTS)

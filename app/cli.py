@@ -1,12 +1,21 @@
 """``mdc app``: the Gradio app (watch a caption being unmasked) on 127.0.0.1.
 
-The app is imported when ``mdc app`` runs, never when the parser is built; the app never imports the CLI.
+The app registers this verb group with the command line itself, through the entry point group
+``mdc_workbench.verbs`` (pyproject.toml), so that no module of the workbench imports the app. The app is imported
+when ``mdc app`` runs, never when the parser is built: this module imports neither gradio nor torch, and
+:data:`PRELOAD` names what ``mdc app`` imports before it runs (torch and gradio, in the command line's interruptible
+import phase; see :mod:`mdc_workbench.cli.main`).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
+
+from mdc_workbench.cli.common import MissingExtra
+
+APP_EXTRA = ("gradio", "gradio_client", "matplotlib")  # what the [app] extra installs (pyproject.toml)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -20,22 +29,27 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def check_app(args: argparse.Namespace) -> None:
-    """What ``mdc app`` can tell before importing torch and gradio (tens of seconds on a busy machine): a missing
-    --root, a --port in use."""
+    """What ``mdc app`` can tell before importing torch and gradio (tens of seconds on a busy machine): the [app]
+    extra not installed, a missing --root, a --port in use."""
+    missing = [name for name in APP_EXTRA if importlib.util.find_spec(name) is None]
+    if missing:
+        raise MissingExtra(f"mdc app needs the [app] extra ({', '.join(missing)} not installed): run "
+                           "`pip install -c constraints.txt -e \".[app]\"` in the repository (or `make setup`)")
     from pathlib import Path
     if not Path(args.root).is_dir():
         raise FileNotFoundError(f"--root {args.root} is not a folder (the run menu offers the run folders under it)")
     if args.port is not None:
-        from mdc_app.ports import check_port_free
+        from .ports import check_port_free
         check_port_free(args.host, args.port)
 
 
 def cmd_app(args: argparse.Namespace) -> None:
-    from mdc_app.launch import serve
+    from .launch import serve
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"mdc app: binding {args.host}: anyone who can reach this machine can use the app", file=sys.stderr)
     serve(args.run, root=args.root, host=args.host, port=args.port, share=args.share)
 
 
 HANDLERS = {"app": cmd_app}
-CHECKS = {"app": check_app}  # run before the heavy imports (mdc_workbench.cli.main)
+CHECKS = {"app": check_app}  # run before the imports of PRELOAD (mdc_workbench.cli.main)
+PRELOAD = {"app": ("mdc_core.train", "mdc_app.layout")}  # torch, torchvision, timm; gradio

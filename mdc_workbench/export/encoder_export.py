@@ -9,14 +9,14 @@
       README.md          model card   README.md          model card
 
 Both hold the EMA weights when the run kept them (``ema=False``: the raw ones) of the latest checkpoint (or
-``step``). The model card (:mod:`mdc_workbench.notebooks.model_card`) says what trained the encoder and how to load it.
+``step``). The model card (:mod:`mdc_workbench.export.model_card`) says what trained the encoder and how to load it.
 
 Nothing half-written: the folder is assembled in a hidden temporary folder beside `out` and renamed into place only
 when complete and verified (the timm folder is loaded back by plain timm and its features compared with the run's,
 the hf folder by :func:`~mdc_core.checkpoint.load_model`); an existing non-empty `out` is replaced only with `force`
 and only when it is an earlier export, and an `out` inside a run's checkpoints folder is refused: ``--force`` never
 destroys a run or someone's files.
-This is an extension (it reads the evaluation results of :mod:`mdc_workbench.eval` and the notebooks for the card); the
+This is an extension (its card, :mod:`mdc_workbench.export.model_card`, reads the evaluation results runs wrote); the
 loader downstream code needs, :func:`mdc_core.load_encoder`, lives in the core.
 """
 
@@ -56,7 +56,7 @@ from mdc_core.encoders import ImageEncoder
 from mdc_core.factory import model_architecture, probe_pool
 from mdc_core.hub import MDCCaptioner, hub_captioner
 from mdc_core.weights import load_weights
-from mdc_workbench.notebooks.model_card import candidate_files, encoder_title, find_measurements, render_card
+from mdc_workbench.export.model_card import candidate_files, encoder_title, find_measurements, render_card
 
 FORMATS = ("timm", "hf")
 TOLERANCE = 1e-5  # max abs difference of fp32 features between the export loaded back and the run
@@ -85,7 +85,7 @@ def export_run(run: str | Path, out: str | Path, *, fmt: str = "hf", step: int |
         step: the checkpoint step of a run folder (default: the latest).
         ema: export the EMA weights (None: when the checkpoint has them; False: the raw weights).
         metrics: evaluation result files (``mdc probe --out``, ``captioning.json``, ...) for the model card, besides
-            the places :func:`mdc_workbench.notebooks.model_card.find_measurements` looks by itself.
+            the places :func:`mdc_workbench.export.model_card.find_measurements` looks by itself.
 
     Raises (one-line messages): ValueError for an unknown format, a run whose encoder timm cannot rebuild (timm) or
     a damaged checkpoint; FileNotFoundError for a missing run, step or metrics file; FileExistsError for `out`.

@@ -7,7 +7,7 @@ not yet run. A passage that cites a results file (names ``central_claim.json`` o
 numbers that file holds: :func:`check_quotes` finds the others, and ``tests/test_central_story.py`` runs it on every
 such text.
 
-    python -m mdc_workbench.notebooks.central_story papermill_runs/cpu_central_claim/summary.json
+    python -m mdc_workbench.runs.central_story papermill_runs/cpu_central_claim/summary.json
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def citing_texts(root: Path) -> Iterable[tuple[str, str]]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) not in (1, 2):
-        print("usage: python -m mdc_workbench.notebooks.central_story SUMMARY_JSON [RESULTS_JSON]", file=sys.stderr)
+        print("usage: python -m mdc_workbench.runs.central_story SUMMARY_JSON [RESULTS_JSON]", file=sys.stderr)
         return 2
     print(f"wrote {write_results(*args)}")
     return 0

@@ -27,7 +27,7 @@ from mdc_workbench.eval.paper import CHECK, CLAIM, EXPLORATORY, OBSERVATION
 from mdc_workbench.eval.stats import Estimate
 
 SCALING_TABLE = "data_scaling"  # Fig. 5: Table 1 gathered by training-set size
-SEED_PARAM = "train_seed"  # the notebook parameter a plan's `seeds` sets (mdc_workbench.notebooks.plans)
+SEED_PARAM = "train_seed"  # the notebook parameter a plan's `seeds` sets (mdc_workbench.runs.plans)
 SECTIONS = ((CLAIM, "The paper's claims"), (CHECK, "Workbench checks (not claims of the paper)"),
             (OBSERVATION, "Observations: row orders the paper's tables show but its text does not claim (no verdict)"),
             (EXPLORATORY, "Exploratory measurements (no verdict)"))
@@ -134,7 +134,7 @@ def _cell_text(est: Estimate) -> str:
 
 
 def display_tables(gathered: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Tables in :func:`mdc_workbench.notebooks.summary.table_markdown`'s layout, each cell the text ``mean [low,
+    """Tables in :func:`mdc_workbench.runs.summary.table_markdown`'s layout, each cell the text ``mean [low,
     high]``; ``means`` and ``intervals`` ((low, high) or None per cell) alongside, for figures."""
     out: dict[str, dict[str, Any]] = {}
     for name, table in gathered.items():

@@ -1,7 +1,7 @@
 """``make gpu-check``: everything a rare, short GPU loan should measure, in one command that stops itself in time.
 
-    python -m mdc_workbench.notebooks.gpu_check --out gpu_check_out [--budget-s 540]   # on a CUDA machine
-    python -m mdc_workbench.notebooks.gpu_check --out /tmp/gc --tiny                  # the same structure on a CPU
+    python -m mdc_workbench.runs.gpu_check --out gpu_check_out [--budget-s 540]   # on a CUDA machine
+    python -m mdc_workbench.runs.gpu_check --out /tmp/gc --tiny                  # the same structure on a CPU
 
 Phases, each a child process with its own time limit, all writing into `--out`:
 
@@ -221,8 +221,8 @@ def plan_minutes(plan: Any, *, step_s: float = STEP_S, extra_s: float = RUN_EXTR
                  ) -> tuple[float, list[tuple[str, float, float]]]:
     """The plan's wall-clock estimate on one GPU, in minutes, and ``(run id, start, end)`` per run (minutes): each
     run takes ``trained_models x steps x step_s + extra_s``, and runs start in plan order as one of `jobs` slots
-    frees (:mod:`mdc_workbench.notebooks.runner`), taking runs that share the GPU not to slow each other (not measured).
-    `plan` is a :class:`~mdc_workbench.notebooks.plans.Plan`. Example: 2 runs of 1 model x 1000 steps at 0.06 s,
+    frees (:mod:`mdc_workbench.runs.runner`), taking runs that share the GPU not to slow each other (not measured).
+    `plan` is a :class:`~mdc_workbench.runs.plans.Plan`. Example: 2 runs of 1 model x 1000 steps at 0.06 s,
     ``extra_s=0``, one slot: 1 + 1 = 2.0 minutes."""
     if step_s <= 0 or extra_s < 0:
         raise ValueError(f"step_s must be > 0 and extra_s >= 0, got {step_s} and {extra_s}")
@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--estimate", action="store_true", help="print the plan's GPU time estimate and exit")
     args = ap.parse_args(argv)
     if args.estimate:
-        from mdc_workbench.notebooks.plans import load_plan
+        from mdc_workbench.runs.plans import load_plan
 
         total, schedule = plan_minutes(load_plan(PLAN))
         for run_id, begin, end in schedule:

@@ -13,10 +13,10 @@ row that two other runs both report is kept twice, suffixed with its run id. A t
 scores (``"items": {row: [...]}`` or ``{row: {column: [...]}}``, whose mean is the value) for bootstrap intervals
 with one seed. Every table whose name is in :data:`PAPER` is printed beside the paper's numbers (from the column
 that matches ours), with the scale it was measured at, and the claims of the paper's text get verdicts, its
-tables' unclaimed row orders observations (:mod:`mdc_workbench.notebooks.evidence`). The embedded data are small
+tables' unclaimed row orders observations (:mod:`mdc_workbench.runs.evidence`). The embedded data are small
 synthetic scenes, so the columns are comparable in direction and ordering only, never in value. The summary's
 first lines say whether the claim definitions it was judged under are those recorded when the plan's first run
-started (:mod:`mdc_workbench.notebooks.declared`).
+started (:mod:`mdc_workbench.runs.declared`).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import Any
 from mdc_workbench.eval.budget_curve import ANNEALED_TABLE, plot_annealed_budget
 from mdc_workbench.eval.data_scaling import plot_data_scaling
 from mdc_workbench.eval.paper import PAPER
-from mdc_workbench.notebooks.declared import declaration_lines, fingerprint, read_start
-from mdc_workbench.notebooks.evidence import (
+from mdc_workbench.runs.declared import declaration_lines, fingerprint, read_start
+from mdc_workbench.runs.evidence import (
     SCALING_TABLE,
     display_tables,
     evidence_markdown,

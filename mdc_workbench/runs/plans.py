@@ -28,7 +28,7 @@ list applies to the notebooks that declare ``train_seed`` (others run once); an 
 notebook that declares it. The summary gathers the repeats of a table row into a mean with a 95% interval.
 
 How a plan runs (run folders, markers, resuming, ``jobs`` and the thread shares) is in
-:mod:`mdc_workbench.notebooks.runner`.
+:mod:`mdc_workbench.runs.runner`.
 
 Parameters are checked against each notebook's ``parameters`` cell (``papermill.inspect_notebook``) before
 anything runs: an undeclared name, a value of the wrong type (the annotated type, or for an untyped ``x = 1`` the
@@ -51,7 +51,7 @@ from typing import Any
 
 import yaml
 
-from mdc_workbench.notebooks.evidence import SEED_PARAM
+from mdc_workbench.runs.evidence import SEED_PARAM
 
 KERNEL_NAME = "mdc"  # the project's Jupyter kernel (this virtual environment's python)
 KERNEL_DISPLAY_NAME = "MDC workbench"
@@ -153,7 +153,7 @@ def load_plan(path: str | Path, *, root: str | Path | None = None) -> Plan:
 
 
 def folder_name(value: str, what: str) -> str:
-    """`value` when it is one folder name that :mod:`mdc_workbench.notebooks.runner` may clear: a plan's name (its
+    """`value` when it is one folder name that :mod:`mdc_workbench.runs.runner` may clear: a plan's name (its
     folder under ``output_root``) or a run id (a folder inside the plan's). Not empty, no ``/``, ``\\`` or NUL (so not
     absolute, never ``..`` or ``.``), and not starting with ``.`` or ``_`` (the plan folder's own entries:
     ``.mdc.lock``, ``.threads``, the notebooks' ``_data`` and ``_models`` caches); ValueError naming `what` else."""

@@ -1,11 +1,11 @@
-"""Executing a plan (:mod:`mdc_workbench.notebooks.plans` reads and checks it): ``mdc runs PLAN.yaml``.
+"""Executing a plan (:mod:`mdc_workbench.runs.plans` reads and checks it): ``mdc runs PLAN.yaml``.
 
 Every run gets ``output_dir`` (its own run folder, absolute) on top of its parameters and executes in
 ``<output_root>/<name>/<run-id>/`` as ``<run-id>/<notebook>.ipynb`` beside ``parameters.json``, the
 ``metrics.json`` and ``figures/*.png`` the notebook writes, and a marker: ``DONE`` (JSON: duration) or
 ``FAILED`` (the error). A failed run is kept and the plan goes on; re-running a plan skips runs whose ``DONE``
 marker and ``parameters.json`` match (a changed parameter, or a changed notebook: ``DONE`` records the notebook's
-SHA-256, re-runs that run), and retries failed ones. When the plan ends :mod:`mdc_workbench.notebooks.summary` writes
+SHA-256, re-runs that run), and retries failed ones. When the plan ends :mod:`mdc_workbench.runs.summary` writes
 ``summary.md``, ``summary.json`` and ``summary.png``. A run folder is cleared before it executes, so it is checked
 first to be a folder directly inside the plan's (:func:`check_run_folder`; the plan's checks already refuse a run id
 or plan name that is a path).
@@ -13,7 +13,7 @@ or plan name that is a path).
 ``jobs`` runs that many notebooks at once, each in its own process and kernel with ``cpu_count // jobs`` torch threads
 (``OMP_NUM_THREADS``); ``mdc runs --jobs N`` overrides it. Runs start in plan order as slots free up. Once nothing is
 left to start, a slot that empties hands its cores to the runs still going: each gets ``cpu_count // running`` threads
-(:func:`thread_share`, applied inside the kernel by :func:`mdc_workbench.notebooks.progress.follow_thread_share`), so
+(:func:`thread_share`, applied inside the kernel by :func:`mdc_workbench.runs.progress.follow_thread_share`), so
 the plan's last long run does not finish on one core of an idle machine. Notebooks that need the same cached model or
 data folder do not race: the notebook helpers hold a file lock on each cache folder while they write it
 (:func:`mdc_workbench.notebooks.notebook.train_cached`, :func:`~mdc_workbench.notebooks.notebook.ensure_dataset`), so a
@@ -40,9 +40,9 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from mdc_core.runlock import LOCK_NAME, RunLock
-from mdc_workbench.notebooks.declared import record_start
-from mdc_workbench.notebooks.plans import Plan, RunSpec, ensure_kernel, folder_name
-from mdc_workbench.notebooks.summary import RunResult, write_summary
+from mdc_workbench.runs.declared import record_start
+from mdc_workbench.runs.plans import Plan, RunSpec, ensure_kernel, folder_name
+from mdc_workbench.runs.summary import RunResult, write_summary
 
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # what a run's kernel reads for its torch thread count
 DONE, FAILED = "DONE", "FAILED"
@@ -80,7 +80,7 @@ def run_status(run_dir: Path, parameters: dict[str, Any], notebook: Path | None 
 
 def check_run_folder(run_dir: Path, plan_dir: Path) -> Path:
     """`run_dir` when it is a folder directly inside `plan_dir` (after resolving links and ``..``) with a valid
-    name (:func:`~mdc_workbench.notebooks.plans.folder_name`); ValueError else. The runner clears a run folder before
+    name (:func:`~mdc_workbench.runs.plans.folder_name`); ValueError else. The runner clears a run folder before
     executing it, so this is checked right before anything is removed."""
     folder_name(run_dir.name, "run id")
     inside = plan_dir.resolve() / run_dir.name
@@ -100,7 +100,7 @@ def execute_run(spec: RunSpec, run_dir: Path, *, kernel: str, timeout_s: int | N
     touched.
 
     ``on_progress(text)`` is called about once a second with what the notebook reports through
-    :mod:`mdc_workbench.notebooks.progress` (its stage and training step), read from ``<run_dir>/progress.json``."""
+    :mod:`mdc_workbench.runs.progress` (its stage and training step), read from ``<run_dir>/progress.json``."""
     plan_dir = run_dir.parent if plan_dir is None else plan_dir
     check_run_folder(run_dir, plan_dir)
     with RunLock(run_dir, "mdc runs"):
@@ -167,9 +167,9 @@ def kernel_manager_logging_to(log_path: Path) -> type:
 
 @contextlib.contextmanager
 def _progress_relay(path: Path, on_progress: Callable[[str], None] | None, every_s: float = 1.0) -> Iterator[None]:
-    """Point the kernel at `path` (:data:`mdc_workbench.notebooks.progress.ENV`; a kernel inherits the runner's
+    """Point the kernel at `path` (:data:`mdc_workbench.runs.progress.ENV`; a kernel inherits the runner's
     environment) and, with `on_progress`, poll the notebook's reports in a thread while the block runs."""
-    from mdc_workbench.notebooks.progress import ENV, describe
+    from mdc_workbench.runs.progress import ENV, describe
 
     before = os.environ.get(ENV)
     os.environ[ENV] = str(path.resolve())
@@ -367,7 +367,7 @@ def _run_concurrently(plan: Plan, todo: list[tuple[int, RunSpec]], *, kernel: st
     from collections import deque
     from multiprocessing.connection import wait
 
-    from mdc_workbench.notebooks.progress import THREADS_ENV, describe, write_thread_share
+    from mdc_workbench.runs.progress import THREADS_ENV, describe, write_thread_share
 
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no threads or torch state inherited
     env = thread_env(jobs)

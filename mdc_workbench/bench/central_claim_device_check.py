@@ -5,8 +5,11 @@ images with the image-gradient norm and the in-distribution PMI on the CPU and o
 draws: the values must agree to float32 precision, `max_rel_diff`), then times 1024 captions with 8 mask draws and
 a pool of 16 images on CUDA. Writes $OUT/gpu_check_p39.json (or ./gpu_check_p39.json).
 
-    PYTHONPATH=$PWD python3 benchmarks/central_claim_device_check.py 32   # 32 captions for the CPU/CUDA check
+    python -m mdc_workbench.bench.central_claim_device_check 32   # 32 captions for the CPU/CUDA check
 """
+
+from __future__ import annotations
+
 import json
 import os
 import sys
@@ -51,22 +54,30 @@ def flat(rows):
     return torch.tensor([v for r in rows for v in r if v is not None], dtype=torch.float64)
 
 
-out = {}
-small = int(sys.argv[1])
-for obj in ("arc", "mdc"):
-    cpu, t_cpu = run(obj, "cpu", small, 2)
-    gpu, t_gpu = run(obj, "cuda", small, 2)
-    for m in ("gradient", "pmi"):
-        a, b = flat(getattr(cpu, m)), flat(getattr(gpu, m))
-        same = a.shape == b.shape
-        out[f"{obj}/{m}"] = {"n": len(a), "same_positions": same,
-                             "max_rel_diff": float(((a - b).abs() / a.abs().clamp(min=1e-3)).max()) if same else None}
-    out[f"{obj}/seconds_small"] = {"cpu": round(t_cpu, 2), "cuda": round(t_gpu, 2)}
-    _, t_big = run(obj, "cuda", 1024, 8)
-    out[f"{obj}/seconds_1024_captions_8_draws_cuda"] = round(t_big, 2)
-    print(obj, out, flush=True)
-out["device"] = torch.cuda.get_device_name(0)
-os.makedirs(os.environ.get("OUT", "."), exist_ok=True)
-with open(os.path.join(os.environ.get("OUT", "."), "gpu_check_p39.json"), "w") as f:
-    json.dump(out, f, indent=1)
-print(json.dumps(out, indent=1))
+def main(small: int) -> dict:
+    """Compare CPU and CUDA on `small` captions per objective, time 1024 captions on CUDA, write the JSON file."""
+    if not torch.cuda.is_available():
+        raise SystemExit("central_claim_device_check needs a CUDA device (it compares CPU and CUDA scores)")
+    out = {}
+    for obj in ("arc", "mdc"):
+        cpu, t_cpu = run(obj, "cpu", small, 2)
+        gpu, t_gpu = run(obj, "cuda", small, 2)
+        for m in ("gradient", "pmi"):
+            a, b = flat(getattr(cpu, m)), flat(getattr(gpu, m))
+            same = a.shape == b.shape
+            out[f"{obj}/{m}"] = {"n": len(a), "same_positions": same, "max_rel_diff":
+                                 float(((a - b).abs() / a.abs().clamp(min=1e-3)).max()) if same else None}
+        out[f"{obj}/seconds_small"] = {"cpu": round(t_cpu, 2), "cuda": round(t_gpu, 2)}
+        _, t_big = run(obj, "cuda", 1024, 8)
+        out[f"{obj}/seconds_1024_captions_8_draws_cuda"] = round(t_big, 2)
+        print(obj, out, flush=True)
+    out["device"] = torch.cuda.get_device_name(0)
+    os.makedirs(os.environ.get("OUT", "."), exist_ok=True)
+    with open(os.path.join(os.environ.get("OUT", "."), "gpu_check_p39.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    print(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))

@@ -1,12 +1,12 @@
 """Accuracy against training time on the CPU: the measurements behind docs/fast_recipe.md.
 
-Verbs (run from the repository root with the package importable, e.g. ``PYTHONPATH=$PWD``)::
+Verbs (run from the repository root)::
 
-    python benchmarks/fast_recipe.py run --preset tiny --data DATA --out RUN [--steps N] [--set K=V ...]
-    python benchmarks/fast_recipe.py eval RUN [--limit 512]
-    python benchmarks/fast_recipe.py profile --preset tiny --data DATA [--set K=V ...] [--threads 1]
-    python benchmarks/fast_recipe.py probe RUN [RUN ...] --data DATA
-    python benchmarks/fast_recipe.py plot --out docs/fast_recipe_curves.png RUN [RUN ...] [--label RUN=NAME]
+    python -m mdc_workbench.bench.fast_recipe run --preset tiny --data DATA --out RUN [--steps N] [--set K=V ...]
+    python -m mdc_workbench.bench.fast_recipe eval RUN [--limit 512]
+    python -m mdc_workbench.bench.fast_recipe profile --preset tiny --data DATA [--set K=V ...] [--threads 1]
+    python -m mdc_workbench.bench.fast_recipe probe RUN [RUN ...] --data DATA
+    python -m mdc_workbench.bench.fast_recipe plot --out docs/fast_recipe_curves.png RUN [RUN ...] [--label RUN=NAME]
 
 ``run`` trains in this process with ``torch.set_num_threads(--threads)`` (default 2) and a checkpoint every
 ``--every`` steps (all kept), while a watcher thread notes, the moment each checkpoint appears, the wall time and
@@ -309,7 +309,7 @@ def cmd_plot(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m mdc_workbench.bench.fast_recipe", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="verb", required=True)
     run = sub.add_parser("run", help="train with timed checkpoints, then evaluate every checkpoint")
     run.add_argument("--preset", default="tiny")

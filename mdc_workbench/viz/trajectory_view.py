@@ -1,9 +1,9 @@
 """The trajectory as the app and the notebooks show it: HTML token chips after any step and a confidence heatmap.
 
 Everything here is a function of a :func:`mdc_core.sampler.trajectory` record (plain JSON data) replayed by
-:func:`mdc_workbench.notebooks.animation.canvas_at`, and returns data, an HTML string or a matplotlib ``Figure``;
+:func:`mdc_workbench.viz.animation.canvas_at`, and returns data, an HTML string or a matplotlib ``Figure``;
 nothing touches gradio or a model, so tests check what is shown against the sampler's own tensors. Colours: one
-confidence colour map (:func:`~mdc_workbench.notebooks.animation.confidence_colour`, viridis 0..1) for the chips, the
+confidence colour map (:func:`~mdc_workbench.viz.animation.confidence_colour`, viridis 0..1) for the chips, the
 heatmap, the legend and the GIF frames, so a colour means the same probability everywhere.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 
-from mdc_workbench.notebooks.animation import CONFIDENCE_CMAP, canvas_at, confidence_colour
+from mdc_workbench.viz.animation import CONFIDENCE_CMAP, canvas_at, confidence_colour
 
 MASK_BG = "#e5e7eb"  # grey of a still-masked chip
 CHIP_FONT = "ui-sans-serif, system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif"
