@@ -85,7 +85,8 @@ def test_cli_writes_json_and_png_and_rejects_bad_input(runs, tmp_path, capsys):
 
     for extra, message in ((["--thresholds", "0"], "(0, 1]"), (["--thresholds", "1.2"], "(0, 1]"),
                            (["--thresholds", "high"], "--thresholds"), (["--ks", "6"], "N'=5"),
-                           (["--ks", "0"], "N'=5"), (["--length", "99"], "caption length")):
+                           (["--ks", "0"], "N'=5"), (["--length", "30"], "caption length"),  # over this run's 22
+                           (["--length", "99"], "--length must be in [1, 75], got 99")):  # over sampler.length's range
         assert main([*base, "--run", runs["mdc"], *extra]) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, (extra, err)
