@@ -25,10 +25,10 @@ import torch
 from PIL import Image
 
 from mdc_core.config import SAMPLER_RANGES, SamplerConfig
-from mdc_core.data import make_example
 from mdc_core.data.transforms import eval_transform, open_image
 from mdc_core.sampler import trajectory
 from mdc_core.tokenizer import MASK_ID, CaptionTokenizer
+from mdc_workbench.data import make_example
 from mdc_workbench.notebooks import trajectory_view
 
 from . import explore, render

@@ -36,6 +36,7 @@ import random
 import shutil
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,7 @@ from .model_init import init_from_weights, init_model
 from .objectives import draw_masks, objective_spec, trim_padding
 from .run_start import resolve_data_paths
 from .runlock import RunLock
-from .train_log import RunLog, StepStats, TrainingDiverged, diverged  # noqa: F401 - TrainingDiverged: what train raises
+from .train_log import HookFactory, RunLog, StepStats, TrainingDiverged, diverged  # noqa: F401 - TrainingDiverged
 from .train_restore import restore
 from .train_state import Counters, TrainState, rng_state
 
@@ -139,7 +140,8 @@ def loss_denominator(tokens: torch.Tensor, objective: ObjectiveConfig, seed: int
 
 
 def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, init_from: str | Path | None = None,
-          progress: bool = True, clock: step_parts.StepClock | None = None) -> TrainResult:
+          progress: bool = True, clock: step_parts.StepClock | None = None, hooks: Sequence[HookFactory] = ()
+          ) -> TrainResult:
     """Train `cfg` into run folder `out`. With `resume`, continue from its latest complete checkpoint.
 
     `init_from` (a run or checkpoint folder) starts the run from that model's weights instead of a fresh
@@ -153,6 +155,8 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, init_from: s
     writer raises :class:`~mdc_core.runlock.RunFolderBusy` naming it.
 
     `clock` marks the phases of each step (:class:`~mdc_core.step_parts.StepClock`; ``mdc bench step`` times them).
+    `hooks` are factories of loggers that rank 0 tells each record and checkpoint
+    (:class:`~mdc_core.train_log.RunHook`), besides those the config asks for (``train.tensorboard``).
     """
     cfg.validate()
     ctx = dist.setup(cfg.train.device, cfg.train.dist_timeout_s)
@@ -164,7 +168,7 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, init_from: s
         cfg, start_ckpt, state_problem = run_start.prepare_run(resolve_data_paths(cfg), out, resume, ctx.is_main,
                                                                lr_lambda)
         dist.barrier(ctx, "start-up")  # every rank has checked the run folder before rank 0 writes to it
-        return Trainer(cfg, out, ctx, start_ckpt, progress, state_problem, init_from, clock).run()
+        return Trainer(cfg, out, ctx, start_ckpt, progress, state_problem, init_from, clock, hooks).run()
     except BaseException:
         if lock.held and created and run_start.never_started(out):  # a run that could not start leaves no folder behind
             shutil.rmtree(out, ignore_errors=True)
@@ -181,8 +185,9 @@ class Trainer:
 
     def __init__(self, cfg: RunConfig, out: Path, ctx: dist.DistContext, start_ckpt: Path | None, progress: bool,
                  state_problem: str = "", init_from: str | Path | None = None,
-                 clock: step_parts.StepClock | None = None):
+                 clock: step_parts.StepClock | None = None, hooks: Sequence[HookFactory] = ()):
         tcfg = cfg.train
+        self.hooks = hooks
         self.cfg, self.out, self.ctx, self.progress = cfg, out, ctx, progress
         self.device, self.main = ctx.device, ctx.is_main
         seed_everything(tcfg.seed)  # the same initial weights on every rank
@@ -226,7 +231,7 @@ class Trainer:
         """Optimizer steps until train.steps or a stop request (then TrainingInterrupted, after a checkpoint)."""
         tcfg, clock, stopped_by, loss = self.cfg.train, self.clock, 0, float("nan")
         self.log = RunLog(self.cfg, self.out, self.ctx, self.n, self.progress, f"compile {self.loss_step.mode or 'off'}"
-                          f", static shapes {self.loss_step.static}")
+                          f", static shapes {self.loss_step.static}", self.hooks)
         try:
             with self.stop:
                 while self.n.step < tcfg.steps and not stopped_by:
@@ -250,7 +255,7 @@ class Trainer:
                         with clock.phase("checkpoint"):
                             self._checkpoint()
                             if not stop:
-                                self.log.evaluate(self.model)  # TensorBoard's val/*, at the checkpoint cadence
+                                self.log.checkpoint(self.model)  # the hooks' (TensorBoard's val/*)
                     stopped_by = int(self.stop.signum or signal.SIGTERM) if stop else 0  # no signal here: SIGTERM
                 stopped_by = stopped_by or self.stop.signum  # a signal during the last checkpoint counts too
             dist.barrier(self.ctx, "end of training")

@@ -1,5 +1,6 @@
-"""What a training run records about itself: ``metrics.jsonl``, ``epochs.jsonl``, TensorBoard and the progress bar,
-and the counts it sums over ranks (samples read, captions truncated, corrupt records skipped).
+"""What a training run records about itself: ``metrics.jsonl``, ``epochs.jsonl``, the progress bar and the run's
+hooks (:class:`RunHook`: a logger beside metrics.jsonl, such as the workbench's TensorBoard writer), and the counts
+it sums over ranks (samples read, captions truncated, corrupt records skipped).
 
 :meth:`RunLog.read` is where the host waits for the device: the step's loss, metrics, gradient norm and the
 non-finite watch, with the counts since the last read, summed over ranks in one collective. The trainer
@@ -12,19 +13,54 @@ import json
 import math
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 from tqdm.auto import tqdm
 
 from . import distributed as dist
-from .config import RunConfig
+from .config import ConfigError, RunConfig
 from .data import SKIP_REASONS
 from .objectives import logged_accuracy
 from .step_parts import DeviceStep, NonFiniteWatch
-from .tensorboard_log import TensorBoardLog
 from .train_state import Counters
+
+HOOK_GROUP = "mdc_core.run_hooks"  # entry points: name -> a RunHook factory; train.tensorboard=true asks for
+# the one named "tensorboard" (the workbench's, pyproject.toml)
+
+
+class RunHook(Protocol):
+    """What rank 0 tells a logger beside ``metrics.jsonl``. A factory ``(run_dir, start_step, cfg) -> RunHook`` is
+    called once the run knows its start step (a resumed run's hook drops what it logged past that step)."""
+
+    def record(self, record: dict[str, Any]) -> None:
+        """Each ``metrics.jsonl`` record, once written."""
+
+    def checkpoint(self, step: int, model: torch.nn.Module) -> None:
+        """After each checkpoint but the one a stop request writes (the model is the trained one, in train mode; a
+        hook that evaluates it leaves it and the random states as it found them)."""
+
+    def close(self) -> None:
+        """The run's end (also when it fails)."""
+
+
+HookFactory = Callable[[Path, int, RunConfig], RunHook]
+
+
+def config_hooks(cfg: RunConfig) -> list[HookFactory]:
+    """The hooks the run's config asks for: ``train.tensorboard=true`` -> the factory installed under the name
+    ``tensorboard`` in :data:`HOOK_GROUP`; ``ConfigError`` when none is."""
+    if not cfg.train.tensorboard:
+        return []
+    found = [ep for ep in entry_points(group=HOOK_GROUP) if ep.name == "tensorboard"]
+    if not found:
+        raise ConfigError(f"train.tensorboard=true, but no run hook named 'tensorboard' is installed (entry point "
+                          f"group {HOOK_GROUP}): install the workbench, pip install -e '.[tensorboard]'")
+    return [found[0].load()]
 
 
 class TrainingDiverged(RuntimeError):
@@ -58,14 +94,16 @@ class RunLog:
     """The run's records and counts; rank 0 writes the files. `counters` are the run's (updated in place)."""
 
     def __init__(self, cfg: RunConfig, out: Path, ctx: dist.DistContext, counters: Counters, progress: bool,
-                 how: str = "") -> None:
+                 how: str = "", hooks: Sequence[HookFactory] = ()) -> None:
         tcfg = cfg.train
         self.cfg, self.out, self.ctx, self.n, self.progress, self.main = cfg, out, ctx, counters, progress, ctx.is_main
         self.global_batch = tcfg.batch_size * ctx.world * tcfg.grad_accum
         if self.main and progress:
             tqdm.write(f"global batch {self.global_batch} = {tcfg.batch_size} per device x {ctx.world} devices "
                        f"({ctx.device.type}) x {tcfg.grad_accum} accumulation; step: {how}")
-        self.tensorboard = TensorBoardLog(out, counters.step, cfg) if self.main and tcfg.tensorboard else None
+        self.hooks: list[RunHook] = []
+        for make in [*hooks, *config_hooks(cfg)] if self.main else []:
+            self.hooks.append(make(out, counters.step, cfg))
         self.pending_samples, self.pending_truncated = 0.0, 0  # this rank's, since the last read
         self.bar = tqdm(total=tcfg.steps, initial=counters.step, desc=f"train {cfg.objective.name}", unit="step",
                         disable=not (progress and self.main))
@@ -97,8 +135,8 @@ class RunLog:
                   "truncated": self.n.truncated, "nonfinite_skipped": self.n.nonfinite_skipped}
         self.metrics_file.write(json.dumps(record) + "\n")
         self.metrics_file.flush()
-        if self.tensorboard is not None:
-            self.tensorboard.write(record)
+        for hook in self.hooks:
+            hook.record(record)
         accuracy = logged_accuracy(record)
         self.bar.set_postfix(loss=f"{stats.loss:.3f}", acc=f"{float('nan') if accuracy is None else accuracy[1]:.2f}")
         self.window_start, self.window_samples = time.perf_counter(), 0.0
@@ -134,14 +172,14 @@ class RunLog:
                 tqdm.write(f"epoch {finished}: skipped {dict(self.n.skipped_epoch)}")
         self.n.skipped_epoch.clear()
 
-    def evaluate(self, model: torch.nn.Module) -> None:
-        """TensorBoard's val/* at the checkpoint cadence (when the run asks for TensorBoard)."""
-        if self.tensorboard is not None:
-            self.tensorboard.evaluate(self.n.step, model)
+    def checkpoint(self, model: torch.nn.Module) -> None:
+        """Tell the hooks a checkpoint was written (TensorBoard's val/* at the checkpoint cadence)."""
+        for hook in self.hooks:
+            hook.checkpoint(self.n.step, model)
 
     def close(self) -> None:
         self.bar.close()
         if self.metrics_file is not None:
             self.metrics_file.close()
-        if self.tensorboard is not None:
-            self.tensorboard.close()
+        for hook in self.hooks:
+            hook.close()

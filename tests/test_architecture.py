@@ -21,10 +21,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"mdc_core": "mdc_core", "mdc_workbench": "mdc_workbench", "mdc_app": "app"}  # name -> folder (setup.py)
 EXTENSIONS = ("mdc_workbench.eval", "mdc_workbench.bench", "mdc_workbench.masked_conditional",
-              "mdc_workbench.notebooks", "mdc_workbench.cli", "mdc_workbench", "mdc_app")
+              "mdc_workbench.notebooks", "mdc_workbench.cli", "mdc_workbench.data", "mdc_workbench.tensorboard_log",
+              "mdc_workbench", "mdc_app")
 HEAVY_OPTIONAL = ("papermill", "gradio", "nbformat", "jupyter_client", "ipykernel", "matplotlib.pyplot",
                   "sklearn", "transformers", "open_clip",  # open_clip's package init pulls in the other two
-                  "tensorboard")  # train.tensorboard=true imports it when a run asks (mdc_core.tensorboard_log)
+                  "tensorboard")  # train.tensorboard=true loads it when a run asks (mdc_workbench.tensorboard_log)
 
 
 def module_files() -> dict[str, Path]:
@@ -176,8 +177,8 @@ def extension_words() -> set[str]:
     words |= {name.removeprefix("mdc_workbench.") for name in words}
     words |= {name for name in registry.OBJECTIVES if name not in registry.CORE_OBJECTIVES} | set(registry.ENCODERS)
     words |= {key for rows in registry.SETTINGS.values() for settings in rows for key in settings.__dataclass_fields__}
-    return words - {"app", "cli", "eval", "bench", "notebooks", "mdc_workbench"}  # plain words (the last is also
-    # the project's distribution name); their dotted module paths still count
+    return words - {"app", "cli", "eval", "bench", "notebooks", "data", "mdc_workbench"}  # plain words (the last is
+    # also the project's distribution name); their dotted module paths still count
 
 
 def naming_problems(source: str, words: set[str]) -> list[str]:
@@ -214,12 +215,14 @@ def test_the_core_names_no_extension_and_no_key_a_plug_in_registers():
 LAYERS = {  # docs/design.md "Core and workbench": what each part may import besides the core (and itself)
     "mdc_workbench": {"mdc_workbench.cli"},  # python -m mdc_workbench
     "mdc_workbench.cli": {"mdc_app", "mdc_workbench.notebooks", "mdc_workbench.bench",
-                          "mdc_workbench.masked_conditional", "mdc_workbench.eval"},
-    "mdc_app": {"mdc_workbench.notebooks"},
-    "mdc_workbench.notebooks": {"mdc_workbench.masked_conditional", "mdc_workbench.eval"},
-    "mdc_workbench.bench": {"mdc_workbench.eval"},
-    "mdc_workbench.masked_conditional": {"mdc_workbench.eval"},
-    "mdc_workbench.eval": set(),
+                          "mdc_workbench.masked_conditional", "mdc_workbench.eval", "mdc_workbench.data"},
+    "mdc_app": {"mdc_workbench.notebooks", "mdc_workbench.data"},
+    "mdc_workbench.notebooks": {"mdc_workbench.masked_conditional", "mdc_workbench.eval", "mdc_workbench.data"},
+    "mdc_workbench.bench": {"mdc_workbench.eval", "mdc_workbench.data"},
+    "mdc_workbench.masked_conditional": {"mdc_workbench.eval", "mdc_workbench.data"},
+    "mdc_workbench.eval": {"mdc_workbench.data"},
+    "mdc_workbench.data": set(),  # the data set writers (synthetic, shards, COCO export)
+    "mdc_workbench.tensorboard_log": set(),  # a run hook the trainer loads by entry point
 }
 
 

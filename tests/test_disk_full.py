@@ -208,7 +208,7 @@ def test_failed_data_commands_leave_no_output_folder(tmp_path, capsys, monkeypat
     assert main(["data", "shards", "--from", str(table), "--out", str(existing), "--quiet"]) == 2
     assert sorted(p.name for p in existing.iterdir()) == ["notes.txt"]
 
-    import mdc_core.data.synth as synth
+    import mdc_workbench.data.synth as synth
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

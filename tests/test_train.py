@@ -14,10 +14,10 @@ import mdc_core.train as train_mod
 from mdc_core import checkpoint as ck
 from mdc_core import step_parts
 from mdc_core.config import ConfigError, ObjectiveConfig
-from mdc_core.data import make_example
 from mdc_core.objectives import prepare_batch
 from mdc_core.tokenizer import CaptionTokenizer
 from mdc_core.train import TrainingDiverged, loss_denominator, lr_lambda, step_seed, train
+from mdc_workbench.data import make_example
 from tests.train_helpers import (
     micro_run,
     one_thread,  # noqa: F401 - a fixture

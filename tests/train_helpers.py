@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from mdc_core.config import RunConfig, load_preset
-from mdc_core.data import write_synthetic_dataset
+from mdc_workbench.data import write_synthetic_dataset
 from tests.conftest import MICRO
 
 # logged values that must agree between runs (samples_per_s is a timing)

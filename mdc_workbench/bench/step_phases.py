@@ -258,8 +258,8 @@ def measure_step_phases(preset: str = "tiny_fast", overrides: Iterable[str] = ()
     :func:`summarize`'s figures of the timed steps that neither log nor checkpoint (and the logging steps' median
     step), and the syncs per step between logging steps and at them."""
     from mdc_core.config import load_preset
-    from mdc_core.data import write_synthetic_dataset
     from mdc_core.train import train
+    from mdc_workbench.data import write_synthetic_dataset
 
     if steps < 1 or warmup < 0 or sync_steps < 2:
         raise ValueError(f"need steps >= 1, warmup >= 0, sync_steps >= 2; got {steps}, {warmup}, {sync_steps}")

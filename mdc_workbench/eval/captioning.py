@@ -23,7 +23,7 @@
 
 Data (``data`` / ``finetune_data``): a Karpathy split json (``dataset_coco.json``: ``images[].split``,
 ``filename``, ``sentences[].raw``; fine-tuning reads ``train`` + ``restval``, evaluation ``test``), a COCO caption
-json (e.g. from :func:`mdc_core.data.export_coco`; it has no splits, so fine-tuning needs its own file), a
+json (e.g. from :func:`mdc_workbench.data.export_coco`; it has no splits, so fine-tuning needs its own file), a
 CSV/TSV, or the embedded data set folder (``train/`` and ``test/`` shards; references of a test image are its
 short and long captions).
 """

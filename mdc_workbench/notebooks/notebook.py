@@ -88,7 +88,7 @@ def ensure_dataset(root: str | Path, n: int, *, captions: str = "mixed", image_s
                    n_eval: int | None = None, progress: bool = False, difficulty: str = "paper") -> dict[str, Any]:
     """The embedded data set at `root` with these parameters: reused if its manifest matches, else written.
     `n_eval` images per val/test/compgen split (default: the generator's ``max(64, n // 20)``); `difficulty`
-    ``paper`` or ``easy`` (:data:`mdc_core.data.scene.DIFFICULTIES`)."""
+    ``paper`` or ``easy`` (:data:`mdc_workbench.data.scene.DIFFICULTIES`)."""
     root = project_path(root)
     with cache_lock(root, f"the data set {root.name}"):
         return _ensure_dataset(root, n, captions=captions, image_size=image_size, seed=seed, n_eval=n_eval,
@@ -97,7 +97,7 @@ def ensure_dataset(root: str | Path, n: int, *, captions: str = "mixed", image_s
 
 def _ensure_dataset(root: Path, n: int, *, captions: str, image_size: int, seed: int, n_eval: int | None,
                     progress: bool, difficulty: str) -> dict[str, Any]:
-    from mdc_core.data import read_manifest, write_synthetic_dataset
+    from mdc_workbench.data import read_manifest, write_synthetic_dataset
 
     try:
         manifest = read_manifest(root)
