@@ -26,7 +26,7 @@ again; ``metrics.jsonl`` is truncated to the checkpoint's step. Event files are 
 own reader and writer, then an atomic rename) before the new writer appends: the files themselves hold each step
 once, for any reader, instead of relying on a reader's purge of "orphaned" steps.
 
-:class:`TensorBoardLog` is a run hook of the core's trainer (:class:`mdc_core.train_log.RunHook`), installed under the
+:class:`TensorBoardLog` is a run hook of the core's trainer (:class:`mdc_core.run_state.RunHook`), installed under the
 name ``tensorboard`` in the entry-point group ``mdc_core.run_hooks`` (pyproject.toml), which the trainer loads when a
 run's config asks for it; ``train(cfg, out, hooks=[TensorBoardLog])`` passes it by hand. Needs the ``tensorboard``
 package (the ``[tensorboard]`` extra).

@@ -218,10 +218,10 @@ def test_a_run_hook_is_told_each_record_and_checkpoint_and_the_end(tmp_path):
 
 
 def test_tensorboard_asked_for_without_its_hook_installed_is_one_line(tmp_path, monkeypatch):
-    import mdc_core.train_log as train_log
+    import mdc_core.run_state as run_state
     cfg = micro_run(tmp_path, tensorboard=True)
-    assert [f.__name__ for f in train_log.config_hooks(cfg)] == ["TensorBoardLog"]  # pyproject.toml's entry point
-    assert train_log.config_hooks(micro_run(tmp_path)) == []
-    monkeypatch.setattr(train_log, "entry_points", lambda group: [])
+    assert [f.__name__ for f in run_state.config_hooks(cfg)] == ["TensorBoardLog"]  # pyproject.toml's entry point
+    assert run_state.config_hooks(micro_run(tmp_path)) == []
+    monkeypatch.setattr(run_state, "entry_points", lambda group: [])
     with pytest.raises(ConfigError, match=r"train.tensorboard=true, but no run hook named 'tensorboard'"):
-        train_log.config_hooks(cfg)
+        run_state.config_hooks(cfg)

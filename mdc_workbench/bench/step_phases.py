@@ -1,6 +1,6 @@
 """``mdc bench step``: where the trainer's step spends its time, phase by phase, and how often the host waits.
 
-The trainer marks the phases of its step (:class:`mdc_core.step_parts.StepClock`: read, prepare, forward_backward,
+The trainer marks the phases of its step (:class:`mdc_core.train.StepClock`: read, prepare, forward_backward,
 clip_optimizer, ema, metrics_logging, checkpoint); :class:`PhaseClock` times them, waiting for the device at every
 phase boundary (``torch.cuda.synchronize``, here only: the trainer itself never waits), so that each phase's time is
 its own work. :func:`measure_step_phases` trains a preset for a few dozen steps on a small embedded data set
@@ -33,7 +33,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from mdc_core.distributed import sync
-from mdc_core.step_parts import StepClock
+from mdc_core.train import StepClock
 
 MODEL_PHASES = ("forward_backward", "clip_optimizer", "ema")  # the model's compute; the other phases: fixed cost
 

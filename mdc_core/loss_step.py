@@ -1,170 +1,51 @@
-"""The parts the training step is made of (the step itself is ``Trainer.step`` in :mod:`mdc_core.train`),
-each built so that the step never waits on the device: host-side batches, the loss step, fused AdamW, a sync-free
-EMA, lazy non-finite checks, compilation.
+"""One micro-batch's forward and loss exactly as the trainer's step runs it (``mdc bench`` times the same object).
 
-On CUDA, the host queues kernels and runs ahead of the GPU until it needs a value the GPU has not computed yet:
-``.item()``, ``float()``/``int()``/``bool()`` of a tensor, ``.tolist()``, ``.cpu()``, ``nonzero``, boolean-mask
-indexing, or a blocking host-to-device copy. Each of those drains the queue (a host-device synchronisation), and the
-GPU idles while the host catches up. :mod:`mdc_core.train` does none of them between logging steps:
+:class:`LossStep` is :meth:`~LossStep.prepare` on the host, then :meth:`~LossStep.forward` on the device:
 
-- the captions are tokenized, trimmed, masked, checked and mapped to embedding and head rows on the host
-  (:class:`HostBatches`, :func:`mdc_core.objectives.prepare_batch`) and copied without blocking;
-- the loss, metrics and gradient norm stay on the device until a logging or checkpoint step reads them at once;
-- a non-finite loss or gradient norm is noted on the device (:class:`NonFiniteWatch`) and raised at that next read,
-  before anything is written (``train.nonfinite=skip`` has to decide every step, so it reads every step);
-- :func:`ema_update` is :class:`torch.optim.swa_utils.AveragedModel`'s update without its blocking copy of the
-  update count (and with integer buffers copied: averaging token-id tables rounds them to other ids);
-- :func:`build_optimizer` takes PyTorch's fused AdamW kernel on CUDA (one kernel for all parameters); on the CPU
-  the default implementation, so CPU runs keep their numbers to the bit.
-
-``tests/test_step_parts.py`` counts the calls that would synchronise during a non-logging step for every objective.
-
-:class:`LossStep` is one micro-batch's forward and loss as the trainer and ``mdc bench`` run it: host batch, bf16
-autocast on CUDA, and ``train.compile``: forward + loss compile as one graph (the same test file checks it with
-``torch._dynamo.explain``) and AOTAutograd compiles the backward with it; with ``train.static_shapes``
-(:func:`mdc_core.objectives.prepare_batch`) the shapes repeat, so the step compiles once per caption-length
-bucket and never recompiles after (tests/test_static_step.py counts dynamo's compiles), and
-``compile="reduce-overhead"`` replays forward and backward as CUDA graphs on CUDA: a few launches per step
-instead of hundreds, which is what sets the speed of a small model on a GPU.
+* **Prepared on the host.** :class:`HostBatches` tokenizes nothing (the batch comes with its tokens) but trims,
+  masks, checks and maps the captions to embedding and head rows on the host
+  (:func:`mdc_core.objectives.prepare_batch`, its masks drawn once from the micro-batch's seed), counts the batch's
+  loss terms there (:func:`loss_denominator`), and copies it to the device without blocking, so the step never
+  waits for the device (``tests/test_step_parts.py`` counts the calls that would).
+* **Compiled.** With ``train.compile`` the :class:`Objective` (:func:`~mdc_core.objectives.compute_loss` as a
+  module: what DistributedDataParallel's forward and ``nn.Module.compile`` see) compiles forward + loss as one graph
+  (the same test file checks it with ``torch._dynamo.explain``) and AOTAutograd the backward with it; with
+  ``train.static_shapes`` the shapes repeat, so the step compiles once per caption-length bucket and never after
+  (``tests/test_static_step.py`` counts the compiles), and ``compile="reduce-overhead"`` replays forward and
+  backward as CUDA graphs: a few launches per step instead of hundreds, which sets the speed of a small model.
+* **bf16 autocast** on CUDA by default (:func:`use_bf16`), fp32 on the CPU.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
-from torch.optim.swa_utils import AveragedModel
 
-from . import distributed as dist
 from .config import ObjectiveConfig, TrainConfig
-from .objectives import PreparedBatch, compute_loss, id_tables, objective_spec, prepare_batch
+from .objectives import PreparedBatch, compute_loss, draw_masks, id_tables, objective_spec, prepare_batch, trim_padding
 
 
-@dataclass
-class DeviceStep:
-    """One optimizer step as the device holds it (nothing read yet)."""
-
-    loss_sum: torch.Tensor  # this rank's sum over micro-batches of loss x loss terms (float64)
-    denom: float | torch.Tensor  # the global count of loss terms (a device scalar under torchrun)
-    metrics: dict[str, torch.Tensor]  # compute_loss's other metrics, mean over micro-batches, / world (float64)
-    grad_norm: torch.Tensor  # global gradient norm before clipping
+def use_bf16(precision: str, device: torch.device) -> bool:
+    """bf16 autocast on CUDA by default; fp32 on CPU (bf16 matmul there is ~250x slower)."""
+    return precision == "bf16" or (precision == "auto" and device.type == "cuda")
 
 
-class StepSums:
-    """A step's device values summed over its micro-batches as they come, nothing read: the loss x its loss terms,
-    and the mean of every other metric; :meth:`done` makes the :class:`DeviceStep`."""
-
-    def __init__(self, device: torch.device, micro_batches: int) -> None:
-        self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        self.means: dict[str, torch.Tensor] = {}
-        self.micro_batches = micro_batches
-
-    def add(self, loss: torch.Tensor, metrics: dict[str, torch.Tensor], terms: int) -> None:
-        self.loss_sum += loss.detach().double() * terms
-        for k, v in metrics.items():
-            if k != "loss":
-                self.means[k] = self.means.get(k, 0) + v.detach().double() / self.micro_batches
-
-    def done(self, denom: float | torch.Tensor, grad_norm: torch.Tensor, world: int) -> DeviceStep:
-        return DeviceStep(self.loss_sum, denom, {k: v / world for k, v in sorted(self.means.items())}, grad_norm)
-
-
-def global_terms(ctx: dist.DistContext, terms: int) -> float | torch.Tensor:
-    """A step's loss terms summed over ranks, at least 1: a number in one process; under torchrun a device scalar,
-    all-reduced without the host waiting for it."""
-    if not ctx.distributed:
-        return max(float(terms), 1.0)
-    total = torch.full((), float(terms), dtype=torch.float64, device=ctx.device)
-    return dist.all_reduce(ctx, total, "sum", "loss normalisation").clamp(min=1.0)
-
-
-def agree_flags(ctx: dist.DistContext, stop: bool, due: bool) -> tuple[bool, bool]:
-    """(stop, checkpoint due) of this rank; under torchrun, of any rank (the ranks must stop and save at the same
-    step: one tiny all-reduce per step, which the host reads)."""
-    if not ctx.distributed:
-        return stop, due
-    total = dist.all_reduce_named(ctx, {"stop": float(stop), "due": float(due)}, "stop/checkpoint flags")
-    return total["stop"] > 0, total["due"] > 0
-
-
-def build_optimizer(param_groups: list[dict[str, Any]], tcfg: TrainConfig, device: torch.device
-                    ) -> torch.optim.Optimizer:
-    """AdamW with the run's lr and betas: the fused kernel on CUDA (all parameters floating point on one device),
-    the default implementation elsewhere."""
-    params = [p for g in param_groups for p in g["params"]]
-    fused = device.type == "cuda" and all(p.is_cuda and p.is_floating_point() for p in params)
-    return torch.optim.AdamW(param_groups, lr=tcfg.lr, betas=tcfg.betas, **({"fused": True} if fused else {}))
-
-
-@torch.no_grad()
-def ema_update(ema: AveragedModel, model: torch.nn.Module, decay: float) -> None:
-    """One EMA step of `ema` (``use_buffers=True``) towards `model`: the first copies, later ones move every
-    floating-point parameter and buffer by ``1 - decay`` (``torch._foreach_lerp_``, as
-    ``get_ema_multi_avg_fn``); integer buffers are copied. The update count lives on the CPU, so nothing waits."""
-    first = int(ema.n_averaged) == 0  # a CPU tensor (AveragedModel's default): no device read
-    pairs = list(zip([*ema.module.parameters(), *ema.module.buffers()], [*model.parameters(), *model.buffers()],
-                     strict=True))
-    groups: dict[tuple[torch.device, torch.dtype], tuple[list, list]] = {}
-    for avg, cur in pairs:
-        if first or not avg.is_floating_point():
-            avg.copy_(cur)
-        else:
-            a, c = groups.setdefault((avg.device, avg.dtype), ([], []))
-            a.append(avg)
-            c.append(cur)
-    for a, c in groups.values():
-        torch._foreach_lerp_(a, c, 1.0 - decay)
-    ema.n_averaged += 1
-
-
-class StepClock:
-    """The phases of the trainer's step, as the trainer marks them (``with clock.phase("read"): ...``). This clock
-    does nothing, which is how the trainer runs; ``mdc bench step`` passes one that times each phase, waiting for
-    the device at every boundary, and counts host synchronisations.
-
-    A step is the phases from one ``read`` to the next: ``read`` (take the micro-batches with their tokens),
-    ``prepare`` (masking seeds, :func:`~mdc_core.objectives.prepare_batch`, loss denominators, the copy of the
-    prepared batch), ``forward_backward``, ``clip_optimizer`` (gradient clipping, AdamW, zero_grad, schedule),
-    ``ema``, ``metrics_logging`` (the step's device values, the non-finite watch, the logging step's read and
-    record) and ``checkpoint``."""
-
-    PHASES = ("read", "prepare", "forward_backward", "clip_optimizer", "ema", "metrics_logging", "checkpoint")
-
-    def watch(self, modules: Iterable[torch.nn.Module]) -> None:
-        """Told once which modules (the model, its EMA copy) the step trains."""
-
-    def phase(self, name: str) -> contextlib.AbstractContextManager:
-        return _NO_PHASE
-
-
-_NO_PHASE = contextlib.nullcontext()
-
-
-class NonFiniteWatch:
-    """The first step whose loss or gradient norm was not finite, its loss and norm, kept on the device."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.first_step = torch.full((), -1, dtype=torch.long, device=device)
-        self.loss = torch.zeros((), dtype=torch.float64, device=device)
-        self.grad_norm = torch.zeros((), dtype=torch.float64, device=device)
-
-    def note(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
-        """Record step `step` if it is the first non-finite one (device ops only)."""
-        first = (self.first_step < 0) & ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
-        self.first_step = torch.where(first, step, self.first_step)
-        self.loss = torch.where(first, loss.double(), self.loss)
-        self.grad_norm = torch.where(first, grad_norm.double(), self.grad_norm)
-
-    def flag(self) -> torch.Tensor:
-        """1.0 if some step was not finite, else 0.0 (a device scalar, to read with the step's other values)."""
-        return (self.first_step >= 0).double()
-
-    def describe(self) -> str:
-        """What happened, for the error message (reads the device)."""
-        return f"loss became {float(self.loss)} (grad norm {float(self.grad_norm)}) at step {int(self.first_step)}"
+def loss_denominator(tokens: torch.Tensor, objective: ObjectiveConfig, seed: int | None = None) -> int:
+    """What :func:`compute_loss` divides a micro-batch's summed (weighted) cross-entropy by: its maskable tokens
+    (``per_token``; caption tokens + ``<eot>`` for arc) or its captions with any (``per_sequence``); the batch
+    size for the contrastive objective. tokens (B, L). Summed over the global batch it makes accumulation and
+    DDP give the gradient of one big batch. An objective divided by its masked tokens (``per_masked_token``: cmlm)
+    counts the masks its masking `seed` draws (as :class:`HostBatches`, which counts them once, from the masks it
+    prepares: :attr:`ReadyBatch.terms`)."""
+    spec = objective_spec(objective.name)
+    if not spec.per_masked_token:
+        return spec.loss_denominator(tokens, objective.normalization)
+    if seed is None:
+        raise ValueError(f"objective {objective.name!r} divides its loss by the masked tokens: give the micro-batch's "
+                         "masking seed")
+    _, _, mask = draw_masks(trim_padding(tokens), objective, torch.Generator().manual_seed(seed))
+    return spec.loss_denominator(tokens, objective.normalization, mask=mask)
 
 
 @dataclass
