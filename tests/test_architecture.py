@@ -134,9 +134,14 @@ def test_core_modules_never_import_an_extension_even_lazily():
     assert {k: v for k, v in upward.items() if v} == {}
 
 
+MC_KEYS = {"d3pm_steps": 100, "d3pm_aux_weight": 0.01, "guidance": "none", "p_cond": 0.1, "p_mask": 0.1}  # defaults
+SHIPPED = ROOT / "mdc_core" / "pretrained" / "mdc_tiny_lean_easy"
+
+
 def test_an_mdc_run_loads_no_plug_in_and_its_config_holds_only_its_own_keys():
     """A fresh interpreter builds, saves and reloads an MDC run's config: MC-Diffusion's keys are not in it and its
-    plug-in is never imported; the shipped model's config.json, which carries them from before, still loads."""
+    plug-in is never imported; a config.json written before the split, which carries them at their defaults (as
+    the shipped model's did until it was saved again), still loads, and is saved without them."""
     code = ("import json, sys\n"
             "from mdc_core.config import RunConfig\n"
             "cfg = RunConfig.from_dict({'objective': {'name': 'mdc'}})\n"
@@ -145,12 +150,37 @@ def test_an_mdc_run_loads_no_plug_in_and_its_config_holds_only_its_own_keys():
             "print(json.dumps([sorted(saved['objective']), sorted(sys.modules)]))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     keys, loaded = json.loads(out.stdout.strip().splitlines()[-1])
-    assert {"d3pm_steps", "guidance", "p_cond", "p_mask"}.isdisjoint(keys) and "t_low" in keys
+    assert set(MC_KEYS).isdisjoint(keys) and "t_low" in keys
     assert [m for m in loaded if m.startswith("mdc_workbench")] == []
-    shipped = json.loads(next((ROOT / "mdc_core" / "pretrained").glob("*/config.json")).read_text())
-    assert "guidance" in shipped["objective"]  # written before the split: the extension's keys at their defaults
     from mdc_core.config import RunConfig
-    assert "guidance" not in RunConfig.from_dict(shipped).to_dict()["objective"]
+    shipped = json.loads((SHIPPED / "config.json").read_text())
+    old = {**shipped, "objective": {**shipped["objective"], **MC_KEYS}}
+    assert RunConfig.from_dict(old).to_dict() == RunConfig.from_dict(shipped).to_dict()
+
+
+def opened_modules(folder: Path) -> list[str]:
+    """The modules a fresh interpreter has loaded after opening the model in `folder` with ``load_model``."""
+    code = ("import json, sys\n"
+            "from mdc_core.checkpoint import load_model\n"
+            f"load_model({str(folder)!r})\n"
+            "print(json.dumps(sorted(sys.modules)))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_shipped_model_holds_no_plug_in_key_and_opening_it_loads_no_plug_in(tmp_path):
+    """The shipped config.json holds only its own sections' keys (saved again with RunConfig.save; its weights and
+    their SHA-256 unchanged), so opening the model imports nothing of MC-Diffusion; a copy with the keys a config
+    written before the split carries does (what this test would see if the shipped one still held them)."""
+    import shutil
+    assert set(MC_KEYS).isdisjoint(json.loads((SHIPPED / "config.json").read_text())["objective"])
+    assert [m for m in opened_modules(SHIPPED) if m.startswith("mdc_workbench")] == []
+    old = tmp_path / "old"
+    shutil.copytree(SHIPPED, old)
+    config = json.loads((old / "config.json").read_text())
+    config["objective"].update(MC_KEYS)
+    (old / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    assert "mdc_workbench.masked_conditional.plugin" in opened_modules(old)
 
 
 def test_importing_the_core_loads_no_extension_nor_the_notebook_and_app_stacks():
