@@ -28,11 +28,13 @@ from tests.test_architecture import import_graph  # noqa: E402
 # part -> (x, y) of its box centre; the core at the bottom, the command line at the top
 LAYOUT = {
     "mdc_workbench.cli": (5.0, 9.0),
-    "mdc_app": (1.6, 7.4),
-    "mdc_workbench.notebooks": (5.0, 7.4),
-    "mdc_workbench.bench": (8.4, 7.4),
-    "mdc_workbench.masked_conditional": (3.2, 5.6),
-    "mdc_workbench.eval": (6.8, 5.6),
+    "mdc_app": (1.6, 7.7),
+    "mdc_workbench.notebooks": (5.0, 7.7),
+    "mdc_workbench.bench": (8.4, 7.7),
+    "mdc_workbench.masked_conditional": (3.2, 6.4),
+    "mdc_workbench.eval": (6.8, 6.4),
+    "mdc_workbench.data": (3.2, 5.1),
+    "mdc_workbench.tensorboard_log": (6.8, 5.1),
     "mdc_core": (5.0, 2.0),
 }
 CORE, WORKBENCH, APP = "#d9ead3", "#dbe5f1", "#fde9d9"
@@ -56,7 +58,7 @@ def draw(out: Path) -> None:
     ax.set_xlim(0, 10)
     ax.set_ylim(0.6, 10)
     ax.axis("off")
-    ax.add_patch(FancyBboxPatch((0.4, 4.6), 9.2, 5.2, boxstyle="round,pad=0.05", fc="none", ec="#4a6fa5", ls="--"))
+    ax.add_patch(FancyBboxPatch((0.4, 4.5), 9.2, 5.3, boxstyle="round,pad=0.05", fc="none", ec="#4a6fa5", ls="--"))
     ax.text(9.55, 9.65, "mdc_workbench (+ the app)", ha="right", va="top", fontsize=9, color="#4a6fa5")
     ax.add_patch(FancyBboxPatch((0.4, 0.9), 9.2, 2.4, boxstyle="round,pad=0.05", fc="none", ec="#38761d", ls="--"))
     ax.text(9.55, 1.0, "mdc_core: imports neither", ha="right", va="bottom", fontsize=9, color="#38761d")
