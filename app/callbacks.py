@@ -28,10 +28,10 @@ from PIL import Image
 
 from mdc_core import config
 from mdc_core.config import SamplerConfig
-from mdc_core.data import make_example
 from mdc_core.data.transforms import eval_transform, open_image
 from mdc_core.sampler import trajectory
 from mdc_core.tokenizer import MASK_ID, CaptionTokenizer
+from mdc_workbench.data import make_example
 from mdc_workbench.viz import trajectory_view
 
 from . import explore, render

@@ -36,6 +36,7 @@ LAYOUT = {
     "mdc_workbench.bench": (8.7, 7.2),
     "mdc_workbench.masked_conditional": (3.2, 5.4),
     "mdc_workbench.eval": (6.8, 5.4),
+    "mdc_workbench.data": (5.0, 4.0),
     "mdc_core": (5.0, 2.0),
 }
 HALF_W, HALF_H = 1.1, 0.35  # half the size of a part's box
@@ -60,7 +61,7 @@ def draw(out: Path) -> None:
     ax.set_xlim(0, 10)
     ax.set_ylim(0.6, 10)
     ax.axis("off")
-    ax.add_patch(FancyBboxPatch((0.1, 4.7), 9.8, 5.1, boxstyle="round,pad=0.05", fc="none", ec="#4a6fa5", ls="--"))
+    ax.add_patch(FancyBboxPatch((0.1, 3.45), 9.8, 6.35, boxstyle="round,pad=0.05", fc="none", ec="#4a6fa5", ls="--"))
     ax.text(9.85, 9.75, "mdc_workbench (+ the app)", ha="right", va="top", fontsize=9, color="#4a6fa5")
     ax.add_patch(FancyBboxPatch((0.4, 0.9), 9.2, 2.4, boxstyle="round,pad=0.05", fc="none", ec="#38761d", ls="--"))
     ax.text(9.55, 1.0, "mdc_core: imports neither", ha="right", va="bottom", fontsize=9, color="#38761d")

@@ -23,9 +23,9 @@ import torch  # noqa: E402
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from mdc_core.data import make_example  # noqa: E402
 from mdc_core.objectives import apply_mask  # noqa: E402
 from mdc_core.tokenizer import MASK_ID, CaptionTokenizer  # noqa: E402
+from mdc_workbench.data import make_example  # noqa: E402
 
 MASKED, REVEALED, PLAIN, NEW = "#c9c9c9", "#a6d96a", "#ffffff", "#fdae61"
 REVEAL_ORDER = (2, 6, 1, 5, 3, 0, 4)  # schematic: position revealed at step 1, 2, ... (caption of 7 tokens)

@@ -8,12 +8,16 @@ evaluation, evidence, notebooks and plans, benchmarks, export, MC-Diffusion, the
 :mod:`~mdc_core.registry` (the objective table: MDC, its baselines, ARC, CLIP), :mod:`~mdc_core.schedule` (their
 noise processes) and :mod:`~mdc_core.objectives` (their losses) -> :mod:`~mdc_core.model` (timm ViT encoder via
 :mod:`~mdc_core.encoders` + cross-attention text decoder) -> :mod:`~mdc_core.sampler` (unmasking, infilling
-prompts) and :mod:`~mdc_core.scoring` (likelihoods, ``--length auto``) -> :mod:`~mdc_core.train` (the step and the
-loop). Around them: :mod:`~mdc_core.config` (typed sections), :mod:`~mdc_core.tokenizer`,
+prompts) and :mod:`~mdc_core.scoring` (likelihoods, ``--length auto``) -> :mod:`~mdc_core.train` (the loop, read
+top to bottom: start or resume, then read -> step -> log / checkpoint / stop), with the run's bookkeeping beside
+it: :mod:`~mdc_core.run_folder` (the folder: start or resume, the data fingerprint, restore) and
+:mod:`~mdc_core.run_state` (what the run knows about itself: its train state and records, and the hooks that log
+them). Around them: :mod:`~mdc_core.config` (typed sections), :mod:`~mdc_core.tokenizer`,
 :mod:`~mdc_core.factory` (objective -> model), :mod:`~mdc_core.clip_model` (the CLIP baseline),
-:mod:`~mdc_core.ar_decode` (ARC decoding), :mod:`mdc_core.data`, :mod:`~mdc_core.checkpoint` (with
-:mod:`~mdc_core.weights`: weight files checked before loading),
-:mod:`~mdc_core.distributed`.
+:mod:`~mdc_core.ar_decode` (ARC decoding), :mod:`mdc_core.data` (the readers), :mod:`~mdc_core.loss_step` (a
+micro-batch's forward as the step runs it), :mod:`~mdc_core.checkpoint` (written, verified, loaded without
+trusting a file), :mod:`~mdc_core.runlock` (one writer per folder), :mod:`~mdc_core.distributed`,
+:mod:`~mdc_core.precision`, :mod:`~mdc_core.hub` (``from_pretrained``).
 
 **Downstream code** takes a trained encoder with ``encoder, preprocess = mdc_core.load_encoder(path)``
 (:mod:`~mdc_core.encoder_io`; ``mdc export`` writes the folders it reads). It resolves on first use, so

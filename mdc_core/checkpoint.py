@@ -1,28 +1,28 @@
-"""Run folders and checkpoints, written atomically and loaded without executing pickles.
+"""Checkpoints: written atomically, verified, found and loaded without executing pickles or trusting a file.
 
-Layout of a run folder::
+A run folder's checkpoints (the rest of the folder is :mod:`mdc_core.run_folder`'s)::
 
-    RUN/config.json                 full RunConfig (rebuilds the model)
-    RUN/metrics.jsonl               one JSON object per logged step (rank 0; truncated to the step on resume)
-    RUN/epochs.jsonl                one JSON object per finished epoch: corrupt records skipped, by reason
-    RUN/checkpoints/step_00001500/  model.safetensors, ema.safetensors (optional), config.json,
-                                    state.pt (optimizer, scheduler, RNG, data position, world size,
-                                    counters: mdc_core.train_state.TrainState), meta.json
+    RUN/checkpoints/step_00001500/  model.safetensors, ema.safetensors (optional), config.json (rebuilds the
+                                    model), state.pt (mdc_core.run_state.TrainState: optimizer, scheduler, RNG,
+                                    data position, world size, counters), meta.json
     RUN/checkpoints/latest          name of the newest complete checkpoint
 
-A checkpoint is assembled in a hidden temporary folder and renamed into place (atomic on POSIX), and
-``meta.json`` is written last, so a crash mid-write leaves either the previous checkpoint or a complete new
-one, and a ``step_*`` folder without a valid ``meta.json`` is damaged, never half-written. ``meta.json`` also
-records the size and SHA-256 of every file; loading verifies the files it reads (:func:`diagnose`), so a file
-damaged later (a full disk, a killed copy, a deleted file) raises :class:`CheckpointError` naming it instead of a
-decoder traceback or a silent fallback, and :func:`resume_point` (used by ``--resume``) sets each damaged
-checkpoint aside as ``corrupt_step_*`` with a warning and continues from the newest intact one (weights only, with
-a warning, when only train state is missing everywhere).
+**Written atomically.** A checkpoint is assembled in a hidden temporary folder and renamed into place, and
+``meta.json`` is written last, so a crash mid-write leaves either the previous checkpoint or a complete new one,
+and a ``step_*`` folder without a valid ``meta.json`` is damaged, never half-written. :func:`save_checkpoint` checks
+the free space first (pruning what the save would prune anyway), turns a full disk anywhere in the write into
+:class:`DiskFullError` after removing its temporary folder, and gives the weights the umask's permissions, not the
+safetensors writer's private 0600. :func:`remove_stale_temporaries` clears what a killed writer left.
 
-Resources: :func:`save_checkpoint` checks the free space against the checkpoint's size before writing (pruning
-first what the save would prune anyway), turns a full disk anywhere in the write into :class:`DiskFullError` after
-removing its temporary folder, and writes the weights with the permissions of the other files (the umask's), not
-the safetensors writer's private 0600. :func:`remove_stale_temporaries` clears what a killed writer left.
+**Verified.** ``meta.json`` records the size and SHA-256 of every file; loading verifies the files it reads
+(:func:`diagnose`), so a file damaged later (a full disk, a killed copy, a deleted file) raises
+:class:`CheckpointError` naming it instead of a decoder traceback or a silent fallback (``--resume`` sets damaged
+checkpoints aside: :func:`mdc_core.run_folder.resume_point`).
+
+**Loaded without trust.** :func:`load_model` checks the safetensors header of a weight file against the model its
+``config.json`` builds before anything is allocated (:func:`check_fits`), decodes it with one-line errors
+(:func:`load_weights`) and refuses Hub encoder names in a local folder (:func:`refuse_hub_encoder`);
+:mod:`mdc_core.hub` reads a ``save_pretrained`` folder the same way.
 """
 
 from __future__ import annotations
@@ -39,17 +39,22 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from .config import RunConfig
 from .factory import create_model
-from .weights import CheckpointError, check_fits, load_weights
 
 CKPT_DIR = "checkpoints"
 FILES = ("model.safetensors", "config.json", "state.pt")
 CORRUPT_PREFIX = "corrupt_"  # a checkpoint --resume found damaged is renamed corrupt_step_... (kept, never loaded)
 TMP_PREFIX = ".tmp_step_"  # a checkpoint being written: .tmp_step_<step>_<pid>, renamed step_<step> when complete
 WEIGHTS_ONLY = ("state.pt",)  # what a checkpoint can lack and still give its weights (a weights-only resume)
+HUB_PREFIXES = ("hf-hub:", "hf_hub:")  # timm model names it resolves on the Hugging Face Hub (network)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is damaged (its size or SHA-256 differs from meta.json, or it cannot be decoded)."""
 
 
 class DiskFullError(OSError):
@@ -61,6 +66,8 @@ class DiskFullError(OSError):
     def __str__(self) -> str:
         return self.strerror
 
+
+# -- written -----------------------------------------------------------------------------------------------------------
 
 def file_sha256(path: str | Path) -> str:
     """The SHA-256 hex digest of a file, read in 4 MiB blocks."""
@@ -217,6 +224,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
+# -- verified and found ------------------------------------------------------------------------------------------------
+
 def _is_complete(path: Path) -> bool:
     try:
         meta = json.loads((path / "meta.json").read_text())
@@ -279,31 +288,15 @@ def step_problem(ckpt: str | Path) -> str:
     return ""
 
 
-def train_state_problem(ckpt: str | Path) -> str:
-    """What keeps checkpoint `ckpt`'s ``state.pt`` from resuming it exactly, in one line ('' when nothing does):
-    :func:`mdc_core.train_state.resume_problem` of the step ``meta.json`` records (a ``state.pt`` without the
-    optimizer, or another checkpoint's). Read with ``mmap`` (the tensors stay on disk) and ``weights_only``. Call
-    it on a folder :func:`diagnose` and :func:`step_problem` passed."""
-    from .train_state import resume_problem
-    ckpt = Path(ckpt)
-    step = json.loads((ckpt / "meta.json").read_text())["step"]
-    try:
-        state = torch.load(ckpt / "state.pt", map_location="cpu", weights_only=True, mmap=True)
-    except (RuntimeError, EOFError, OSError, ValueError) as err:
-        return f"checkpoint file {ckpt / 'state.pt'} cannot be read ({type(err).__name__}: {str(err)[:120]})"
-    problem = resume_problem(state, step)
-    return f"checkpoint file {ckpt / 'state.pt'} does not resume {ckpt.name}: {problem}" if problem else ""
-
-
 def verify_checkpoint(ckpt: str | Path, files: tuple[str, ...] | None = None) -> None:
-    """Raise :class:`CheckpointError` naming what :func:`diagnose` finds wrong with `ckpt` (default: every file).
-    """
+    """Raise :class:`CheckpointError` naming what :func:`diagnose` finds wrong with `ckpt` (default: every file)."""
     problem = diagnose(ckpt, files)
     if problem:
         raise CheckpointError(problem)
 
 
-def _listed_but(ckpt: Path, skip: tuple[str, ...]) -> tuple[str, ...] | None:
+def listed_files(ckpt: Path, skip: tuple[str, ...] = ()) -> tuple[str, ...] | None:
+    """The files `ckpt`'s meta.json lists, but `skip` (None: no readable meta.json)."""
     try:
         listed = json.loads((ckpt / "meta.json").read_text()).get("files", FILES)
     except (OSError, ValueError, AttributeError):
@@ -321,53 +314,6 @@ def set_aside(ckpt: Path) -> Path:
         target = ckpt.with_name(f"{CORRUPT_PREFIX}{ckpt.name}.{n}")
     os.replace(ckpt, target)
     return target
-
-
-def resume_point(run_dir: str | Path, *, set_aside_damaged: bool = False) -> tuple[Path | None, str]:
-    """The checkpoint ``--resume`` continues from, and what is wrong with its train state ('' for a full resume).
-
-    Newest first, the first checkpoint whose files all verify is taken; its ``meta.json`` step must be its folder's
-    (:func:`step_problem`) and its ``state.pt`` must resume that very step (:func:`train_state_problem`: one without
-    the optimizer, or another checkpoint's, is damaged train state). Every newer damaged one is named in a
-    warning and, with `set_aside_damaged`, renamed ``corrupt_step_...`` (:func:`set_aside`). When no checkpoint is
-    intact but one has intact weights and lacks only its train state (``state.pt`` missing, damaged or not its
-    own), the newest such one is taken, weights only: the second value says what is wrong (the caller warns what
-    that loses).
-    Returns (None, '') when the run has no checkpoint folder; raises :class:`CheckpointError` when every
-    checkpoint's weights or meta.json are damaged.
-    """
-    damaged: list[tuple[Path, str]] = []
-    weights_only: tuple[Path, str] | None = None
-    start = None
-    for ckpt in reversed(checkpoint_folders(run_dir)):
-        problem = diagnose(ckpt) or config_problem(ckpt) or step_problem(ckpt) or train_state_problem(ckpt)
-        if not problem:
-            start = ckpt
-            break
-        rest = _listed_but(ckpt, WEIGHTS_ONLY)
-        if weights_only is None and rest is not None and not diagnose(ckpt, rest) and not config_problem(ckpt) \
-                and not step_problem(ckpt):
-            weights_only = (ckpt, problem)
-        else:
-            damaged.append((ckpt, problem))
-    state_problem = ""
-    if start is None and weights_only is not None:
-        start, state_problem = weights_only
-    elif weights_only is not None:
-        damaged.insert(0, weights_only)
-    damaged.sort(key=lambda d: d[0].name, reverse=True)
-    if set_aside_damaged:
-        damaged = [(set_aside(ckpt), problem) for ckpt, problem in damaged]
-    if start is None and damaged:
-        moved = f" (set aside as {', '.join(c.name for c, _ in damaged)}, kept as found)" if set_aside_damaged else ""
-        raise CheckpointError(f"{damaged[0][1]}; no intact checkpoint left in {run_dir}{moved}: nothing to resume "
-                              "from. Train into another --out")
-    if damaged:
-        moved = f" (set aside as {', '.join(c.name for c, _ in damaged)})" if set_aside_damaged else ""
-        how = f"{start.name}, weights only (see the next warning)" if state_problem else \
-            f"the newest intact checkpoint, {start.name}"
-        warnings.warn(f"{'; '.join(p for _, p in damaged)}{moved}; resuming from {how}", stacklevel=2)
-    return start, state_problem
 
 
 def checkpoint_folders(run_dir: str | Path) -> list[Path]:
@@ -414,7 +360,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if not folders:
         raise FileNotFoundError(f"{path} holds no complete checkpoint (expected {CKPT_DIR}/step_*/model.safetensors)")
     ckpt = folders[-1]
-    problem = diagnose(ckpt, _listed_but(ckpt, WEIGHTS_ONLY), digests=False)
+    problem = diagnose(ckpt, listed_files(ckpt, WEIGHTS_ONLY), digests=False)
     if problem:
         raise CheckpointError(problem + _previous_hint(ckpt))
     return ckpt
@@ -426,6 +372,8 @@ def _previous_hint(ckpt: Path) -> str:
     intact = next((c for c in reversed(older) if not diagnose(c, ("model.safetensors", "config.json"))), None)
     return f"; the newest intact checkpoint is {intact} (pass it as --run)" if intact else ""
 
+
+# -- loaded ------------------------------------------------------------------------------------------------------------
 
 def load_model(path: str | Path, *, device: str | torch.device = "cpu", ema: bool = False
                ) -> tuple[torch.nn.Module, RunConfig]:
@@ -456,31 +404,52 @@ def load_train_state(ckpt: Path) -> dict[str, Any]:
                               f"{str(err).splitlines()[0][:200]})") from err
 
 
-def logged_step(record: Any) -> int | None:
-    """The step of a ``metrics.jsonl``/``epochs.jsonl`` record; None when it is not a JSON object with an integer
-    ``step`` (a damaged line: ``null``, a list, ``"step": "abc"``)."""
-    step = record.get("step") if isinstance(record, dict) else None
-    return step if isinstance(step, int) and not isinstance(step, bool) else None
+def refuse_hub_encoder(cfg: RunConfig, where: str | Path) -> None:
+    """Raise ``ValueError`` when the config read from `where` (a local folder) names a Hub encoder: timm would
+    fetch its architecture from the network although the weights are right here. No saved model needs one."""
+    if cfg.model.encoder.lower().startswith(HUB_PREFIXES):
+        raise ValueError(f"{where}: model.encoder {cfg.model.encoder!r} is a Hugging Face Hub name, which timm would "
+                         "resolve on the network; a model loaded from a local folder is never resolved there (its "
+                         "config.json was edited or is not a workbench run's)")
 
 
-def truncate_jsonl(path: Path, step: int) -> None:
-    """Keep the lines of `path` logged at or before `step` (a killed run may have logged past its checkpoint).
-    A line cut off by a kill is dropped; so is any other line that is not a record with an integer step, with a
-    warning naming the file and how many."""
-    if not path.is_file():
-        return
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    keep, damaged = [], []
-    for n, line in enumerate(lines, 1):
-        try:
-            logged = logged_step(json.loads(line))
-        except json.JSONDecodeError:  # a line cut off by the kill
-            continue
-        if logged is None:
-            damaged.append(n)
-        elif logged <= step:
-            keep.append(line)
-    if damaged:
-        warnings.warn(f"{path}: dropped {len(damaged)} damaged line(s) (line {', '.join(map(str, damaged[:5]))}: not "
-                      "a JSON object with an integer step)", stacklevel=2)
-    atomic_write_text(path, "".join(x + "\n" for x in keep))
+def weight_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape in safetensors file `path`, read from its header (no tensor is loaded)."""
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            return {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}  # noqa: SIM118 (not a dict)
+    except Exception as err:  # SafetensorError for a damaged header
+        raise CheckpointError(f"checkpoint file {path} cannot be read ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0][:200]}): truncated or not a safetensors file") from err
+
+
+def check_fits(cfg: RunConfig, weights: str | Path) -> None:
+    """Raise :class:`CheckpointError` unless the model `cfg` builds has exactly the tensors, with the same shapes,
+    that the header of safetensors file `weights` lists: checked before anything is allocated (the model is built
+    on the meta device, whose tensors hold no memory; ``cfg`` passed validation, which bounds every size first), so
+    a config.json edited to other sizes is one line, never a model that fills the memory or is left half random."""
+    refuse_hub_encoder(cfg, Path(weights).parent)
+    arch = dataclasses.replace(cfg.model, pretrained=False, pretrained_path="")
+    with torch.device("meta"):
+        own = {k: tuple(v.shape) for k, v in create_model(arch, cfg.objective.name).state_dict().items()}
+    theirs = weight_shapes(weights)
+    bad = [k for k in own if k in theirs and own[k] != theirs[k]]
+    missing, unknown = sorted(set(own) - set(theirs)), sorted(set(theirs) - set(own))
+    parts = [f"{len(bad)} tensors have other shapes (e.g. {bad[0]}: file {theirs[bad[0]]}, config "
+             f"{own[bad[0]]})"] if bad else []
+    if missing:
+        parts.append(f"{len(missing)} tensors of the model are missing from the file (e.g. {missing[0]})")
+    if unknown:
+        parts.append(f"{len(unknown)} tensors of the file are unknown to the model (e.g. {unknown[0]})")
+    if parts:
+        raise CheckpointError(f"checkpoint file {weights} does not fit the config.json beside it: "
+                              f"{'; '.join(parts)}. The config or the weights were edited, or come from another run")
+
+
+def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors; a file that cannot be decoded raises :class:`CheckpointError` naming it."""
+    try:
+        return load_file(str(path))
+    except Exception as err:  # safetensors raises SafetensorError (not an OSError) for truncated headers/data
+        raise CheckpointError(f"checkpoint file {path} cannot be read ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0][:200]}): truncated or not a safetensors file") from err

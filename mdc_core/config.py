@@ -190,7 +190,7 @@ class TrainConfig:
     # to one of 8 counts) | dense (logits at every position: for a small corpus head)
     static_shapes: str = "auto"
     length_bucket: int = 8  # with static shapes: caption lengths are rounded up to a multiple of this
-    tensorboard: bool = False  # also write TensorBoard events into the run folder (rank 0; mdc_core.tensorboard_log)
+    tensorboard: bool = False  # also write TensorBoard events into the run folder (rank 0; the run hook "tensorboard")
 
     def compile_mode(self, device_type: str = "cpu", distributed: bool = False) -> str | None:
         """torch.compile's mode for train.compile on a `device_type` device, or None when the step runs eagerly.

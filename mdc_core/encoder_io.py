@@ -229,8 +229,8 @@ def load_encoder(path: str | Path, *, device: str = "cpu", ema: bool | None = No
             cfg = data.get("pretrained_cfg", {})
             stem = data.get("conv_stem")
             name = cfg.get("architecture", "") if stem else data["architecture"]  # see stem_architecture
+            from .checkpoint import HUB_PREFIXES
             from .config import check_encoder_kwargs
-            from .weights import HUB_PREFIXES
             if not isinstance(name, str) or name.lower().startswith(HUB_PREFIXES):
                 raise ValueError(f"{config}: architecture {name!r} is not a timm model name here (a Hugging Face Hub "
                                  "name would be resolved on the network; a local folder never is)")

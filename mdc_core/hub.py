@@ -15,7 +15,7 @@ the mixin would write its "[More Information Needed]" template. Loading checks w
 before building anything: a local folder's ``model.safetensors`` must match the size and SHA-256 its ``meta.json``
 records (a folder without one is checked from here on); ``config.json`` passes validation (every size bounded) and
 must build exactly the tensors and shapes of the weights file's header
-(:func:`~mdc_core.weights.check_fits`); an encoder named by a Hub name (``hf-hub:...``) is refused. Loading is
+(:func:`~mdc_core.checkpoint.check_fits`); an encoder named by a Hub name (``hf-hub:...``) is refused. Loading is
 strict, unlike the mixin's default: a weights file that does not fit is a one-line ValueError, never a
 half-initialised model. Nothing is downloaded unless a Hub repo id is given.
 """
@@ -29,11 +29,10 @@ from typing import Any
 
 from huggingface_hub import PyTorchModelHubMixin
 
-from .checkpoint import file_sha256, verify_checkpoint
+from .checkpoint import check_fits, file_sha256, load_weights, verify_checkpoint
 from .config import RunConfig
 from .model import Captioner
 from .registry import objective_spec
-from .weights import check_fits, load_weights
 
 WEIGHTS = "model.safetensors"  # huggingface_hub's constants.SAFETENSORS_SINGLE_FILE
 

@@ -6,16 +6,26 @@ also the real token "!", so decoding always cuts at ``<eot>`` before turning ids
 
 The output head may be restricted to the token ids that occur in the training corpus
 (``model.output_vocab = "corpus"``); :func:`build_output_vocab` makes that id table.
+
+The BPE comes from open_clip without importing the ``open_clip`` package (:func:`open_clip_module`):
+``import open_clip.tokenizer`` first runs ``open_clip/__init__``, which imports its whole model zoo (CoCa ->
+Hugging Face ``transformers`` -> scikit-learn when installed: seconds of start-up and a core that silently depends
+on the extensions' libraries). The two files the core needs, ``tokenizer.py`` (CLIP's BPE) and ``constants.py`` (the
+image mean / std, for :mod:`mdc_core.data.transforms`), import nothing from their package, so they are executed from
+the installed package's folder as stand-alone modules (open_clip's own when it is already imported). The CLIP
+baseline (:mod:`mdc_core.clip_model`) still imports open_clip's text tower and loss, when it is built.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Iterable, Sequence
-from functools import lru_cache
+from functools import cache, lru_cache
+from pathlib import Path
+from types import ModuleType
 
 import torch
-
-from ._open_clip import load
 
 VOCAB_SIZE = 49408  # CLIP BPE vocabulary, specials included
 SOT_ID = 49406
@@ -26,9 +36,28 @@ EMBED_SIZE = VOCAB_SIZE + 1  # rows of the decoder's input embedding
 SPECIAL_IDS = (SOT_ID, EOT_ID)
 
 
+@cache
+def open_clip_module(name: str) -> ModuleType:
+    """open_clip's module `name` (``tokenizer`` or ``constants``), without running the package's ``__init__``."""
+    if f"open_clip.{name}" in sys.modules:
+        return sys.modules[f"open_clip.{name}"]
+    package = importlib.util.find_spec("open_clip")  # locates the package; does not execute it
+    if package is None or not package.submodule_search_locations:
+        raise ImportError("open_clip_torch is not installed (pip install open_clip_torch); the caption tokenizer "
+                          "and the image normalisation come from it")
+    path = Path(next(iter(package.submodule_search_locations))) / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"mdc_core._open_clip_{name}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path} from the installed open_clip_torch")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @lru_cache(maxsize=1)
 def _bpe():  # open_clip.tokenizer.SimpleTokenizer
-    return load("tokenizer").SimpleTokenizer()  # reads the BPE merges shipped inside the open_clip wheel; no network
+    # reads the BPE merges shipped inside the open_clip wheel; no network
+    return open_clip_module("tokenizer").SimpleTokenizer()
 
 
 class CaptionTokenizer:

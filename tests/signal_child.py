@@ -43,7 +43,7 @@ def main(moment: str, argv: list[str]) -> int:
     if moment == "import-torch":
         sys.meta_path.insert(0, _Hold("torch"))
     elif moment == "after-prepare":
-        from mdc_core import run_start as resume
+        from mdc_core import run_folder as resume
 
         prepare = resume.prepare_run
 

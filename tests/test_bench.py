@@ -173,8 +173,8 @@ def test_train_compile_gives_the_same_run(tmp_path):
     """train.compile=true compiles in place: the same losses (to fp tolerance) and the same checkpoint keys."""
     from safetensors.torch import load_file
 
-    from mdc_core.data import write_synthetic_dataset
     from mdc_core.train import train
+    from mdc_workbench.data import write_synthetic_dataset
     from tests.train_helpers import assert_same_metrics, micro_run, read_metrics
 
     data = tmp_path / "data"

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from mdc_core import step_parts
+from mdc_core import train as trainer
 from mdc_workbench.bench.step_phases import PhaseClock, format_phases, measure_step_phases, summarize
 from mdc_workbench.cli import main
 from tests.conftest import MICRO
@@ -41,14 +41,14 @@ def test_the_phases_add_up_to_the_step_and_the_host_never_waits_between_logging_
 
 
 def test_a_read_of_the_loss_every_step_is_counted(data, monkeypatch):
-    real = step_parts.NonFiniteWatch.note
+    real = trainer.NonFiniteWatch.note
 
     def note(self, step, loss, grad_norm):  # what a careless trainer does: look at the loss every step
         if float(loss) > 1e9:
             pass
         return real(self, step, loss, grad_norm)
 
-    monkeypatch.setattr(step_parts.NonFiniteWatch, "note", note)
+    monkeypatch.setattr(trainer.NonFiniteWatch, "note", note)
     report = measure_step_phases("tiny", OVERRIDES, steps=3, warmup=0, data=data, sync_steps=4)
     assert report["syncs_per_step"]["between_log_steps"] == 1
     assert any(c.startswith("float(tensor)") for c in report["sync_calls"]["between_log_steps"])
@@ -96,7 +96,7 @@ def test_work_outside_the_phases_shows_as_missing_coverage():
 
 
 def test_the_trainer_marks_every_phase_with_a_clock_that_does_nothing():
-    clock = step_parts.StepClock()
+    clock = trainer.StepClock()
     with clock.phase("read"):
         pass
     clock.watch([])

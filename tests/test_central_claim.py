@@ -331,9 +331,9 @@ def test_the_connectors_are_single_tokens():
 def test_linked_data_put_either_attribute_last_and_link_shape_to_colour():
     import json
 
-    from mdc_core.data.captions import LINK_SHARE, linked_shape, order_caption
-    from mdc_core.data.scene import get_difficulty
-    from mdc_core.data.synth import make_example
+    from mdc_workbench.data.captions import LINK_SHARE, linked_shape, order_caption
+    from mdc_workbench.data.scene import get_difficulty
+    from mdc_workbench.data.synth import make_example
 
     shapes = get_difficulty("easy").shapes
     for order, words in (("shape_last", lambda m: f"a {m['colour']} {m['shape']}"),
@@ -376,10 +376,11 @@ def test_feature_order_table_and_its_check_by_hand():
 def test_cli_measures_both_caption_kinds_and_writes_table_and_plot(tmp_path, capsys):
     from mdc_core.checkpoint import save_checkpoint
     from mdc_core.config import DataConfig, RunConfig
-    from mdc_core.data import iter_captions, write_synthetic_dataset
+    from mdc_core.data import iter_captions
     from mdc_core.factory import create_model
     from mdc_core.tokenizer import build_output_vocab
     from mdc_workbench.cli import main
+    from mdc_workbench.data import write_synthetic_dataset
 
     from .conftest import micro_config
 

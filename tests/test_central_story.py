@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mdc_core.data.captions import LINK_SHARE
+from mdc_workbench.data.captions import LINK_SHARE
 from mdc_workbench.eval.paper import FEATURE_EFFECT, FLAT_SHARE
 from mdc_workbench.runs.central_story import (
     DECLARED,

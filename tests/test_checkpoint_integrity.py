@@ -9,7 +9,7 @@ import pytest
 import webdataset as wds
 
 from mdc_core import checkpoint as ck
-from mdc_core.train_state import TrainState
+from mdc_core.run_state import TrainState
 from mdc_workbench.cli import main
 from tests.test_cli import MICRO_SETS
 from tests.train_helpers import read_metrics
@@ -153,7 +153,7 @@ def test_a_deleted_state_pt_leaves_the_weights_readable_and_resume_falls_back_wi
 
 
 def test_train_state_missing_everywhere_resumes_weights_only_never_from_step_0(trained, tmp_path, capsys):
-    from mdc_core.run_start import weights_only_state
+    from mdc_core.run_folder import weights_only_state
     data, run, _ = trained
     broken = tmp_path / "run"
     shutil.copytree(run, broken)

@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from mdc_core.data.captions import CLAUSE_FACTS, clause_caption, parse_clause_caption
-from mdc_core.data.scene import example_rng, sample_scene, vocabularies
-from mdc_core.data.synth import make_example
+from mdc_workbench.data.captions import CLAUSE_FACTS, clause_caption, parse_clause_caption
+from mdc_workbench.data.scene import example_rng, sample_scene, vocabularies
+from mdc_workbench.data.synth import make_example
 
 
 def clause_examples(n=96, seed=0):

@@ -46,8 +46,8 @@ def test_building_the_parser_imports_no_torch():
             "print(sorted(m for m in ('torch', 'torchvision', 'numpy', 'PIL', 'webdataset') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
-    from mdc_core.data import LABEL_NAMES
     from mdc_workbench.cli.evaluate import PROBE_LABELS
+    from mdc_workbench.data import LABEL_NAMES
     assert PROBE_LABELS == LABEL_NAMES
 
 

@@ -9,11 +9,11 @@ import torch
 from mdc_core.checkpoint import load_model, save_checkpoint
 from mdc_core.clip_model import CLIPModel, contrastive_loss
 from mdc_core.config import ObjectiveConfig, RunConfig
-from mdc_core.data import write_synthetic_dataset
 from mdc_core.factory import create_model, probe_pool
 from mdc_core.objectives import compute_loss
 from mdc_core.tokenizer import EOT_ID, CaptionTokenizer, build_output_vocab
 from mdc_workbench.cli import main
+from mdc_workbench.data import write_synthetic_dataset
 
 from .conftest import MICRO, micro_config
 

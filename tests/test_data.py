@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mdc_core.data import (
+from mdc_workbench.data import (
     COLOURS,
     LABEL_NAMES,
     NEGATIVE_TYPES,
@@ -22,8 +22,8 @@ from mdc_core.data import (
     synth,
     write_synthetic_dataset,
 )
-from mdc_core.data.captions import RELATIONS
-from mdc_core.data.scene import DIFFICULTIES
+from mdc_workbench.data.captions import RELATIONS
+from mdc_workbench.data.scene import DIFFICULTIES
 
 SMALL = dict(n=24, n_val=6, n_test=6, n_compgen=8, image_size=32, shard_size=10, progress=False)
 

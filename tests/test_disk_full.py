@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from mdc_core import checkpoint as ck
+from mdc_core import run_folder
 from mdc_core.config import RunConfig
 from mdc_workbench.cli import main
 from tests.conftest import micro_config
@@ -119,7 +120,7 @@ def test_enospc_outside_a_checkpoint_is_one_line(data, tmp_path, capsys, monkeyp
     def full(path, step):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(ck, "truncate_jsonl", full)
+    monkeypatch.setattr(run_folder, "truncate_jsonl", full)
     assert main(_train_argv(data, run, "--resume", "--steps", "4")) == 1
     err = _one_line(capsys)
     assert err.startswith(f"mdc: error: no space left on the device (writing {run}/metrics.jsonl)")
@@ -208,7 +209,7 @@ def test_failed_data_commands_leave_no_output_folder(tmp_path, capsys, monkeypat
     assert main(["data", "shards", "--from", str(table), "--out", str(existing), "--quiet"]) == 2
     assert sorted(p.name for p in existing.iterdir()) == ["notes.txt"]
 
-    import mdc_core.data.synth as synth
+    import mdc_workbench.data.synth as synth
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 
 from mdc_core.checkpoint import latest_checkpoint, load_model
 from mdc_core.config import RunConfig
-from mdc_core.data import write_synthetic_dataset
 from mdc_core.tokenizer import CaptionTokenizer
+from mdc_workbench.data import write_synthetic_dataset
 from mdc_workbench.eval import captioning as cap
 
 from .test_eval_compositionality import make_run

@@ -11,9 +11,9 @@ from PIL import Image
 from mdc_core.checkpoint import save_checkpoint
 from mdc_core.clip_model import CLIPModel
 from mdc_core.config import ObjectiveConfig, RunConfig
-from mdc_core.data import write_synthetic_dataset
 from mdc_core.model import Captioner
 from mdc_core.tokenizer import CaptionTokenizer
+from mdc_workbench.data import write_synthetic_dataset
 from mdc_workbench.eval import compositionality as comp
 from mdc_workbench.eval.composition_sets import (
     Example,

@@ -181,8 +181,8 @@ def test_the_validation_loss_scores_every_swept_objective_clip_included(tmp_path
     """Notebook 03 sweeps CLIP's learning rate like ARC's and MDC's: the validation loss is each objective's own
     loss under fixed draws, finite and the same on a second call, for CLIP too."""
     from mdc_core.config import DataConfig, RunConfig
-    from mdc_core.data import write_synthetic_dataset
     from mdc_core.factory import create_model
+    from mdc_workbench.data import write_synthetic_dataset
     from mdc_workbench.notebooks.tuning import validation_loss
 
     from .conftest import micro_config

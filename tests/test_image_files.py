@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DRIVER = """
 import json, resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (12 * 2**30, 12 * 2**30))  # the old code read /dev/zero until this ran out
-from mdc_core.data.shards import write_shards
+from mdc_workbench.data.shards import write_shards
 table, out = sys.argv[1], sys.argv[2]
 stats = write_shards(table, out, progress=False)
 print(json.dumps({"written": stats["written"], "skipped": stats["skipped"]}))

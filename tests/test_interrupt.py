@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mdc_core import checkpoint as ck
-from mdc_core import step_parts
+from mdc_core import loss_step
 from mdc_core.train import TrainingInterrupted, train
 from tests.train_helpers import (
     assert_same_metrics,
@@ -110,7 +110,7 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_from_scratch(data, tmp
 
 def test_in_process_an_interrupt_raises_after_the_checkpoint(data, tmp_path, monkeypatch):
     """A library caller (a notebook cell) sees a KeyboardInterrupt, as before, but only after the checkpoint."""
-    real, calls = step_parts.Objective.forward, [0]
+    real, calls = loss_step.Objective.forward, [0]
 
     def interrupting(self, *args, **kwargs):
         calls[0] += 1
@@ -118,7 +118,7 @@ def test_in_process_an_interrupt_raises_after_the_checkpoint(data, tmp_path, mon
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C during the third step
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(step_parts.Objective, "forward", interrupting)
+    monkeypatch.setattr(loss_step.Objective, "forward", interrupting)
     cfg = micro_run(data, steps=50, batch_size=4, ckpt_every=100)
     # Python's own Ctrl-C handler, as in an interactive session (a background job starts with SIGINT ignored)
     outer = signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -16,10 +16,9 @@ from safetensors.torch import load_file, save_file
 
 import mdc_core
 from mdc_core import config as config_module
-from mdc_core.checkpoint import CheckpointError, load_model
+from mdc_core.checkpoint import CheckpointError, check_fits, load_model
 from mdc_core.config import ConfigError, RunConfig
 from mdc_core.hub import MDCCaptioner
-from mdc_core.weights import check_fits
 from mdc_workbench.cli import main
 
 SHIPPED = Path(mdc_core.__file__).parent / "pretrained" / "mdc_tiny_lean_easy"

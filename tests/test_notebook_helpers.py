@@ -58,7 +58,7 @@ def full_vocab_model():
     ("a red circle and a blue star", ["blue"], [5], "colour"),
 ])
 def test_infill_slots_mask_a_word_worth_asking_about(full_vocab_model, caption, mask, slots, kind) -> None:
-    from mdc_core.data import COLOURS, SHAPES
+    from mdc_workbench.data import COLOURS, SHAPES
 
     words = caption.split()
     got, candidates = wb.infill_slots(words, mask, CaptionTokenizer(24), full_vocab_model)

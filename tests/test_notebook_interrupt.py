@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from mdc_core import checkpoint as ck
-from mdc_core import step_parts
+from mdc_core import loss_step
 from mdc_core.train import TrainingInterrupted, train
 from mdc_workbench.notebooks import notebook as wb
 from tests.train_helpers import (
@@ -61,7 +61,7 @@ def test_an_interrupt_stops_the_live_training_at_a_step_with_a_checkpoint_and_th
     cfg = micro_run(data, steps=STEPS, batch_size=4, ckpt_every=100)
     models = tmp_path / "models"
     run_dir = wb.cached_run_dir(models, cfg)
-    real, calls, held = step_parts.Objective.forward, [0], []
+    real, calls, held = loss_step.Objective.forward, [0], []
 
     def interrupting(self, *args, **kwargs):
         calls[0] += 1
@@ -70,7 +70,7 @@ def test_an_interrupt_stops_the_live_training_at_a_step_with_a_checkpoint_and_th
             os.kill(os.getpid(), signal.SIGINT)  # Kernel > Interrupt (SIGINT to the kernel) during the third step
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(step_parts.Objective, "forward", interrupting)
+    monkeypatch.setattr(loss_step.Objective, "forward", interrupting)
     outer = signal.signal(signal.SIGINT, signal.default_int_handler)  # what ipykernel installs while a cell runs
     try:
         with pytest.raises(KeyboardInterrupt) as info:
@@ -106,7 +106,7 @@ def test_kernel_interrupt_in_jupyter_stops_the_training_cell(data, tmp_path):
     cell = f"""
 import time
 import torch
-import mdc_core.step_parts as T
+import mdc_core.loss_step as T
 from mdc_core.config import RunConfig
 from mdc_workbench.notebooks import notebook as wb
 torch.set_num_threads(1)

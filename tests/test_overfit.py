@@ -7,10 +7,11 @@ import torch
 
 from mdc_core.checkpoint import load_model
 from mdc_core.config import load_preset
-from mdc_core.data import build_loader, write_synthetic_dataset
+from mdc_core.data import build_loader
 from mdc_core.sampler import sample
 from mdc_core.tokenizer import CaptionTokenizer
 from mdc_core.train import train
+from mdc_workbench.data import write_synthetic_dataset
 
 
 def test_tiny_preset_overfits_32_pairs(tmp_path):

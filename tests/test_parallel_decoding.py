@@ -8,10 +8,11 @@ import torch
 
 from mdc_core.checkpoint import save_checkpoint
 from mdc_core.config import DataConfig, ObjectiveConfig, RunConfig, SamplerConfig
-from mdc_core.data import iter_captions, write_synthetic_dataset
+from mdc_core.data import iter_captions
 from mdc_core.factory import create_model
 from mdc_core.tokenizer import build_output_vocab
 from mdc_workbench.cli import main
+from mdc_workbench.data import write_synthetic_dataset
 from mdc_workbench.eval.parallel_decoding import decoding_curve, decoding_settings, plot_decoding_curve
 
 from .conftest import micro_config

@@ -12,10 +12,11 @@ from PIL import Image
 from mdc_core.checkpoint import save_checkpoint
 from mdc_core.clip_model import CLIPModel
 from mdc_core.config import DataConfig, ObjectiveConfig, RunConfig
-from mdc_core.data import build_loader, load_image, vocabularies, write_synthetic_dataset
+from mdc_core.data import build_loader, load_image
 from mdc_core.data.transforms import eval_transform
 from mdc_core.factory import create_model
 from mdc_workbench.cli import main
+from mdc_workbench.data import vocabularies, write_synthetic_dataset
 from mdc_workbench.eval import probe_data
 from mdc_workbench.eval.probe_data import extract_features, load_cifar_pickle, open_probe_dataset, probe_run
 

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mdc_core.checkpoint import CKPT_DIR, CORRUPT_PREFIX, file_sha256, train_state_problem
-from mdc_core.train_state import TrainState, resume_problem
+from mdc_core.checkpoint import CKPT_DIR, CORRUPT_PREFIX, file_sha256
+from mdc_core.run_folder import train_state_problem
+from mdc_core.run_state import TrainState, resume_problem
 from mdc_workbench.cli import main
 from tests.test_cli import MICRO_SETS
 from tests.train_helpers import read_metrics

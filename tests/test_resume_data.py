@@ -15,7 +15,7 @@ import pytest
 
 from mdc_core.data import sources
 from mdc_core.data.sources import resolve_source
-from mdc_core.run_start import FINGERPRINT_FILE, known_digests
+from mdc_core.run_folder import FINGERPRINT_FILE, known_digests
 from mdc_workbench.cli import main
 from tests.test_cli import MICRO_SETS
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from mdc_core import checkpoint as ck
+from mdc_core.run_folder import truncate_jsonl
 from mdc_workbench.cli import main
 from tests.test_cli import MICRO_SETS
 from tests.train_helpers import read_metrics
@@ -75,7 +76,7 @@ def test_a_run_killed_before_its_first_checkpoint_starts_over_and_keeps_its_old_
     broken = tmp_path / "run"
     shutil.copytree(run, broken)
     shutil.rmtree(broken / "checkpoints")
-    ck.truncate_jsonl(broken / "metrics.jsonl", 1)  # killed after step 1, before the first checkpoint (step 2)
+    truncate_jsonl(broken / "metrics.jsonl", 1)  # killed after step 1, before the first checkpoint (step 2)
     (broken / "epochs.jsonl").unlink(missing_ok=True)
     log = (broken / "metrics.jsonl").read_bytes()
     with pytest.warns(UserWarning, match=r"stopped before its first checkpoint.*metrics_before_start_over_1.jsonl"):

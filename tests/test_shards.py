@@ -10,9 +10,9 @@ from PIL import Image
 
 from mdc_core.config import DataConfig
 from mdc_core.data import build_loader
-from mdc_core.data.shards import write_shards
 from mdc_workbench.bench.data import measure
 from mdc_workbench.cli import main
+from mdc_workbench.data.shards import write_shards
 
 
 def _images(folder: Path, n: int) -> list[Path]:

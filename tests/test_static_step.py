@@ -14,6 +14,7 @@ from torch._dynamo.utils import counters
 
 from mdc_core.config import ConfigError
 from mdc_core.factory import create_model
+from mdc_core.loss_step import LossStep
 from mdc_core.objectives import (
     bucket_length,
     compute_loss,
@@ -21,7 +22,6 @@ from mdc_core.objectives import (
     prepare_batch,
     term_capacity,
 )
-from mdc_core.step_parts import LossStep
 from mdc_core.tokenizer import CaptionTokenizer, build_output_vocab
 from tests.numerics import assert_close_to_scale
 from tests.train_helpers import micro_run, write_micro_data

@@ -140,8 +140,7 @@ def test_the_model_forward_and_loss_compile_without_graph_breaks(data, objective
 
 def test_adamw_is_fused_on_cuda_only(tiny_model):
     from mdc_core.config import TrainConfig
-    from mdc_core.step_parts import build_optimizer
-    from mdc_core.train import param_groups
+    from mdc_core.train import build_optimizer, param_groups
 
     model = tiny_model()
     opt = build_optimizer(param_groups(model, 0.1), TrainConfig(lr=1e-3, betas=(0.9, 0.95)), torch.device("cpu"))
@@ -155,7 +154,7 @@ def test_adamw_is_fused_on_cuda_only(tiny_model):
 def test_ema_update_averages_floats_and_copies_integer_buffers():
     from torch.optim.swa_utils import AveragedModel
 
-    from mdc_core.step_parts import ema_update
+    from mdc_core.train import ema_update
 
     model = torch.nn.Linear(2, 2)
     model.register_buffer("ids", torch.arange(49400, 49409))  # a token-id table, like Captioner.output_ids

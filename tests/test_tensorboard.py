@@ -15,7 +15,10 @@ from torch.utils.tensorboard import SummaryWriter
 
 from mdc_core.checkpoint import CKPT_DIR
 from mdc_core.config import ConfigError
-from mdc_core.tensorboard_log import (
+from mdc_core.train import train
+from mdc_workbench.cli import build_parser
+from mdc_workbench.cli.train import _train_config
+from mdc_workbench.viz.tensorboard_log import (
     NOT_DRAWN,
     TAG_PREFIX,
     TensorBoardLog,
@@ -24,9 +27,6 @@ from mdc_core.tensorboard_log import (
     flat_hparams,
     validation_problem,
 )
-from mdc_core.train import train
-from mdc_workbench.cli import build_parser
-from mdc_workbench.cli.train import _train_config
 from tests.train_helpers import (
     assert_same_metrics,
     micro_run,
@@ -176,7 +176,7 @@ def test_flat_hparams_are_scalars_and_text(tmp_path):
 def test_validation_captions_the_model_cannot_represent_give_a_note_not_a_crash(tmp_path, monkeypatch):
     import torch
 
-    import mdc_core.tensorboard_log as tb
+    import mdc_workbench.viz.tensorboard_log as tb
     monkeypatch.setattr(tb, "in_vocabulary", lambda model, tokens: torch.zeros(tokens.shape[0], dtype=torch.bool))
     data = write_micro_data(tmp_path / "data", 16)
     train(micro_run(data, steps=2, batch_size=8, ckpt_every=1, tensorboard=True), tmp_path / "run", progress=False)
@@ -185,3 +185,43 @@ def test_validation_captions_the_model_cannot_represent_give_a_note_not_a_crash(
     assert "val/loss" not in acc.Tags()["scalars"]
     notes = acc.Tensors("val/note/text_summary")
     assert len(notes) == 1 and "is in the model's vocabulary" in notes[0].tensor_proto.string_val[0].decode()
+
+
+def test_a_run_hook_is_told_each_record_and_checkpoint_and_the_end(tmp_path):
+    """``train(..., hooks=[factory])``: rank 0 builds the hook with the run folder, the start step and the config,
+    then tells it each metrics.jsonl record as written, each checkpoint but a stop's, and the end."""
+    data = write_micro_data(tmp_path / "data", 24)
+    told: list[tuple] = []
+
+    class Hook:
+        def __init__(self, run_dir, start_step, cfg):
+            told.append(("start", run_dir, start_step, cfg.train.steps))
+
+        def record(self, record):
+            told.append(("record", record["step"], record["loss"]))
+
+        def checkpoint(self, step, model):
+            told.append(("checkpoint", step, model.training))
+
+        def close(self):
+            told.append(("close",))
+
+    run = tmp_path / "run"
+    train(micro_run(data, steps=4, batch_size=8, ckpt_every=2), run, progress=False, hooks=[Hook])
+    records = read_metrics(run)
+    assert told[0] == ("start", run, 0, 4) and told[-1] == ("close",)
+    assert [t for t in told if t[0] == "record"] == [("record", r["step"], r["loss"]) for r in records]
+    assert [t for t in told if t[0] == "checkpoint"] == [("checkpoint", 2, True), ("checkpoint", 4, True)]
+    told.clear()
+    train(micro_run(data, steps=6, batch_size=8, ckpt_every=2), run, resume=True, progress=False, hooks=[Hook])
+    assert told[0] == ("start", run, 4, 6) and [t[1] for t in told if t[0] == "record"] == [5, 6]
+
+
+def test_tensorboard_asked_for_without_its_hook_installed_is_one_line(tmp_path, monkeypatch):
+    import mdc_core.run_state as run_state
+    cfg = micro_run(tmp_path, tensorboard=True)
+    assert [f.__name__ for f in run_state.config_hooks(cfg)] == ["TensorBoardLog"]  # pyproject.toml's entry point
+    assert run_state.config_hooks(micro_run(tmp_path)) == []
+    monkeypatch.setattr(run_state, "entry_points", lambda group: [])
+    with pytest.raises(ConfigError, match=r"train.tensorboard=true, but no run hook named 'tensorboard'"):
+        run_state.config_hooks(cfg)

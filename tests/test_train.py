@@ -12,12 +12,13 @@ from safetensors.torch import load_file
 
 import mdc_core.train as train_mod
 from mdc_core import checkpoint as ck
-from mdc_core import step_parts
+from mdc_core import loss_step
 from mdc_core.config import ConfigError, ObjectiveConfig
-from mdc_core.data import make_example
+from mdc_core.loss_step import loss_denominator
 from mdc_core.objectives import prepare_batch
 from mdc_core.tokenizer import CaptionTokenizer
-from mdc_core.train import TrainingDiverged, loss_denominator, lr_lambda, step_seed, train
+from mdc_core.train import TrainingDiverged, lr_lambda, step_seed, train
+from mdc_workbench.data import make_example
 from tests.train_helpers import (
     micro_run,
     one_thread,  # noqa: F401 - a fixture
@@ -133,8 +134,8 @@ def test_ema_is_the_exponential_average_of_the_weights(data, tmp_path):
 
 
 def _poison(monkeypatch, bad_calls: set[int]) -> None:
-    """The step's loss (step_parts.Objective) is NaN on the given call numbers (1-based micro-batches)."""
-    real, calls = step_parts.Objective.forward, [0]
+    """The step's loss (loss_step.Objective) is NaN on the given call numbers (1-based micro-batches)."""
+    real, calls = loss_step.Objective.forward, [0]
 
     def poisoned(self, *args, **kwargs):
         calls[0] += 1
@@ -143,7 +144,7 @@ def _poison(monkeypatch, bad_calls: set[int]) -> None:
             loss = loss * float("nan")
         return loss, metrics
 
-    monkeypatch.setattr(step_parts.Objective, "forward", poisoned)
+    monkeypatch.setattr(loss_step.Objective, "forward", poisoned)
 
 
 def test_nan_stops_and_keeps_the_last_good_checkpoint(data, tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from mdc_core.config import RunConfig, load_preset
-from mdc_core.data import write_synthetic_dataset
+from mdc_workbench.data import write_synthetic_dataset
 from tests.conftest import MICRO
 
 # logged values that must agree between runs (samples_per_s is a timing)
@@ -77,16 +77,16 @@ def _child(cfg_dict: dict, out: str, resume: bool, env: dict[str, str], delay_s:
     os.environ.update(env)
     torch.set_num_threads(1)
     import mdc_core.train as train_mod
-    from mdc_core import step_parts
+    from mdc_core import loss_step
     if delay_s:  # a slower child, so that the test can kill it mid-run (results are unchanged)
         import time
-        real = step_parts.Objective.forward
+        real = loss_step.Objective.forward
 
         def slow(self, *args, **kwargs):
             time.sleep(delay_s)
             return real(self, *args, **kwargs)
 
-        step_parts.Objective.forward = slow
+        loss_step.Objective.forward = slow
     try:
         train_mod.train(RunConfig.from_dict(cfg_dict), out, resume=resume, progress=False)
     except BaseException as err:  # noqa: BLE001 - reported to the parent test through a file

@@ -197,14 +197,17 @@ def _identity(batch: dict[str, Any]) -> dict[str, Any]:
     return batch
 
 
-def _is_synthetic(source: Source) -> bool:
+def _captions_describe_layout(source: Source) -> bool:
+    """Whether the data set's ``manifest.json`` lists position words among the vocabularies its captions use (the
+    synthetic data set's does): then a random crop would move what the captions say."""
     for folder in filter(None, (source.root, source.root.parent if source.root else None)):
         manifest = folder / "manifest.json"
         if manifest.is_file():
             try:
-                return json.loads(manifest.read_text()).get("generator") == "mdc_core.data.synth"
-            except (OSError, ValueError):
+                vocab = json.loads(manifest.read_text()).get("vocab")
+            except (OSError, ValueError, AttributeError):
                 return False
+            return isinstance(vocab, dict) and bool(vocab.get("position"))
     return False
 
 
@@ -235,7 +238,7 @@ def build_loader(cfg: DataConfig, *, split: str | None = "train", image_size: in
         raise ValueError(f"need 0 <= rank < world, got rank {rank} of {world}")
     source = resolve_source(cfg.path, cfg.format, split, cfg.images or None)
     random_crop = cfg.augment == "rrc" and split not in EVAL_SPLITS
-    if random_crop and _is_synthetic(source):
+    if random_crop and _captions_describe_layout(source):
         warnings.warn("data.augment='rrc' on the synthetic data set: random crops change object positions and "
                       "sizes that captions and labels describe; use augment='none'", stacklevel=2)
     if cfg.in_memory:  # decoded once per process; ranks deal batches, workers are not needed

@@ -72,7 +72,7 @@ class Source:
         gives the same one, and other content of the same sizes another.
 
         Each shard is read once: `known` (``{absolute path: {"bytes", "mtime_ns", "sha256"}}``, what
-        :func:`mdc_core.run_start.record_fingerprint` keeps in the run folder) and this process's own memo give the
+        :func:`mdc_core.run_folder.record_fingerprint` keeps in the run folder) and this process's own memo give the
         digest of a shard whose size and modification time are unchanged without reading it; `known` gains the
         entries computed here."""
         known = {} if known is None else known
@@ -156,6 +156,15 @@ def resolve_source(path: str, fmt: str = "auto", split: str | None = None, image
     if fmt not in ("auto", kind):
         raise ValueError(f"data.format={fmt!r} but {p} looks like {kind} data")
     return _file_source(p, kind, split, images)
+
+
+def data_fingerprint(data: Any, known: dict[str, dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """The content :meth:`Source.fingerprint` of a :class:`~mdc_core.config.DataConfig`'s training split (None: not
+    readable); `known` holds shard digests already computed (:func:`mdc_core.run_folder.known_digests`)."""
+    try:
+        return resolve_source(data.path, data.format, "train", data.images or None).fingerprint(known)
+    except (OSError, ValueError):
+        return None
 
 
 def _pattern_source(pattern: str, fmt: str) -> Source:

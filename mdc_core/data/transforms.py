@@ -25,15 +25,16 @@ from PIL import Image, ImageOps
 from torchvision import transforms as T
 from torchvision.transforms import functional as TF
 
-from mdc_core._open_clip import load
+from mdc_core.tokenizer import open_clip_module
 
 MAX_SIDE = 10_000  # pixels: larger images are refused
 MAX_PIXELS = 50_000_000  # 50 MP: larger images are refused (PIL's own bomb guard triggers only above ~179 MP)
 MAX_FILE_BYTES = 256 * 2**20  # an image file larger than this is refused before it is read
 RRC_SCALE = (0.9, 1.0)  # area fraction kept by the random resized crop
 RRC_RATIO = (3 / 4, 4 / 3)  # aspect ratios of the random resized crop
-OPENAI_DATASET_MEAN: tuple[float, float, float] = load("constants").OPENAI_DATASET_MEAN  # CLIP's normalisation
-OPENAI_DATASET_STD: tuple[float, float, float] = load("constants").OPENAI_DATASET_STD
+_CLIP = open_clip_module("constants")  # CLIP's normalisation
+OPENAI_DATASET_MEAN: tuple[float, float, float] = _CLIP.OPENAI_DATASET_MEAN
+OPENAI_DATASET_STD: tuple[float, float, float] = _CLIP.OPENAI_DATASET_STD
 BACKGROUND = tuple(round(255 * m) for m in OPENAI_DATASET_MEAN)  # what transparent pixels become: mean colour
 _ADDRESS = re.compile(r"<[^<>]* at 0x[0-9a-fA-F]+>")  # "<_io.BytesIO object at 0x7f...>" in PIL's messages
 

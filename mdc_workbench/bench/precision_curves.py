@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from mdc_core.config import RunConfig, load_preset
-from mdc_core.data.synth import write_synthetic_dataset
 from mdc_core.train import train
+from mdc_workbench.data.synth import write_synthetic_dataset
 
 # the micro captioner of the test suite (tests/conftest.py MICRO): 32 px, one ViT block of width 32, two decoder layers
 MICRO = dict(encoder="vit_base_patch32_224", image_size=32,

@@ -15,8 +15,8 @@ import torch
 
 from mdc_core.checkpoint import save_checkpoint
 from mdc_core.config import load_preset
-from mdc_core.data import write_synthetic_dataset
 from mdc_core.factory import create_model
+from mdc_workbench.data import write_synthetic_dataset
 from mdc_workbench.eval.probe_data import probe_run
 
 TASKS = ["shape", "colour", "count", "position", "background"]

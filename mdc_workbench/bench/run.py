@@ -61,7 +61,7 @@ def run_bench(bench: BenchConfig, progress: Callable[[str], None] | None = None,
                             "output_vocab_size": len(payload["output_ids"]) if payload["output_ids"] is not None
                             else 49408}
 
-    from mdc_core.train import use_bf16
+    from mdc_core.loss_step import use_bf16
 
     dtype = torch.bfloat16 if use_bf16(cfg.train.precision, device) else torch.float32  # as the training step
     say(f"{str(dtype).removeprefix('torch.')} matmul peak")

@@ -1,6 +1,6 @@
 """``mdc bench step``: where the trainer's step spends its time, phase by phase, and how often the host waits.
 
-The trainer marks the phases of its step (:class:`mdc_core.step_parts.StepClock`: read, prepare, forward_backward,
+The trainer marks the phases of its step (:class:`mdc_core.train.StepClock`: read, prepare, forward_backward,
 clip_optimizer, ema, metrics_logging, checkpoint); :class:`PhaseClock` times them, waiting for the device at every
 phase boundary (``torch.cuda.synchronize``, here only: the trainer itself never waits), so that each phase's time is
 its own work. :func:`measure_step_phases` trains a preset for a few dozen steps on a small embedded data set
@@ -33,7 +33,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from mdc_core.distributed import sync
-from mdc_core.step_parts import StepClock
+from mdc_core.train import StepClock
 
 MODEL_PHASES = ("forward_backward", "clip_optimizer", "ema")  # the model's compute; the other phases: fixed cost
 
@@ -258,8 +258,8 @@ def measure_step_phases(preset: str = "tiny_fast", overrides: Iterable[str] = ()
     :func:`summarize`'s figures of the timed steps that neither log nor checkpoint (and the logging steps' median
     step), and the syncs per step between logging steps and at them."""
     from mdc_core.config import load_preset
-    from mdc_core.data import write_synthetic_dataset
     from mdc_core.train import train
+    from mdc_workbench.data import write_synthetic_dataset
 
     if steps < 1 or warmup < 0 or sync_steps < 2:
         raise ValueError(f"need steps >= 1, warmup >= 0, sync_steps >= 2; got {steps}, {warmup}, {sync_steps}")

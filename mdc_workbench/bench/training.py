@@ -3,9 +3,9 @@
 Every row of :data:`TRAIN_SPECS` is measured in its own ``python -m mdc_workbench.bench.training`` child so that
 its peak memory is its own: the peak resident set (``ru_maxrss``) on CPU, ``torch.cuda.max_memory_allocated``
 on CUDA. A step is what :mod:`mdc_core.train` does: the batch prepared on the host and copied without blocking
-(:class:`mdc_core.step_parts.HostBatches`), forward, loss, backward, AdamW update (fused on CUDA), ``zero_grad``
+(:class:`mdc_core.loss_step.HostBatches`), forward, loss, backward, AdamW update (fused on CUDA), ``zero_grad``
 (bf16 autocast on CUDA, fp32 on CPU), gradient-norm clipping. Our rows run the trainer's own
-:class:`mdc_core.step_parts.LossStep`, so a compiled row compiles as ``train.compile=<mode>`` does (with the run's
+:class:`mdc_core.loss_step.LossStep`, so a compiled row compiles as ``train.compile=<mode>`` does (with the run's
 ``train.static_shapes``) and its warm-up time, compilation included, is reported as ``compile_s``. The model FLOPs
 of a step (forward + backward, optimizer excluded) are counted once by ``torch.utils.flop_counter.FlopCounterMode``
 on the eager, unpadded step: padding terms are not useful work, so MFU counts only the loss terms that train.
@@ -31,10 +31,10 @@ import torch
 
 from mdc_core.config import RunConfig
 from mdc_core.distributed import sync
+from mdc_core.loss_step import LossStep, use_bf16
 from mdc_core.model import Captioner
 from mdc_core.objectives import objective_spec, trim_padding
-from mdc_core.step_parts import LossStep, build_optimizer
-from mdc_core.train import use_bf16
+from mdc_core.train import build_optimizer
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def build_step_model(spec: TrainSpec, cfg: RunConfig, output_ids: torch.Tensor |
                      ) -> tuple[torch.nn.Module, Callable[..., torch.Tensor]]:
     """(model on `device`, loss_fn(images, tokens, seed) -> scalar) for one row of :data:`TRAIN_SPECS`: images on
     the device, tokens (B, L) on the host, prepared for the step there as the trainer does (our rows: the trainer's
-    :class:`~mdc_core.step_parts.LossStep`, bf16 autocast inside it on CUDA; CoCa: the caller's autocast)."""
+    :class:`~mdc_core.loss_step.LossStep`, bf16 autocast inside it on CUDA; CoCa: the caller's autocast)."""
     if spec.implementation == "coca":
         from .coca import CocaCaptionLoss, build_coca
 
@@ -130,7 +130,7 @@ def _optimizer_step(loss_fn: Callable[..., torch.Tensor], model: torch.nn.Module
                     images: torch.Tensor, tokens: torch.Tensor, seeds: itertools.count, autocast: bool
                     ) -> Callable[[], None]:
     """One optimizer step as :mod:`mdc_core.train` takes it: loss, backward, gradient-norm clipping, AdamW,
-    zero_grad (our rows autocast inside :class:`~mdc_core.step_parts.LossStep`; CoCa's under `autocast`)."""
+    zero_grad (our rows autocast inside :class:`~mdc_core.loss_step.LossStep`; CoCa's under `autocast`)."""
     dev = images.device
 
     def step() -> None:

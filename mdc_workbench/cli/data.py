@@ -47,7 +47,7 @@ def cmd_data(args: argparse.Namespace) -> None:
 
 
 def cmd_data_shards(args: argparse.Namespace) -> None:
-    from mdc_core.data.shards import write_shards
+    from mdc_workbench.data.shards import write_shards
     stats = write_shards(args.source, args.out, shard_size=args.shard_size, check_images=not args.no_check,
                          progress=not args.quiet, images=args.images)
     print(f"wrote {stats['written']} pairs in {stats['shards']} shards; skipped {stats['skipped'] or 'none'}")
@@ -68,7 +68,7 @@ def cmd_data_bench(args: argparse.Namespace) -> None:
 
 
 def cmd_data_synth(args: argparse.Namespace) -> None:
-    from mdc_core.data import write_synthetic_dataset
+    from mdc_workbench.data import write_synthetic_dataset
     out = Path(args.out)
     held = [p for p in (out / "manifest.json", *out.glob("*/*.tar")) if p.is_file()]
     if held and not args.overwrite:

@@ -131,8 +131,8 @@ def truncation_note(truncated: int, seen: int, context: int) -> str:
 
 def cmd_demo(args: argparse.Namespace) -> None:
     from mdc_core.checkpoint import load_model
-    from mdc_core.data import read_manifest, write_synthetic_dataset
     from mdc_core.train import train
+    from mdc_workbench.data import read_manifest, write_synthetic_dataset
     from mdc_workbench.eval.report import caption_report
     out = Path(args.out)
     data_dir = out / "data"

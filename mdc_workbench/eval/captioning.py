@@ -23,7 +23,7 @@
 
 Data (``data`` / ``finetune_data``): a Karpathy split json (``dataset_coco.json``: ``images[].split``,
 ``filename``, ``sentences[].raw``; fine-tuning reads ``train`` + ``restval``, evaluation ``test``), a COCO caption
-json (e.g. from :func:`mdc_core.data.export_coco`; it has no splits, so fine-tuning needs its own file), a
+json (e.g. from :func:`mdc_workbench.data.export_coco`; it has no splits, so fine-tuning needs its own file), a
 CSV/TSV, or the embedded data set folder (``train/`` and ``test/`` shards; references of a test image are its
 short and long captions).
 """
@@ -159,11 +159,11 @@ FINETUNE_SOURCE = "finetune_source.json"  # in a fine-tuned run folder: what it 
 def finetune_key(run: str | Path, ft: RunConfig) -> dict[str, Any]:
     """What a fine-tune of `run` with config `ft` is made from, and its short ``key``: the SHA-256 of the source
     checkpoint's weights (its ``meta.json`` digest, verified on loading), the fine-tuning data's fingerprint
-    (:func:`mdc_core.run_start.data_fingerprint`) and `ft` without ``train.device`` (where it runs, not what)."""
+    (:func:`mdc_core.data.sources.data_fingerprint`) and `ft` without ``train.device`` (where it runs, not what)."""
     import hashlib
 
     from mdc_core.checkpoint import file_sha256, resolve_checkpoint
-    from mdc_core.run_start import data_fingerprint
+    from mdc_core.data.sources import data_fingerprint
 
     ckpt = resolve_checkpoint(run)
     try:

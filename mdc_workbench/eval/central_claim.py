@@ -49,9 +49,9 @@ from torch import Tensor
 
 from mdc_core.config import DataConfig, ObjectiveConfig
 from mdc_core.data import build_loader
-from mdc_core.data.captions import CLAUSE_CONNECTORS, CLAUSE_GROUPS
 from mdc_core.objectives import apply_mask, maskable_positions, objective_spec, trim_padding
 from mdc_core.tokenizer import MASK_ID, CaptionTokenizer
+from mdc_workbench.data.captions import CLAUSE_CONNECTORS, CLAUSE_GROUPS
 
 MEASURES = ("gradient", "pmi")
 MEASURE_LABELS = {"gradient": "gradient", "pmi": "PMI"}

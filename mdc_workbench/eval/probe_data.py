@@ -3,7 +3,7 @@
 Data formats (``fmt``; ``"auto"`` picks by what the folder holds):
 
 * ``synth``: a folder written by ``mdc data synth``; the tasks are the scene labels in each sample's json
-  (:data:`~mdc_core.data.scene.LABEL_NAMES`: shape, colour, size, position, count, background), class indices
+  (:data:`~mdc_workbench.data.scene.LABEL_NAMES`: shape, colour, size, position, count, background), class indices
   from the manifest's vocabularies; split ``train`` trains the probe and ``test`` scores it.
 * ``folder``: ImageNet-style class folders ``root/train/CLASS/*.jpg`` and ``root/val/CLASS/*.jpg`` (or
   ``root/test/``); task ``class``; class indices are the sorted training class names.
@@ -42,9 +42,10 @@ from tqdm.auto import tqdm
 
 from mdc_core.checkpoint import CKPT_DIR, load_model, resolve_checkpoint
 from mdc_core.config import DataConfig
-from mdc_core.data import LABEL_NAMES, build_loader, load_image, read_manifest
+from mdc_core.data import build_loader, load_image
 from mdc_core.data.transforms import eval_transform
 from mdc_core.factory import probe_pool
+from mdc_workbench.data import LABEL_NAMES, read_manifest
 from mdc_workbench.eval.probe import cached_features, linear_probe
 from mdc_workbench.eval.probe_baselines import INITS, PixelFeatures, random_init_model
 

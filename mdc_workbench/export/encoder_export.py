@@ -38,6 +38,7 @@ from mdc_core.checkpoint import (
     file_sha256,
     list_checkpoints,
     load_model,
+    load_weights,
     resolve_checkpoint,
     verify_checkpoint,
 )
@@ -55,7 +56,6 @@ from mdc_core.encoder_io import (
 from mdc_core.encoders import ImageEncoder
 from mdc_core.factory import model_architecture, probe_pool
 from mdc_core.hub import MDCCaptioner, hub_captioner
-from mdc_core.weights import load_weights
 from mdc_workbench.export.model_card import candidate_files, encoder_title, find_measurements, render_card
 
 FORMATS = ("timm", "hf")

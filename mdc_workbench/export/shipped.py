@@ -71,8 +71,8 @@ def load_shipped(device: str = "cpu") -> tuple[Any, Any]:
 def single_object_scenes(limit: int = HELD_OUT["first"], image_size: int | None = None) -> list[dict[str, Any]]:
     """The held-out test scenes with one object among the first `limit` of the shipped model's data (drawn by the
     generator, nothing read from disk): ``{"image": PIL image, "colour", "shape", "caption"}`` each."""
-    from mdc_core.data import make_example
     from mdc_core.data.transforms import open_image
+    from mdc_workbench.data import make_example
 
     p = data_params()
     scenes = []

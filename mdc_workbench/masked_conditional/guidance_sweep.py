@@ -21,10 +21,10 @@ import numpy as np
 import torch
 
 from mdc_core.config import SamplerConfig
-from mdc_core.data.captions import short_caption
-from mdc_core.data.scene import example_rng, heldout_combos, sample_scene, split_id
 from mdc_core.sampler import sample
 from mdc_core.tokenizer import CaptionTokenizer
+from mdc_workbench.data.captions import short_caption
+from mdc_workbench.data.scene import example_rng, heldout_combos, sample_scene, split_id
 from mdc_workbench.eval.caption_metrics import score_captions
 from mdc_workbench.masked_conditional.clipscore import CLIPScorer, clip_scores
 from mdc_workbench.masked_conditional.diffusion import d3pm_sample

@@ -88,7 +88,7 @@ def ensure_dataset(root: str | Path, n: int, *, captions: str = "mixed", image_s
                    n_eval: int | None = None, progress: bool = False, difficulty: str = "paper") -> dict[str, Any]:
     """The embedded data set at `root` with these parameters: reused if its manifest matches, else written.
     `n_eval` images per val/test/compgen split (default: the generator's ``max(64, n // 20)``); `difficulty`
-    ``paper`` or ``easy`` (:data:`mdc_core.data.scene.DIFFICULTIES`)."""
+    ``paper`` or ``easy`` (:data:`mdc_workbench.data.scene.DIFFICULTIES`)."""
     root = project_path(root)
     with cache_lock(root, f"the data set {root.name}"):
         return _ensure_dataset(root, n, captions=captions, image_size=image_size, seed=seed, n_eval=n_eval,
@@ -97,7 +97,7 @@ def ensure_dataset(root: str | Path, n: int, *, captions: str = "mixed", image_s
 
 def _ensure_dataset(root: Path, n: int, *, captions: str, image_size: int, seed: int, n_eval: int | None,
                     progress: bool, difficulty: str) -> dict[str, Any]:
-    from mdc_core.data import read_manifest, write_synthetic_dataset
+    from mdc_workbench.data import read_manifest, write_synthetic_dataset
 
     try:
         manifest = read_manifest(root)
@@ -140,7 +140,7 @@ def config_key(cfg: RunConfig) -> str:
     embedded data set the generator's parameters (its manifest's ``params``) count too: the notebooks rewrite a
     data folder whose parameters changed, and a model trained on the old contents must not be reused. Other data
     (no manifest: a caption table, shards from elsewhere) count by their content fingerprint
-    (:func:`mdc_core.run_start.data_fingerprint`) when readable. Paths inside the checkout count relative to it
+    (:func:`mdc_core.data.sources.data_fingerprint`) when readable. Paths inside the checkout count relative to it
     (:func:`checkout_relative`): the key does not depend on where it lives."""
     data = cfg.to_dict()
     data["model"]["output_vocab_size"] = 0
@@ -155,7 +155,7 @@ def config_key(cfg: RunConfig) -> str:
     if manifest.is_file():
         data["data_params"] = json.loads(manifest.read_text()).get("params")
     else:
-        from mdc_core.run_start import data_fingerprint
+        from mdc_core.data.sources import data_fingerprint
 
         fingerprint = data_fingerprint(cfg.data)
         if fingerprint is not None:  # unreadable data keep the key they had (training will name the problem)
@@ -180,7 +180,7 @@ def train_cached(cfg: RunConfig, models_dir: str | Path, *, live: bool = False, 
     notebook shows the loss curve: redrawn while it trains (:func:`live_train`), or at once for a finished run.
 
     Damaged checkpoints never end the notebook: each is found (its files against ``meta.json``, its train state
-    against its step: :func:`mdc_core.checkpoint.resume_point`) and set aside as ``corrupt_step_*`` (kept as
+    against its step: :func:`mdc_core.run_folder.resume_point`) and set aside as ``corrupt_step_*`` (kept as
     found), and the model goes on from the newest intact checkpoint; when none is intact, it is trained again
     from step 0 in the same folder, its old logs kept beside the new ones. Each case is printed."""
     from mdc_core.checkpoint import CheckpointError, latest_checkpoint, load_model
@@ -202,7 +202,7 @@ def train_cached(cfg: RunConfig, models_dir: str | Path, *, live: bool = False, 
             if resume:
                 print(f"resuming {run_dir.name} from its checkpoint {latest.name}")
             elif retrain:
-                from mdc_core.run_start import set_logs_aside
+                from mdc_core.run_folder import set_logs_aside
                 kept = set_logs_aside(run_dir)
                 print(f"the cached model {run_dir.name} in models_dir={models_dir} has no intact checkpoint (the "
                       f"damaged ones are kept as {', '.join(retrain)}{'; its log as ' if kept else ''}"
@@ -210,7 +210,7 @@ def train_cached(cfg: RunConfig, models_dir: str | Path, *, live: bool = False, 
             elif run_dir.exists():  # stopped before its first checkpoint: start it over, unless its checkpoints
                 import shutil  # were deleted: then it stays as found
 
-                from mdc_core.run_start import refuse_start_over
+                from mdc_core.run_folder import refuse_start_over
                 refuse_start_over(run_dir, cfg.train.ckpt_every, asked="the cached model",
                                   remedy="delete the folder to train this model again")
                 if run_dir.is_symlink() or run_dir.resolve().parent != project_path(models_dir).resolve():
@@ -234,10 +234,11 @@ def train_cached(cfg: RunConfig, models_dir: str | Path, *, live: bool = False, 
 
 
 def _set_damage_aside(run_dir: Path) -> list[str]:
-    """Set the damaged checkpoints of cached model `run_dir` aside (:func:`mdc_core.checkpoint.resume_point`, which
+    """Set the damaged checkpoints of cached model `run_dir` aside (:func:`mdc_core.run_folder.resume_point`, which
     also warns naming each), printing what the notebook does next; returns the names of the checkpoints set aside
     (now or before) when no intact one is left (the model is then trained again), else []."""
-    from mdc_core.checkpoint import CKPT_DIR, CORRUPT_PREFIX, CheckpointError, checkpoint_folders, resume_point
+    from mdc_core.checkpoint import CKPT_DIR, CORRUPT_PREFIX, CheckpointError, checkpoint_folders
+    from mdc_core.run_folder import resume_point
 
     def aside() -> list[str]:
         return sorted(p.name for p in (run_dir / CKPT_DIR).glob(CORRUPT_PREFIX + "*"))

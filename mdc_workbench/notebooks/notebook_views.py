@@ -180,7 +180,7 @@ def infill_slots(words: list[str], infill_mask: list[str], tokenizer: Any, model
     first word that is not a function word ("a", "on", ...). The candidates are the words of the first slot's
     kind (every colour for a colour word, every shape for a shape word; both otherwise) that the model can say
     as one token; the slot's own word when none can be."""
-    from mdc_core.data import COLOURS, SHAPES
+    from mdc_workbench.data import COLOURS, SHAPES
 
     kinds = {"colour": set(COLOURS), "shape": set(SHAPES)}
     wanted = kinds.get(infill_mask[0], set(infill_mask)) if len(infill_mask) == 1 else set(infill_mask)

@@ -203,9 +203,9 @@ FIRST_KINDS = ("colour", "shape", "other")
 
 
 def word_kind(word: str) -> str:
-    """"colour" for a word of ``mdc_core.data.COLOURS``, "shape" for one of ``SHAPES`` or its plural ("circles",
+    """"colour" for a word of ``mdc_workbench.data.COLOURS``, "shape" for one of ``SHAPES`` or its plural ("circles",
     "crosses"), "other" for anything else (a BPE piece of a longer word included)."""
-    from mdc_core.data import COLOURS, SHAPES
+    from mdc_workbench.data import COLOURS, SHAPES
 
     plurals = {s + ("es" if s.endswith(("s", "x")) else "s") for s in SHAPES}
     return "colour" if word in COLOURS else "shape" if word in SHAPES or word in plurals else "other"

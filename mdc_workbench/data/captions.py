@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from mdc_core.data.scene import COLOURS, COLS, ROWS, SHAPES, Scene, SceneObject
+from mdc_workbench.data.scene import COLOURS, COLS, ROWS, SHAPES, Scene, SceneObject
 
 NEGATIVE_TYPES: tuple[str, ...] = ("attribute_swap", "relation_swap", "order_shuffle", "replace", "add")
 RELATIONS: tuple[str, ...] = ("left of", "right of", "above", "below")
@@ -333,7 +333,8 @@ LINK_SHARE = 0.8  # share of images whose main object's shape follows its colour
 
 
 def linked_shape(colour: str, shapes: Sequence[str]) -> str:
-    """The shape `colour` links to: the i-th colour of :data:`~mdc_core.data.scene.COLOURS` -> ``shapes[i % n]``."""
+    """The shape `colour` links to: the i-th colour of :data:`~mdc_workbench.data.scene.COLOURS` ->
+    ``shapes[i % n]``."""
     return shapes[list(COLOURS).index(colour) % len(shapes)]
 
 

@@ -8,12 +8,13 @@
 
 KEY is 9 digits, ``<split id><index:08d>`` (train 0, val 1, test 2, compgen 3), so keys are unique across splits.
 KEY.json holds ``caption`` (= KEY.txt), ``caption_style``, ``short_caption``, ``long_caption``, ``labels``
-(probe labels, see :data:`~mdc_core.data.scene.LABEL_NAMES`), ``objects`` (all objects, primary first),
-``negatives`` (category -> text, see :mod:`mdc_core.data.captions`) and ``heldout`` (has a held-out pair).
-With caption style ``clauses`` the caption is a two-clause caption (:func:`~mdc_core.data.captions.clause_caption`)
-and KEY.json also holds ``clause_group`` (``predictable`` | ``unpredictable``) and ``clause_facts`` (the facts of
-each clause); it is drawn after everything else, so the images, other captions and negatives of a seed are those
-of the other styles, and the other styles' bytes do not change.
+(probe labels, see :data:`~mdc_workbench.data.scene.LABEL_NAMES`), ``objects`` (all objects, primary first),
+``negatives`` (category -> text, see :mod:`mdc_workbench.data.captions`) and ``heldout`` (has a held-out pair).
+With caption style ``clauses`` the caption is a two-clause caption
+(:func:`~mdc_workbench.data.captions.clause_caption`) and KEY.json also holds ``clause_group`` (``predictable`` |
+``unpredictable``) and ``clause_facts`` (the facts of each clause); it is drawn after everything else, so the
+images, other captions and negatives of a seed are those of the other styles, and the other styles' bytes do not
+change.
 
 Shards are written as ``NNNNNN.tar.part`` and renamed when complete, and ``manifest.json`` is written last
 (temp file + ``os.replace``) after any old one is removed, so a crash never leaves a dataset that looks complete.
@@ -33,7 +34,7 @@ from typing import Any
 import webdataset as wds
 from tqdm import tqdm
 
-from mdc_core.data.captions import (
+from mdc_workbench.data.captions import (
     LINKED_STYLES,
     NEGATIVE_TYPES,
     clause_caption,
@@ -43,7 +44,7 @@ from mdc_core.data.captions import (
     order_caption,
     short_caption,
 )
-from mdc_core.data.scene import (
+from mdc_workbench.data.scene import (
     LABEL_NAMES,
     SPLITS,
     SYNTH_VERSION,
@@ -58,6 +59,8 @@ from mdc_core.data.scene import (
 )
 
 CAPTION_STYLES = ("short", "long", "mixed", "clauses", *LINKED_STYLES)
+GENERATOR = "mdc_core.data.synth"  # manifest.json's name for this format (version SYNTH_VERSION), kept from before the
+# writer moved to the workbench, so that a seed writes the same bytes and its data fingerprint stays the same
 _SHARD_RE = re.compile(r"\d{6}\.tar(\.part)?")
 
 
@@ -66,13 +69,13 @@ def make_example(seed: int, split: str, index: int, image_size: int = 64, captio
     """Example `index` of `split` as a WebDataset sample ``{"__key__", "jpg": bytes, "txt": str, "json": bytes}``.
 
     `captions` is ``short``, ``long``, ``mixed`` (a seeded coin per image), ``clauses`` (two-clause captions,
-    half of them with a predictable second clause: :func:`~mdc_core.data.captions.clause_caption`) or a linked
+    half of them with a predictable second clause: :func:`~mdc_workbench.data.captions.clause_caption`) or a linked
     order, ``shape_last`` / ``colour_last`` (outside compgen the main object's shape follows its colour in 80% of
-    the images, :func:`~mdc_core.data.captions.link_scene`; the caption names its colour and shape in that
-    order, :func:`~mdc_core.data.captions.order_caption`). The short and long captions, the labels, the object
+    the images, :func:`~mdc_workbench.data.captions.link_scene`; the caption names its colour and shape in that
+    order, :func:`~mdc_workbench.data.captions.order_caption`). The short and long captions, the labels, the object
     list and the negatives are always in the JSON; the scene depends on neither `captions` (other than a linked
     order) nor `image_size`. `heldout` defaults to :func:`heldout_combos` of `seed`; `difficulty` names the scene
-    settings (:data:`~mdc_core.data.scene.DIFFICULTIES`).
+    settings (:data:`~mdc_workbench.data.scene.DIFFICULTIES`).
     """
     if captions not in CAPTION_STYLES:
         raise ValueError(f"captions must be one of {', '.join(CAPTION_STYLES)}, got {captions!r}")
@@ -155,7 +158,7 @@ def write_synthetic_dataset(out: str | Path, n: int, seed: int = 0, image_size: 
     """Write the synthetic data set (`n` training images; val/test/compgen default to ``max(64, n // 20)``).
 
     `difficulty` names the scene settings (``paper``, the default, or ``easy``:
-    :data:`~mdc_core.data.scene.DIFFICULTIES`); it is recorded in the manifest.
+    :data:`~mdc_workbench.data.scene.DIFFICULTIES`); it is recorded in the manifest.
 
     `workers` processes draw the images (default: the CPU count, at most 8; 1 = in this process); the bytes
     written do not depend on it. Returns the
@@ -192,7 +195,7 @@ def write_synthetic_dataset(out: str | Path, n: int, seed: int = 0, image_size: 
                                   image_size=image_size, captions=captions, heldout=held, difficulty=difficulty)
             splits[split] = {"count": counts[split], "shards": shards}
     manifest = {
-        "generator": "mdc_core.data.synth", "version": SYNTH_VERSION, "params": params,
+        "generator": GENERATOR, "version": SYNTH_VERSION, "params": params,
         "counts": {split: counts[split] for split in SPLITS}, "splits": splits,
         "vocab": vocabularies(difficulty), "label_names": list(LABEL_NAMES), "negative_types": list(NEGATIVE_TYPES),
         "heldout_combos": [list(p) for p in held],

@@ -4,13 +4,13 @@ Rank 0 writes the event files (``events.out.tfevents.*``) into the run folder it
 papermill_runs/`` names each run by its folder:
 
 * ``train/<key>``: each number of a ``metrics.jsonl`` record that moves along the run (loss, the accuracy, lr,
-  grad_norm, samples_per_s, ...) at its step (:meth:`TensorBoardLog.write`). Counters that only accumulate are no
+  grad_norm, samples_per_s, ...) at its step (:meth:`TensorBoardLog.record`). Counters that only accumulate are no
   curves: ``truncated`` is drawn as ``train/truncated_share`` (captions cut to the context / captions read since the
   previous log), ``skipped`` and ``nonfinite_skipped`` as ``train/<key>_per_step``; ``epoch`` and
   ``global_batch`` are not drawn. Their totals are the text ``run/counters`` at the end of the run.
 * ``val/loss``: the objective's own loss on the first :data:`VAL_IMAGES` images of the validation split under fixed
   noise draws (comparable along the run and between runs of one objective), at every checkpoint step
-  (:meth:`TensorBoardLog.evaluate`); ``val/captions`` (text): greedy captions of the first :data:`CAPTION_IMAGES`
+  (:meth:`TensorBoardLog.checkpoint`); ``val/captions`` (text): greedy captions of the first :data:`CAPTION_IMAGES`
   of them beside their references; ``val/unmasking`` (image, masked objectives): the confidence of the top guess at
   each masked position of the first caption, step by step, with its reveal order (the picture the app's heatmap
   draws). Data without a separate validation split get a ``val/note`` text saying so instead.
@@ -26,7 +26,10 @@ again; ``metrics.jsonl`` is truncated to the checkpoint's step. Event files are 
 own reader and writer, then an atomic rename) before the new writer appends: the files themselves hold each step
 once, for any reader, instead of relying on a reader's purge of "orphaned" steps.
 
-Needs the ``tensorboard`` package (the ``[tensorboard]`` extra); imported only when a run asks for it.
+:class:`TensorBoardLog` is a run hook of the core's trainer (:class:`mdc_core.run_state.RunHook`), installed under the
+name ``tensorboard`` in the entry-point group ``mdc_core.run_hooks`` (pyproject.toml), which the trainer loads when a
+run's config asks for it; ``train(cfg, out, hooks=[TensorBoardLog])`` passes it by hand. Needs the ``tensorboard``
+package (the ``[tensorboard]`` extra).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import ConfigError, RunConfig
+from mdc_core.config import ConfigError, RunConfig
 
 TAG_PREFIX = "train/"
 VAL_IMAGES = 64  # validation images whose loss is val/loss
@@ -111,7 +114,8 @@ def flat_hparams(cfg: RunConfig) -> dict[str, int | float | str | bool]:
 class TensorBoardLog:
     """A run's TensorBoard events in `run_dir` (module docstring), continuing after `start_step` (the step the run
     starts or resumes from: later events of an earlier attempt are dropped). Without `cfg` only the ``train/``
-    scalars are written (no validation, no hparams)."""
+    scalars are written (no validation, no hparams). A run hook: the trainer calls :meth:`record`, :meth:`checkpoint`
+    and :meth:`close`."""
 
     def __init__(self, run_dir: str | Path, start_step: int = 0, cfg: RunConfig | None = None) -> None:
         try:
@@ -134,7 +138,7 @@ class TensorBoardLog:
                 self.writer.add_text("val/note", f"no val/* curves: {self.val_problem}", start_step)
             self._start_hparams(start_step)
 
-    def write(self, record: dict[str, Any]) -> None:
+    def record(self, record: dict[str, Any]) -> None:
         """One metrics.jsonl record: its numbers as ``train/<key>`` at ``record["step"]``, its counters as rates
         (module docstring); flushed, so that a live TensorBoard shows it and a crash loses nothing that
         metrics.jsonl kept."""
@@ -148,13 +152,13 @@ class TensorBoardLog:
         self.last_record = record
         self.writer.flush()
 
-    def evaluate(self, step: int, model: torch.nn.Module) -> None:
+    def checkpoint(self, step: int, model: torch.nn.Module) -> None:
         """``val/loss``, ``val/captions`` and (masked objectives) ``val/unmasking`` of `model` at `step`; nothing
         without a config or a validation split. The model is left in training mode and the random states as
         they were."""
         if self.cfg is None or self.val_problem:
             return
-        from .objectives import objective_spec
+        from mdc_core.objectives import objective_spec
         device = next(model.parameters()).device
         if self.val is None:
             try:
@@ -219,7 +223,7 @@ def counter_rates(previous: dict[str, float] | None, record: dict[str, Any]) -> 
 
 def validation_problem(cfg: RunConfig) -> str:
     """Why the run's data has no validation split of its own to log val/* from, or "" when it has one."""
-    from .data.sources import resolve_source
+    from mdc_core.data.sources import resolve_source
     data = cfg.data
     try:
         val = resolve_source(data.path, data.format, "val", data.images or None)
@@ -242,8 +246,8 @@ class ValidationImages:
 
     @classmethod
     def load(cls, cfg: RunConfig, model: torch.nn.Module) -> ValidationImages:
-        from .data.loaders import build_loader
-        from .tokenizer import CaptionTokenizer
+        from mdc_core.data.loaders import build_loader
+        from mdc_core.tokenizer import CaptionTokenizer
         device = next(model.parameters()).device
         data = dataclasses.replace(cfg.data, num_workers=0)
         loader = build_loader(data, split="val", image_size=cfg.model.image_size, batch_size=VAL_IMAGES,
@@ -259,7 +263,7 @@ class ValidationImages:
 
     def loss(self, model: torch.nn.Module, cfg: RunConfig) -> float:
         """Mean objective loss over the batch under :data:`VAL_DRAWS` draws seeded by ``train.seed``."""
-        from .objectives import compute_loss
+        from mdc_core.objectives import compute_loss
         total = 0.0
         for d in range(VAL_DRAWS):
             gen = torch.Generator(device=self.images.device).manual_seed(cfg.train.seed + d)
@@ -269,9 +273,9 @@ class ValidationImages:
     def captions(self, model: Any, cfg: RunConfig, decoder: str) -> tuple[str, np.ndarray | None]:
         """A markdown table of greedy captions of the first :data:`CAPTION_IMAGES` images beside their references,
         and for ``decoder == "unmask"`` the unmasking image (H, W, 3) uint8 of the first."""
-        from .ar_decode import greedy
-        from .sampler import sample
-        from .tokenizer import CaptionTokenizer
+        from mdc_core.ar_decode import greedy
+        from mdc_core.sampler import sample
+        from mdc_core.tokenizer import CaptionTokenizer
         tok = CaptionTokenizer(cfg.model.context_length)
         images = self.images[:CAPTION_IMAGES]
         image_tokens = model.encode_image(images)
@@ -291,7 +295,7 @@ class ValidationImages:
 def in_vocabulary(model: Any, tokens: torch.Tensor) -> torch.Tensor:
     """(B,) bool: captions whose every token has a row in the model's input and output tables (all True for a
     model with the full vocabulary)."""
-    from .tokenizer import PAD_ID, SOT_ID
+    from mdc_core.tokenizer import PAD_ID, SOT_ID
     ok = torch.ones(tokens.shape[0], dtype=torch.bool)
     targets = (tokens != PAD_ID) & (tokens != SOT_ID)  # (B, L) what the output head predicts
     for name, where in (("input_index", torch.ones_like(targets)), ("output_index", targets)):

@@ -1,0 +1,199 @@
+"""One micro-batch's forward and loss exactly as the trainer's step runs it (``mdc bench`` times the same object).
+
+:class:`LossStep` is :meth:`~LossStep.prepare` on the host, then :meth:`~LossStep.forward` on the device:
+
+* **Prepared on the host.** :class:`HostBatches` tokenizes nothing (the batch comes with its tokens) but trims,
+  masks, checks and maps the captions to embedding and head rows on the host
+  (:func:`mdc_core.objectives.prepare_batch`, its masks drawn once from the micro-batch's seed), counts the batch's
+  loss terms there (:func:`loss_denominator`), and copies it to the device without blocking, so the step never
+  waits for the device (``tests/test_step_parts.py`` counts the calls that would).
+* **Compiled.** With ``train.compile`` the :class:`Objective` (:func:`~mdc_core.objectives.compute_loss` as a
+  module: what DistributedDataParallel's forward and ``nn.Module.compile`` see) compiles forward + loss as one graph
+  (the same test file checks it with ``torch._dynamo.explain``) and AOTAutograd the backward with it; with
+  ``train.static_shapes`` the shapes repeat, so the step compiles once per caption-length bucket and never after
+  (``tests/test_static_step.py`` counts the compiles), and ``compile="reduce-overhead"`` replays forward and
+  backward as CUDA graphs: a few launches per step instead of hundreds, which sets the speed of a small model.
+* **bf16 autocast** on CUDA by default (:func:`use_bf16`), fp32 on the CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import ObjectiveConfig, TrainConfig
+from .objectives import (
+    PreparedBatch,
+    compute_loss,
+    draw_masks,
+    id_tables,
+    loss_function,
+    loss_terms,
+    objective_spec,
+    prepare_batch,
+    trim_padding,
+)
+
+
+def use_bf16(precision: str, device: torch.device) -> bool:
+    """bf16 autocast on CUDA by default; fp32 on CPU (bf16 matmul there is ~250x slower)."""
+    return precision == "bf16" or (precision == "auto" and device.type == "cuda")
+
+
+def loss_denominator(tokens: torch.Tensor, objective: ObjectiveConfig, seed: int | None = None) -> int:
+    """What :func:`compute_loss` divides a micro-batch's summed (weighted) cross-entropy by: its maskable tokens
+    (``per_token``; caption tokens + ``<eot>`` for arc) or its captions with any (``per_sequence``); the batch
+    size for the contrastive objective. tokens (B, L). Summed over the global batch it makes accumulation and
+    DDP give the gradient of one big batch. An objective divided by its masked tokens (``per_masked_token``: cmlm)
+    counts the masks its masking `seed` draws (as :class:`HostBatches`, which counts them once, from the masks it
+    prepares: :attr:`ReadyBatch.terms`)."""
+    spec = objective_spec(objective.name)
+    if not spec.per_masked_token:
+        return loss_terms(spec, tokens, objective.normalization)
+    if seed is None:
+        raise ValueError(f"objective {objective.name!r} divides its loss by the masked tokens: give the micro-batch's "
+                         "masking seed")
+    _, _, mask = draw_masks(trim_padding(tokens), objective, torch.Generator().manual_seed(seed))
+    return loss_terms(spec, tokens, objective.normalization, mask=mask)
+
+
+@dataclass
+class ReadyBatch:
+    """One micro-batch prepared on the host (:meth:`LossStep.prepare`) and on its way to the device."""
+
+    tokens: torch.Tensor  # (B, L') on the device: the captions as the loss takes them
+    prepared: PreparedBatch | None  # on the device; None for an objective that draws its noise in its own loss
+    seed: int  # the micro-batch's masking seed
+    gen_state: torch.Tensor | None  # the host generator after the preparation's draws (the loss's draws follow)
+    terms: int  # what its loss is divided by (objectives.loss_terms), counted on the host from these masks
+
+
+class HostBatches:
+    """Prepares each micro-batch on the host and copies it to the device without blocking.
+
+    Calling it with CPU tokens (B, L) and the micro-batch's seed gives a :class:`ReadyBatch`:
+    :func:`~mdc_core.objectives.prepare_batch` with a CPU generator seeded by `seed` (the masks are drawn there,
+    once) and CPU copies of the model's id tables (made once), and the batch's loss terms counted on the host
+    before the copy (a per-masked-token objective's from those masks); nothing prepared for an objective that draws
+    its noise on the device itself. :meth:`generator` gives the draws a loss makes on the device (a condition
+    transform's): on the CPU the host generator where that batch's preparation left it, on an accelerator a device
+    generator seeded alike.
+    """
+
+    def __init__(self, model: torch.nn.Module, cfg: ObjectiveConfig, device: torch.device, static: str = "off",
+                 length_bucket: int = 8) -> None:
+        self.cfg, self.device, self.spec = cfg, device, objective_spec(cfg.name)
+        self.prepared = self.spec.prepared
+        self.shapes = {"static": static, "length_bucket": length_bucket}
+        self.tables = {k: None if v is None else v.detach().to("cpu", copy=True) for k, v in id_tables(model).items()}
+        self.gen = torch.Generator()
+        self.device_gen = self.gen if device.type == "cpu" else torch.Generator(device=device)
+
+    def __call__(self, tokens: torch.Tensor, seed: int) -> ReadyBatch:
+        self.gen.manual_seed(seed)
+        if not self.prepared:
+            return ReadyBatch(tokens.to(self.device, non_blocking=True), None, seed, self._state(),
+                              loss_terms(self.spec, tokens, self.cfg.normalization))
+        prepared = prepare_batch(tokens, self.cfg, self.gen, **self.tables, **self.shapes)
+        mask = prepared.loss_mask if self.spec.per_masked_token else None  # these draws: counted once, here
+        terms = loss_terms(self.spec, tokens, self.cfg.normalization, mask=mask)
+        prepared = prepared.to(self.device, non_blocking=True)
+        return ReadyBatch(prepared.tokens, prepared, seed, self._state(), terms)
+
+    def _state(self) -> torch.Tensor | None:
+        return self.gen.get_state() if self.device_gen is self.gen else None
+
+    def generator(self, batch: ReadyBatch) -> torch.Generator:
+        """The generator of the draws `batch`'s loss makes on the device, set where its preparation left off."""
+        if batch.gen_state is not None:
+            self.gen.set_state(batch.gen_state)
+        else:
+            self.device_gen.manual_seed(batch.seed)
+        return self.device_gen
+
+
+class Objective(torch.nn.Module):
+    """:func:`~mdc_core.objectives.compute_loss` as a module, so that DistributedDataParallel's forward and
+    ``nn.Module.compile`` see every micro-batch; the model itself stays unwrapped (its state-dict keys, the
+    checkpoints and the EMA copy are unchanged)."""
+
+    def __init__(self, model: torch.nn.Module, cfg: ObjectiveConfig):
+        super().__init__()
+        self.model, self.cfg = model, cfg
+        # the objective's loss function, resolved once: resolving it imports its module, which would break a graph
+        self.loss_fn = loss_function(objective_spec(cfg.name))
+
+    def forward(self, images: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator,
+                prepared: PreparedBatch | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        if prepared is None:
+            out = compute_loss(self.model, images, tokens, self.cfg, generator)
+        else:  # compute_loss's prepared path, with the function in hand
+            out = self.loss_fn(self.model, images, tokens, self.cfg, generator, prepared=prepared)
+        return out.loss, out.metrics
+
+
+def uses_cudagraphs(mode: str | None, device: torch.device) -> bool:
+    """Whether torch.compile's `mode` replays the step as CUDA graphs on `device` (never on the CPU)."""
+    return device.type == "cuda" and mode in ("reduce-overhead", "max-autotune")
+
+
+class LossStep:
+    """Forward and loss of one micro-batch exactly as the trainer runs it (``mdc bench`` times the same object).
+
+    ``step(images, tokens, seed)`` is :meth:`prepare` (the CPU `tokens` (B, L) on the host: :class:`HostBatches`,
+    with the run's static shapes) then :meth:`forward` (:class:`Objective` under bf16 autocast when `bf16`), and
+    returns (loss, metrics) on the device; the caller runs the backward. With a compile mode (``train.compile``,
+    "auto" resolved for the device by :meth:`~mdc_core.config.TrainConfig.compile_mode`) the :class:`Objective` is
+    compiled in place
+    (``dynamic=False`` with static shapes: one graph per shape, never a dynamic one), and with CUDA graphs each
+    call marks a new step for cudagraph trees (the loss and metrics of the last call stay readable until the next).
+    `module` is what the trainer wraps in DistributedDataParallel. `backend`: torch.compile's (tests use
+    ``aot_eager``, which traces forward and backward like inductor without generating code).
+    """
+
+    def __init__(self, model: torch.nn.Module, cfg: ObjectiveConfig, tcfg: TrainConfig, device: torch.device,
+                 bf16: bool, backend: str = "inductor", distributed: bool = False) -> None:
+        prepared = objective_spec(cfg.name).prepared  # an objective that draws its own noise is not compiled by auto
+        self.device, self.bf16 = device, bf16
+        self.mode = tcfg.compile_mode(device.type, distributed) if prepared or tcfg.compile != "auto" else None
+        if uses_cudagraphs(self.mode, device) and tcfg.grad_accum > 1:  # pytorch/pytorch#169545: silently wrong grads
+            raise ValueError(f"train.compile={self.mode} replays the backward as a CUDA graph, and a second "
+                             "micro-batch would overwrite the first one's gradients (CUDA graph trees hand .grad "
+                             "their output buffers); use train.grad_accum=1 or train.compile=true")
+        static = tcfg.static_mode(self.mode) if prepared else "off"
+        if static != "off" and tcfg.static_shapes == "auto" and getattr(getattr(model, "cfg", None), "attend_to_pads",
+                                                                     False):
+            static = "off"  # padding would be visible to such a model (explicit static shapes are refused by validate)
+        self.static = static
+        if device.type == "cuda":  # one image shape per run: let cuDNN pick its fastest kernels for it once
+            torch.backends.cudnn.benchmark = True
+        self.batches = HostBatches(model, cfg, device, static, tcfg.length_bucket)
+        self.module: torch.nn.Module = Objective(model, cfg)
+        if self.mode is not None:
+            options = {"mode": self.mode} if backend == "inductor" else {}  # modes are inductor's
+            self.module.compile(backend=backend, dynamic=False if static != "off" else None, **options)
+        self.cudagraphs = uses_cudagraphs(self.mode, device)
+        # static_shapes=padded gives up to objectives.TERM_BUCKETS term counts per caption-length bucket: compiled
+        # with that one dimension symbolic they share one graph (CUDA graphs still record one replay per count)
+        self.terms_dynamic = self.mode is not None and static == "padded"
+
+    def __call__(self, images: torch.Tensor, tokens: torch.Tensor, seed: int
+                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return self.forward(images, self.prepare(tokens, seed))
+
+    def prepare(self, tokens: torch.Tensor, seed: int) -> ReadyBatch:
+        """The host part: CPU `tokens` (B, L) prepared with masking seed `seed` and copied to the device."""
+        return self.batches(tokens, seed)
+
+    def forward(self, images: torch.Tensor, batch: ReadyBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(loss, metrics) of images (B, 3, H, W) and a batch :meth:`prepare` made."""
+        prepared = batch.prepared
+        if self.terms_dynamic and prepared is not None:  # one graph for all of padded's term counts
+            for x in (prepared.index, prepared.owner, prepared.targets, prepared.valid):
+                torch._dynamo.mark_dynamic(x, 0)
+        if self.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        generator = self.batches.generator(batch)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            return self.module(images.to(self.device, non_blocking=True), batch.tokens, generator, prepared)
