@@ -42,6 +42,7 @@ from typing import Any
 
 from .config import ModelConfig
 
+EXPORT_FORMATS = ("timm", "hf")  # the folder formats above (mdc export --format)
 TIMM_CONFIG = "config.json"  # timm's hub config in a timm export; the run's RunConfig in an hf export
 WEIGHTS = "model.safetensors"
 STEM_KEYS = ("conv_stem", "conv_stem_depth", "conv_stem_norm")  # encoder_kwargs that timm does not know

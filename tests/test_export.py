@@ -277,6 +277,15 @@ def _captions(model, images, cfg) -> torch.Tensor:
         return sample(model, model.encode_image(images), cfg.sampler).tokens
 
 
+def test_the_hf_export_prints_only_its_own_two_lines(trained, tmp_path, capsys):
+    """huggingface_hub's from_pretrained, with which the export checks its folder, printed "Loading weights from
+    local directory" between them (issue 64)."""
+    run, _ = trained
+    assert main(["export", str(run), "--out", str(tmp_path / "hf")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("exported ") and lines[1].startswith("load it: see ")
+
+
 def test_hf_export_reloads_to_identical_captions_and_one_line_loader(trained, tmp_path):
     run, data = trained
     raw = export_run(run, tmp_path / "raw", ema=False)

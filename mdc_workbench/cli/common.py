@@ -8,9 +8,10 @@ of its ``add_argument`` keywords. Everything else a verb defines itself.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import sys
+from typing import Any, NoReturn
 
-from mdc_core.config import PRECISIONS, ConfigError
+from mdc_core.config import PRECISIONS, ConfigError, list_presets
 from mdc_core.runlock import RunFolderBusy
 
 # -> "mdc: error: ...", exit 2 (PermissionError: a shared run or folder this user may not read or write)
@@ -49,3 +50,39 @@ def flags(**chosen: bool | str | dict[str, Any]) -> argparse.ArgumentParser:
             kwargs = {**kwargs, **override}
         parent.add_argument(flag, **kwargs)
     return parent
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, except that an unknown flag is named before a missing required one: argparse checks the
+    required flags first, so ``mdc train --bogus`` said "the following arguments are required: --out" (the verbs'
+    sub-parsers are of this class too: argparse builds them with their parent's class)."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("the following arguments are required"):
+            unknown = [a for a in getattr(self, "_given", []) if self._unknown_flag(a)]
+            if unknown:
+                message = f"unrecognized arguments: {' '.join(unknown)}"
+        super().error(message)
+
+    def _unknown_flag(self, arg: str) -> bool:
+        """`arg` looks like a flag (not a value such as -1 or a lone -) that this parser does not know, whole or as
+        argparse's unique abbreviation."""
+        if not isinstance(arg, str) or not arg.startswith("-") or arg in ("-", "--") or \
+                self._negative_number_matcher.match(arg):
+            return False
+        name = arg.split("=", 1)[0]
+        known = self._option_string_actions
+        return name not in known and not (self.allow_abbrev and name.startswith("--")
+                                          and any(flag.startswith(name) for flag in known))
+
+
+def check_preset(args: argparse.Namespace) -> None:
+    """An unknown ``--preset`` is an error before the verb imports torch (a preset is a JSON file's name)."""
+    name = getattr(args, "preset", None)
+    if name is not None and name not in list_presets():
+        raise ConfigError(f"unknown preset {name!r}; available: {', '.join(list_presets())}")
+

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 
 from mdc_workbench.cli import app, bench, data, evaluate, export, masked_conditional, runs, sample, train
 from mdc_workbench.cli.checks import check_numeric_args
-from mdc_workbench.cli.common import USER_ERRORS
+from mdc_workbench.cli.common import USER_ERRORS, Parser
 
 GROUPS = (data, train, sample, evaluate, export, app, runs, bench, masked_conditional)
 
@@ -56,7 +56,7 @@ class DefaultsFormatter(argparse.HelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     from mdc_core import __version__
-    parser = argparse.ArgumentParser(prog="mdc", description="Masked diffusion captioning workbench.")
+    parser = Parser(prog="mdc", description="Masked diffusion captioning workbench.")  # unknown flags named first
     parser.add_argument("--version", action="version", version=f"mdc {__version__} (mdc-workbench)")
     sub = parser.add_subparsers(dest="verb", required=True)
     for group in GROUPS:

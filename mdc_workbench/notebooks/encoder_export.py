@@ -23,6 +23,7 @@ loader downstream code needs, :func:`mdc_core.load_encoder`, lives in the core.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -43,6 +44,7 @@ from mdc_core.checkpoint import (
 )
 from mdc_core.config import RunConfig
 from mdc_core.encoder_io import (
+    EXPORT_FORMATS,
     WEIGHTS,
     TimmSpec,
     create_timm_encoder,
@@ -57,7 +59,7 @@ from mdc_core.hub import MDCCaptioner, hub_captioner
 from mdc_core.weights import load_weights
 from mdc_workbench.notebooks.model_card import candidate_files, encoder_title, find_measurements, render_card
 
-FORMATS = ("timm", "hf")
+FORMATS = EXPORT_FORMATS
 TOLERANCE = 1e-5  # max abs difference of fp32 features between the export loaded back and the run
 
 
@@ -252,8 +254,10 @@ def _write_hf(source: Source, tmp: Path) -> str:
     with torch.no_grad():
         tokens = source.model.encode_image(images)
         gaps = [float((reloaded.encode_image(images) - tokens).abs().max())]
-        if hub:  # and what the Hub's call does
-            gaps.append(float((MDCCaptioner.from_pretrained(tmp).encode_image(images) - tokens).abs().max()))
+        if hub:  # and what the Hub's call does (huggingface_hub prints "Loading weights from local directory")
+            with contextlib.redirect_stdout(io.StringIO()):
+                hub_model = MDCCaptioner.from_pretrained(tmp)
+            gaps.append(float((hub_model.encode_image(images) - tokens).abs().max()))
     if max(gaps) > TOLERANCE:
         raise RuntimeError(f"the exported folder reloads to different features (max abs difference {max(gaps):.3g})")
     return _usage_hf(source, tuple(tokens.shape[1:]), hub)
