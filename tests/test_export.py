@@ -451,7 +451,10 @@ def test_existing_out_needs_force_and_a_corrupt_run_is_refused(trained, tmp_path
 
 def test_load_encoder_is_lazy_and_import_mdc_core_stays_light():
     code = ("import sys, mdc_core\nassert 'torch' not in sys.modules\nf = mdc_core.load_encoder\n"
-            "assert callable(f) and 'torch' not in sys.modules\nfrom mdc_core import load_encoder\nprint('ok')")
+            "assert callable(f) and 'torch' not in sys.modules\nfrom mdc_core import load_encoder\n"
+            "assert set(mdc_core.__all__) <= set(dir(mdc_core)) and 'load_encoder' in dir(mdc_core)\n"
+            "from mdc_core import *\nassert all(callable(globals()[n]) for n in mdc_core.__all__)\n"
+            "assert 'torch' not in sys.modules\nprint('ok')")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "ok"
     with pytest.raises(AttributeError, match="no attribute 'nope'"):

@@ -86,3 +86,32 @@ def check_preset(args: argparse.Namespace) -> None:
     if name is not None and name not in list_presets():
         raise ConfigError(f"unknown preset {name!r}; available: {', '.join(list_presets())}")
 
+
+# pyproject.toml's optional dependencies by the name they are imported as -> the extras that install them
+# (tests/test_extras.py checks the table against pyproject.toml), and the extra each verb's own job needs
+EXTRA_MODULES: dict[str, tuple[str, ...]] = {
+    "gradio": ("app",), "gradio_client": ("app",), "matplotlib": ("app", "notebooks", "eval"),
+    "papermill": ("notebooks",), "nbformat": ("notebooks",), "ipykernel": ("notebooks",),
+    "ipywidgets": ("notebooks",), "nbconvert": ("notebooks",), "latex2mathml": ("notebooks",),
+    "yaml": ("notebooks",), "filelock": ("notebooks",),
+    "sklearn": ("eval",), "scipy": ("eval",), "threadpoolctl": ("eval",), "pycocoevalcap": ("eval",),
+    "transformers": ("bench",), "diffusers": ("vqgan",), "tensorboard": ("tensorboard",),
+    "jupyterlab": ("lab",), "pytest": ("dev",), "ruff": ("dev",), "statsmodels": ("dev",),
+}
+VERB_EXTRAS = {"app": "app", "runs": "notebooks", "eval": "eval", "probe": "eval", "bench": "bench",
+               "vqvae": "vqgan"}
+
+
+def missing_extra(err: ImportError, verb: str) -> str | None:
+    """One line saying which extra installs the module `err` (or the ModuleNotFoundError it was raised from) could
+    not import, or None when no extra does (a broken install of the core: the traceback is the better message)."""
+    cause = err if isinstance(err, ModuleNotFoundError) else err.__cause__
+    module = (getattr(cause, "name", None) or "").split(".")[0] if isinstance(cause, ModuleNotFoundError) else ""
+    extras = EXTRA_MODULES.get(module)
+    if not extras:
+        return None
+    if VERB_EXTRAS.get(verb) in extras:
+        extras = (VERB_EXTRAS[verb],)
+    which = " or ".join(f"[{e}]" for e in extras)
+    return (f"mdc {verb} needs {module}, which the {which} extra installs: pip install -c constraints.txt -e "
+            f"\".[{extras[0]}]\" in the workbench's checkout (make setup installs every extra but [lab])")

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 
 from mdc_workbench.cli import app, bench, data, evaluate, export, masked_conditional, runs, sample, train
 from mdc_workbench.cli.checks import check_numeric_args
-from mdc_workbench.cli.common import USER_ERRORS, Parser
+from mdc_workbench.cli.common import USER_ERRORS, Parser, missing_extra
 
 GROUPS = (data, train, sample, evaluate, export, app, runs, bench, masked_conditional)
 
@@ -223,6 +223,13 @@ def _run(argv: list[str] | None, use: Callable[[Callable[[int, object], None]], 
                 handler(args)
     except USER_ERRORS as err:
         print(f"mdc: error: {describe_os_error(err) if isinstance(err, OSError) else err}", file=sys.stderr)
+        return 2
+    except ImportError as err:  # an extra not installed (pip install . alone): which one, in one line
+        verb = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), "")
+        message = missing_extra(err, verb)
+        if message is None:
+            raise
+        print(f"mdc: error: {message}", file=sys.stderr)
         return 2
     except OSError as err:  # a full disk anywhere (checkpoints say what they kept; see mdc_core.checkpoint)
         if err.errno == errno.EROFS:
