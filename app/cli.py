@@ -33,8 +33,9 @@ def check_app(args: argparse.Namespace) -> None:
     extra not installed, a missing --root, a --port in use."""
     missing = [name for name in APP_EXTRA if importlib.util.find_spec(name) is None]
     if missing:
-        raise MissingExtra(f"mdc app needs the [app] extra ({', '.join(missing)} not installed): run "
-                           "`pip install -c constraints.txt -e \".[app]\"` in the repository (or `make setup`)")
+        raise MissingExtra(f"mdc app needs {missing[0]}, which the [app] extra installs ({', '.join(missing)} not "
+                           "installed): pip install -c constraints.txt -e \".[app]\" in the workbench's checkout "
+                           "(make setup installs every extra but [lab])")
     from pathlib import Path
     if not Path(args.root).is_dir():
         raise FileNotFoundError(f"--root {args.root} is not a folder (the run menu offers the run folders under it)")

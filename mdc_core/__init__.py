@@ -25,11 +25,17 @@ trusting a file), :mod:`~mdc_core.runlock` (one writer per folder), :mod:`~mdc_c
 """
 
 __version__ = "0.1.0"
-__all__ = ["load_encoder"]
+# the public names, each resolved on first use from its module (PEP 562), so that `import mdc_core` stays light
+_LAZY = {"load_encoder": "encoder_io"}
+__all__ = list(_LAZY)
 
 
 def __getattr__(name: str):
-    if name == "load_encoder":  # PEP 562: imported on first use
-        from .encoder_io import load_encoder
-        return load_encoder
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module 'mdc_core' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:  # the lazy names too (dir() would otherwise show only what was imported)
+    return sorted({*globals(), *__all__})

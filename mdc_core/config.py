@@ -450,7 +450,7 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
         if key not in names:
             known = [*names, *owner]
             close = difflib.get_close_matches(key, known, n=1)
-            hint = f"; did you mean {prefix}{close[0]!r}?" if close else f"; known keys: {', '.join(known)}"
+            hint = f"; did you mean {prefix}{close[0]}?" if close else f"; known keys: {', '.join(known)}"
             raise ConfigError(f"unknown config key {where!r}{hint}")
         kwargs[key] = _coerce(hints[key], value, where)
     for f in fields:

@@ -4,16 +4,22 @@ Downstream code (a probe, a detector, a retrieval index) wants the encoder, not 
 carry it out (``mdc export`` writes them):
 
 * **timm** (``--format timm``): ``model.safetensors`` with timm's own key names and a ``config.json`` in timm's hub
-  layout (``architecture``, ``model_args``, ``pretrained_cfg``). Plain timm rebuilds it with no project code:
-  ``timm.create_model(architecture, pretrained=True, pretrained_cfg_overlay=dict(file=...), **model_args)`` and
-  ``timm.create_model("local-dir:FOLDER", pretrained=True)`` load it exactly (``model_args`` holds
-  ``num_classes=0``). The early-convolution stem (``tiny``, ``tiny_fast``, ``tiny_lean``) is timm's own
-  ``ConvStem`` + ``HybridEmbed`` (the stem's last convolution is the patch projection); its call adds
-  ``embed_layer=partial(HybridEmbed, backbone=ConvStem(**conv_stem), proj=False)`` from the ``conv_stem`` entry of
-  ``config.json``. Its ``architecture`` is a sentence, not a timm name (:func:`stem_architecture`), so that
-  ``local-dir:`` and a call built from ``config.json`` alone, which know no embed layer, fail saying so instead of
-  loading a random patch projection with a warning. Every timm encoder but a plug-in's (:func:`timm_spec` says
-  which).
+  layout (``architecture``, ``num_classes``, ``num_features``, ``global_pool``, ``model_args`` without
+  ``num_classes``, ``pretrained_cfg`` with the trained ``input_size``, ``mean``, ``std``, ``crop_pct``,
+  ``interpolation``). ``timm.create_model("local-dir:FOLDER", pretrained=True)`` loads a plain ViT exactly, with
+  the trained preprocessing in ``pretrained_cfg`` (``timm.data.resolve_model_data_config`` gives it), and so does
+  ``timm.create_model(name, pretrained=True, pretrained_cfg=dict(config["pretrained_cfg"], file=...),
+  num_classes=0, **config["model_args"])``. Without ``pretrained_cfg`` that call would take timm's registry
+  entry of the name (224 px, another mean and crop: silently other preprocessing), and no entry of
+  ``config.json`` can reach that call's ``pretrained_cfg`` without breaking ``local-dir:``; so ``architecture``
+  carries a pretrained tag timm's registry does not know (:data:`OWN_TAG`), and the call without it stops with
+  "Invalid pretrained tag (...)" naming the two that work. The early-convolution stem (``tiny``, ``tiny_fast``,
+  ``tiny_lean``) is timm's own ``ConvStem`` + ``HybridEmbed`` (the stem's last convolution is the patch projection),
+  which no timm model name builds and ``config.json`` cannot hold (a callable): its call adds
+  ``embed_layer=partial(HybridEmbed, backbone=ConvStem(**conv_stem), proj=False)`` from the ``conv_stem`` entry,
+  and its ``architecture`` is a sentence (:func:`stem_architecture`), so that ``local-dir:`` and a call built from
+  ``config.json`` alone fail with "Unknown model (...)" saying what to do instead of loading a random patch
+  projection with a warning. Every timm encoder but a plug-in's (:func:`timm_spec` says which).
 * **hf** (``--format hf``): the whole captioner as a checkpoint folder (``config.json`` = the run's config,
   ``model.safetensors``, ``meta.json``) plus a model card, loadable by :func:`mdc_core.checkpoint.load_model`; works
   for every encoder, the early-convolution stem included.
@@ -36,15 +42,17 @@ from typing import Any
 
 from .config import ModelConfig
 
+EXPORT_FORMATS = ("timm", "hf")  # the folder formats above (mdc export --format)
 TIMM_CONFIG = "config.json"  # timm's hub config in a timm export; the run's RunConfig in an hf export
 WEIGHTS = "model.safetensors"
 STEM_KEYS = ("conv_stem", "conv_stem_depth", "conv_stem_norm")  # encoder_kwargs that timm does not know
 # timm's pooling that equals the probe feature of each pooling kind of mdc_core.factory.PROBE_POOL
 TIMM_POOL = {"gap": "avg", "cls": "token"}
-# timm's default pretrained_cfg describes the architecture's ImageNet weights (their hub id, URL, licence, paper);
-# none of it is true of these weights, so every export and load_encoder clears it (timm drops None entries)
-OWN_WEIGHTS = {k: None for k in ("url", "hf_hub_id", "hf_hub_filename", "tag", "license", "origin_url", "paper_name",
-                                 "paper_ids", "notes", "test_input_size", "test_crop_pct")}
+# the pretrained tag of a plain timm export's `architecture`: unknown to timm's registry, so a call that would take
+# the registry's preprocessing for the name fails saying what to do (see the module docstring); no ':' or '/', which
+# timm reads as a source or a path
+OWN_TAG = ("mdc, trained with its own preprocessing, which config.json's pretrained_cfg holds and timm's registry "
+           "does not; load the folder with the local-dir source, or pass pretrained_cfg=config['pretrained_cfg']")
 DATA_KEYS = ("input_size", "interpolation", "crop_pct", "crop_mode", "mean", "std")  # timm's preprocessing keys
 
 
@@ -54,7 +62,7 @@ class TimmSpec:
     **model_args)``, and the preprocessing as timm ``pretrained_cfg`` keys."""
 
     architecture: str  # timm model name
-    model_args: dict[str, Any]  # create_model keywords: the run's encoder_kwargs, img_size, and the probe pooling
+    model_args: dict[str, Any]  # create_model keywords: the run's encoder_kwargs, img_size, the probe pooling
     data_config: dict[str, Any]  # input_size, interpolation, crop_pct, crop_mode, mean, std (timm pretrained_cfg)
     pool: str  # the probe feature: "gap" (mean of the patch tokens) or "cls" (the class token)
     pooled: bool  # model(x) returns the probe feature (a ViT; else pool the tokens of forward_features yourself)
@@ -86,8 +94,8 @@ def timm_spec(cfg: ModelConfig, pool: str, trunk: Any) -> TimmSpec:
     if "conv_stem" in cfg.encoder_kwargs:
         stem = timm_conv_stem(cfg.encoder_kwargs, int(trunk.embed_dim))
         kwargs["patch_size"] = 1  # the stem's last convolution is the patch projection, so tokens come out of it
-    # num_classes=0 among the model arguments: **model_args alone then builds the headless encoder the file holds
-    args = {"img_size": cfg.image_size, **kwargs, **pooling, "num_classes": 0}
+    # num_classes=0 is config.json's num_classes (timm's hub layout), not a model argument: a timm user passes it
+    args = {"img_size": cfg.image_size, **kwargs, **pooling}
     return TimmSpec(cfg.encoder, args, data_config(cfg.image_size), pool, bool(pooling), stem)
 
 
@@ -152,17 +160,27 @@ def pool_args(trunk: Any, pool: str) -> dict[str, Any]:
     return {}
 
 
+def timm_pretrained_cfg(spec: TimmSpec, **card: Any) -> dict[str, Any]:
+    """The ``pretrained_cfg`` of `spec` in timm's terms (every key a ``timm.models.PretrainedCfg`` field): the timm
+    name, no classifier, native timm keys, the fixed input size and the run's preprocessing; `card` adds entries
+    such as ``description``. timm builds a model from it without consulting its registry, whose entry for the name
+    describes other weights (their URL, licence, 224 px and preprocessing)."""
+    return {"architecture": spec.architecture, "num_classes": 0, "custom_load": False, "fixed_input_size": True,
+            **spec.data_config, **card}
+
+
 def timm_hub_config(spec: TimmSpec, num_features: int, **card: Any) -> dict[str, Any]:
-    """``config.json`` of a timm export in timm's hub layout (what ``hf-hub:``/``local-dir:`` model names read);
-    `card` adds pretrained_cfg entries such as ``description`` or ``license``."""
-    pretrained_cfg = {"architecture": spec.architecture, "num_classes": 0, "custom_load": False,
-                      "fixed_input_size": True, **spec.data_config, **card}
-    config = {"architecture": spec.architecture, "num_classes": 0, "num_features": num_features,
-              "global_pool": spec.model_args.get("global_pool", ""), "model_args": spec.model_args,
-              "pretrained_cfg": pretrained_cfg}
-    if spec.conv_stem is None:
-        return config
-    return {**config, "architecture": stem_architecture(spec.architecture), "conv_stem": spec.conv_stem}
+    """``config.json`` of a timm export in timm's hub layout (what ``hf-hub:``/``local-dir:`` model names read):
+    ``architecture`` (with :data:`OWN_TAG`, or :func:`stem_architecture`'s sentence), ``num_classes``,
+    ``num_features``, ``global_pool`` (timm writes it for information), ``model_args`` and ``pretrained_cfg``
+    (:func:`timm_pretrained_cfg`; `card` adds entries such as ``description``); with the stem, ``conv_stem``."""
+    config = {"architecture": (f"{spec.architecture}.{OWN_TAG}" if spec.conv_stem is None
+                               else stem_architecture(spec.architecture)),
+              "num_classes": 0, "num_features": num_features}
+    if spec.model_args.get("global_pool"):
+        config["global_pool"] = spec.model_args["global_pool"]
+    config |= {"model_args": spec.model_args, "pretrained_cfg": timm_pretrained_cfg(spec, **card)}
+    return config if spec.conv_stem is None else {**config, "conv_stem": spec.conv_stem}
 
 
 def stem_architecture(name: str) -> str:
@@ -176,11 +194,12 @@ def stem_architecture(name: str) -> str:
 
 
 def create_timm_encoder(spec: TimmSpec, weights: str | Path) -> Any:
-    """Plain timm's model for `spec` filled from the safetensors file `weights`, exactly as the README of a timm
-    export shows it (the same call; nothing of this project is involved)."""
+    """Plain timm's model for `spec` filled from the safetensors file `weights`, as the README of a timm export
+    builds it: ``timm.create_model(name, pretrained=True, pretrained_cfg=dict(pretrained_cfg, file=weights),
+    **model_args)`` (plus the stem's ``embed_layer``), nothing of this project involved; the ``pretrained_cfg`` is
+    what ``local-dir:`` reads from the folder, so the model and its preprocessing are the same."""
     import timm
-    overlay = {"file": str(weights), "num_classes": 0, **spec.data_config, **OWN_WEIGHTS}
-    args = dict(spec.model_args)
+    args = dict(spec.model_args)  # an export before num_classes left model_args holds it: as good as the default
     if spec.conv_stem is not None:
         from functools import partial
 
@@ -188,8 +207,8 @@ def create_timm_encoder(spec: TimmSpec, weights: str | Path) -> Any:
         stem = {**spec.conv_stem, "norm_layer": timm_norm_layer(spec.conv_stem["norm"])}
         del stem["norm"]
         args["embed_layer"] = partial(HybridEmbed, backbone=ConvStem(**stem), proj=False)
-    args.setdefault("num_classes", 0)  # an export before num_classes was among its model_args
-    return timm.create_model(spec.architecture, pretrained=True, pretrained_cfg_overlay=overlay, **args).eval()
+    pretrained_cfg = {**timm_pretrained_cfg(spec), "file": str(weights)}  # its num_classes=0: timm's default here
+    return timm.create_model(spec.architecture, pretrained=True, pretrained_cfg=pretrained_cfg, **args).eval()
 
 
 def preprocess(image_size: int) -> Callable[[Any], Any]:
@@ -228,7 +247,7 @@ def load_encoder(path: str | Path, *, device: str = "cpu", ema: bool | None = No
         if isinstance(data, dict) and "architecture" in data:  # a timm export
             cfg = data.get("pretrained_cfg", {})
             stem = data.get("conv_stem")
-            name = cfg.get("architecture", "") if stem else data["architecture"]  # see stem_architecture
+            name = cfg.get("architecture") or data["architecture"]  # the timm name (see OWN_TAG, stem_architecture)
             from .checkpoint import HUB_PREFIXES
             from .config import check_encoder_kwargs
             if not isinstance(name, str) or name.lower().startswith(HUB_PREFIXES):

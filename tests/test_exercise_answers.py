@@ -77,6 +77,27 @@ def run_solution(notebook: str, exercise: str, **objects) -> dict:
     return namespace
 
 
+@pytest.fixture(autouse=True)
+def messages_fit_the_limit(monkeypatch):
+    """Every message a check gives in these cases (its solution's and the wrong answers') is at most
+    ex.MESSAGE_LIMIT characters: the checks' own verdicts, recorded as they leave the check (ex.check turns an
+    exception inside a check into a message, so the length is asserted afterwards)."""
+    long = []
+
+    def held(name, fn):
+        def check(*args, **kwargs):
+            ok, message = fn(*args, **kwargs)
+            if len(message) > ex.MESSAGE_LIMIT:
+                long.append((name, ok, len(message), message))
+            return ok, message
+        return check
+
+    for name, fn in list(ex.CHECKS.items()):
+        monkeypatch.setitem(ex.CHECKS, name, held(name, fn))
+    yield
+    assert not long, long
+
+
 def fails(name: str, answer, **context) -> bool:
     return ex.check(name, answer, **context).ok is False
 
@@ -165,6 +186,18 @@ def test_parallel_unmasking_rejects_a_loop_that_ignores_k() -> None:
 
     assert fails("00.parallel_unmasking", plus_one, **context)
     assert fails("00.parallel_unmasking", left_to_right, model=_build(), image_tokens=image_tokens, length=7)
+    _shows_words("00.parallel_unmasking", lambda m, v, n, k: torch.full((n,), 320), **context)
+
+
+def _shows_words(name: str, answer, **context) -> None:
+    """A check that compares captions shows a wrong one as words, not token ids: the message quotes the caption
+    the answer wrote, and no id of it appears as a number."""
+    from mdc_core.tokenizer import CaptionTokenizer
+
+    result = ex.check(name, answer, **context)
+    assert result.ok is False
+    word = CaptionTokenizer(context["model"].cfg.context_length).token_string(320)  # "a": every wrong caption
+    assert f'"{word} {word}' in result.message and "320" not in result.message, result.message
 
 
 def test_parallel_unmasking_on_a_model_that_reads_its_context(micro) -> None:
@@ -359,11 +392,16 @@ def test_headroom_share_accepts_what_the_notebook_displays() -> None:
 # 04
 
 
+SCALED_WEIGHTS = {"n_plus_1": lambda n, count: (n + 1) / count, "n_minus_1": lambda n, count: (n - 1) / count,
+                  "plus_10": lambda n, count: 1.1 * n / count, "minus_10": lambda n, count: 0.9 * n / count}
+
+
 def mc_estimator(kind: str, seed: int):
     """A student's Monte Carlo ELBO (04.mc_elbo) drawing from `seed`: "right" (l ~ U{1..n}, weight n / l),
     "off_by_one" (``randint(1, n)``: l in 1..n-1, every word masked never drawn), "training" (t ~ U[0.5, 1], each
     word masked with probability t, weight 1/t: the training objective), "unweighted" (the n / l forgotten),
-    "per_word" (the mean over the masked words: weight 1 / l)."""
+    "per_word" (the mean over the masked words: weight 1 / l), and the weights of :data:`SCALED_WEIGHTS` ((n + 1) / l,
+    (n - 1) / l, 1.1 n / l, 0.9 n / l: issue 64's, which passed on two caption pairs)."""
     def estimate(model, image_tokens, tokens, samples):
         n = tokens.shape[1] - 2
         gen = torch.Generator().manual_seed(seed)
@@ -378,7 +416,7 @@ def mc_estimator(kind: str, seed: int):
                     count = int(torch.randint(1, n if kind == "off_by_one" else n + 1, (), generator=gen))
                     where = 1 + torch.randperm(n, generator=gen)[:count]
                     weight = {"right": n / count, "off_by_one": n / count, "unweighted": 1.0,
-                              "per_word": 1.0 / count}[kind]
+                              "per_word": 1.0 / count}.get(kind) or SCALED_WEIGHTS[kind](n, count)
                 x = tokens.clone()
                 x[0, where] = MASK_ID
                 logp = model.decode(x, image_tokens)[0].float().log_softmax(dim=-1)
@@ -410,6 +448,32 @@ def test_mc_elbo_rejects_the_off_by_one_count_and_the_training_estimator_on_ever
             assert result.ok is False and "stand-in model" in result.message, (wrong, seed, result.message)
 
 
+@pytest.mark.parametrize("wrong", sorted(SCALED_WEIGHTS))
+def test_mc_elbo_rejects_every_weight_but_n_over_l_on_every_seed(micro, wrong) -> None:
+    """(n + 1) / l, (n - 1) / l, 1.1 n / l and 0.9 n / l were marked right (issue 64: -9.11 against -7.30 within 4
+    standard errors of 128 samples); on the stand-in without Monte Carlo noise they miss the exact answer by |c|
+    or 0.1 n |c| (c = log 1/4), and fail on every seed. n / l passes on every seed."""
+    model, _, _, image_tokens = micro
+    context = dict(model=model, image_tokens=image_tokens[:1], captions=CAPTIONS[:2])
+    for seed in range(4):
+        result = ex.check("04.mc_elbo", mc_estimator(wrong, seed), **context)
+        assert result.ok is False and "probability 1/4" in result.message, (wrong, seed, result.message)
+        if wrong == "plus_10":  # the right one, once per seed (the slowest case: every stand-in and caption)
+            assert ex.check("04.mc_elbo", mc_estimator("right", seed), **context).ok is True, seed
+
+
+def test_the_constant_stand_in_has_no_monte_carlo_noise(micro) -> None:
+    """Every masked word has log-probability c = log 1/4 whatever is masked: each draw of Eq. 8's estimator sums l
+    of them with weight n / l, exactly n c; exact_elbo says so with a spread of 0 (to rounding)."""
+    model, _, _, image_tokens = micro
+    tokens = trim_padding(CaptionTokenizer(model.cfg.context_length)(["a red circle"]))
+    constant = tables.MaskCountModel.probes(model, tokens)[0]
+    elbo, spread = tables.exact_elbo(constant, image_tokens[:1], constant.tokens)
+    assert elbo == pytest.approx(4 * math.log(0.25), abs=1e-4) and spread < 1e-4
+    draws = tables.mc_elbo_draws(constant, image_tokens[:1], constant.tokens, 16, seed=3)
+    assert draws == pytest.approx([4 * math.log(0.25)] * 16, abs=1e-4)
+
+
 def test_exact_elbo_is_the_mean_and_spread_of_every_draw(micro) -> None:
     """exact_elbo by hand on a 2-word caption: masks {1}, {2} (l = 1, weight 2) and {1, 2} (l = 2, weight 1)."""
     model, _, _, image_tokens = micro
@@ -434,7 +498,7 @@ def test_exact_elbo_is_the_mean_and_spread_of_every_draw(micro) -> None:
 def test_mask_count_models_give_the_log_probability_they_promise(micro) -> None:
     model, _, _, image_tokens = micro
     tokens = trim_padding(CaptionTokenizer(model.cfg.context_length)(["a red circle"]))
-    first, second = tables.MaskCountModel.probes(model, tokens)
+    _, first, second = tables.MaskCountModel.probes(model, tokens)  # the constant one: the test above
     assert first.tokens.shape == (1, 6) and first.tokens[0, 4] == tokens[0, 3]  # 4 words: the last one repeated
     x = first.tokens.repeat(2, 1)
     x[0, 1:-1] = MASK_ID  # every word masked
@@ -476,6 +540,11 @@ def test_confidence_rule(micro) -> None:
     assert fails("05.confidence_rule", left_to_right, **context)
     assert fails("05.confidence_rule", least_sure, **context)
     assert "revealed already" in ex.check("05.confidence_rule", ignores_masked, **context).message
+
+    def writes_a(probs, masked):  # the first masked position, always the word "a"
+        return int(masked.nonzero()[0, 0]), int(model.output_index[320])
+
+    _shows_words("05.confidence_rule", writes_a, **context)
 
 
 @covers("05.length_repetition")

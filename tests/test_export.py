@@ -34,6 +34,7 @@ from mdc_workbench.export.model_card import rebuild_command
 from tests.train_helpers import micro_run, one_thread, write_micro_data  # noqa: F401 - one_thread is a fixture
 
 ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ROOT / "mdc_core" / "pretrained" / "mdc_tiny_lean_easy"  # the shipped model's checkpoint folder
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}  # plain timm must not need the network
 # the paper presets (their encoders, patch sizes and 224 px) with one narrow block and a small decoder
 SMALL_VIT = ['model.encoder_kwargs={"depth": 1, "embed_dim": 64, "num_heads": 2}', "model.text_width=64",
@@ -119,7 +120,8 @@ def test_timm_export_of_the_paper_presets_at_reduced_size(preset, objective, poo
     run = _perturbed_run(tmp_path, preset, SMALL_VIT, objective)
     out = export_run(run, tmp_path / "timm", fmt="timm", ema=False)
     hub = json.loads((out / "config.json").read_text())
-    assert hub["architecture"] == load_preset(preset).model.encoder and hub["num_features"] == 64
+    assert hub["pretrained_cfg"]["architecture"] == load_preset(preset).model.encoder and hub["num_features"] == 64
+    assert hub["architecture"].startswith(load_preset(preset).model.encoder + ".")  # OWN_TAG: local-dir: or the cfg
     model = timm.create_model("local-dir:" + str(out), pretrained=True).eval()  # timm's own reading of config.json
     ours, _ = load_model(run)
     x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(3))
@@ -132,14 +134,54 @@ def test_timm_export_of_the_paper_presets_at_reduced_size(preset, objective, poo
         assert float((encoder.forward_features(x) - tokens).abs().max()) <= 1e-5
 
 
+def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Equal features up to float32 rounding, the tolerance scaled to their magnitude."""
+    return got.shape == want.shape and float((got - want).abs().max()) <= 1e-5 * max(1.0, float(want.abs().max()))
+
+
+def _data_config(config: dict) -> dict:
+    """timm's resolved data config with JSON's lists as tuples (local-dir: keeps config.json's lists)."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
+
+
+SAVE_ALL = "torch.save({'feature': feature, 'tokens': tokens, 'image': image, 'data': \
+timm.data.resolve_model_data_config(model)}, 'out.pt')"
+
+
+def _card_matches_load_encoder(out: Path, cwd: Path, image: Path) -> None:
+    """The card's snippet (a fresh interpreter, no project code) gives load_encoder's features, tokens and resolved
+    data config, and its transform is load_encoder's preprocessing."""
+    import timm
+
+    got = _run_snippet(out / "README.md", cwd, SAVE_ALL)
+    assert got["stdout"].strip() == "[]"  # no module of this project was imported
+    encoder, preprocess = mdc_core.load_encoder(out)
+    x = preprocess(Image.open(image).convert("RGB")).unsqueeze(0)
+    assert _close(got["image"], x)
+    with torch.no_grad():
+        assert _close(got["tokens"], encoder.forward_features(x)) and _close(got["feature"], encoder(x))
+    assert _data_config(got["data"]) == _data_config(timm.data.resolve_model_data_config(encoder))
+
+
+def _refused_saying_what_to_do(out: Path) -> None:
+    """What a timm user writes from config.json stops in one line naming what works (the card's call)."""
+    for name, got in _timm_user_calls(out).items():
+        assert isinstance(got, RuntimeError), (name, got)
+        assert "\n" not in str(got) and "early-convolution stem" in str(got), (name, got)
+        assert "embed_layer that this folder's README shows" in str(got), (name, got)
+
+
 @pytest.mark.parametrize("preset, stem", [
     ("tiny", ""),  # conv_stem [32, 64, 128], two convolutions per stage, BatchNorm, patch 8
-    ("tiny_fast", ""),  # one convolution per stage, patch 16
-    ("tiny_lean", ', "conv_stem_norm": "group"'),  # depths [1, 2, 2], mlp_ratio 2; GroupNorm1 instead of BatchNorm
+    ("tiny_fast", ""),  # one convolution per stage, patch 16 (notebooks 02-05 of make demo)
+    ("tiny_lean", ""),  # depths [1, 2, 2], mlp_ratio 2 (notebook 01 of make demo, the shipped model)
+    ("tiny_lean", ', "conv_stem_norm": "group"'),  # GroupNorm1 instead of BatchNorm
 ])
 def test_conv_stem_runs_export_to_plain_timm_with_the_runs_features(preset, stem, tmp_path):
-    """The presets `make demo` trains: their early-convolution stem is timm's ConvStem + HybridEmbed, and the card's
-    snippet (a fresh interpreter, no project code) gives the run's tokens and probe feature."""
+    """The presets `make demo` trains: their early-convolution stem is timm's ConvStem + HybridEmbed, which no timm
+    name builds: the natural call, local-dir: and the call with config.json's pretrained_cfg stop in one line saying
+    what to do, and the card's snippet (a fresh interpreter, no project code) gives the run's tokens, probe feature
+    and preprocessing, equal to load_encoder's."""
     kwargs = load_preset(preset).model.encoder_kwargs
     small = {**kwargs, "embed_dim": 32, "depth": 1, "num_heads": 2}
     run = _perturbed_run(tmp_path, preset, ["model.encoder_kwargs=" + json.dumps(small)[:-1] + stem + "}"])
@@ -151,19 +193,29 @@ def test_conv_stem_runs_export_to_plain_timm_with_the_runs_features(preset, stem
     hub = json.loads((out / "config.json").read_text())
     assert hub["conv_stem"]["norm"] == ("group" if stem else "batch")
     assert hub["conv_stem"]["channels"][-1] == 32 and hub["model_args"]["patch_size"] == 1
+    assert hub["pretrained_cfg"]["architecture"] == "vit_base_patch32_224"  # the timm name, for the card's call
+    _refused_saying_what_to_do(out)
     image = _image(tmp_path / "image.jpg")
+    _card_matches_load_encoder(out, tmp_path, image)
     got = _run_snippet(out / "README.md", tmp_path, "torch.save({'feature': feature, 'tokens': tokens}, 'out.pt')")
-    assert got["stdout"].strip() == "[]"  # no module of this project was imported
     x = load_image(image, cfg.model.image_size).unsqueeze(0)
+    with torch.no_grad():  # and load_encoder's are the run's
+        assert _close(got["tokens"], ours.encode_image(x)) and _close(got["feature"], ours.pooled_features(x, "gap"))
+
+
+def test_the_shipped_model_exports_to_plain_timm_with_its_features_and_preprocessing(tmp_path):
+    """The shipped model (tiny_lean, trained by make demo's recipe): the same as a demo run's export, with trained
+    weights and BatchNorm statistics."""
+    out = export_run(SHIPPED, tmp_path / "timm", fmt="timm")
+    _refused_saying_what_to_do(out)
+    image = _image(tmp_path / "image.jpg")
+    _card_matches_load_encoder(out, tmp_path, image)
+    shipped, preprocess = mdc_core.load_encoder(SHIPPED)  # the checkpoint itself, not the export
+    exported, _ = mdc_core.load_encoder(out)
+    x = preprocess(Image.open(image).convert("RGB")).unsqueeze(0)
     with torch.no_grad():
-        tokens = ours.encode_image(x)
-        feature = ours.pooled_features(x, "gap")
-    assert got["tokens"].shape == tokens.shape
-    assert float((got["tokens"] - tokens).abs().max()) <= 1e-5
-    assert float((got["feature"] - feature).abs().max()) <= 1e-5
-    encoder, _ = mdc_core.load_encoder(out)  # load_encoder reads the stem from config.json
-    with torch.no_grad():
-        assert float((encoder.forward_features(x) - tokens).abs().max()) <= 1e-5
+        assert _close(exported.forward_features(x), shipped.forward_features(x))
+    assert exported.pretrained_cfg["input_size"] == shipped.pretrained_cfg["input_size"] == (3, 64, 64)
 
 
 def test_the_stem_key_map_moves_every_tensor_and_a_wrong_stem_does_not_load(tmp_path):
@@ -223,6 +275,15 @@ def trained(tmp_path_factory):
 def _captions(model, images, cfg) -> torch.Tensor:
     with torch.no_grad():
         return sample(model, model.encode_image(images), cfg.sampler).tokens
+
+
+def test_the_hf_export_prints_only_its_own_two_lines(trained, tmp_path, capsys):
+    """huggingface_hub's from_pretrained, with which the export checks its folder, printed "Loading weights from
+    local directory" between them (issue 64)."""
+    run, _ = trained
+    assert main(["export", str(run), "--out", str(tmp_path / "hf")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("exported ") and lines[1].startswith("load it: see ")
 
 
 def test_hf_export_reloads_to_identical_captions_and_one_line_loader(trained, tmp_path):
@@ -390,7 +451,10 @@ def test_existing_out_needs_force_and_a_corrupt_run_is_refused(trained, tmp_path
 
 def test_load_encoder_is_lazy_and_import_mdc_core_stays_light():
     code = ("import sys, mdc_core\nassert 'torch' not in sys.modules\nf = mdc_core.load_encoder\n"
-            "assert callable(f) and 'torch' not in sys.modules\nfrom mdc_core import load_encoder\nprint('ok')")
+            "assert callable(f) and 'torch' not in sys.modules\nfrom mdc_core import load_encoder\n"
+            "assert set(mdc_core.__all__) <= set(dir(mdc_core)) and 'load_encoder' in dir(mdc_core)\n"
+            "from mdc_core import *\nassert all(callable(globals()[n]) for n in mdc_core.__all__)\n"
+            "assert 'torch' not in sys.modules\nprint('ok')")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "ok"
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
@@ -437,13 +501,18 @@ def test_force_replaces_an_earlier_export_only(trained, tmp_path, capsys):
 
 
 def _timm_user_calls(out: Path) -> dict[str, object]:
-    """What a timm user writes from config.json alone (issue 54 item 8): each call's model, or the exception."""
+    """What a timm user writes from config.json alone (issue 64): each call's model, or the exception. "natural" is
+    the issue's call, "pretrained_cfg" the same with config.json's pretrained_cfg (what the refusal of "natural"
+    names)."""
     import timm
 
     cfg = json.loads((out / "config.json").read_text())
+    weights = str(out / "model.safetensors")
     calls = {"natural": lambda: timm.create_model(cfg["architecture"], pretrained=True, pretrained_cfg_overlay=dict(
-                 file=str(out / "model.safetensors")), **cfg["model_args"]),
-             "local-dir": lambda: timm.create_model("local-dir:" + str(out), pretrained=True)}
+                 file=weights), num_classes=0, **cfg["model_args"]),
+             "local-dir": lambda: timm.create_model("local-dir:" + str(out), pretrained=True),
+             "pretrained_cfg": lambda: timm.create_model(cfg["architecture"], pretrained=True, pretrained_cfg=cfg[
+                 "pretrained_cfg"], pretrained_cfg_overlay=dict(file=weights), num_classes=0, **cfg["model_args"])}
     got = {}
     for name, call in calls.items():
         try:
@@ -453,20 +522,38 @@ def _timm_user_calls(out: Path) -> dict[str, object]:
     return got
 
 
-def test_timm_users_natural_calls_load_a_plain_vit_exactly(trained, tmp_path):
+def test_timm_users_calls_give_load_encoders_features_and_preprocessing_or_say_what_to_do(trained, tmp_path):
+    """A plain ViT: local-dir: and the call with config.json's pretrained_cfg build load_encoder's model with the
+    run's preprocessing; the call without it would take timm's registry entry for the name (224 px, mean 0.5, crop
+    0.9: issue 64) and stops in one line naming those two. No num_classes among model_args (the natural call passes
+    its own: "got multiple values for keyword argument 'num_classes'" before)."""
+    import timm
+
     run, data = trained
     out = export_run(run, tmp_path / "D1", fmt="timm")
-    assert json.loads((out / "config.json").read_text())["model_args"]["num_classes"] == 0
+    hub = json.loads((out / "config.json").read_text())
+    assert "num_classes" not in hub["model_args"] and hub["num_classes"] == 0
+    assert set(hub) >= {"architecture", "num_classes", "num_features", "model_args", "pretrained_cfg"}
+    encoder, _ = mdc_core.load_encoder(out)
+    want = _data_config(timm.data.resolve_model_data_config(encoder))
     ours, cfg = load_model(run, ema=True)
-    x = torch.randn(2, 3, cfg.model.image_size, cfg.model.image_size, generator=torch.Generator().manual_seed(5))
+    size = cfg.model.image_size
+    assert want["input_size"] == (3, size, size) and want["crop_pct"] == 1.0 and want["mean"][0] != 0.5
+    x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(5))
+    calls = _timm_user_calls(out)
+    natural = calls.pop("natural")
+    assert isinstance(natural, RuntimeError) and "\n" not in str(natural), natural
+    assert "local-dir" in str(natural) and "pass pretrained_cfg=config['pretrained_cfg']" in str(natural)
     with torch.no_grad():
         tokens = ours.encode_image(x)
-        for name, model in _timm_user_calls(out).items():
+        assert _close(encoder.forward_features(x), tokens) and _close(encoder(x), ours.pooled_features(x, "gap"))
+        for name, model in calls.items():
             assert isinstance(model, torch.nn.Module), (name, model)
-            assert float((model.forward_features(x) - tokens).abs().max()) <= 1e-5, name
-            assert float((model(x) - ours.pooled_features(x, "gap")).abs().max()) <= 1e-5, name
+            assert _close(model.forward_features(x), tokens) and _close(model(x), encoder(x)), name
+            assert _data_config(timm.data.resolve_model_data_config(model)) == want, name
     # the card's snippet as written runs from inside the folder ("." is its folder) and from elsewhere once set
     (out / "image.jpg").write_bytes(_image(tmp_path / "image.jpg").read_bytes())
+    _card_matches_load_encoder(out, tmp_path, tmp_path / "image.jpg")
     save = "torch.save({'tokens': tokens}, 'out.pt')"
     inside = _run_snippet(out / "README.md", out, save, folder=Path("."))
     elsewhere = _run_snippet(out / "README.md", tmp_path, save)
@@ -476,20 +563,19 @@ def test_timm_users_natural_calls_load_a_plain_vit_exactly(trained, tmp_path):
     assert unset.returncode == 1 and "set folder to the folder of this export" in unset.stderr.splitlines()[-1]
 
 
-def test_timm_users_natural_calls_refuse_a_conv_stem_export_saying_what_to_do(tmp_path):
-    """Before: the natural call (with num_classes=0) built a patch-1 ViT, left its patch projection random and only
-    warned; local-dir: raised a state-dict error. Now both stop at the name, which says what to do."""
-    kwargs = load_preset("tiny").model.encoder_kwargs
-    small = {**kwargs, "embed_dim": 32, "depth": 1, "num_heads": 2}
-    run = _perturbed_run(tmp_path, "tiny", ["model.encoder_kwargs=" + json.dumps(small)])
-    out = export_run(run, tmp_path / "D2", fmt="timm")
+def test_an_export_written_before_issue_64_still_loads(trained, tmp_path):
+    """Exports whose model_args held num_classes=0 and whose architecture was the plain timm name."""
+    run, _ = trained
+    out = export_run(run, tmp_path / "old", fmt="timm")
     hub = json.loads((out / "config.json").read_text())
-    assert hub["pretrained_cfg"]["architecture"] == "vit_base_patch32_224"  # the timm name, for the card's call
-    for name, got in _timm_user_calls(out).items():
-        assert isinstance(got, RuntimeError), (name, got)
-        assert "early-convolution stem" in str(got) and "embed_layer that this folder's README shows" in str(got)
-    encoder, _ = mdc_core.load_encoder(out)  # the project's loader and the card's snippet still build it
-    assert type(encoder.patch_embed).__name__ == "HybridEmbed"
+    hub["architecture"] = hub["pretrained_cfg"]["architecture"]
+    hub["model_args"]["num_classes"] = 0
+    (out / "config.json").write_text(json.dumps(hub))
+    encoder, _ = mdc_core.load_encoder(out)
+    fresh, _ = mdc_core.load_encoder(export_run(run, tmp_path / "new", fmt="timm"))
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert _close(encoder(x), fresh(x))
 
 
 def test_save_pretrained_folder_loads_everywhere_an_export_does_and_keeps_its_card(trained, tmp_path, capsys):

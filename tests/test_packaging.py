@@ -45,6 +45,33 @@ def test_constraints_pin_the_torch_stack():
     assert pins["torch"] == "torch==2.14.1" and pins["torchvision"] == "torchvision==0.29.1"
 
 
+def test_constraints_pin_what_pip_searched_at_the_versions_the_tests_run_with():
+    """gradio and the packages pip backtracked through (issue 64: 16 gradio wheels) are pinned, and each pin is
+    the installed version (the torch stack's local build tag aside, e.g. 2.14.1+cpu)."""
+    pins = _pins()
+    assert {"gradio", "gradio-client", "huggingface-hub", "transformers", "diffusers"} <= set(pins)
+    for name, spec in pins.items():
+        version = importlib.metadata.version(name).split("+")[0]
+        assert spec == f"{spec.split('==')[0]}=={version}", f"{spec} pinned, {version} installed"
+
+
+def test_license_citation_and_type_markers_ship():
+    """MIT as pyproject says, a citation file for the paper and the software, and PEP 561's py.typed in both
+    packages (package data, so a wheel holds them)."""
+    assert _project()["license"] == "MIT"
+    licence = (ROOT / "LICENSE").read_text()
+    assert licence.startswith("MIT License") and "Copyright (c) 2026 the MDC workbench authors" in licence
+    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert {"cff-version", "message", "title", "authors"} <= set(cff) and cff["license"] == "MIT"
+    paper = cff["preferred-citation"]
+    assert paper["title"] == "Masked Diffusion Captioning for Visual Feature Learning" and paper["year"] == 2025
+    assert [a["family-names"] for a in paper["authors"]] == ["Feng", "Wei", "Owens"]
+    assert cff["version"] == _project()["version"]
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    for package in ("mdc_core", "mdc_workbench"):
+        assert (ROOT / package / "py.typed").is_file() and "py.typed" in data[package]
+
+
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     readme = (ROOT / "README.md").read_text()

@@ -37,6 +37,8 @@ OPENAI_DATASET_MEAN: tuple[float, float, float] = _CLIP.OPENAI_DATASET_MEAN
 OPENAI_DATASET_STD: tuple[float, float, float] = _CLIP.OPENAI_DATASET_STD
 BACKGROUND = tuple(round(255 * m) for m in OPENAI_DATASET_MEAN)  # what transparent pixels become: mean colour
 _ADDRESS = re.compile(r"<[^<>]* at 0x[0-9a-fA-F]+>")  # "<_io.BytesIO object at 0x7f...>" in PIL's messages
+_PIXELS = re.compile(r"\((\d+) pixels\)")  # "Image size (400000000 pixels) exceeds limit of ..." (PIL)
+LIMITS = f"limit {MAX_SIDE} px per side, {MAX_PIXELS // 1_000_000} MP"
 
 
 class ImageError(ValueError):
@@ -83,18 +85,23 @@ def open_image(data: bytes, name: str = "image") -> Image.Image:
         raise ImageError(f"{name}: empty file (0 bytes), expected an image")
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            # PIL warns above ~89 MP (and raises above ~179 MP) when it reads the header; our limits are lower and
+            # say so in our words, so the warning is ignored here and the size checked below
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(data))
-            w, h = img.size  # read from the header: nothing decoded yet
-            if w > MAX_SIDE or h > MAX_SIDE or w * h > MAX_PIXELS:
-                raise ImageError(f"{name}: image of {w}x{h} pixels is too large (limit {MAX_SIDE} px per side, "
-                                 f"{MAX_PIXELS // 1_000_000} MP)", "too_large")
-            img.load()  # decode now: truncated or corrupt data fails here, not inside a transform
+        w, h = img.size  # read from the header: nothing decoded yet
+        if w > MAX_SIDE or h > MAX_SIDE or w * h > MAX_PIXELS:
+            raise ImageError(f"{name}: image of {w}x{h} pixels is too large ({LIMITS})", "too_large")
+        img.load()  # decode now: truncated or corrupt data fails here, not inside a transform
     except ImageError:
         raise
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
-        raise ImageError(f"{name}: image is too large ({err})", "too_large") from err
+    except Image.DecompressionBombError as err:  # PIL's header check above ~179 MP: the size is in its message
+        pixels = _PIXELS.search(str(err))
+        size = f"of {int(pixels.group(1)) / 1e6:.0f} MP " if pixels else ""
+        raise ImageError(f"{name}: image {size}is too large ({LIMITS})", "too_large") from err
     except Exception as err:  # PIL raises UnidentifiedImageError, OSError, SyntaxError, ValueError ...
+        if isinstance(err, Image.UnidentifiedImageError):  # PIL names the BytesIO it read: name the file
+            raise ImageError(f"{name}: not a readable image (cannot identify image file {name})") from err
         detail = _ADDRESS.sub("the data", str(err))
         raise ImageError(f"{name}: not a readable image ({type(err).__name__}: {detail})") from err
     try:

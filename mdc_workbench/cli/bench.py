@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from mdc_workbench.cli.common import flags
+from mdc_workbench.cli.common import check_preset, flags
 
 BENCH_HANDLERS: dict[str, Callable[[argparse.Namespace], None]] = {}  # sub-verb -> handler (besides "model")
 
@@ -128,3 +128,4 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 
 HANDLERS = {"bench": cmd_bench}
+CHECKS = {"bench": check_preset}  # run before the heavy imports (mdc_workbench.cli.main)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from mdc_core.encoder_io import EXPORT_FORMATS
 from mdc_workbench.cli.common import flags
 
 
@@ -35,4 +36,11 @@ def cmd_export(args: argparse.Namespace) -> None:
     print(f"load it: see {out / 'README.md'}")
 
 
+def check_export(args: argparse.Namespace) -> None:
+    """An unknown --format is an error before torch is imported (the library checks it again)."""
+    if args.fmt not in EXPORT_FORMATS:
+        raise ValueError(f"unknown export format {args.fmt!r}; choose one of {', '.join(EXPORT_FORMATS)}")
+
+
 HANDLERS = {"export": cmd_export}
+CHECKS = {"export": check_export}  # run before the heavy imports (mdc_workbench.cli.main)

@@ -42,7 +42,7 @@ from types import ModuleType
 
 from mdc_workbench.cli import bench, data, evaluate, export, masked_conditional, runs, sample, train
 from mdc_workbench.cli.checks import check_numeric_args
-from mdc_workbench.cli.common import USER_ERRORS
+from mdc_workbench.cli.common import USER_ERRORS, Parser, missing_extra
 
 BUILT_IN = (data, train, sample, evaluate, export, runs, bench, masked_conditional)
 VERB_GROUPS = "mdc_workbench.verbs"  # entry point group of verb groups from outside the workbench (the app's `mdc app`)
@@ -70,7 +70,7 @@ class DefaultsFormatter(argparse.HelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     from mdc_core import __version__
-    parser = argparse.ArgumentParser(prog="mdc", description="Masked diffusion captioning workbench.")
+    parser = Parser(prog="mdc", description="Masked diffusion captioning workbench.")  # unknown flags named first
     parser.add_argument("--version", action="version", version=f"mdc {__version__} (mdc-workbench)")
     sub = parser.add_subparsers(dest="verb", required=True)
     for group in groups():
@@ -244,6 +244,13 @@ def _run(argv: list[str] | None, use: Callable[[Callable[[int, object], None]], 
                 handler(args)
     except USER_ERRORS as err:
         print(f"mdc: error: {describe_os_error(err) if isinstance(err, OSError) else err}", file=sys.stderr)
+        return 2
+    except ImportError as err:  # an extra not installed (pip install . alone): which one, in one line
+        verb = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), "")
+        message = missing_extra(err, verb)
+        if message is None:
+            raise
+        print(f"mdc: error: {message}", file=sys.stderr)
         return 2
     except OSError as err:  # a full disk anywhere (checkpoints say what they kept; see mdc_core.checkpoint)
         if err.errno == errno.EROFS:

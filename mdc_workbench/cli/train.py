@@ -10,7 +10,7 @@ from pathlib import Path
 
 from mdc_core.config import RunConfig, apply_overrides, list_presets, load_preset
 from mdc_core.registry import objective_names, objective_spec
-from mdc_workbench.cli.common import flags
+from mdc_workbench.cli.common import check_preset, flags
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -194,3 +194,4 @@ def preset_line(name: str) -> str:
 
 
 HANDLERS = {"train": cmd_train, "demo": cmd_demo, "presets": cmd_presets}
+CHECKS = {"train": check_preset}  # run before the heavy imports (mdc_workbench.cli.main)

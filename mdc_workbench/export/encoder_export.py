@@ -23,6 +23,7 @@ loader downstream code needs, :func:`mdc_core.load_encoder`, lives in the core.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -44,7 +45,7 @@ from mdc_core.checkpoint import (
 )
 from mdc_core.config import RunConfig
 from mdc_core.encoder_io import (
-    OWN_WEIGHTS,
+    EXPORT_FORMATS,
     WEIGHTS,
     TimmSpec,
     create_timm_encoder,
@@ -58,7 +59,7 @@ from mdc_core.factory import model_architecture, probe_pool
 from mdc_core.hub import MDCCaptioner, hub_captioner
 from mdc_workbench.export.model_card import candidate_files, encoder_title, find_measurements, render_card
 
-FORMATS = ("timm", "hf")
+FORMATS = EXPORT_FORMATS
 TOLERANCE = 1e-5  # max abs difference of fp32 features between the export loaded back and the run
 
 
@@ -253,8 +254,10 @@ def _write_hf(source: Source, tmp: Path) -> str:
     with torch.no_grad():
         tokens = source.model.encode_image(images)
         gaps = [float((reloaded.encode_image(images) - tokens).abs().max())]
-        if hub:  # and what the Hub's call does
-            gaps.append(float((MDCCaptioner.from_pretrained(tmp).encode_image(images) - tokens).abs().max()))
+        if hub:  # and what the Hub's call does (huggingface_hub prints "Loading weights from local directory")
+            with contextlib.redirect_stdout(io.StringIO()):
+                hub_model = MDCCaptioner.from_pretrained(tmp)
+            gaps.append(float((hub_model.encode_image(images) - tokens).abs().max()))
     if max(gaps) > TOLERANCE:
         raise RuntimeError(f"the exported folder reloads to different features (max abs difference {max(gaps):.3g})")
     return _usage_hf(source, tuple(tokens.shape[1:]), hub)
@@ -294,29 +297,34 @@ def _call(name: str, args: dict) -> str:
 
 
 def _usage_timm(spec: TimmSpec, token_shape: tuple[int, ...]) -> str:
-    overlay = {"num_classes": 0, **spec.data_config, **OWN_WEIGHTS}
     m, d = token_shape
     feature = (f"# (1, {d}): the probe feature ({'mean of the patch tokens' if spec.pool == 'gap' else 'class token'})"
                if spec.pooled else "# timm's own pooling; the run's probe feature is the mean of the patch tokens")
-    args = ",\n    ".join(f"{k}={v!r}" for k, v in spec.model_args.items())
-    head, imports, stem = "", "", ""
-    if spec.conv_stem is not None:  # timm's ConvStem + HybridEmbed: the early-convolution stem, in timm's own layers
+    explicit = """timm.create_model(
+    config["pretrained_cfg"]["architecture"], pretrained=True,
+    pretrained_cfg=dict(config["pretrained_cfg"], file=weights),  # these weights and the run's preprocessing
+    num_classes=0,{stem}
+    **config["model_args"],
+).eval()"""
+    if spec.conv_stem is None:
+        head, imports, stem = "", "", ""
+        build = ('model = timm.create_model("local-dir:" + folder, pretrained=True).eval()  # all from config.json\n'
+                 "# the same without local-dir (config.json's architecture alone names no preprocessing: timm "
+                 "refuses it):\n# model = " + explicit.format(stem="").replace("\n", "\n# ") + "\n")
+    else:  # timm's ConvStem + HybridEmbed: the early-convolution stem, in timm's own layers
         norm = {"batch": "torch.nn.BatchNorm2d", "group": "GroupNorm1"}[spec.conv_stem["norm"]]
-        keywords = ", ".join(f"{k}={tuple(v)!r}" for k, v in spec.conv_stem.items() if k not in ("norm", "depth"))
+        keywords = "".join(f"    {k}={tuple(v)!r},\n" for k, v in spec.conv_stem.items() if k not in ("norm", "depth"))
         head = "from functools import partial\n"
         imports = "from timm.layers import GroupNorm1\n" if norm == "GroupNorm1" else ""
         imports += "from timm.models.vision_transformer_hybrid import ConvStem, HybridEmbed\n"
-        stem = (f"# the early convolutions, timm's ConvStem; its last convolution is the patch projection\n"
-                f"stem = ConvStem(depth={spec.conv_stem['depth']}, {keywords}, norm_layer={norm})\n")
-        args += ",\n    embed_layer=partial(HybridEmbed, backbone=stem, proj=False)"
-    local_dir = ("""
-# timm also reads this folder's config.json, but knows no early-convolution stem: it refuses this folder by name
-# ("Unknown model (... early-convolution stem ...)"); build the model as above
-""" if spec.conv_stem is not None else """
-# timm also reads this folder's config.json (the same model):
-# model = timm.create_model("local-dir:" + folder, pretrained=True)
-""")
-    return f"""import os
+        stem = (f"# the early convolutions (conv_stem in config.json) as a timm ConvStem, whose last convolution is "
+                f"the patch projection\nstem = ConvStem(\n    depth={spec.conv_stem['depth']},\n{keywords}"
+                f"    norm_layer={norm},\n)\n")
+        build = ("# no timm model name builds this stem, so timm.create_model(config[\"architecture\"], ...) and "
+                 "local-dir refuse\n# the folder (\"Unknown model\"); with the stem as embed_layer:\nmodel = "
+                 + explicit.format(stem="\n    embed_layer=partial(HybridEmbed, backbone=stem, proj=False),") + "\n")
+    return f"""import json
+import os
 {head}
 import timm
 import torch
@@ -325,17 +333,15 @@ from PIL import Image
 {FOLDER_LINE}weights = os.path.join(folder, {WEIGHTS!r})
 if not os.path.isfile(weights):
     raise FileNotFoundError(f"{{weights}} not found: set folder to the folder of this export")
-{stem}model = timm.create_model(
-    {spec.architecture!r}, pretrained=True,
-    pretrained_cfg_overlay={_call("dict", {"file": "WEIGHTS", **overlay}).replace("'WEIGHTS'", "weights")},
-    {args},
-).eval()
-transform = timm.data.create_transform(**timm.data.resolve_model_data_config(model))  # the run's preprocessing
+with open(os.path.join(folder, "config.json")) as fh:
+    config = json.load(fh)
+{stem}{build}# the run's preprocessing, from config.json's pretrained_cfg
+transform = timm.data.create_transform(**timm.data.resolve_model_data_config(model))
 image = transform(Image.open("image.jpg").convert("RGB")).unsqueeze(0)
 with torch.no_grad():
     feature = model(image)  {feature}
     tokens = model.forward_features(image)  # (1, {m}, {d}): the tokens the caption decoder attended to
-{local_dir}"""
+"""
 
 
 FOLDER_LINE = 'folder = "."  # this export\'s folder (the one holding this README.md): "." when run from inside it\n'

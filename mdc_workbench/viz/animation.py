@@ -20,20 +20,32 @@ import math
 from pathlib import Path
 from typing import Any
 
-import matplotlib
 import numpy as np
-from matplotlib import font_manager
 from PIL import Image, ImageDraw, ImageFont
 
-CONFIDENCE_CMAP = matplotlib.colormaps["viridis"]  # confidence 0..1 in the app's chips, the heatmaps, the GIFs
-ATTENTION_CMAP = matplotlib.colormaps["inferno"]
+# matplotlib's colour maps, imported where a colour is drawn: `mdc sample` records and embeds without it (a core
+# install); CONFIDENCE_CMAP (confidence 0..1 in the app's chips, the heatmaps, the GIFs) and ATTENTION_CMAP
+# resolve on first use (module __getattr__)
+CMAPS = {"CONFIDENCE_CMAP": "viridis", "ATTENTION_CMAP": "inferno"}
+
+
+def colormap(name: str) -> Any:
+    """The colour map of `name` (a key of :data:`CMAPS`)."""
+    import matplotlib
+    return matplotlib.colormaps[CMAPS[name]]
+
+
+def __getattr__(name: str) -> Any:
+    if name in CMAPS:
+        return colormap(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 RECORD_KEYS = ("tokens", "token_ids", "steps", "settings")
 
 
 def confidence_colour(p: float) -> tuple[tuple[float, float, float], bool]:
     """(r, g, b) in [0, 1] of confidence p on :data:`CONFIDENCE_CMAP`, and whether it is light (then dark text goes
     on it; by perceived luminance). Every drawing of a confidence takes its colour from here."""
-    r, g, b, _ = CONFIDENCE_CMAP(min(max(p, 0.0), 1.0))
+    r, g, b, _ = colormap("CONFIDENCE_CMAP")(min(max(p, 0.0), 1.0))
     return (r, g, b), 0.299 * r + 0.587 * g + 0.114 * b > 0.55
 
 
@@ -107,7 +119,7 @@ def overlay(image: Image.Image, grid: np.ndarray | None, size: int = 192, alpha:
         return base
     span = float(grid.max() - grid.min())
     norm = (grid - grid.min()) / span if span > 0 else np.zeros_like(grid)
-    heat = (ATTENTION_CMAP(norm)[..., :3] * 255).astype(np.uint8)  # (g, g, 3)
+    heat = (colormap("ATTENTION_CMAP")(norm)[..., :3] * 255).astype(np.uint8)  # (g, g, 3)
     heat_img = Image.fromarray(heat).resize((size, size), Image.Resampling.NEAREST)
     weight = Image.fromarray((np.clip(norm, 0, 1) * 255 * alpha).astype(np.uint8)).resize(
         (size, size), Image.Resampling.NEAREST)  # strong attention covers more of the image
@@ -135,6 +147,7 @@ def step_attention(record: dict[str, Any], step: int, layer: int | str = -1, hea
 
 
 def _font(size: int) -> ImageFont.FreeTypeFont:
+    from matplotlib import font_manager
     return ImageFont.truetype(font_manager.findfont("DejaVu Sans"), size)
 
 

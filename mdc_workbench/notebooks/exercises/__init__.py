@@ -15,4 +15,17 @@ Each check is a function of the answer and the notebook's objects (model, batch,
 
 from . import lesson, tables  # noqa: F401  (importing them registers their checks)
 from .lesson import FIRST_KINDS, PassCounter, first_revealed_kinds, masked_accuracy, word_kind  # noqa: F401
-from .registry import CHECKS, NotAnswered, Result, Verdict, call_answer, check, choice, exercise, is_close  # noqa: F401
+from .registry import (  # noqa: F401
+    CHECKS,
+    MESSAGE_LIMIT,
+    NotAnswered,
+    Result,
+    Verdict,
+    call_answer,
+    caption_text,
+    check,
+    choice,
+    exercise,
+    fit,
+    is_close,
+)

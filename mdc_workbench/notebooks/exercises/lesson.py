@@ -7,7 +7,17 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from .registry import NotAnswered, Verdict, call_answer, choice, exercise, is_close  # noqa: F401
+from .registry import (  # noqa: F401
+    MESSAGE_LIMIT,
+    NotAnswered,
+    Verdict,
+    call_answer,
+    caption_text,
+    choice,
+    exercise,
+    fit,
+    is_close,
+)
 
 
 @exercise("00.heuristic_score")
@@ -70,9 +80,10 @@ def _parallel_unmasking(answer: Callable[..., Any], *, model: Any, image_tokens:
             counted = PassCounter(model)
             got = torch.as_tensor(call_answer(answer, counted, image, length, k)).flatten().cpu()
             if got.shape != want.shape or not torch.equal(got, want.cpu()):
-                return False, (f"with k = {k} your caption ids {got.tolist()} differ from the sampler's "
-                               f"{want.tolist()}: each step reveals the k masked positions with the highest "
-                               "confidence (fewer when fewer are left), each with its argmax token")
+                return False, (f"with k = {k} your caption {fit(caption_text(model, got), 90)} differs from the "
+                               f"sampler's {fit(caption_text(model, want), 90)}: each step reveals the k masked "
+                               "positions with the highest confidence (fewer when fewer are left), each with its "
+                               "argmax token")
             if counted.passes != steps:
                 return False, (f"with k = {k} your loop made {counted.passes} decoder passes for {length} words; "
                                f"k reveals a step take ceil({length} / {k}) = {steps} (one pass a step: reveal the "
@@ -92,28 +103,29 @@ ARC_SIGNAL = {
 
 
 def central_claim_status() -> str:
-    """The central claim's verdicts in one sentence, from docs/central_claim.json (the one results file every text
-    about it cites; mdc_workbench.runs.central_story)."""
+    """The central claim's verdict in one sentence, from docs/central_claim.json (the one results file every text
+    about it cites; mdc_workbench.runs.central_story); its other verdicts are in the file and section 9."""
     from mdc_workbench.runs.central_story import CLAIM_KEYS, RESULTS, load_results, verdict_lines
 
     try:
         results = load_results(RESULTS)
     except FileNotFoundError:  # an installed package without the checkout's docs/
         return "see docs/central_claim.json in the workbench's checkout"
-    claims = results.get("claims", {})  # the claims with a verdict; the observations stay in the file and notebook 03
-    results = {**results, "claims": {k: claims[k] for k in CLAIM_KEYS if k in claims}}
+    claims = results.get("claims", {})  # the central claim alone; the others and the observations: the file, 03
+    results = {**results, "claims": {k: claims[k] for k in CLAIM_KEYS[:1] if k in claims}}
     lines = [line.removeprefix("- ").replace("**", "").replace("`", "") for line in verdict_lines(results)]
-    return " ".join(lines) + " (docs/central_claim.json)"
+    return " ".join(lines) + " (the others: docs/central_claim.json)"
+
+
+ARC_SIGNAL_WHY = ("the paper's argument (Sec. 1): teacher forcing shows token i the true words before it, which late "
+                  "in a caption leave little to guess, so little gradient reaches the image there; MDC masks a "
+                  "random share of every caption. Measured here: ")
 
 
 @exercise("00.arc_signal")
 def _arc_signal(answer: Any) -> Verdict:
     return choice(answer, "b", ARC_SIGNAL,
-                  "that is the paper's argument (Sec. 1, after Tschannen et al.): teacher forcing gives token i the "
-                  "true words c_<i; late in a caption they leave little to guess, so the gradient reaching the image "
-                  "encoder through those tokens shrinks. MDC masks a random fraction t of the whole caption, so "
-                  "every position is sometimes predicted with little context: a position-independent signal. It is "
-                  "an argument about web captions; what this workbench measured of it: " + central_claim_status(),
+                  ARC_SIGNAL_WHY + fit(central_claim_status(), MESSAGE_LIMIT - len(ARC_SIGNAL_WHY)),
                   hint="think again about what the decoder can see")
 
 

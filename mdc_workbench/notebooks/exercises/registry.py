@@ -14,6 +14,10 @@ from typing import Any
 
 Verdict = tuple[bool, str]  # (right?, what to tell the student)
 CHECKS: dict[str, Callable[..., Verdict]] = {}
+# characters: what a check tells a student, right or not, fits in a few lines under the cell (every check's messages
+# for its solution and its wrong answers are held to it: tests/test_exercise_answers.py); a part of variable length
+# (captions, verdicts read from a results file) is cut to fit with :func:`fit`
+MESSAGE_LIMIT = 400
 
 
 def exercise(name: str) -> Callable[[Callable[..., Verdict]], Callable[..., Verdict]]:
@@ -66,7 +70,7 @@ def check(name: str, answer: Any, *, solution: bool = False, **context: Any) -> 
         except NotAnswered:
             ok, message = None, "your function returns None: write its body (the `...`), then run this cell again"
         except Exception as err:  # noqa: BLE001 - the student's code raised: say what, do not crash the notebook
-            ok, message = False, f"your answer raised {type(err).__name__}: {err}"
+            ok, message = False, fit(f"your answer raised {type(err).__name__}: {err}", MESSAGE_LIMIT)
         result = Result(name, ok, message)
     if solution:
         if result.ok is not True:
@@ -89,6 +93,26 @@ def call_answer(fn: Callable[..., Any], *args: Any) -> Any:
     if out is None:
         raise NotAnswered
     return out
+
+
+def fit(text: str, room: int) -> str:
+    """`text` cut to at most `room` characters, ending in "..." when cut."""
+    return text if len(text) <= room else text[:max(0, room - 3)].rstrip() + "..."
+
+
+def caption_text(model: Any, ids: Any) -> str:
+    """Token ids (N',) as the words a student reads, quoted: ``"a red circle"``; ``[MASK]`` for a mask, ``<id N>``
+    for an id outside the vocabulary (a check shows a student's wrong caption, ids and all)."""
+    from mdc_core.tokenizer import CaptionTokenizer
+
+    tokenizer = CaptionTokenizer(model.cfg.context_length)
+    words = []
+    for i in (int(v) for v in ids):
+        try:
+            words.append(tokenizer.token_string(i))
+        except (ValueError, KeyError):
+            words.append(f"<id {i}>")
+    return '"' + " ".join(words) + '"'
 
 
 def is_close(a: float, b: float, rel: float = 1e-4, abs_: float = 1e-4) -> bool:
