@@ -25,6 +25,7 @@ from mdc_workbench.eval.items import (
 from mdc_workbench.eval.probe_tables import probe_table as eval_probe_table
 from mdc_workbench.eval.recompute import recompute, summary_runs, tables_from_items
 from mdc_workbench.eval.stats import EQUIVALENT, HOLDS
+from mdc_workbench.eval.variance import items_budget
 from mdc_workbench.notebooks.probe_report import probe_gains, probe_items, probe_scores, probe_table
 from tests.items_sample import METRIC, ROOT, SEEDS, TASKS, build
 
@@ -79,6 +80,12 @@ def test_recompute_rebuilds_every_table_and_verdict_to_the_digit():
     claims = {c["key"]: c for c in result["claims"]}
     assert claims["central_claim"]["verdict"] == HOLDS and len(claims["central_claim"]["parts"]) == 4
     assert claims["central_claim_flat"]["verdict"] == EQUIVALENT
+    # the budget of a deciding difference straight from the recomputed cells: MDC - ARC per test image
+    cells = result["cells"]["table1"]
+    bud = items_budget(cells["MDC"]["top-1"].items, cells["ARC"]["top-1"].items)
+    assert bud.difference.mean == pytest.approx(result["tables"]["table1"]["MDC"]["top-1"].mean
+                                                - result["tables"]["table1"]["ARC"]["top-1"].mean)
+    assert (bud.difference.n_seeds, bud.difference.n_items) == (3, 40)
     top1 = result["tables"]["table1"]["ARC"]["top-1"].mean
     arc = [probe_results(read_items(ROOT / f"03_sample__seed={s}" / "items.npz"), "table1")["ARC"] for s in SEEDS]
     assert top1 == pytest.approx(np.mean([100 * np.mean([a["tasks"][t]["top1"] for t in TASKS]) for a in arc]))

@@ -10,6 +10,7 @@ from mdc_workbench.eval.variance import (
     budget,
     budget_markdown,
     components,
+    items_budget,
     mean_variance,
     seed_components,
 )
@@ -127,6 +128,16 @@ def test_per_seed_values_alone_count_everything_as_seed():
 def test_bad_inputs_fail_with_a_message(values, match):
     with pytest.raises(ValueError, match=match):
         components(values)
+
+
+def test_a_budget_from_gathered_items_per_seed():
+    a = {0: [1, 2, 3], 1: [3, 4, 8]}
+    b = {0: [0, 0, 0], 1: [0, 0, 0]}
+    assert items_budget(a, b).difference.seed == pytest.approx(4.0)  # the hand case above, minus zeros
+    against = items_budget(a, 1.0).difference
+    assert against.item == pytest.approx(2.5) and against.mean == pytest.approx(2.5)  # 3.5 - 1
+    with pytest.raises(ValueError, match="same seeds"):
+        items_budget(a, {0: [0, 0, 0], 2: [0, 0, 0]})
 
 
 def test_other_bad_inputs_fail_with_a_message():

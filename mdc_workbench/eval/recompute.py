@@ -97,11 +97,13 @@ def summary_runs(summary: str | Path | dict[str, Any]) -> list[Run]:
 def recompute(runs: str | Path | Sequence[Run], claims: Sequence[Claim] = PAPER_CLAIMS) -> dict[str, Any]:
     """Every cell's estimate and every claim's verdict from a folder of per-item files (or runs already read):
     ``{"tables": {name: {row: {column: Estimate}}}, "claims": evaluate_claims(...) over the measured tables,
-    "runs": [run ids]}``."""
+    "cells": {name: {row: {column: Cell}}} (per seed values and items, e.g. for
+    :func:`~mdc_workbench.eval.variance.items_budget`), "runs": [run ids]}``."""
     runs = item_runs(runs) if isinstance(runs, (str, Path)) else list(runs)
     gathered = gather_tables(runs)
     return {"tables": {name: table_estimates(t["cells"]) for name, t in gathered.items()},
-            "claims": evaluate_claims(gathered, claims, measured_only=True), "runs": [r[0] for r in runs]}
+            "claims": evaluate_claims(gathered, claims, measured_only=True),
+            "cells": {name: t["cells"] for name, t in gathered.items()}, "runs": [r[0] for r in runs]}
 
 
 def recompute_markdown(result: dict[str, Any]) -> str:

@@ -41,6 +41,7 @@ shared test items, only more items reduce it.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,6 +186,18 @@ def budget(a: Any, b: Any) -> Budget:
     if ya.shape != yb.shape:
         raise ValueError(f"a and b need the same seeds, items and fits, got shapes {ya.shape} and {yb.shape}")
     return Budget(components(ya - yb), components(ya), components(yb))
+
+
+def items_budget(a: Mapping[int, Sequence[float]], b: Mapping[int, Sequence[float]] | float) -> Budget:
+    """The budget of a - b from per-seed item lists (a gathered cell's ``items``: seed -> per-test-item values, one
+    probe fit), or of a against a constant `b` (a slope against 0: the difference's components are a's). The seeds
+    must match and every seed must score the same number of items."""
+    seeds = sorted(a)
+    if not isinstance(b, Mapping):
+        return Budget(components(_grid([a[s] for s in seeds]) - float(b)))
+    if sorted(b) != seeds:
+        raise ValueError(f"a and b need the same seeds, got {seeds} and {sorted(b)}")
+    return budget([a[s] for s in seeds], [b[s] for s in seeds])
 
 
 def mean_variance(b: Budget | Components, seeds: int, items: int, fits: int = 1, paired: bool = True) -> float:
