@@ -147,3 +147,14 @@ def test_other_bad_inputs_fail_with_a_message():
         seed_components([1.0])
     with pytest.raises(ValueError, match=">= 1 seed, item and fit"):
         mean_variance(components([[1, 2, 3], [3, 4, 8]]), 0, 10)
+
+
+def test_the_budget_power_and_item_modules_import_no_torch():
+    """`mdc runs` plans a deciding run's seeds before any model loads: these modules stay numpy/scipy only."""
+    import subprocess
+    import sys
+
+    code = ("import sys, mdc_workbench.eval.variance, mdc_workbench.eval.power, mdc_workbench.eval.items, "
+            "mdc_workbench.eval.probe_tables; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
