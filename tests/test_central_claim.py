@@ -1,7 +1,8 @@
 """The central claim's one measure (mdc_workbench.eval.central_claim): the image-gradient norm by hand, the
 in-distribution PMI on a hand computation and on a constructed case whose true PMI is known, the statistics per
-caption, and the pre-declared tests (the interaction, ARC's fall, MDC's flatness inside / outside its margin
-relative to ARC's fall) on models built to show them or not."""
+caption, and the declared tests on models built to show them or not: the mechanism check (the interaction on
+captions whose second clause copies the first) and the paper's sentence on content words (ARC's fall, MDC's
+flatness inside / outside its margin; tests/test_sentence_claim.py has the sentence's conjunction by hand)."""
 
 import json
 import math
@@ -28,8 +29,8 @@ from mdc_workbench.eval.central_claim import (
     token_pmi,
 )
 from mdc_workbench.eval.claims import evaluate_claims, gather_tables
-from mdc_workbench.eval.paper import CENTRAL_TABLE, FLAT_SHARE
-from mdc_workbench.eval.stats import EQUIVALENT, HOLDS, NOT_EQUIVALENT
+from mdc_workbench.eval.paper import CENTRAL_TABLE, FLAT_MARGIN
+from mdc_workbench.eval.stats import EQUIVALENT, HOLDS, NOT_EQUIVALENT, REVERSED, UNMEASURED
 
 V = 8  # logits per position (token ids 1..7 are their own output rows)
 
@@ -251,57 +252,77 @@ def _claims(arc: nn.Module, mdc: nn.Module, n: int = 96, t_low: float = 0.5):
     return table, {r["key"]: r for r in evaluate_claims(gathered, measured_only=True)}
 
 
-def test_the_pre_declared_tests_tell_a_copying_arc_from_one_that_does_not_copy():
+def test_the_mechanism_check_tells_a_copying_arc_from_one_that_does_not_copy():
     table, claims = _claims(Copier(True), Copier(False))
     arc = table["values"]["ARC"]
     assert arc["clauses gradient: slope, predictable - unpredictable"] < -0.3
     assert arc["clauses gradient: fall"] > 0 and arc["short gradient: fall"] > 0
-    assert claims["central_claim"]["verdict"] == HOLDS and claims["central_claim_arc"]["verdict"] == HOLDS
-    assert [p["column"] for p in claims["central_claim"]["parts"]] == [
-        "clauses gradient: slope, predictable - unpredictable"]
+    check = claims["central_claim_mechanism"]
+    assert check["kind"] == "check" and check["verdict"] == HOLDS
+    assert [p["column"] for p in check["parts"]] == ["clauses gradient: slope, predictable - unpredictable"]
+    assert "copies the first word for word" in check["tested_as"]  # the construction named beside the number
     assert {"central_claim_pmi", "central_claim_robustness", "central_claim_slopes"} <= set(claims)
     # the pool's limit, declared with the measure: once ARC's prefix singles out its image among the pool, the PMI
     # falls on unpredictable captions too (-log w_true bounds it), so the PMI is descriptive, not the test
     assert arc["clauses PMI: slope, unpredictable"] < -1 and arc["clauses gradient: slope, unpredictable"] > -0.5
-    # MDC copies from both sides: its profile is flat, inside half of ARC's fall on both caption kinds
-    flat = claims["central_claim_flat"]
-    assert flat["verdict"] == EQUIVALENT, flat
-    assert {p["margin_rule"] for p in flat["parts"]} == {f"{FLAT_SHARE:g} x ARC short gradient: fall",
-                                                          f"{FLAT_SHARE:g} x ARC clauses gradient: fall"}
+    # the Copier's captions are punctuation ids, no content word: the sentence's statistic is not measured on them
+    assert claims["central_claim"]["verdict"] == UNMEASURED and "content slope" not in " ".join(arc)
     assert "short" in claim_markdown(table) and "clauses" in claim_markdown(table)
 
 
-def linear_profile(fall: float, n: int = 200, length: int = 10, noise: float = 0.05, seed: int = 0) -> ClaimScores:
+CONTENT_CAPTION = "top white red large circle left small blue star right"  # 10 content words, one BPE token each
+
+
+def linear_profile(fall: float, n: int = 200, length: int = 10, noise: float = 0.05, seed: int = 0,
+                   tokens: list[int] | None = None) -> ClaimScores:
     """Captions whose gradient is 1 + fall * (0.5 - x) plus noise (x: relative position); PMI the same."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.arange(length) / (length - 1)
     rows = [(1 + fall * (0.5 - x) + noise * torch.randn(length, generator=gen)).tolist() for _ in range(n)]
-    return ClaimScores("masked", ["all"] * n, [list(range(1, length + 1))] * n, rows, rows)
+    ids = list(range(1, length + 1)) if tokens is None else tokens
+    return ClaimScores("masked", ["all"] * n, [ids] * n, rows, rows)
 
 
-@pytest.mark.parametrize("mdc_fall, verdict", [(0.1, EQUIVALENT), (2.0, NOT_EQUIVALENT)])
-def test_flatness_inside_and_outside_half_of_arcs_fall(mdc_fall, verdict):
-    """ARC falls by 1 from first to last token over 10 tokens: its first fifth (x = 0, 1/9) minus its last (8/9, 1)
-    is 8/9, the margin 4/9. MDC's largest bin deviation is 4/9 x its own fall: 0.044 (inside) or 0.89 (outside)."""
-    scores = {"short": {"ARC": linear_profile(1.0), "MDC": linear_profile(mdc_fall, seed=1)}}
+def _content_ids() -> list[int]:
+    from mdc_core.tokenizer import CaptionTokenizer
+
+    ids = CaptionTokenizer(77).encode_text(CONTENT_CAPTION)
+    assert len(ids) == 10
+    return ids
+
+
+@pytest.mark.parametrize("mdc_fall, verdict", [(0.1, EQUIVALENT), (0.6, NOT_EQUIVALENT)])
+def test_flatness_on_content_words_inside_and_outside_its_margin(mdc_fall, verdict):
+    """The caption's signal 1 + f (0.5 - x) has mean 1 over the evenly spaced positions, so its content slope is
+    -f: MDC's f = 0.1 is inside +-0.2, 0.6 outside. ARC falls by 1: its part holds, and the sentence holds only
+    with MDC flat."""
+    ids = _content_ids()
+    scores = {"short": {"ARC": linear_profile(1.0, tokens=ids), "MDC": linear_profile(mdc_fall, seed=1, tokens=ids)}}
     table = claim_table(scores, connectors=set())
-    assert table["values"]["ARC"]["short gradient: fall"] == pytest.approx(8 / 9, abs=0.02)
+    assert table["values"]["ARC"]["short gradient: content slope"] == pytest.approx(-1.0, abs=0.01)
+    assert table["values"]["MDC"]["short gradient: content slope"] == pytest.approx(-mdc_fall, abs=0.01)
     gathered = gather_tables([("run", 0, {"tables": {CENTRAL_TABLE: table}})])
-    flat = next(r for r in evaluate_claims(gathered, measured_only=True) if r["key"] == "central_claim_flat")
-    assert flat["verdict"] == verdict
-    assert [p["margin"] for p in flat["parts"]] == [pytest.approx(FLAT_SHARE * 8 / 9, abs=0.01)] * 5
+    claims = {r["key"]: r for r in evaluate_claims(gathered, measured_only=True)}
+    flat = claims["central_claim_flat"]
+    assert flat["verdict"] == verdict and [p["margin"] for p in flat["parts"]] == [FLAT_MARGIN]
+    assert claims["central_claim_arc"]["verdict"] == HOLDS
+    assert claims["central_claim"]["verdict"] == (HOLDS if verdict == EQUIVALENT else REVERSED)
+    assert claims["central_claim"]["missing"] == ["column clauses gradient: content slope"]  # one kind only here
 
 
-def test_flatness_has_no_scale_where_arc_does_not_fall():
-    """ARC rises along the caption: a margin relative to its fall has no scale, so MDC's flatness is not measured
-    (before, the margin took the scale's absolute value). Nothing copied: no interaction either."""
-    table = claim_table({"short": {"ARC": linear_profile(-1.0), "MDC": linear_profile(0.0, seed=1)}}, set())
+def test_the_sentence_is_reversed_where_arc_rises_even_with_mdc_flat():
+    """ARC's signal rises along the caption (as it did on short captions, 2026-11-28) and MDC's is flat: the flat
+    half is equivalent, ARC's half reversed, so the sentence, which needs both, is reversed (before, a margin
+    relative to ARC's fall had no scale there and MDC's flatness went unmeasured). Nothing copied: no mechanism."""
+    ids = _content_ids()
+    table = claim_table({"short": {"ARC": linear_profile(-1.0, tokens=ids),
+                                   "MDC": linear_profile(0.0, seed=1, tokens=ids)}}, set())
     gathered = gather_tables([("run", 0, {"tables": {CENTRAL_TABLE: table}})])
-    flat = next(r for r in evaluate_claims(gathered) if r["key"] == "central_claim_flat")
-    assert flat["parts"] == [] and any(m.startswith("row ARC, column short gradient: fall (the margin's scale, -0.8")
-                                       and m.endswith("is not above 0)") for m in flat["missing"])
+    claims = {r["key"]: r for r in evaluate_claims(gathered)}
+    assert claims["central_claim_flat"]["verdict"] == EQUIVALENT and claims["central_claim_arc"]["verdict"] == REVERSED
+    assert claims["central_claim"]["verdict"] == REVERSED
     _, claims = _claims(Copier(True, copy=False), Copier(False, copy=False))
-    assert claims["central_claim"]["verdict"] != HOLDS
+    assert claims["central_claim_mechanism"]["verdict"] != HOLDS
 
 
 def test_both_caption_kinds_score_the_same_captions_in_every_row():

@@ -55,11 +55,6 @@ def _commands(text: str) -> list[str]:
     return commands
 
 
-def test_readme_is_short() -> None:
-    lines = (ROOT / "README.md").read_text().count("\n")
-    assert lines <= 220, f"README.md has {lines} lines; move details to docs/ (limit 220)"
-
-
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_relative_links_resolve(page: Path) -> None:
     missing = []

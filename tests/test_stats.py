@@ -343,11 +343,11 @@ def test_observations_get_no_verdict_and_training_checks_compare_gains_with_zero
     assert {p["worse"] for p in trained["parts"]} == {0.0}
 
 
-def _central_cells(arc_contrast: float, mdc_bin: float, arc_fall: float = 1.0, seeds: int = 3, n: int = 200
+def _central_cells(arc_contrast: float, mdc_slope: float, arc_slope: float = -0.5, seeds: int = 3, n: int = 200
                    ) -> dict:
     """A central_claim table: per seed and column, n per-caption values (noise sd 0.1): ARC's slope contrast on
-    two-clause captions (MDC's 0), ARC's slopes -0.5 and fall `arc_fall` on both caption kinds, MDC's bin
-    deviations +-`mdc_bin` (alternating over the 5 fifths) and ARC's 0."""
+    two-clause captions (MDC's 0), and on both caption kinds ARC's content slope `arc_slope` and MDC's
+    `mdc_slope`."""
     rng = np.random.default_rng(0)
     table: dict = {}
 
@@ -358,32 +358,36 @@ def _central_cells(arc_contrast: float, mdc_bin: float, arc_fall: float = 1.0, s
     for row, contrast in (("ARC", arc_contrast), ("MDC", 0.0)):
         cell(row, "clauses gradient: slope, predictable - unpredictable", contrast)
         for kind in ("short", "clauses"):
-            cell(row, f"{kind} gradient: fall", arc_fall if row == "ARC" else 0.0)
-            for k in range(1, 6):
-                cell(row, f"{kind} gradient: bin {k}", mdc_bin * (-1) ** k if row == "MDC" else 0.0)
-        cell(row, "short gradient: slope", -0.5 if row == "ARC" else 0.0)
-        cell(row, "clauses gradient: slope, predictable", -0.5 if row == "ARC" else 0.0)
+            cell(row, f"{kind} gradient: content slope", arc_slope if row == "ARC" else mdc_slope)
     return {"central_claim": {"metric": "m", "cells": table}}
 
 
-def test_the_central_claim_is_an_interaction_and_mdc_flat_is_an_equivalence_relative_to_arcs_fall() -> None:
-    """ARC's signal falls more on predictable captions, MDC's profile is flat: the interaction holds and MDC is
-    equivalent to flat inside half of ARC's fall (margin 0.5), on both caption kinds; no contrast: no interaction;
-    MDC's fifths off by 0.8: not equivalent."""
+def test_the_papers_sentence_is_the_conjunction_and_the_interaction_a_mechanism_check() -> None:
+    """ARC's content slope falls and MDC's is flat on both caption kinds: the sentence holds (4 parts); MDC off by
+    0.5 (outside +-0.2): not equivalent, so the sentence is reversed; ARC rising: reversed. The interaction is a
+    separate check with its own verdict, whatever the sentence's."""
     results = {r["key"]: r for r in evaluate_claims(_central_cells(-0.4, 0.0))}
-    inter = results["central_claim"]
-    assert inter["kind"] == "claim" and inter["verdict"] == HOLDS and len(inter["parts"]) == 1  # the gradient
-    assert results["central_claim_arc"]["verdict"] == HOLDS
-    flat = results["central_claim_flat"]
-    assert flat["verdict"] == EQUIVALENT and len(flat["parts"]) == 10  # 5 fifths x 2 caption kinds
-    assert [p["margin"] for p in flat["parts"]] == [pytest.approx(0.5, abs=0.02)] * 10
+    sentence = results["central_claim"]
+    assert sentence["kind"] == "claim" and sentence["verdict"] == HOLDS and sentence["combine"] == "every"
+    assert [(p["better"], p["relation"], p["column"]) for p in sentence["parts"]] == [
+        ("ARC", "<", "short gradient: content slope"), ("ARC", "<", "clauses gradient: content slope"),
+        ("MDC", "equivalent", "short gradient: content slope"),
+        ("MDC", "equivalent", "clauses gradient: content slope")]
+    assert [p["margin"] for p in sentence["parts"]] == [0.0, 0.0, 0.2, 0.2]
+    assert results["central_claim_arc"]["verdict"] == HOLDS and results["central_claim_flat"]["verdict"] == EQUIVALENT
+    mechanism = results["central_claim_mechanism"]
+    assert mechanism["kind"] == "check" and mechanism["verdict"] == HOLDS and len(mechanism["parts"]) == 1
     assert results["central_claim_slopes"]["verdict"] is None  # per-model slopes: descriptive
     none = {r["key"]: r for r in evaluate_claims(_central_cells(0.0, 0.0))}
-    assert none["central_claim"]["verdict"] in (UNRESOLVED, UNDERPOWERED)
-    falls = {r["key"]: r for r in evaluate_claims(_central_cells(-0.4, 0.8))}
-    assert falls["central_claim_flat"]["verdict"] == NOT_EQUIVALENT
-    text = "\n".join(claims_markdown([falls["central_claim_flat"]]))
-    assert "(short gradient: bin 1)" in text and "0.5 x ARC short gradient: fall" in text
+    assert none["central_claim_mechanism"]["verdict"] in (UNRESOLVED, UNDERPOWERED)
+    assert none["central_claim"]["verdict"] == HOLDS  # the sentence does not need the mechanism check
+    tilted = {r["key"]: r for r in evaluate_claims(_central_cells(-0.4, 0.5))}
+    assert tilted["central_claim_flat"]["verdict"] == NOT_EQUIVALENT and tilted["central_claim"]["verdict"] == REVERSED
+    text = "\n".join(claims_markdown([tilted["central_claim"]]))
+    assert "|MDC - 0| < 0.2 (short gradient: content slope)" in text and "every part must hold" in text
+    rising = {r["key"]: r for r in evaluate_claims(_central_cells(-0.4, 0.0, arc_slope=0.5))}
+    assert rising["central_claim_arc"]["verdict"] == REVERSED and rising["central_claim"]["verdict"] == REVERSED
+    assert rising["central_claim_mechanism"]["verdict"] == HOLDS  # the check can hold while the sentence fails
 
 
 def test_two_dimensional_claim_checks_each_column_and_markdown_says_it() -> None:

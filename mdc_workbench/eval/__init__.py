@@ -25,9 +25,13 @@ Run-level evaluations (they load runs and data themselves; import the module to 
 Note: ``mdc_workbench.eval.caption_metrics`` names the function here; the module is
 ``sys.modules["mdc_workbench.eval.caption_metrics"]`` (or ``importlib.import_module``).
 
-Torch-free (numpy/scipy): :mod:`mdc_workbench.eval.stats` (intervals, differences, verdicts) and
-:mod:`mdc_workbench.eval.claims` (the paper's ordering claims). The probe's and the caption metrics' names below are
-imported on first use, so that importing those two pulls neither torch nor pycocoevalcap.
+Torch-free (numpy/scipy): :mod:`mdc_workbench.eval.stats` (intervals, differences, verdicts),
+:mod:`mdc_workbench.eval.claims` (the paper's ordering claims), :mod:`mdc_workbench.eval.variance` (the variance
+budget of a deciding difference), :mod:`mdc_workbench.eval.power` (the seeds and test images a declared test needs),
+:mod:`mdc_workbench.eval.items` (per-item results, ``items.npz``) and :mod:`mdc_workbench.eval.probe_tables`. The
+probe's and the caption metrics' names below are imported on first use, so that importing these pulls neither torch
+nor pycocoevalcap. :mod:`mdc_workbench.eval.recompute` rebuilds every table and verdict from per-item files (its
+central-claim tables load torch); :mod:`mdc_workbench.eval.content_words` holds the central sentence's statistic.
 """
 
 from __future__ import annotations

@@ -52,6 +52,7 @@ from mdc_core.data import build_loader
 from mdc_core.objectives import apply_mask, maskable_positions, objective_spec, trim_padding
 from mdc_core.tokenizer import MASK_ID, CaptionTokenizer
 from mdc_workbench.data.captions import CLAUSE_CONNECTORS, CLAUSE_GROUPS
+from mdc_workbench.eval.content_words import CONTENT_SLOPE, content_mask_of_ids, content_slopes
 
 MEASURES = ("gradient", "pmi")
 MEASURE_LABELS = {"gradient": "gradient", "pmi": "PMI"}
@@ -300,14 +301,17 @@ def caption_items(captions: Sequence[Row], tokens: Sequence[Sequence[int]], meas
                   bins: int = BINS) -> dict[str, list[float | None]]:
     """Per caption (data order) each statistic of one model and measure, normalised by the model's mean: ``slope``,
     ``bin 1`` .. ``bin <bins>`` (deviations), ``fall`` (first bin minus last), ``slope w/o first and connector``;
-    the gradient also ``log slope`` (slope of log(gradient), unnormalised). None where a caption lacks it. A model
-    whose mean is not above 0 has no normalised statistics (all None)."""
+    the gradient also ``log slope`` (slope of log(gradient), unnormalised) and ``content slope`` (on content words,
+    normalised by the caption's own mean: :mod:`mdc_workbench.eval.content_words`, the statistic the paper's
+    sentence is judged on). None where a caption lacks it. A model whose mean is not above 0 has no normalised
+    statistics (all None; the content slope needs only the caption's own mean)."""
     m = model_mean(captions)
     ok = math.isfinite(m) and m > 0
     out: dict[str, list[float | None]] = {k: [] for k in ("slope", *(f"bin {k + 1}" for k in range(bins)), "fall",
                                                            "slope w/o first and connector")}
     if measure == "gradient":
         out["log slope"] = []
+        out[CONTENT_SLOPE] = content_slopes(captions, [content_mask_of_ids(ids) for ids in tokens])
     for values, ids in zip(captions, tokens, strict=True):
         scaled = [None if v is None or not ok else v / m for v in values]
         devs = bin_deviations(scaled, bins)

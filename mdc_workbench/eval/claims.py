@@ -294,8 +294,8 @@ def claims_markdown(results: Sequence[dict[str, Any]], digits: int = 1,
                 line += f"; Holm {100 * holm['level']:.1f}%: [{holm['low']:+.{n}f}, {holm['high']:+.{n}f}]"
             if p.get("detectable") is not None and p["verdict"] is not None:
                 line += f"; detectable with 80% power: {p['detectable']:.{n}f}"
-                if p.get("effect") is not None:
-                    line += f" (paper's effect or margin {abs(p['effect']):.{n}g})"
+                if p.get("effect") is not None:  # 3 significant digits, as part_text: 1.08 is not "1"
+                    line += f" (paper's effect or margin {abs(p['effect']):.3g})"
             if p.get("lengths"):
                 line += f"; lengths {p['lengths'][0]:.1f} vs {p['lengths'][1]:.1f} tokens"
             if p["verdict"] is not None:

@@ -79,6 +79,8 @@ class ProbeResult:
     C: float | None = None  # lbfgs: inverse L2 regularisation of the final probe
     converged: bool | None = None  # lbfgs: the final fit met its tolerance within its iteration budget
     test_correct: list[int] = field(default_factory=list)  # 0/1 per test row (top-1), for bootstrap intervals
+    test_label: list[int] = field(default_factory=list)  # per test row its label (the caller's label values)
+    test_pred: list[int] = field(default_factory=list)  # per test row the probe's top-1 prediction (label values)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (``val_scores`` as a list of ``[wd, acc]`` pairs)."""
@@ -214,7 +216,8 @@ def _probe(train_x: Tensor, train_t: Tensor, test_x: Tensor, test_y: Tensor, tes
 
 
 def _test_scores(logits: Tensor, test_y: Tensor, test_t: Tensor, classes: Tensor) -> dict[str, Any]:
-    """top1, top5 (top-min(5, C)), balanced accuracy and per-row correctness from (M, C) test logits."""
+    """top1, top5 (top-min(5, C)), balanced accuracy, per-row correctness, labels and predictions from (M, C) test
+    logits (the per-item record of :mod:`mdc_workbench.eval.items`)."""
     k = min(5, len(classes))
     pred_t = logits.argmax(dim=1)  # (M,) probe outputs
     pred = classes[pred_t]  # (M,) original label values
@@ -222,7 +225,8 @@ def _test_scores(logits: Tensor, test_y: Tensor, test_t: Tensor, classes: Tensor
         warnings.filterwarnings("ignore", message="y_pred contains classes not in y_true")
         balanced = float(balanced_accuracy_score(test_y.numpy(), pred.numpy()))
     return {"top1": _topk_accuracy(logits, test_t, 1), "top5": _topk_accuracy(logits, test_t, k), "top5_k": k,
-            "balanced_accuracy": balanced, "test_correct": (pred_t == test_t).int().tolist()}
+            "balanced_accuracy": balanced, "test_correct": (pred_t == test_t).int().tolist(),
+            "test_label": test_y.tolist(), "test_pred": pred.tolist()}
 
 
 def _lbfgs(train_x: Tensor, train_t: Tensor, test_x: Tensor, test_y: Tensor, test_t: Tensor, classes: Tensor,
