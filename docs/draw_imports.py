@@ -31,6 +31,7 @@ LAYOUT = {
     "mdc_app": (1.6, 7.4),
     "mdc_workbench.notebooks": (5.0, 7.4),
     "mdc_workbench.bench": (8.4, 7.4),
+    "mdc_workbench.seed_stack": (8.4, 9.0),
     "mdc_workbench.masked_conditional": (3.2, 5.6),
     "mdc_workbench.eval": (6.8, 5.6),
     "mdc_core": (5.0, 2.0),

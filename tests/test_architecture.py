@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"mdc_core": "mdc_core", "mdc_workbench": "mdc_workbench", "mdc_app": "app"}  # name -> folder (setup.py)
 EXTENSIONS = ("mdc_workbench.eval", "mdc_workbench.bench", "mdc_workbench.masked_conditional",
-              "mdc_workbench.notebooks", "mdc_workbench.cli", "mdc_workbench", "mdc_app")
+              "mdc_workbench.notebooks", "mdc_workbench.cli", "mdc_workbench.seed_stack", "mdc_workbench", "mdc_app")
 HEAVY_OPTIONAL = ("papermill", "gradio", "nbformat", "jupyter_client", "ipykernel", "matplotlib.pyplot",
                   "sklearn", "transformers", "open_clip",  # open_clip's package init pulls in the other two
                   "tensorboard")  # train.tensorboard=true imports it when a run asks (mdc_core.tensorboard_log)
@@ -218,6 +218,7 @@ LAYERS = {  # docs/design.md "Core and workbench": what each part may import bes
     "mdc_app": {"mdc_workbench.notebooks"},
     "mdc_workbench.notebooks": {"mdc_workbench.masked_conditional", "mdc_workbench.eval"},
     "mdc_workbench.bench": {"mdc_workbench.eval"},
+    "mdc_workbench.seed_stack": {"mdc_workbench.bench"},  # its bench.py uses the bench's inputs and memory readers
     "mdc_workbench.masked_conditional": {"mdc_workbench.eval"},
     "mdc_workbench.eval": set(),
 }
