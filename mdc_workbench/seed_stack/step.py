@@ -62,15 +62,18 @@ def member_config(cfg: RunConfig, seed: int) -> RunConfig:
 def init_members(cfg: RunConfig, seeds: Sequence[int], progress: bool = False
                  ) -> tuple[list[nn.Module], RunConfig]:
     """Each member's initial model as its solo run builds it (``seed_everything(seed)``, then
-    :func:`~mdc_core.model_init.init_model`), and the run config as the members save it (with the corpus table's
-    size; ``train.seed`` is the first member's)."""
-    models, saved = [], cfg
-    for i, seed in enumerate(seeds):
+    :func:`~mdc_core.model_init.init_model`, which reads the corpus table from the training captions: once per
+    member), and the run config as the members save it (with the corpus table's size; ``train.seed`` the first
+    member's)."""
+    if not seeds:
+        raise ValueError("a seed stack needs at least one seed")
+    models, configs = [], []
+    for seed in seeds:
         seed_everything(seed)
-        model, built = init_model(member_config(cfg, seed), progress=progress and i == 0)
+        model, built = init_model(member_config(cfg, seed), progress=progress and not models)
         models.append(model)
-        saved = built if i == 0 else saved
-    return models, saved
+        configs.append(built)
+    return models, configs[0]
 
 
 def clip_members_(params: Iterable[torch.Tensor], max_norm: float, exact: bool = False) -> torch.Tensor:
