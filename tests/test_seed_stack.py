@@ -179,8 +179,10 @@ def test_a_stack_refuses_what_it_cannot_train_as_the_solo_runs(data):
         stack_models([models[0], other])
     with pytest.raises(ValueError, match="one architecture"):
         stack_models([models[0], init_members(micro_run(data, "model.text_layers=1"), [0])[0][0]])
-    with pytest.raises(ValueError, match="at least one"):
+    with pytest.raises(ValueError, match="at least one member"):
         stack_models([])
+    with pytest.raises(ValueError, match="at least one seed"):
+        init_members(cfg, [])
     stack = SeedStack(saved, models, SEEDS[:2])
     with pytest.raises(ValueError, match="1 micro-batch"):
         stack.step(micro_batches(saved, SEEDS[:1], 1)[0])
@@ -248,6 +250,29 @@ def test_one_stacked_step_equals_each_members_solo_step(data, objective, mode):
                 assert got[name] == pytest.approx(value, rel=1e-5, abs=1e-7), name
             for a, b in zip(stack_moments, solo_moments, strict=True):  # the clipped gradients x (1 - beta1)
                 assert_close_to_scale(a, b, rel=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["each", "vmap"])
+def test_each_member_keeps_its_own_batch_norm_statistics(data, mode):
+    """tiny_fast's convolutional stem normalises by batch statistics and updates running ones in place."""
+    stem = '{"patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 2, "conv_stem": [8, 16]}'
+    cfg = resolve_data_paths(micro_run(data, f"model.encoder_kwargs={stem}", steps=4, batch_size=8))
+    models, saved = init_members(cfg, SEEDS[:2])
+    solo_models = [copy.deepcopy(m) for m in models]
+    micro = micro_batches(saved, SEEDS[:2], 1)[0]
+    stack = SeedStack(saved, models, SEEDS[:2], mode=mode)
+    stack.step(micro)
+    names = [n for n, _ in solo_models[0].named_buffers() if "running" in n]
+    assert names
+    for k, (model, seed) in enumerate(zip(solo_models, SEEDS, strict=False)):
+        solo_step(member_config(saved, seed), model, seed, micro[k])
+        ours, theirs = stack.member_state(k)["model"], model.state_dict()
+        for name in names:
+            assert not torch.equal(theirs[name], models[k].state_dict()[name])  # the step moved them
+            if mode == "each":
+                assert torch.equal(ours[name], theirs[name]), name
+            else:
+                assert_close_to_scale(ours[name], theirs[name], rel=1e-5, msg=name)
 
 
 def test_the_vmapped_step_needs_no_loop_over_members(data):
