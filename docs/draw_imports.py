@@ -27,16 +27,17 @@ from tests.test_architecture import import_graph  # noqa: E402
 
 # part -> (x, y) of its box centre; the core at the bottom, the command line at the top
 LAYOUT = {
-    "mdc_app": (1.6, 9.0),
-    "mdc_workbench.cli": (5.0, 9.0),
-    "mdc_workbench.notebooks": (8.4, 9.0),
-    "mdc_workbench.runs": (1.3, 7.2),
-    "mdc_workbench.viz": (3.77, 7.2),
-    "mdc_workbench.export": (6.23, 7.2),
-    "mdc_workbench.bench": (8.7, 7.2),
-    "mdc_workbench.masked_conditional": (3.2, 5.4),
-    "mdc_workbench.eval": (6.8, 5.4),
-    "mdc_workbench.data": (5.0, 4.0),
+    "mdc_app": (1.3, 9.0),
+    "mdc_workbench.cli": (3.77, 9.0),
+    "mdc_workbench.notebooks": (6.23, 9.0),
+    "mdc_workbench.seed_stack": (8.7, 9.0),
+    "mdc_workbench.runs": (1.3, 7.4),
+    "mdc_workbench.viz": (3.77, 7.4),
+    "mdc_workbench.export": (6.23, 7.4),
+    "mdc_workbench.bench": (8.7, 7.4),
+    "mdc_workbench.masked_conditional": (3.2, 5.8),
+    "mdc_workbench.eval": (6.8, 5.8),
+    "mdc_workbench.data": (5.0, 4.3),
     "mdc_core": (5.0, 2.0),
 }
 HALF_W, HALF_H = 1.1, 0.35  # half the size of a part's box
@@ -61,7 +62,7 @@ def draw(out: Path) -> None:
     ax.set_xlim(0, 10)
     ax.set_ylim(0.6, 10)
     ax.axis("off")
-    ax.add_patch(FancyBboxPatch((0.1, 3.45), 9.8, 6.35, boxstyle="round,pad=0.05", fc="none", ec="#4a6fa5", ls="--"))
+    ax.add_patch(FancyBboxPatch((0.1, 3.6), 9.8, 6.2, boxstyle="round,pad=0.05", fc="none", ec="#4a6fa5", ls="--"))
     ax.text(9.85, 9.75, "mdc_workbench (+ the app)", ha="right", va="top", fontsize=9, color="#4a6fa5")
     ax.add_patch(FancyBboxPatch((0.4, 0.9), 9.2, 2.4, boxstyle="round,pad=0.05", fc="none", ec="#38761d", ls="--"))
     ax.text(9.55, 1.0, "mdc_core: imports neither", ha="right", va="bottom", fontsize=9, color="#38761d")
