@@ -6,12 +6,12 @@
   masks, checks and maps the captions to embedding and head rows on the host
   (:func:`mdc_core.objectives.prepare_batch`, its masks drawn once from the micro-batch's seed), counts the batch's
   loss terms there (:func:`loss_denominator`), and copies it to the device without blocking, so the step never
-  waits for the device (``tests/test_step_parts.py`` counts the calls that would).
+  waits for the device (``tests/core/test_step_parts.py`` counts the calls that would).
 * **Compiled.** With ``train.compile`` the :class:`Objective` (:func:`~mdc_core.objectives.compute_loss` as a
   module: what DistributedDataParallel's forward and ``nn.Module.compile`` see) compiles forward + loss as one graph
   (the same test file checks it with ``torch._dynamo.explain``) and AOTAutograd the backward with it; with
   ``train.static_shapes`` the shapes repeat, so the step compiles once per caption-length bucket and never after
-  (``tests/test_static_step.py`` counts the compiles), and ``compile="reduce-overhead"`` replays forward and
+  (``tests/core/test_static_step.py`` counts the compiles), and ``compile="reduce-overhead"`` replays forward and
   backward as CUDA graphs: a few launches per step instead of hundreds, which sets the speed of a small model.
 * **bf16 autocast** on CUDA by default (:func:`use_bf16`), fp32 on the CPU.
 """

@@ -1,5 +1,6 @@
 """The small per-item sample committed under tests/items_sample/ (three seeds of one constructed run), for the test of
-the recompute core (tests/test_items.py). Regenerate it with ``python -m tests.items_sample`` (deterministic; the
+the recompute core (tests/workbench/test_items.py). Regenerate it with ``python -m tests.items_sample``
+(deterministic; the
 test checks that the committed files equal what this writes).
 
 Each seed holds: a Table 1 probe (ARC, MDC and the random-init row; shape and colour; 40 test images), the

@@ -3,7 +3,7 @@
 Float sums differ in their last bits between CPUs and between reduction orders, so an absolute tolerance that holds
 on one machine fails on another for an element much smaller than the tensor it belongs to. These checks scale the
 absolute tolerance to each tensor's magnitude: an element may be off by ``rel`` times the tensor's largest value.
-They still fail on a real error: one element off by more than that (the guard in tests/test_numerics.py).
+They still fail on a real error: one element off by more than that (the guard in tests/core/test_numerics.py).
 """
 
 from __future__ import annotations

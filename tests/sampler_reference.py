@@ -1,6 +1,6 @@
 """The unmasking sampler as it was before the strategy refactoring (issue 31), kept verbatim as a test oracle.
 
-``tests/test_sampler_reference.py`` checks that :func:`mdc_core.sampler.sample` gives exactly these outputs, field
+``tests/core/test_sampler_reference.py`` checks that :func:`mdc_core.sampler.sample` gives exactly these outputs, field
 by field, for every sampler option. Not used by the package.
 """
 # ruff: noqa

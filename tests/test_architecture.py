@@ -357,7 +357,7 @@ def test_nothing_imports_the_app_by_its_folder_name():
     would load a second copy of its modules), so no module, test or docs script writes it."""
     assert folder_imports("from app.launch import serve\nimport app.runs\nfrom . import app\nimport mdc_app\n") == [
         "app.launch", "app.runs"]
-    paths = [*module_files().values(), *(ROOT / "tests").glob("*.py"), *(ROOT / "docs").glob("*.py")]
+    paths = [*module_files().values(), *(ROOT / "tests").rglob("*.py"), *(ROOT / "docs").glob("*.py")]
     assert {str(p.relative_to(ROOT)): f for p in paths if (f := folder_imports(p.read_text()))} == {}
 
 

@@ -1,6 +1,6 @@
 """Loss curves of one tiny training run in fp32 and bf16 autocast, same seeds and data, side by side.
 
-Answers whether bf16 training learns slower than fp32 or a test's budget is too small: ``tests/test_cuda.py``'s
+Answers whether bf16 training learns slower than fp32 or a test's budget is too small: ``tests/core/test_cuda.py``'s
 ``test_bf16_training_on_cuda_learns_and_reloads_on_cpu`` setting (a micro model, 40 steps of batch 16, lr 3e-3)
 trained as fp32 on the CPU and, where CUDA exists, fp32 and bf16 on the GPU, each also at 3x the steps.
 

@@ -93,7 +93,7 @@ def check_preset(args: argparse.Namespace) -> None:
 
 
 # pyproject.toml's optional dependencies by the name they are imported as -> the extras that install them
-# (tests/test_extras.py checks the table against pyproject.toml), and the extra each verb's own job needs
+# (tests/workbench/test_extras.py checks the table against pyproject.toml), and the extra each verb's own job needs
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "gradio": ("app",), "gradio_client": ("app",), "matplotlib": ("app", "notebooks", "eval"),
     "papermill": ("notebooks",), "nbformat": ("notebooks",), "ipykernel": ("notebooks",),

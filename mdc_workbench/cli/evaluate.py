@@ -13,7 +13,7 @@ from pathlib import Path
 from mdc_workbench.cli.common import flags
 
 # = mdc_workbench.data.LABEL_NAMES, written out so that building the parser imports no torch (mdc_core.data does);
-# tests/test_cli_reliability.py checks that they agree
+# tests/workbench/test_cli_reliability.py checks that they agree
 PROBE_LABELS = ("shape", "colour", "size", "position", "count", "background")
 
 

@@ -20,7 +20,8 @@ from :mod:`mdc_workbench.cli.common`. Errors a user can fix (missing files, bad 
 one line ``mdc: error: ...`` and exit with 2; a full disk is one line and exit 1; Ctrl-C at any moment (even
 while torch is being imported, and also when SIGINT was inherited as ignored) is ``mdc: interrupted`` and exit 130
 (SIGTERM: ``mdc: interrupted by SIGTERM``, 143). Building the parser imports no torch, so
-``mdc --help`` answers at once (``tests/test_cli_reliability.py`` checks it); every help shows the flags' defaults
+``mdc --help`` answers at once (``tests/workbench/test_cli_reliability.py`` checks it); every help shows the flags'
+defaults
 (:class:`DefaultsFormatter`), ``mdc --version`` the package version. Progress bars written into a log rather than a
 terminal redraw at most every 30 s (:func:`_progress_throttled_when_logged`).
 """

@@ -16,7 +16,8 @@ from pathlib import Path
 from mdc_workbench.cli.common import flags
 
 # VQVAEConfig field -> (type, help) of its `mdc vqvae train` option; unset = VQVAEConfig's default. Literal, not derived
-# from VQVAEConfig, so that importing mdc_workbench.cli imports no torch (tests/test_masked_conditional_cli.py checks
+# from VQVAEConfig, so that importing mdc_workbench.cli imports no torch
+# (tests/workbench/test_masked_conditional_cli.py checks
 # that the fields and defaults match).
 VQVAE_OPTIONS = {
     "image_size": (int, "input pixels (square; default 64); the captioner's model.image_size must equal it"),

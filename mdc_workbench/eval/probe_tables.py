@@ -1,7 +1,8 @@
 """A probe table from probe results (torch-free): per row its mean top-1 over the averaged tasks, its gain over the
 random-init row of its feature kind, and the per-test-image scores behind both, in the ``metrics.json`` layout the
 summaries gather (``{"metric", "values", "items"}``). The recompute core (:mod:`mdc_workbench.eval.recompute`)
-rebuilds Table 1 with it from per-item files; ``tests/test_items.py`` checks that it gives the probe report's tables
+rebuilds Table 1 with it from per-item files; ``tests/workbench/test_items.py`` checks that it gives the probe
+report's tables
 (:mod:`mdc_workbench.notebooks.probe_report`, which computes the same for the notebooks) to the digit.
 
 A result is what :func:`~mdc_workbench.eval.probe_data.probe_run` returns, as far as the table needs it:

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 # objective.guidance: plugin.GUIDANCE_TRAINING_MODES (the plug-in, which imports this module when training, keeps
-# its own torch-free copy for the config check; tests/test_masked_conditional_cli.py holds the two equal)
+# its own torch-free copy for the config check; tests/workbench/test_masked_conditional_cli.py holds the two equal)
 TRAINING_MODES = ("none", "cfg", "mcs")
 # sampling: mode -> (weight of log p(x | y), weight of log p(x | reference)) as functions of the scale w
 GUIDANCE_FORMS: dict[str, Any] = {

@@ -4,7 +4,8 @@ Lesson 00 section 9, notebook 03, the exercise messages, docs/notebooks.md, docs
 central claim's verdicts; every one of them takes them from the file written after ``make central-claim``
 (:func:`write_results`, from the plan's ``summary.json``), or, before that run, says the measure is declared and
 not yet run. A passage that cites a results file (names ``central_claim.json`` or ``results.md``) may quote only
-numbers that file holds: :func:`check_quotes` finds the others, and ``tests/test_central_story.py`` runs it on every
+numbers that file holds: :func:`check_quotes` finds the others, and ``tests/workbench/test_central_story.py`` runs it
+on every
 such text.
 
     python -m mdc_workbench.runs.central_story papermill_runs/cpu_central_claim/summary.json

@@ -46,7 +46,7 @@ PLAN = Path("plans/gpu_check.yaml")
 GOAL_MIN = 8.0  # the evidence plan's wall-clock goal on one GPU (minutes)
 STEP_S = 0.0228  # tiny_fast training step, batch 64, eager, one process on an H200 (benchmarks/README.md)
 RUN_EXTRA_S = 45.0  # per run: kernel start, data load, probes or the signal measure (an allowance, not measured)
-CUDA_TESTS = ["tests/test_cuda.py", "tests/test_step_parts.py", "tests/test_static_step.py"]
+CUDA_TESTS = ["tests/core/test_cuda.py", "tests/core/test_step_parts.py", "tests/core/test_static_step.py"]
 
 
 @dataclass

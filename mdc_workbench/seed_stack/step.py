@@ -18,7 +18,8 @@ at step ``n``, drawn on the host by the trainer's :class:`~mdc_core.loss_step.Ho
 
 Then, either way, one backward for all members (each member's loss scaled by its own count of loss terms over the
 step's, the trainer's normalisation), per-member gradient norms and clipping (:func:`clip_members_`), one AdamW over
-the stacked parameters (AdamW is elementwise, so it is K AdamWs: ``tests/test_seed_stack.py`` proves it), the shared
+the stacked parameters (AdamW is elementwise, so it is K AdamWs: ``tests/workbench/test_seed_stack.py`` proves it),
+the shared
 learning-rate schedule, and the EMA of the stacked model (:func:`~mdc_core.train.ema_update`, elementwise too).
 
 The step returns a :class:`~mdc_core.train.DeviceStep` whose values have the member dimension (nothing read);

@@ -18,7 +18,7 @@ papermill_runs/`` names each run by its folder:
   ``train/loss`` and ``val/loss`` as its metrics (TensorBoard shows their last values: the final metrics).
 
 The evaluation forks the random number generators and puts the model back in training mode, so a run with
-TensorBoard trains exactly as one without (``tests/test_tensorboard.py`` compares them).
+TensorBoard trains exactly as one without (``tests/workbench/test_tensorboard.py`` compares them).
 
 Resuming. A run killed after logging past its last checkpoint resumes from that checkpoint and logs those steps
 again; ``metrics.jsonl`` is truncated to the checkpoint's step. Event files are append-only records, so

@@ -15,7 +15,8 @@ from typing import Any
 Verdict = tuple[bool, str]  # (right?, what to tell the student)
 CHECKS: dict[str, Callable[..., Verdict]] = {}
 # characters: what a check tells a student, right or not, fits in a few lines under the cell (every check's messages
-# for its solution and its wrong answers are held to it: tests/test_exercise_answers.py); a part of variable length
+# for its solution and its wrong answers are held to it: tests/workbench/test_exercise_answers.py); a part of
+# variable length
 # (captions, verdicts read from a results file) is cut to fit with :func:`fit`
 MESSAGE_LIMIT = 400
 

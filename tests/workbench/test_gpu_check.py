@@ -1,0 +1,159 @@
+"""`make gpu-check`: the plan scaled for a CPU, the phases' bookkeeping, the wheelhouse's package list, and the whole
+check at its tiny budget on the CPU (what CI can run of it)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mdc_workbench.runs.gpu_check import GOAL_MIN, Phase, plan_minutes, scale_plan, trained_models, write_summary
+from mdc_workbench.runs.plans import load_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def scaled(tmp_path: Path, **kw) -> Path:
+    args = dict(steps={8000: 4, 1600: 2, 400: 1}, device="cpu", seeds=[0], n_train=64, n_eval=32, probe_limit=32,
+                position_limit=8, jobs=2, name="tiny", output_root=tmp_path / "runs")
+    args.update(kw)
+    return scale_plan(ROOT / "plans" / "gpu_check.yaml", tmp_path / "tiny.yaml", **args)
+
+
+def test_the_gpu_plan_scales_to_a_cpu_budget(tmp_path):
+    plan = yaml.safe_load(scaled(tmp_path).read_text())
+    base = plan["parameters"]
+    assert (base["steps"], base["device"], base["n_train"], plan["seeds"], plan["jobs"]) == (4, "cpu", 64, [0], 2)
+    assert base["overrides"]["train.warmup_steps"] == 1  # 800 of 8000 -> 0.4 of 4, at least 1
+    assert base["data_dir"].startswith(str(tmp_path / "runs" / "tiny"))
+    by_id = {e.get("id"): e["parameters"] for e in plan["notebooks"]}
+    assert set(by_id) == {"03_arc", "03_mdc"}
+    loaded = load_plan(tmp_path / "tiny.yaml", root=ROOT)  # still a valid plan, with its own output folder
+    assert len(loaded.runs) == 2 and loaded.out_dir == tmp_path / "runs" / "tiny"
+    central = yaml.safe_load(scale_plan(ROOT / "plans" / "gpu_central_claim.yaml", tmp_path / "c.yaml",
+                                        steps={8000: 4}, device="cpu", seeds=[0], n_train=64, n_eval=32,
+                                        probe_limit=32, position_limit=8, jobs=2, name="c",
+                                        output_root=tmp_path / "runs").read_text())
+    by_id = {e.get("id"): e["parameters"] for e in central["notebooks"]}
+    assert by_id["03_central"]["position_limit"] == 8
+    assert by_id["03_central"]["position_data_dir"].startswith(str(tmp_path / "runs" / "c"))
+
+
+def test_the_central_claims_gpu_plan_counts_four_models_per_run():
+    """An ARC + MDC pair per caption kind (or per caption order): 4 x 8000 steps x 22.8 ms + 45 s = 12.9 minutes,
+    the 10 runs at once on 10 slots; too long for gpu_check's 8-minute goal, hence its own plan."""
+    plan = load_plan(ROOT / "plans" / "gpu_central_claim.yaml", root=ROOT)
+    declared = plan.declared[str(plan.runs[0].notebook)]
+    assert {trained_models(r, declared) for r in plan.runs} == {4} and len(plan.runs) == 10
+    total, _ = plan_minutes(plan)
+    assert total == pytest.approx((4 * 8000 * 0.0228 + 45) / 60, abs=0.05) and total > GOAL_MIN
+
+
+def test_a_budget_the_scaling_does_not_know_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="no scaled budget for 8000 steps"):
+        scaled(tmp_path, steps={1600: 2, 400: 1})
+
+
+def test_the_gpu_plan_holds_ten_seeds_of_arc_and_mdc_inside_its_estimate():
+    plan = load_plan(ROOT / "plans" / "gpu_check.yaml", root=ROOT)
+    seeds = {rid: [r for r in plan.runs if r.run_id.startswith(f"{rid}__")] for rid in ("03_arc", "03_mdc")}
+    assert all(len(runs) == 10 and all(r.parameters["steps"] == 8000 for r in runs) for runs in seeds.values())
+    total, schedule = plan_minutes(plan)
+    assert total <= GOAL_MIN and len(schedule) == len(plan.runs)
+    assert plan_minutes(plan, jobs=9)[0] > GOAL_MIN  # 9 slots: the 20 Table 1 runs need a third wave
+
+
+def test_the_plan_estimate_schedules_runs_in_plan_order(tmp_path):
+    nb = ROOT / "notebooks" / "03_linear_probing.ipynb"
+    (tmp_path / "p.yaml").write_text(
+        f"name: p\njobs: 1\nparameters: {{steps: 1000}}\nnotebooks:\n"
+        f"  - {{path: {nb}, id: a, parameters: {{objectives: [arc], position_signal: false}}}}\n"
+        f"  - {{path: {nb}, id: b, parameters: {{objectives: [arc, mdc], lrs: [0.1, 0.2, 0.3], "
+        f"position_signal: false}}}}\n"
+        f"  - {{path: {nb}, id: c, parameters: {{objectives: [], position_signal: true}}}}\n"
+        f"  - {{path: {nb}, id: d, parameters: {{objectives: [arc, mdc], captions: short}}}}\n")
+    plan = load_plan(tmp_path / "p.yaml", root=ROOT)
+    total, schedule = plan_minutes(plan, step_s=0.06, extra_s=0.0)  # 1000 steps of 0.06 s: 1 minute per model
+    assert [(rid, start, end) for rid, start, end in schedule] == [("a", 0, 1), ("b", 1, 7), ("c", 7, 11),
+                                                                    ("d", 11, 15)]
+    # b: 2 objectives + 2 x 2 more learning rates; c: an ARC + MDC pair per caption kind; d: its own ARC and MDC
+    # are the short pair, plus the two-clause pair
+    assert total == 15
+    assert plan_minutes(plan, step_s=0.06, extra_s=0.0, jobs=4)[0] == 6
+    with pytest.raises(ValueError, match="step_s must be > 0"):
+        plan_minutes(plan, step_s=0.0)
+
+
+def test_a_phase_past_its_time_limit_is_stopped_and_reported(tmp_path):
+    phase = Phase("sleeper", [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"], 3,
+                  tmp_path / "sleeper.log")
+    phase.launch()
+    phase.wait()
+    assert phase.timed_out and phase.returncode != 0 and phase.seconds < 60
+    assert "(time limit)" in (tmp_path / "sleeper.log").read_text()
+    quick = Phase("quick", [sys.executable, "-c", "print('ok')"], 60, tmp_path / "quick.log")
+    quick.launch()
+    quick.wait()
+    assert quick.returncode == 0 and not quick.timed_out
+    bench = {"train": {"mdc": {"samples_per_s": 10.0, "step_s": 0.1, "mfu": 0.2, "compile_s": None},
+                       "mdc_graphs": {"error": "row 'mdc_graphs' timed out after 150 s"}},
+             "targets": [{"target": "best MDC row MFU", "goal": 0.25, "value": 0.2, "reached": False}]}
+    (tmp_path / "bench_x.json").write_text(json.dumps(bench))
+    text = write_summary(tmp_path, [phase, quick], {"gpu": "none"}, tmp_path / "no_plan").read_text()
+    assert "| sleeper | " in text and "| True |" in text and "timed out after 150 s" in text
+    assert "best MDC row MFU: 0.2 (goal 0.25): missed" in text
+    assert json.loads((tmp_path / "summary.json").read_text())["phases"][0]["timed_out"] is True
+
+
+def test_the_wheelhouse_leaves_out_the_torch_stack_and_what_the_image_has():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import wheelhouse
+    finally:
+        sys.path.pop(0)
+    need = wheelhouse.closure(["notebooks"], "3.12")
+    assert "papermill" in need and "open-clip-torch" in need and "torch" in need  # the closure itself
+    assert wheelhouse.TORCH_STACK.match("nvidia-cublas") and wheelhouse.TORCH_STACK.match("torch")
+    have = (ROOT / "benchmarks" / "gpu_image_packages.txt").read_text().split()
+    assert "numpy" in have and "papermill" not in have
+
+
+def test_gpu_check_runs_end_to_end_at_its_tiny_budget_on_the_cpu(tmp_path):
+    """`make gpu-check` (scripts/gpu_check.sh) on a machine without CUDA: every phase at a budget of seconds (about 3
+    minutes on 2 cores), the summary and the plan's summary in one folder."""
+    import os
+    import subprocess
+
+    out = tmp_path / "gc"
+    env = {**os.environ, "PYTHON": sys.executable, "BUDGET_S": "1500"}
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(out)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    record = json.loads((out / "summary.json").read_text())
+    assert [p["phase"] for p in record["phases"]] == ["bench_tiny", "evidence_plan"]
+    assert all(p["returncode"] == 0 and not p["timed_out"] for p in record["phases"]), record["phases"]
+    assert (out / "plan_summary.md").is_file() and "## bench" in (out / "summary.md").read_text()
+    plan_tables = json.loads((out / "plan_summary.json").read_text())["tables"]
+    # Table 1's split runs are one table
+    assert {"ARC", "MDC"} <= set(plan_tables["table1"]["values"])
+    bench = json.loads((out / "bench_tiny.json").read_text())
+    assert all(row["host_ops"]["aten_ops_per_step"] > 0 for row in bench["train"].values())
+
+
+def test_the_evidence_plan_runs_without_the_caption_metrics_extra():
+    """A GPU image has no pycocoevalcap (a 100 MB wheel): `mdc runs`, its summary and notebook 03's imports must not
+    need it (the first GPU check failed there, at `mdc_workbench.eval`'s import)."""
+    import subprocess
+
+    code = ("import sys; sys.modules['pycocoevalcap'] = None\n"
+            "import mdc_workbench.runs.plans, mdc_workbench.runs.runner, mdc_workbench.runs.summary\n"
+            "import mdc_workbench.runs.evidence, mdc_workbench.eval.probe_data, mdc_workbench.eval.budget_curve\n"
+            "import mdc_workbench.eval.parity, mdc_workbench.eval.central_claim, mdc_workbench.notebooks.probe_report\n"
+            "from mdc_workbench.eval import linear_probe\n"
+            "try:\n    from mdc_workbench.eval import score_captions\nexcept ImportError:\n    print('lazy')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "lazy"  # the metrics still need it, when asked for
