@@ -15,6 +15,7 @@ import pytest
 from mdc_workbench.cli import main
 from tests.conftest import MICRO_SETS
 from tests.train_helpers import read_metrics
+from tests.workbench.test_eval_compositionality import make_run
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -37,11 +38,8 @@ def test_building_the_parser_imports_no_torch():
 
 
 def test_sample_a_clip_run_is_one_line(trained_run, tmp_path, capsys):
-    data, _, image = trained_run
-    clip = tmp_path / "clip"
-    assert main(["train", "--preset", "tiny", "--data", str(data), "--out", str(clip), "--steps", "2", "--quiet",
-                 "--objective", "clip", *MICRO_SETS]) == 0
-    assert main(["sample", "--run", str(clip), "--image", str(image)]) == 2
+    clip = make_run(tmp_path, "clip")  # a micro CLIP run folder (step 0): refusing it needs no trained weights
+    assert main(["sample", "--run", str(clip), "--image", str(trained_run.image)]) == 2
     assert "is a CLIP run (objective clip): it has no caption decoder" in _one_line(capsys)
 
 
