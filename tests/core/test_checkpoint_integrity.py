@@ -1,34 +1,20 @@
 """Corrupt checkpoints (files truncated as a full disk or a killed copy leaves them): a one-line error naming the
-file in every verb that loads a run, and ``train --resume`` falling back to the newest intact checkpoint."""
+file in every verb that loads a run, and ``train --resume`` falling back to the newest intact checkpoint. Every test
+damages a copy of the session's ``trained_run`` (a 4-step micro run with checkpoints at steps 2 and 4)."""
 
 import json
 import shutil
 from pathlib import Path
 
 import pytest
-import webdataset as wds
 
 from mdc_core import checkpoint as ck
 from mdc_core.run_state import TrainState
 from mdc_workbench.cli import main
+from tests.conftest import MICRO_SETS
 from tests.train_helpers import read_metrics
-from tests.workbench.test_cli import MICRO_SETS
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*intact checkpoint:UserWarning")
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> tuple[Path, Path, Path]:
-    """A synthetic data folder, a 4-step micro run with checkpoints at steps 2 and 4, and a test image."""
-    root = tmp_path_factory.mktemp("integrity")
-    data, run = root / "data", root / "run"
-    assert main(["data", "synth", "--out", str(data), "--n", "24", "--seed", "3", "--image-size", "32",
-                 "--captions", "short"]) == 0
-    assert main(["train", "--preset", "tiny", "--data", str(data), "--out", str(run), "--steps", "4", "--quiet",
-                 *MICRO_SETS]) == 0
-    record = next(iter(wds.WebDataset(str(data / "test" / "000000.tar"), shardshuffle=False)))
-    (root / "img.jpg").write_bytes(record["jpg"])
-    return data, run, root / "img.jpg"
 
 
 def _copy_truncated(run: Path, dest: Path, name: str, keep_sha: bool = True) -> Path:
@@ -43,8 +29,8 @@ def _copy_truncated(run: Path, dest: Path, name: str, keep_sha: bool = True) -> 
     return target
 
 
-def test_meta_records_sizes_and_digests_that_verify(trained):
-    _, run, _ = trained
+def test_meta_records_sizes_and_digests_that_verify(trained_run):
+    _, run, _ = trained_run
     ckpt = ck.latest_checkpoint(run)
     meta = json.loads((ckpt / "meta.json").read_text())
     assert set(meta["sha256"]) == set(meta["files"]) >= {"model.safetensors", "state.pt", "config.json"}
@@ -53,8 +39,8 @@ def test_meta_records_sizes_and_digests_that_verify(trained):
 
 
 @pytest.mark.parametrize("keep_sha", [True, False], ids=["digests", "old-checkpoint"])
-def test_every_verb_that_loads_a_run_names_the_corrupt_file_in_one_line(trained, tmp_path, capsys, keep_sha):
-    data, run, image = trained
+def test_every_verb_that_loads_a_run_names_the_corrupt_file_in_one_line(trained_run, tmp_path, capsys, keep_sha):
+    data, run, image = trained_run
     broken = tmp_path / "run"
     target = _copy_truncated(run, broken, "model.safetensors", keep_sha)
     verbs = {"sample": ["sample", "--run", str(broken), "--image", str(image)],
@@ -72,8 +58,8 @@ def test_every_verb_that_loads_a_run_names_the_corrupt_file_in_one_line(trained,
 
 
 @pytest.mark.parametrize("name", ["model.safetensors", "state.pt"])
-def test_resume_falls_back_to_the_newest_intact_checkpoint(trained, tmp_path, name):
-    data, run, _ = trained
+def test_resume_falls_back_to_the_newest_intact_checkpoint(trained_run, tmp_path, name):
+    data, run, _ = trained_run
     broken = tmp_path / "run"
     _copy_truncated(run, broken, name)
     argv = ["train", "--preset", "tiny", "--data", str(data), "--out", str(broken), "--steps", "4", "--quiet",
@@ -88,8 +74,8 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint(trained, tmp_path, na
     assert (broken / "checkpoints" / "corrupt_step_00000004").is_dir()  # set aside, not deleted
 
 
-def test_resume_with_every_checkpoint_corrupt_is_a_one_line_error(trained, tmp_path, capsys):
-    data, run, _ = trained
+def test_resume_with_every_checkpoint_corrupt_is_a_one_line_error(trained_run, tmp_path, capsys):
+    data, run, _ = trained_run
     broken = tmp_path / "run"
     _copy_truncated(run, broken, "model.safetensors")
     older = broken / "checkpoints" / "step_00000002" / "model.safetensors"
@@ -111,8 +97,8 @@ def _same_losses(a: Path, b: Path) -> None:
         assert x["step"] == y["step"] and abs(x["loss"] - y["loss"]) < 1e-5 * max(1, abs(x["loss"]))
 
 
-def test_a_damaged_meta_json_is_named_by_readers_and_set_aside_by_resume(trained, tmp_path, capsys):
-    data, run, image = trained
+def test_a_damaged_meta_json_is_named_by_readers_and_set_aside_by_resume(trained_run, tmp_path, capsys):
+    data, run, image = trained_run
     broken = tmp_path / "run"
     shutil.copytree(run, broken)
     meta = broken / "checkpoints" / "step_00000004" / "meta.json"
@@ -132,9 +118,9 @@ def test_a_damaged_meta_json_is_named_by_readers_and_set_aside_by_resume(trained
     ck.verify_checkpoint(broken / "checkpoints" / "step_00000004")
 
 
-def test_a_deleted_state_pt_leaves_the_weights_readable_and_resume_falls_back_with_a_warning(trained, tmp_path,
+def test_a_deleted_state_pt_leaves_the_weights_readable_and_resume_falls_back_with_a_warning(trained_run, tmp_path,
                                                                                                capsys):
-    data, run, image = trained
+    data, run, image = trained_run
     broken = tmp_path / "run"
     shutil.copytree(run, broken)
     ckpt = broken / "checkpoints" / "step_00000004"
@@ -152,9 +138,9 @@ def test_a_deleted_state_pt_leaves_the_weights_readable_and_resume_falls_back_wi
     _same_losses(broken, run)  # an exact resume from the newest checkpoint with its train state
 
 
-def test_train_state_missing_everywhere_resumes_weights_only_never_from_step_0(trained, tmp_path, capsys):
+def test_train_state_missing_everywhere_resumes_weights_only_never_from_step_0(trained_run, tmp_path, capsys):
     from mdc_core.run_folder import weights_only_state
-    data, run, _ = trained
+    data, run, _ = trained_run
     broken = tmp_path / "run"
     shutil.copytree(run, broken)
     for state in (broken / "checkpoints").glob("step_*/state.pt"):

@@ -17,19 +17,6 @@ from mdc_core.data import sources
 from mdc_core.data.sources import resolve_source
 from mdc_core.run_folder import FINGERPRINT_FILE, known_digests
 from mdc_workbench.cli import main
-from tests.workbench.test_cli import MICRO_SETS
-
-
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory) -> tuple[Path, Path]:
-    """A data folder and a finished 4-step micro run on it (checkpoints 2 and 4)."""
-    root = tmp_path_factory.mktemp("resume_data")
-    data, run = root / "data", root / "run"
-    assert main(["data", "synth", "--out", str(data), "--n", "24", "--seed", "3", "--image-size", "32",
-                 "--captions", "short"]) == 0
-    assert main(["train", "--preset", "tiny", "--data", str(data), "--out", str(run), "--steps", "4", "--quiet",
-                 *MICRO_SETS]) == 0
-    return data, run
 
 
 def _recaption(shard: Path) -> None:
@@ -58,8 +45,8 @@ def _one_line(capsys) -> str:
     return err
 
 
-def test_recaptioned_shards_of_the_same_sizes_are_refused_and_nothing_is_written(setup, tmp_path, capsys):
-    data, run = setup
+def test_recaptioned_shards_of_the_same_sizes_are_refused_and_nothing_is_written(trained_run, tmp_path, capsys):
+    data, run, _ = trained_run
     copy, other = tmp_path / "run", tmp_path / "recaptioned"
     shutil.copytree(run, copy)
     shutil.copytree(data, other)
@@ -92,8 +79,8 @@ def _legacy_record(run: Path, data: Path) -> None:
                                                     "fingerprint": legacy}))
 
 
-def test_a_run_recorded_before_contents_were_hashed_resumes_on_unchanged_data(setup, tmp_path, capsys):
-    data, run = setup
+def test_a_run_recorded_before_contents_were_hashed_resumes_on_unchanged_data(trained_run, tmp_path, capsys):
+    data, run, _ = trained_run
     copy, moved = tmp_path / "run", tmp_path / "moved"
     shutil.copytree(run, copy)
     _legacy_record(copy, data)
@@ -126,8 +113,8 @@ def test_a_run_recorded_before_contents_were_hashed_resumes_on_unchanged_data(se
     assert _snapshot(copy2) == before
 
 
-def test_each_shard_is_read_once_and_again_only_when_it_changes(setup, tmp_path, monkeypatch):
-    data, run = setup
+def test_each_shard_is_read_once_and_again_only_when_it_changes(trained_run, tmp_path, monkeypatch):
+    data, run, _ = trained_run
     reads = []
     original = sources._file_sha256
     monkeypatch.setattr(sources, "_file_sha256", lambda path: reads.append(Path(path).name) or original(path))

@@ -1,7 +1,7 @@
 """``--resume`` never silently starts over: a run whose every checkpoint is damaged stops (saying where they went)
 on every try, a folder that held checkpoints is never restarted from step 0, the metrics log is never rewritten,
 and a run folder's config is found in its checkpoints when ``RUN/config.json`` is gone or a checkpoint's is
-damaged (then the previous checkpoint is used)."""
+damaged (then the previous checkpoint is used). Each test resumes a copy of the session's ``trained_run``."""
 
 import json
 import shutil
@@ -13,19 +13,6 @@ from mdc_core import checkpoint as ck
 from mdc_core.run_folder import truncate_jsonl
 from mdc_workbench.cli import main
 from tests.train_helpers import read_metrics
-from tests.workbench.test_cli import MICRO_SETS
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> tuple[Path, Path]:
-    """A synthetic data folder and a 4-step micro run with checkpoints at steps 2 and 4 (a metrics line a step)."""
-    root = tmp_path_factory.mktemp("resume_safety")
-    data, run = root / "data", root / "run"
-    assert main(["data", "synth", "--out", str(data), "--n", "24", "--seed", "3", "--image-size", "32",
-                 "--captions", "short"]) == 0
-    assert main(["train", "--preset", "tiny", "--data", str(data), "--out", str(run), "--steps", "4", "--quiet",
-                 *MICRO_SETS]) == 0
-    return data, run
 
 
 def _resume(data: Path, run: Path, steps: int = 4, flags: tuple[str, ...] = ()) -> list[str]:
@@ -38,10 +25,10 @@ def _one_line(capsys) -> str:
     return err
 
 
-def test_every_checkpoint_damaged_stops_every_resume_and_keeps_the_log(trained, tmp_path, capsys):
+def test_every_checkpoint_damaged_stops_every_resume_and_keeps_the_log(trained_run, tmp_path, capsys):
     """The second --resume used to say "stopped before its first checkpoint", start over from step 0 and rewrite
     metrics.jsonl; the first did not say that it had renamed the checkpoints."""
-    data, run = trained
+    data, run, _ = trained_run
     broken = tmp_path / "run"
     shutil.copytree(run, broken)
     for weights in (broken / "checkpoints").glob("step_*/model.safetensors"):
@@ -59,8 +46,8 @@ def test_every_checkpoint_damaged_stops_every_resume_and_keeps_the_log(trained, 
         ["corrupt_step_00000002", "corrupt_step_00000004"]
 
 
-def test_a_folder_whose_log_passed_a_checkpoint_is_never_started_over(trained, tmp_path, capsys):
-    data, run = trained
+def test_a_folder_whose_log_passed_a_checkpoint_is_never_started_over(trained_run, tmp_path, capsys):
+    data, run, _ = trained_run
     broken = tmp_path / "run"
     shutil.copytree(run, broken)
     shutil.rmtree(broken / "checkpoints")  # deleted by hand: the log says step 2 and 4 were checkpointed
@@ -71,8 +58,8 @@ def test_a_folder_whose_log_passed_a_checkpoint_is_never_started_over(trained, t
     assert (broken / "metrics.jsonl").read_bytes() == log and not (broken / "checkpoints").exists()
 
 
-def test_a_run_killed_before_its_first_checkpoint_starts_over_and_keeps_its_old_log(trained, tmp_path, capsys):
-    data, run = trained
+def test_a_run_killed_before_its_first_checkpoint_starts_over_and_keeps_its_old_log(trained_run, tmp_path, capsys):
+    data, run, _ = trained_run
     broken = tmp_path / "run"
     shutil.copytree(run, broken)
     shutil.rmtree(broken / "checkpoints")
@@ -87,8 +74,8 @@ def test_a_run_killed_before_its_first_checkpoint_starts_over_and_keeps_its_old_
         assert abs(a["loss"] - b["loss"]) < 1e-5 * max(1, abs(a["loss"]))
 
 
-def test_resume_finds_the_config_in_the_checkpoints_when_the_run_folder_lost_it(trained, tmp_path, capsys):
-    data, run = trained
+def test_resume_finds_the_config_in_the_checkpoints_when_the_run_folder_lost_it(trained_run, tmp_path, capsys):
+    data, run, _ = trained_run
     broken = tmp_path / "run"
     shutil.copytree(run, broken)
     (broken / "config.json").unlink()
@@ -100,9 +87,9 @@ def test_resume_finds_the_config_in_the_checkpoints_when_the_run_folder_lost_it(
 
 @pytest.mark.parametrize("damage", ['{"model": {"text_wid', '{"model": {"no_such_key": 1}}'],
                          ids=["cut-off", "unknown-key"])
-def test_a_damaged_checkpoint_config_falls_back_to_the_previous_step(trained, tmp_path, capsys, damage):
+def test_a_damaged_checkpoint_config_falls_back_to_the_previous_step(trained_run, tmp_path, capsys, damage):
     """It used to block --resume with the config loader's error."""
-    data, run = trained
+    data, run, _ = trained_run
     broken = tmp_path / "run"
     shutil.copytree(run, broken)
     config = broken / "checkpoints" / "step_00000004" / "config.json"

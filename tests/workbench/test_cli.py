@@ -6,54 +6,30 @@ import json
 import pytest
 
 from mdc_workbench.cli import build_parser, main
-
-MICRO_SETS = [
-    "--set", 'model.encoder_kwargs={"patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 2}',
-    "--set", "model.image_size=32", "--set", "model.text_width=32", "--set", "model.text_layers=1",
-    "--set", "model.text_heads=2", "--set", "train.batch_size=8", "--set", "train.warmup_steps=1",
-    "--set", "train.log_every=1", "--set", "train.ckpt_every=2", "--set", "sampler.length=5",
-]
+from tests.conftest import MICRO_SETS  # other test files import it from here too
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("cli") / "data"
-    assert main(["data", "synth", "--out", str(out), "--n", "24", "--seed", "3", "--image-size", "32",
-                 "--captions", "short"]) == 0
-    return out
-
-
-@pytest.fixture(scope="module")
-def run_dir(data_dir):
-    run = data_dir.parent / "run"
-    assert main(["train", "--preset", "tiny", "--data", str(data_dir), "--out", str(run), "--steps", "3",
-                 "--quiet", *MICRO_SETS]) == 0
-    return run
-
-
-def test_data_synth_writes_shards_and_manifest(data_dir, capsys):
-    manifest = json.loads((data_dir / "manifest.json").read_text())
+def test_data_synth_writes_shards_and_manifest(trained_run, capsys):
+    manifest = json.loads((trained_run.data / "manifest.json").read_text())
     assert manifest["counts"]["train"] == 24 and manifest["params"]["captions"] == "short"
-    assert sorted(p.name for p in (data_dir / "train").glob("*.tar")) == ["000000.tar"]
+    assert sorted(p.name for p in (trained_run.data / "train").glob("*.tar")) == ["000000.tar"]
 
 
-def test_train_writes_a_complete_run(run_dir):
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in lines] == [1, 2, 3]
+def test_train_writes_a_complete_run(trained_run):
+    """The session's run (--steps 4, ckpt_every 2). That the last step is saved when it is off the checkpoint grid
+    is tests/core/test_interrupt.py's (a 3-step run with ckpt_every 1000 keeps step_00000003)."""
+    lines = [json.loads(x) for x in (trained_run.run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [1, 2, 3, 4]
     for key in ("loss", "lr", "grad_norm", "masked_frac", "samples_per_s"):
         assert all(isinstance(r[key], float) for r in lines), key
-    ckpts = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
-    assert ckpts == ["step_00000002", "step_00000003"]
-    cfg = json.loads((run_dir / "config.json").read_text())
+    ckpts = sorted(p.name for p in (trained_run.run / "checkpoints").glob("step_*"))
+    assert ckpts == ["step_00000002", "step_00000004"]
+    cfg = json.loads((trained_run.run / "config.json").read_text())
     assert cfg["model"]["text_width"] == 32 and cfg["model"]["output_vocab_size"] > 0
 
 
-def test_sample_json_contract(run_dir, data_dir, tmp_path, capsys):
-    import webdataset as wds
-
-    record = next(iter(wds.WebDataset(str(data_dir / "test" / "000000.tar"), shardshuffle=False)))
-    image = tmp_path / "img.jpg"
-    image.write_bytes(record["jpg"])
+def test_sample_json_contract(trained_run, capsys):
+    run_dir, image = trained_run.run, trained_run.image
     capsys.readouterr()
     assert main(["sample", "--run", str(run_dir), "--image", str(image), "--length", "4", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -90,13 +66,14 @@ def test_user_errors_are_one_line_and_exit_2(argv, message, tmp_path, capsys):
     assert err.startswith("mdc: error:") and message in err and "\n" not in err
 
 
-def test_sample_rejects_unreadable_image_and_train_refuses_to_overwrite(run_dir, data_dir, tmp_path, capsys):
+def test_sample_rejects_unreadable_image_and_train_refuses_to_overwrite(trained_run, tmp_path, capsys):
+    run_dir, data_dir = trained_run.run, trained_run.data
     fake = tmp_path / "fake.png"
     fake.write_text("not an image")
     assert main(["sample", "--run", str(run_dir), "--image", str(fake)]) == 2
     assert "not a readable image" in capsys.readouterr().err
     before = (run_dir / "metrics.jsonl").read_text()
-    assert main(["train", "--preset", "tiny", "--data", str(data_dir), "--out", str(run_dir), "--steps", "3",
+    assert main(["train", "--preset", "tiny", "--data", str(data_dir), "--out", str(run_dir), "--steps", "4",
                  "--quiet", *MICRO_SETS]) == 2
     assert "already holds a run" in capsys.readouterr().err
     assert (run_dir / "metrics.jsonl").read_text() == before

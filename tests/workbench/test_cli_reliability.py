@@ -11,28 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
-import webdataset as wds
 
 from mdc_workbench.cli import main
+from tests.conftest import MICRO_SETS
 from tests.train_helpers import read_metrics
-from tests.workbench.test_cli import MICRO_SETS
+from tests.workbench.test_eval_compositionality import make_run
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-
-
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory) -> tuple[Path, Path, Path]:
-    """A data folder, a finished 4-step micro run (checkpoints 2 and 4) and a test image."""
-    root = tmp_path_factory.mktemp("reliability")
-    data, run = root / "data", root / "run"
-    assert main(["data", "synth", "--out", str(data), "--n", "24", "--seed", "3", "--image-size", "32",
-                 "--captions", "short"]) == 0
-    assert main(["train", "--preset", "tiny", "--data", str(data), "--out", str(run), "--steps", "4", "--quiet",
-                 *MICRO_SETS]) == 0
-    record = next(iter(wds.WebDataset(str(data / "test" / "000000.tar"), shardshuffle=False)))
-    (root / "img.jpg").write_bytes(record["jpg"])
-    return data, run, root / "img.jpg"
 
 
 def _one_line(capsys) -> str:
@@ -51,17 +37,14 @@ def test_building_the_parser_imports_no_torch():
     assert PROBE_LABELS == LABEL_NAMES
 
 
-def test_sample_a_clip_run_is_one_line(setup, tmp_path, capsys):
-    data, _, image = setup
-    clip = tmp_path / "clip"
-    assert main(["train", "--preset", "tiny", "--data", str(data), "--out", str(clip), "--steps", "2", "--quiet",
-                 "--objective", "clip", *MICRO_SETS]) == 0
-    assert main(["sample", "--run", str(clip), "--image", str(image)]) == 2
+def test_sample_a_clip_run_is_one_line(trained_run, tmp_path, capsys):
+    clip = make_run(tmp_path, "clip")  # a micro CLIP run folder (step 0): refusing it needs no trained weights
+    assert main(["sample", "--run", str(clip), "--image", str(trained_run.image)]) == 2
     assert "is a CLIP run (objective clip): it has no caption decoder" in _one_line(capsys)
 
 
-def test_score_names_the_out_of_vocabulary_word_and_long_prompts_are_cut(setup, capsys):
-    _, run, image = setup
+def test_score_names_the_out_of_vocabulary_word_and_long_prompts_are_cut(trained_run, capsys):
+    _, run, image = trained_run
     assert main(["score", "--run", str(run), "--image", str(image), "--caption", "a zebra", "--method",
                  "heuristic"]) == 2
     err = _one_line(capsys)
@@ -75,9 +58,9 @@ def test_score_names_the_out_of_vocabulary_word_and_long_prompts_are_cut(setup, 
         assert len(err) < 300 and "(10000 characters)" in err, err[:400]
 
 
-def test_app_with_a_missing_root_is_one_line(setup, capsys, monkeypatch):
+def test_app_with_a_missing_root_is_one_line(trained_run, capsys, monkeypatch):
     import mdc_app.launch
-    _, run, _ = setup
+    _, run, _ = trained_run
     monkeypatch.setattr(mdc_app.launch, "serve", lambda *a, **k: None)  # never start a server here
     assert main(["app", "--run", str(run), "--root", "/nonexistent/runs"]) == 2
     assert "--root /nonexistent/runs is not a folder" in _one_line(capsys)
@@ -111,8 +94,8 @@ def test_a_caption_table_whose_images_are_all_missing_says_so(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
-def test_resume_needs_no_flag_and_steps_below_at_and_above_the_run(setup, tmp_path, capsys):
-    _, run, _ = setup
+def test_resume_needs_no_flag_and_steps_below_at_and_above_the_run(trained_run, tmp_path, capsys):
+    _, run, _ = trained_run
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
     capsys.readouterr()
@@ -132,8 +115,8 @@ def test_resume_needs_no_flag_and_steps_below_at_and_above_the_run(setup, tmp_pa
     assert "--resume: run folder" in _one_line(capsys)
 
 
-def test_resume_accepts_the_moved_data_folder_by_content(setup, tmp_path, capsys):
-    data, run, _ = setup
+def test_resume_accepts_the_moved_data_folder_by_content(trained_run, tmp_path, capsys):
+    data, run, _ = trained_run
     moved, copy = tmp_path / "moved_data", tmp_path / "run"
     shutil.copytree(run, copy)
     shutil.copytree(data, moved)
@@ -157,14 +140,14 @@ def test_resume_accepts_the_moved_data_folder_by_content(setup, tmp_path, capsys
     assert "is not the data this run trained on" in _one_line(capsys)
 
 
-def test_an_emoji_in_a_caption_or_prompt_is_named_whole(setup, capsys):
+def test_an_emoji_in_a_caption_or_prompt_is_named_whole(trained_run, capsys):
     """Its bytes used to be decoded one BPE token at a time, so the message showed '\\ufffd' fragments."""
     from mdc_core.tokenizer import CaptionTokenizer
     tok = CaptionTokenizer()
     ids = tok.encode_text("a red 🫠 cat")
     emoji = set(tok.encode_text("🫠"))
     assert len(emoji) > 1 and tok.words_with(ids, emoji) == ["🫠"] and tok.words_with(ids, set()) == []
-    _, run, image = setup
+    _, run, image = trained_run
     for argv in (["score", "--run", str(run), "--image", str(image), "--caption", "a red 🫠", "--method",
                   "heuristic"],
                  ["sample", "--run", str(run), "--image", str(image), "--prompt", "a 🫠 [MASK]"]):

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import webdataset as wds
 
 from mdc_workbench.cli import main
-from tests.workbench.test_cli import MICRO_SETS
+from tests.conftest import MICRO_SETS
 
 USER = "mdc-nonroot"
 
@@ -33,19 +32,14 @@ def user() -> str:
 
 
 @pytest.fixture(scope="module")
-def shared(user, tmp_path_factory):
-    """A root-owned folder others may enter (0755) holding data, a finished 2-step run and an image."""
+def shared(user, trained_run):
+    """A root-owned folder others may enter (0755) holding copies of the session's data, its finished 4-step run
+    and its image."""
     root = Path(tempfile.mkdtemp(prefix="mdc_perm_"))
     os.chmod(root, 0o755)
-    work = tmp_path_factory.mktemp("perm")
-    assert main(["data", "synth", "--out", str(work / "data"), "--n", "24", "--seed", "3", "--image-size", "32",
-                 "--captions", "short"]) == 0
-    assert main(["train", "--preset", "tiny", "--data", str(work / "data"), "--out", str(work / "run"), "--steps",
-                 "2", "--quiet", *MICRO_SETS]) == 0
     for name in ("data", "run"):
-        shutil.copytree(work / name, root / name)
-    record = next(iter(wds.WebDataset(str(work / "data" / "test" / "000000.tar"), shardshuffle=False)))
-    (root / "img.jpg").write_bytes(record["jpg"])
+        shutil.copytree(getattr(trained_run, name), root / name)
+    shutil.copy(trained_run.image, root / "img.jpg")
     for path in [root, *root.rglob("*")]:
         os.chmod(path, 0o755 if path.is_dir() else 0o644)
     yield root
@@ -92,7 +86,7 @@ def test_paths_a_user_may_not_write_or_read_are_one_line(user, shared, tmp_path)
     shutil.copytree(run, private)
     os.chmod(private / "checkpoints", 0o700)  # a colleague's run this user may not read
     cases = {
-        "train --resume": (["train", "--out", str(run), "--steps", "4", "--quiet", "--resume"], run / ".mdc.lock"),
+        "train --resume": (["train", "--out", str(run), "--steps", "6", "--quiet", "--resume"], run / ".mdc.lock"),
         "train": (["train", "--preset", "tiny", "--data", str(data), "--out", str(shared / "new"), "--steps", "2",
                    "--quiet", *MICRO_SETS], shared / "new"),
         "sample": (["sample", "--run", str(private), "--image", str(image)], private / "checkpoints"),

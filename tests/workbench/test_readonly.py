@@ -5,28 +5,12 @@ line naming the path, never a traceback or a bare ``[Errno N]``."""
 import errno
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
-import webdataset as wds
 
 from mdc_workbench.cli import main
 from mdc_workbench.cli.main import describe_os_error
-from tests.workbench.test_cli import MICRO_SETS
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> tuple[Path, Path, Path]:
-    """A data folder, a finished 2-step micro run and a test image."""
-    root = tmp_path_factory.mktemp("readonly")
-    data, run = root / "data", root / "run"
-    assert main(["data", "synth", "--out", str(data), "--n", "24", "--seed", "3", "--image-size", "32",
-                 "--captions", "short"]) == 0
-    assert main(["train", "--preset", "tiny", "--data", str(data), "--out", str(run), "--steps", "2", "--quiet",
-                 *MICRO_SETS]) == 0
-    record = next(iter(wds.WebDataset(str(data / "test" / "000000.tar"), shardshuffle=False)))
-    (root / "img.jpg").write_bytes(record["jpg"])
-    return data, run, root / "img.jpg"
+from tests.conftest import MICRO_SETS
 
 
 def _one_line(capsys) -> str:
@@ -36,7 +20,7 @@ def _one_line(capsys) -> str:
 
 
 @pytest.fixture
-def read_only(tmp_path, trained):
+def read_only(tmp_path, trained_run):
     """A tmpfs holding a copy of the run, remounted read-only (skips where mounting is not allowed)."""
     where = tmp_path / "ro"
     where.mkdir()
@@ -49,21 +33,21 @@ def read_only(tmp_path, trained):
         pytest.skip("cannot mount a tmpfs here (not root, or no CAP_SYS_ADMIN); "
                     "test_an_os_error_is_described_by_its_path covers the message")
     try:
-        shutil.copytree(trained[1], where / "run")
+        shutil.copytree(trained_run.run, where / "run")
         subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True, capture_output=True, timeout=30)
         yield where
     finally:
         subprocess.run(["umount", str(where)], capture_output=True, timeout=30)
 
 
-def test_a_read_only_file_system_is_one_line_naming_the_path(trained, read_only, capsys):
+def test_a_read_only_file_system_is_one_line_naming_the_path(trained_run, read_only, capsys):
     """Each of these used to end in a traceback (OSError: [Errno 30] Read-only file system)."""
-    data, run, image = trained
+    data, run, image = trained_run
     ro = read_only
     verbs = {
         "train": ["train", "--preset", "tiny", "--data", str(data), "--out", str(ro / "new"), "--steps", "2",
                   "--quiet", *MICRO_SETS],
-        "train --resume": ["train", "--out", str(ro / "run"), "--steps", "4", "--quiet", "--resume"],
+        "train --resume": ["train", "--out", str(ro / "run"), "--steps", "6", "--quiet", "--resume"],
         "sample --gif": ["sample", "--run", str(run), "--image", str(image), "--gif", str(ro / "out.gif")],
         "export": ["export", str(run), "--out", str(ro / "exported")],
         "data synth": ["data", "synth", "--out", str(ro / "data"), "--n", "8", "--image-size", "32"],
@@ -86,16 +70,16 @@ def test_an_os_error_is_described_by_its_path():
     assert describe_os_error(mine) == str(mine)
 
 
-def test_gif_into_a_missing_folder_is_refused_and_creates_nothing(trained, tmp_path, capsys):
-    _, run, image = trained
+def test_gif_into_a_missing_folder_is_refused_and_creates_nothing(trained_run, tmp_path, capsys):
+    _, run, image = trained_run
     gif = tmp_path / "nonexist" / "dir" / "out.gif"
     assert main(["sample", "--run", str(run), "--image", str(image), "--gif", str(gif)]) == 2
     assert f"--gif {gif}: the folder {gif.parent} does not exist" in _one_line(capsys)
     assert not (tmp_path / "nonexist").exists()
 
 
-def test_a_folder_where_the_lock_goes_and_a_file_as_out_are_one_line(trained, tmp_path, capsys):
-    data = trained[0]
+def test_a_folder_where_the_lock_goes_and_a_file_as_out_are_one_line(trained_run, tmp_path, capsys):
+    data = trained_run.data
     run = tmp_path / "run"
     (run / ".mdc.lock").mkdir(parents=True)
     argv = ["train", "--preset", "tiny", "--data", str(data), "--steps", "2", "--quiet", *MICRO_SETS]
