@@ -109,6 +109,7 @@ def train_stack(cfg: RunConfig, out: str | Path, *, members: int | None = None, 
         dist.teardown(ctx)
         raise ValueError("a seed stack trains in one process: run it without torchrun")
     out = Path(out)
+    created = not out.exists()
     team = [Member(s, member_dir(out, s), RunLock(member_dir(out, s), "mdc train --members" + " --resume" * resume),
                    not member_dir(out, s).exists()) for s in seeds]
     try:
@@ -125,6 +126,8 @@ def train_stack(cfg: RunConfig, out: str | Path, *, members: int | None = None, 
         for m in team:
             if m.lock.held and m.created and run_folder.never_started(m.out):
                 shutil.rmtree(m.out, ignore_errors=True)
+        if created and out.is_dir() and not any(out.iterdir()):  # a stack that could not start leaves no folder
+            out.rmdir()
         raise
     finally:
         for m in team:
@@ -244,7 +247,8 @@ class StackTrainer:
                         m.watch.note(n, own.loss_sum / own.denom, own.grad_norm)
                     team[0].log.bar.update(1)
                     stop = self.stop.signum > 0
-                    due = tcfg.ckpt_every_minutes > 0 and time.monotonic() - self.saved_at >= 60 * tcfg.ckpt_every_minutes
+                    due = tcfg.ckpt_every_minutes > 0 and \
+                        time.monotonic() - self.saved_at >= 60 * tcfg.ckpt_every_minutes
                     log = stack.n % tcfg.log_every == 0 or stack.n in (1, tcfg.steps)
                     save = stack.n % tcfg.ckpt_every == 0 or stack.n == tcfg.steps or due or stop
                     if log or save:
