@@ -252,3 +252,78 @@ def flat_config(cfg):
     d = cfg.to_dict()
     return [(f"{s}.{k}", v) for s in ("model", "train", "objective") for k, v in d[s].items()
             if k not in ("seed", "device") and not (s == "model" and k == "output_vocab_size")]
+
+
+STACK_NOTEBOOK = """\
+import json, pathlib
+from mdc_core.config import RunConfig
+from mdc_workbench.seed_stack.train import train_stack
+out = pathlib.Path(output_dir)
+results = train_stack(RunConfig.load(config), out / "stack", seeds=train_seeds, progress=False)
+members = {str(s): {"metrics": {"final_loss": r.final_loss},
+                    "tables": {"stack_toy": {"metric": "final training loss", "values": {"mdc": r.final_loss}}}}
+           for s, r in zip(train_seeds, results)}
+(out / "metrics.json").write_text(json.dumps({"notebook": "stack_toy", "members": members}))
+"""
+
+
+def test_a_plan_with_members_trains_stacks_and_gathers_members_as_seeds(data, tmp_path):
+    from mdc_workbench.runs.plans import load_plan
+    from mdc_workbench.runs.runner import run_plan
+    from tests.workbench.test_runs import write_notebook
+
+    cfg = resolve_data_paths(micro_run(data, steps=2, batch_size=8))
+    cfg.save(tmp_path / "micro.json")
+    write_notebook(tmp_path / "stack.ipynb", 'output_dir: str = "."  # run folder\nconfig: str = ""  # RunConfig JSON\n'
+                   'train_seeds: list = []  # the seeds of one stack', STACK_NOTEBOOK)
+    plan_file = tmp_path / "stacks.yaml"
+    plan_file.write_text(f"output_root: {tmp_path / 'out'}\nparameters: {{config: {tmp_path / 'micro.json'}}}\n"
+                         "notebooks:\n  - path: stack.ipynb\n    seeds: [3, 5, 8]\n    members: 3\n")
+    plan = load_plan(plan_file, root=tmp_path)
+    assert [(r.run_id, r.parameters["train_seeds"]) for r in plan.runs] == [("stack__seeds=3-5-8", [3, 5, 8])]
+    assert [r.status for r in run_plan(plan, progress=False, cwd=tmp_path)] == ["done"]
+    runs = tmp_path / "out" / "stacks"
+    losses = {s: read_metrics(member_dir(runs / "stack__seeds=3-5-8" / "stack", s))[-1]["loss"] for s in (3, 5, 8)}
+    summary = json.loads((runs / "summary.json").read_text())
+    table = summary["tables"]["stack_toy"]
+    assert table["means"]["mdc"] == pytest.approx(sum(losses.values()) / 3, rel=1e-9)  # 3 members = 3 seeds
+    low, high = table["intervals"]["mdc"]
+    assert low < min(losses.values()) and max(losses.values()) < high  # a t-interval over the 3 seeds
+    assert [r["run_id"] for r in summary["runs"]] == ["stack__seeds=3-5-8"]
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ("    seeds: [1, 2]\n    members: 0\n", "members must be a positive integer"),
+    ("    members: 2\n", "give 'seeds'"),
+    ("    seeds: [1, 2]\n    members: 2\n    parameters: {train_seeds: [1]}\n", "through 'seeds'"),
+])
+def test_a_plan_entry_with_members_is_checked(tmp_path, entry, message):
+    from mdc_workbench.runs.plans import load_plan
+    from tests.workbench.test_runs import write_notebook
+
+    write_notebook(tmp_path / "stack.ipynb", 'output_dir: str = "."  # run folder\ntrain_seeds: list = []  # seeds',
+                   "pass")
+    write_notebook(tmp_path / "solo.ipynb", 'output_dir: str = "."  # run folder\ntrain_seed: int = 0  # seed', "pass")
+    tmp_path.joinpath("p.yaml").write_text(f"notebooks:\n  - path: stack.ipynb\n{entry}")
+    with pytest.raises(ValueError, match=message):
+        load_plan(tmp_path / "p.yaml", root=tmp_path)
+    tmp_path.joinpath("r.yaml").write_text("seeds: [3, 5, 8]\nnotebooks:\n  - path: stack.ipynb\n    members: 2\n")
+    assert [(r.run_id, r.parameters) for r in load_plan(tmp_path / "r.yaml", root=tmp_path).runs] == [
+        ("stack__seeds=3-5", {"train_seeds": [3, 5]}), ("stack__seeds=8", {"train_seeds": [8]})]  # the plan's seeds
+    tmp_path.joinpath("q.yaml").write_text("notebooks:\n  - path: solo.ipynb\n    seeds: [1, 2]\n    members: 2\n")
+    with pytest.raises(ValueError, match="needs a 'train_seeds' parameter"):
+        load_plan(tmp_path / "q.yaml", root=tmp_path)
+
+
+def test_expand_members_gives_each_member_as_the_run_of_its_seed(capsys):
+    from mdc_workbench.runs.members import expand_members, member_stacks
+
+    assert member_stacks([1, 2, 3, 4, 5], 2, "e") == [[1, 2], [3, 4], [5]]
+    assert member_stacks([1, 2], 4, "e") == [[1, 2]]
+    solo = ("solo__seed=0", {"train_seed": 0, "steps": 2}, {"tables": {"t": {"values": {"a": 1.0}}}})
+    stacked = ("s__seeds=1-2", {"train_seeds": [1, 2], "steps": 2},
+               {"members": {"1": {"tables": {"t": {"values": {"a": 2.0}}}}, "2": {"metrics": {"x": 3}}, "two": {}}})
+    assert expand_members([solo, stacked]) == [
+        solo, ("s__seeds=1-2/seed=1", {"steps": 2, "train_seed": 1}, {"tables": {"t": {"values": {"a": 2.0}}}}),
+        ("s__seeds=1-2/seed=2", {"steps": 2, "train_seed": 2}, {"metrics": {"x": 3}})]
+    assert "member 'two'" in capsys.readouterr().out
