@@ -239,7 +239,7 @@ def test_the_tools_open_a_member_as_a_run(solo, data, tmp_path, capsys):
     model, saved = ck.load_model(member, ema=True)
     assert saved.train.seed == 1 and sum(p.numel() for p in model.parameters()) > 0
     pytest.importorskip("gradio")
-    from app.runs import discover_runs
+    from mdc_app.runs import discover_runs
 
     assert sorted(p.name for p in discover_runs(out).values()) == ["seed_0", "seed_1"]
     # --resume with --members reads the members' saved config: nothing left to train
