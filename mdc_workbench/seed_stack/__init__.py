@@ -4,8 +4,9 @@
 (``torch.vmap`` over ``functional_call``), and says what vmap cannot carry; :mod:`~mdc_workbench.seed_stack.step` is the
 optimizer step (each member's own data, masks, gradient clipping, AdamW and EMA, as its solo run has them);
 :mod:`~mdc_workbench.seed_stack.train` trains a stack into one run folder per member, each what the solo run of its
-seed writes (``mdc train --members K``); :mod:`~mdc_workbench.seed_stack.bench` measures seconds per member-step
-against solo steps.
+seed writes (``mdc train --members K``); :mod:`~mdc_workbench.seed_stack.features` gives every member's probe features
+in one pass over the images; :mod:`~mdc_workbench.seed_stack.bench` measures seconds per member-step against solo
+steps.
 """
 
 from .stacked import StackedObjective, check_stackable, member_state_dict, stack_models

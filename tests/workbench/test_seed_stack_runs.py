@@ -327,3 +327,25 @@ def test_expand_members_gives_each_member_as_the_run_of_its_seed(capsys):
         solo, ("s__seeds=1-2/seed=1", {"steps": 2, "train_seed": 1}, {"tables": {"t": {"values": {"a": 2.0}}}}),
         ("s__seeds=1-2/seed=2", {"steps": 2, "train_seed": 2}, {"metrics": {"x": 3}})]
     assert "member 'two'" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mode", ["each", "vmap"])
+def test_stacked_probe_features_are_each_members_own(solo, data, mode):
+    from mdc_workbench.eval.probe_data import extract_features, open_probe_dataset
+    from mdc_workbench.seed_stack.features import stacked_features
+
+    _, root = solo[0.1]
+    models = [ck.load_model(member_dir(root, s))[0] for s in SEEDS]
+    split = open_probe_dataset(data, "test", limit=8)
+    feats, labels = stacked_features(models, split, pool="gap", image_size=32, batch_size=3, mode=mode)
+    assert feats.shape[:2] == (len(SEEDS), 8)
+    for k, model in enumerate(models):
+        want, want_labels = extract_features(model, split, pool="gap", image_size=32, batch_size=3)
+        assert labels.keys() == want_labels.keys() and all(torch.equal(labels[t], want_labels[t]) for t in labels)
+        if mode == "each":
+            assert torch.equal(feats[k], want)
+        else:
+            assert_close_to_scale(feats[k], want, rel=1e-5)
+    assert not torch.allclose(feats[0], feats[1])  # the members' own encoders, not one member's K times
+    with pytest.raises(ValueError, match="mode 'fast'"):
+        stacked_features(models, split, pool="gap", image_size=32, mode="fast")
