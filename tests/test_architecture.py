@@ -258,7 +258,8 @@ LAYERS = {  # docs/design.md "Core and workbench": what each part may import bes
     "mdc_workbench.masked_conditional": {"mdc_workbench.eval", "mdc_workbench.data"},
     "mdc_workbench.viz": set(),  # drawing, and TensorBoard events (a run hook the trainer loads by entry point)
     "mdc_workbench.eval": {"mdc_workbench.data"},
-    "mdc_workbench.seed_stack": {"mdc_workbench.bench"},  # its bench.py uses the bench's inputs and memory readers
+    "mdc_workbench.seed_stack": {"mdc_workbench.bench", "mdc_workbench.eval"},  # bench.py: the bench's inputs and
+    # memory readers; features.py: the probe's data sets
     "mdc_workbench.data": set(),  # the data set writers (synthetic, shards, COCO export)
 }
 
