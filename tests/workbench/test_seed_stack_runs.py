@@ -1,6 +1,7 @@
 """A seed stack trained into run folders (mdc_workbench.seed_stack.train): each member's folder is the solo run of its
 seed (mode "each": to the bit; "vmap": within tolerances scaled to each tensor), an interrupted stack resumes as if
-never stopped, a member resumes alone as its solo run, and the tools open a member as a run."""
+never stopped, a member resumes alone as its solo run, and the tools open a member as a run; plans with `members`
+(mdc_workbench.runs.members); every member's probe features in one pass (mdc_workbench.seed_stack.features)."""
 
 import json
 import os
@@ -236,6 +237,10 @@ def test_the_tools_open_a_member_as_a_run(solo, data, tmp_path, capsys):
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(image)
     assert main(["sample", "--run", str(member), "--image", str(image), "--length", "4", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["tokens"]) == 4
+    assert main(["probe", "--run", str(member), "--data", str(data), "--task", "shape", "--json",
+                 "--quiet", "--baselines", "--protocol", "clip_benchmark", "--weight-decay", "0"]) == 0
+    probed = json.loads(capsys.readouterr().out)["runs"][0]
+    assert probed["run"] == str(member) and probed["step"] == 2 and 0.0 <= probed["tasks"]["shape"]["top1"] <= 1.0
     model, saved = ck.load_model(member, ema=True)
     assert saved.train.seed == 1 and sum(p.numel() for p in model.parameters()) > 0
     pytest.importorskip("gradio")
