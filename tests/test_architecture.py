@@ -247,7 +247,8 @@ def test_the_core_names_no_extension_and_no_key_a_plug_in_registers():
 LAYERS = {  # docs/design.md "Core and workbench": what each part may import besides the core (and itself)
     "mdc_workbench": {"mdc_workbench.cli"},  # python -m mdc_workbench
     "mdc_workbench.cli": {"mdc_workbench.runs", "mdc_workbench.viz", "mdc_workbench.export", "mdc_workbench.bench",
-                          "mdc_workbench.masked_conditional", "mdc_workbench.eval", "mdc_workbench.data"},
+                          "mdc_workbench.masked_conditional", "mdc_workbench.eval", "mdc_workbench.data",
+                          "mdc_workbench.seed_stack"},  # seed_stack: mdc train --members
     "mdc_app": {"mdc_workbench.viz", "mdc_workbench.export", "mdc_workbench.cli", "mdc_workbench.data"},  # cli: `mdc`
     "mdc_workbench.notebooks": {"mdc_workbench.runs", "mdc_workbench.viz", "mdc_workbench.export",
                                 "mdc_workbench.masked_conditional", "mdc_workbench.eval", "mdc_workbench.data"},
@@ -257,7 +258,8 @@ LAYERS = {  # docs/design.md "Core and workbench": what each part may import bes
     "mdc_workbench.masked_conditional": {"mdc_workbench.eval", "mdc_workbench.data"},
     "mdc_workbench.viz": set(),  # drawing, and TensorBoard events (a run hook the trainer loads by entry point)
     "mdc_workbench.eval": {"mdc_workbench.data"},
-    "mdc_workbench.seed_stack": {"mdc_workbench.bench"},  # its bench.py uses the bench's inputs and memory readers
+    "mdc_workbench.seed_stack": {"mdc_workbench.bench", "mdc_workbench.eval"},  # bench.py: the bench's inputs and
+    # memory readers; features.py: the probe's data sets
     "mdc_workbench.data": set(),  # the data set writers (synthetic, shards, COCO export)
 }
 

@@ -29,6 +29,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its last intact "
                        "checkpoint, with its saved config (no other flag needed; --steps N extends it, --data "
                        "may name its data's new location)")
+    train.add_argument("--members", type=int, metavar="K",
+                       help="train a seed stack: K seeds (train.seed, train.seed + 1, ...) in one process, one step "
+                       "for all; each member is written as its solo run, --out/seed_<seed>/ (mdc_workbench.seed_stack."
+                       "train); with --resume, --out is the stack's folder")
     train.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events into the run "
                        "folder: the logged scalars, validation loss, sample captions, the unmasking image, hparams "
                        "(train.tensorboard=true; needs the [tensorboard] extra)")
@@ -65,7 +69,12 @@ def _train_config(args: argparse.Namespace):
     if args.tensorboard:
         overrides.append("train.tensorboard=true")
     if args.resume and args.preset is None:
-        return apply_overrides(RunConfig.load(_saved_config(Path(args.out))), overrides)
+        out = Path(args.out)
+        if args.members is not None:  # a seed stack: its first member's config (the members' seeds follow it)
+            seeds = sorted(int(p.name.removeprefix("seed_")) for p in out.glob("seed_*")
+                           if p.name.removeprefix("seed_").isdigit())
+            out = out / f"seed_{seeds[0]}" if seeds else out
+        return apply_overrides(RunConfig.load(_saved_config(out)), overrides)
     return load_preset(args.preset or "tiny", overrides)
 
 
@@ -97,6 +106,9 @@ def cmd_train(args: argparse.Namespace) -> None:
     cfg = _train_config(args)
     if warmup_note(cfg.train.steps, cfg.train.warmup_steps):
         print(warmup_note(cfg.train.steps, cfg.train.warmup_steps))
+    if args.members is not None:
+        _train_stack(cfg, args)
+        return
     result = train(cfg, args.out, resume=args.resume, progress=not args.quiet)
     if result.steps == result.start_step:
         print(f"nothing to train: {args.out} has already taken its {result.steps} steps (last logged loss "
@@ -111,6 +123,20 @@ def cmd_train(args: argparse.Namespace) -> None:
         tcfg = cfg.train
         print(truncation_note(result.truncated, (result.steps - result.start_step) * tcfg.batch_size * tcfg.grad_accum,
                               cfg.model.context_length))
+
+
+def _train_stack(cfg: RunConfig, args: argparse.Namespace) -> None:
+    """``mdc train --members K``: the seed stack, one line per member."""
+    from mdc_workbench.seed_stack.train import train_stack
+    results = train_stack(cfg, args.out, members=args.members, resume=args.resume, progress=not args.quiet)
+    for r in results:
+        if r.steps == r.start_step:
+            print(f"{r.run_dir}: nothing to train, it has already taken its {r.steps} steps (last logged loss "
+                  f"{r.final_loss:.4f}); pass --steps N > {r.steps} with --resume to train it longer")
+        else:
+            resumed = f" (resumed at step {r.start_step})" if r.start_step else ""
+            print(f"{r.run_dir}: trained {r.steps} steps{resumed}, final loss {r.final_loss:.4f}; checkpoint "
+                  f"{r.checkpoint}")
 
 
 def warmup_note(steps: int, warmup_steps: int) -> str:

@@ -21,11 +21,14 @@ A plan is a YAML file (the shipped ones are in ``plans/``)::
         parameters: {steps: 200}                  # must be declared by this notebook
         grid: {t_low: [0.3, 0.5]}                 # one run per combination
         seeds: [0]                                # optional; overrides the plan's seeds for this notebook
+        members: 4                                # optional; train the seeds 4 at a time (seed stacks, below)
 
 ``seeds`` repeats each run once per training seed: the notebook's ``train_seed`` parameter (:data:`SEED_PARAM`;
 it seeds model initialisation, masks and data order) is set, and the run id gets ``__seed=N``. The plan-level
 list applies to the notebooks that declare ``train_seed`` (others run once); an entry's own ``seeds`` needs a
 notebook that declares it. The summary gathers the repeats of a table row into a mean with a 95% interval.
+An entry's ``members: K`` trains its seeds K at a time as seed stacks, one run per stack, and the summary gathers
+each member as a seed (:mod:`mdc_workbench.runs.members`).
 
 How a plan runs (run folders, markers, resuming, ``jobs`` and the thread shares) is in
 :mod:`mdc_workbench.runs.runner`.
@@ -52,12 +55,13 @@ from typing import Any
 import yaml
 
 from mdc_workbench.runs.evidence import SEED_PARAM
+from mdc_workbench.runs.members import MEMBERS_PARAM, member_stacks
 
 KERNEL_NAME = "mdc"  # the project's Jupyter kernel (this virtual environment's python)
 KERNEL_DISPLAY_NAME = "MDC workbench"
 PLAN_KEYS = ("name", "description", "kernel", "output_root", "timeout_s", "deadline_s", "jobs", "parameters", "grid",
              "seeds", "notebooks")
-ENTRY_KEYS = ("path", "id", "parameters", "grid", "seeds")
+ENTRY_KEYS = ("path", "id", "parameters", "grid", "seeds", "members")
 
 RESERVED = ("output_dir",)  # set by the runner for every run
 # the parameters that define the embedded data set a notebook writes into its `data_dir` (when `synthesize`)
@@ -248,6 +252,8 @@ def _entry_runs(entry: Any, where: str, *, root: Path, plan_dir: Path, base: dic
     shared = {k: v for k, v in base.items() if k in params}
     used_base.update(shared)
     prefix = folder_name(str(entry.get("id") or notebook.stem), f"{where}: id")
+    if "members" in entry:
+        return _stack_runs(entry, where, notebook, params, {**shared, **own}, grid, top_seeds, prefix)
     seeds = _entry_seeds(entry, top_seeds, params, notebook, where)
     runs = []
     for combo in _combinations(grid):
@@ -256,6 +262,28 @@ def _entry_runs(entry: Any, where: str, *, root: Path, plan_dir: Path, base: dic
             _check_values(values, params, notebook, where)
             run_id = _run_id(prefix, combo) + ("" if seed is None else f"__seed={seed}")
             runs.append(RunSpec(run_id=run_id, notebook=notebook, parameters=values))
+    return runs
+
+
+def _stack_runs(entry: dict[str, Any], where: str, notebook: Path, params: dict[str, Any], values: dict[str, Any],
+                grid: dict[str, list[Any]], top_seeds: list[int] | None, prefix: str) -> list[RunSpec]:
+    """The runs of an entry with ``members: K``: its seeds (its own or the plan's) in stacks of K, one run per stack
+    and grid combination, the notebook's :data:`MEMBERS_PARAM` set to the stack's seeds."""
+    if MEMBERS_PARAM not in params:
+        raise ValueError(f"{where}: 'members' needs a '{MEMBERS_PARAM}' parameter (the seeds of one stack), which "
+                         f"{notebook.name} does not declare")
+    if {SEED_PARAM, MEMBERS_PARAM} & {*(entry.get("parameters") or {}), *(entry.get("grid") or {})}:
+        raise ValueError(f"{where}: with 'members', set the seeds through 'seeds', not parameters/grid")
+    seeds = _seeds(entry.get("seeds"), f"{where}.seeds") or top_seeds
+    if not seeds:
+        raise ValueError(f"{where}: 'members' trains the entry's seeds in stacks: give 'seeds' (here or in the plan)")
+    runs = []
+    for combo in _combinations(grid):
+        for stack in member_stacks(seeds, entry["members"], where):
+            run_values = {**values, **combo, MEMBERS_PARAM: stack}
+            _check_values(run_values, params, notebook, where)
+            run_id = _run_id(prefix, combo) + "__seeds=" + "-".join(map(str, stack))
+            runs.append(RunSpec(run_id=run_id, notebook=notebook, parameters=run_values))
     return runs
 
 

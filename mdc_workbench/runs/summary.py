@@ -8,7 +8,8 @@ Each notebook writes ``metrics.json`` into its run folder::
                            "values": {"[0.5, 1.0]": 61.0, ...}}}}  # row -> number, or row -> {column -> number}
 
 Tables of the same name from several runs are merged row by row (a grid over schedules gives one row per
-run); repeats of a run over training seeds are gathered into one cell shown as ``mean [95% interval]``, and a
+run); repeats of a run over training seeds (and the members of a seed stack, each as its seed:
+:mod:`mdc_workbench.runs.members`) are gathered into one cell shown as ``mean [95% interval]``, and a
 row that two other runs both report is kept twice, suffixed with its run id. A table may carry per-test-item
 scores (``"items": {row: [...]}`` or ``{row: {column: [...]}}``, whose mean is the value) for bootstrap intervals
 with one seed. Every table whose name is in :data:`PAPER` is printed beside the paper's numbers (from the column
@@ -40,6 +41,7 @@ from mdc_workbench.runs.evidence import (
     gather_runs,
     interval_note,
 )
+from mdc_workbench.runs.members import expand_members
 
 
 @dataclass
@@ -137,8 +139,8 @@ def write_summary(out: Path, results: list[RunResult], *, name: str, source: Pat
     """Write summary.md, summary.json and summary.png into the plan folder `out` of plan `name` (read from the
     YAML file `source`); returns the summary.md path."""
     per_run = {r.run_id: read_metrics(r.run_dir) for r in results}
-    gathered = gather_runs([(r.run_id, r.parameters, per_run[r.run_id]) for r in results], plan_steps(source),
-                           plan_steps(source, "n_train"))
+    gathered = gather_runs(expand_members([(r.run_id, r.parameters, per_run[r.run_id]) for r in results]),
+                           plan_steps(source), plan_steps(source, "n_train"))  # a stack's members: seeds
     tables = display_tables(gathered)
     n_failed = sum(r.status == "failed" for r in results)
     definitions, start = fingerprint(), read_start(out)

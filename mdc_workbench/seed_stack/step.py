@@ -27,8 +27,9 @@ The step returns a :class:`~mdc_core.train.DeviceStep` whose values have the mem
 gives member k's model, EMA and optimizer state in the solo run's shapes (what its checkpoint holds) and
 :meth:`SeedStack.load_member_states` stacks them back (resume).
 
-One process, one device (no torchrun), ``train.nonfinite=stop`` and no compilation yet: wiring the stack into the
-trainer's loop (streams, records, checkpoints, resume, a member that diverges) is the second phase of issue 63.
+One process, one device (no torchrun), ``train.nonfinite=stop`` and no compilation yet. The loop around the step
+(each member's data stream, records, checkpoints and resume, in run folders of the solo layout) is
+:mod:`mdc_workbench.seed_stack.train`.
 """
 
 from __future__ import annotations
