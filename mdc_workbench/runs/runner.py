@@ -254,7 +254,7 @@ def _run_plan_locked(plan: Plan, kernel: str, *, progress: bool, cwd: Path | Non
                                    float(done.get("duration_s", 0.0)), parameters=spec.parameters)
         else:
             todo.append((i, spec))
-    record_start(out, runs_finished=bool(results))  # the definitions its verdicts are declared under (declared.py)
+    record_start(out, runs_finished=bool(results), plan=plan.source)  # what its verdicts are declared under
     bar = tqdm(total=len(plan.runs), initial=len(results), desc=f"plan {plan.name}", unit="run",
                disable=not progress)
 

@@ -141,7 +141,7 @@ def write_summary(out: Path, results: list[RunResult], *, name: str, source: Pat
                            plan_steps(source, "n_train"))
     tables = display_tables(gathered)
     n_failed = sum(r.status == "failed" for r in results)
-    definitions, start = fingerprint(), read_start(out)
+    definitions, start = fingerprint(source), read_start(out)
     lines = [f"# Plan `{name}`", "", *declaration_lines(start, definitions)]
     if description:
         lines += [description.strip(), ""]
