@@ -136,8 +136,8 @@ def read_start(out: Path) -> dict[str, Any] | None:
 def record_start(out: Path, runs_finished: bool, plan: str | Path | None = None) -> dict[str, Any] | None:
     """At a plan's start: write the current :func:`fingerprint` (of the plan file `plan`) into `out`/declared.json
     unless it is there; return the record. When the file is absent but runs of the plan already finished
-    (`runs_finished`: a folder from before
-    declarations were recorded), nothing is written and None returned: when those runs began is not known."""
+    (`runs_finished`: a folder from before declarations were recorded), nothing is written and None returned:
+    when those runs began is not known."""
     record = read_start(out)
     if record is not None or runs_finished:
         return record
