@@ -40,6 +40,7 @@ from mdc_workbench.runs.evidence import (
     gather_runs,
     interval_note,
 )
+from mdc_workbench.runs.powered import summary_lines as power_summary
 
 
 @dataclass
@@ -142,7 +143,7 @@ def write_summary(out: Path, results: list[RunResult], *, name: str, source: Pat
     tables = display_tables(gathered)
     n_failed = sum(r.status == "failed" for r in results)
     definitions, start = fingerprint(source), read_start(out)
-    lines = [f"# Plan `{name}`", "", *declaration_lines(start, definitions)]
+    lines = [f"# Plan `{name}`", "", *declaration_lines(start, definitions), *power_summary(out)]
     if description:
         lines += [description.strip(), ""]
     lines += [f"{len(results)} run(s): {sum(r.status == 'done' for r in results)} run now, "
