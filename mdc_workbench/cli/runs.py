@@ -1,4 +1,5 @@
-"""``mdc runs PLAN``: execute a plan's notebooks with papermill over its parameter grid, then summarise."""
+"""``mdc runs PLAN``: execute a plan's notebooks with papermill over its parameter grid, then summarise;
+``mdc recompute PATH``: every table and verdict again from the kept per-item files (or a summary's per-seed values)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,26 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     runs.add_argument("--deadline", type=float, metavar="S", help="stop after S seconds: no run starts later, the "
                       "running ones are stopped and marked FAILED, the summary holds what finished (default: the "
                       "plan's 'deadline_s', else none)")
+
+
+    rec = sub.add_parser("recompute", help="every table interval and verdict again from kept data, on a CPU: the "
+                         "per-item files (items.npz) under a folder, or a plan's summary.json (per-seed values only)")
+    rec.add_argument("path", help="a folder holding items.npz files (searched recursively) or a summary.json")
+    rec.add_argument("--json", metavar="OUT", help="also write the tables and verdicts as JSON to OUT")
+
+
+def cmd_recompute(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from mdc_workbench.eval.recompute import recompute, recompute_json, recompute_markdown, summary_runs
+
+    path = Path(args.path)
+    if not path.exists():
+        raise FileNotFoundError(f"mdc recompute: {path} does not exist")
+    result = recompute(summary_runs(path) if path.is_file() else path)
+    print(recompute_markdown(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(recompute_json(result), indent=2, default=str) + "\n")
 
 
 def cmd_runs(args: argparse.Namespace) -> None:
@@ -59,4 +80,4 @@ def cmd_runs(args: argparse.Namespace) -> None:
         raise SystemExit(1)
 
 
-HANDLERS = {"runs": cmd_runs}
+HANDLERS = {"runs": cmd_runs, "recompute": cmd_recompute}
