@@ -166,7 +166,11 @@ def refusal(checks: list[PowerCheck]) -> str | None:
 
 
 def record(out: Path, checks: list[PowerCheck], underpowered_ok: bool) -> None:
-    """Write `out`/power.json: the checks of this start and whether it was started underpowered on purpose."""
+    """Write `out`/power.json: the checks of this start and whether it was started underpowered on purpose (a plan
+    that declares nothing: no file, and an earlier one is removed)."""
+    if not checks:
+        (out / POWER_FILE).unlink(missing_ok=True)
+        return
     out.mkdir(parents=True, exist_ok=True)
     (out / POWER_FILE).write_text(json.dumps({"underpowered_ok": underpowered_ok,
                                               "checks": [asdict(c) for c in checks]}, indent=2) + "\n")

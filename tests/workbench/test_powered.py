@@ -99,3 +99,13 @@ def test_a_plan_with_enough_seeds_starts_and_says_so(seeded: Path) -> None:  # n
     run_plan(plan, progress=False, cwd=seeded)
     summary = (seeded / "out" / "v" / "summary.md").read_text()
     assert "[enough]" in summary and "underpowered-ok" not in summary
+
+
+def test_a_plan_that_declares_nothing_keeps_no_power_file(tmp_path: Path) -> None:
+    from mdc_workbench.runs.powered import record, summary_lines
+
+    [d] = read_decides([DECLARED], "decides")
+    record(tmp_path, check([d], 2, 512), underpowered_ok=True)
+    assert (tmp_path / POWER_FILE).is_file() and summary_lines(tmp_path)
+    record(tmp_path, [], underpowered_ok=False)  # the plan no longer declares anything
+    assert not (tmp_path / POWER_FILE).exists() and summary_lines(tmp_path) == []
