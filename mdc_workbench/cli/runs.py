@@ -1,4 +1,5 @@
-"""``mdc runs PLAN``: execute a plan's notebooks with papermill over its parameter grid, then summarise."""
+"""``mdc runs PLAN``: execute a plan's notebooks with papermill over its parameter grid, then summarise;
+``mdc recompute PATH``: every table and verdict again from the kept per-item files (or a summary's per-seed values)."""
 
 from __future__ import annotations
 
@@ -15,16 +16,42 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     runs.add_argument("--dry-run", action="store_true", help="check the plan, parameters and notebooks; run nothing")
     runs.add_argument("--jobs", type=int, help="notebooks executed at once, each with cpu_count // jobs threads "
                       "(default: the plan's 'jobs', else 1)")
+    runs.add_argument("--underpowered-ok", action="store_true", help="start a plan whose seeds fall short of 80%% "
+                      "power for a claim it declares in 'decides' (refused otherwise; its summary says so)")
     runs.add_argument("--deadline", type=float, metavar="S", help="stop after S seconds: no run starts later, the "
                       "running ones are stopped and marked FAILED, the summary holds what finished (default: the "
                       "plan's 'deadline_s', else none)")
 
 
+    rec = sub.add_parser("recompute", help="every table interval and verdict again from kept data, on a CPU: the "
+                         "per-item files (items.npz) under a folder, or a plan's summary.json (per-seed values only)")
+    rec.add_argument("path", help="a folder holding items.npz files (searched recursively) or a summary.json")
+    rec.add_argument("--json", metavar="OUT", help="also write the tables and verdicts as JSON to OUT")
+
+
+def cmd_recompute(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from mdc_workbench.eval.recompute import recompute, recompute_json, recompute_markdown, summary_runs
+
+    path = Path(args.path)
+    if not path.exists():
+        raise FileNotFoundError(f"mdc recompute: {path} does not exist")
+    result = recompute(summary_runs(path) if path.is_file() else path)
+    print(recompute_markdown(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(recompute_json(result), indent=2, default=str) + "\n")
+
+
 def cmd_runs(args: argparse.Namespace) -> None:
     from mdc_workbench.runs.plans import load_plan
+    from mdc_workbench.runs.powered import refusal
     from mdc_workbench.runs.runner import describe_plan, run_plan
 
     plan = load_plan(args.plan)
+    checks = plan.power_checks()
+    for c in checks:  # power before the run (mdc_workbench.runs.powered)
+        print(f"power: {c.text()}")
     if args.dry_run:
         print(describe_plan(plan))
         print("\nplan is valid (nothing was run)")
@@ -33,7 +60,11 @@ def cmd_runs(args: argparse.Namespace) -> None:
         raise SystemExit(f"mdc runs: --jobs must be a positive integer, got {args.jobs}")
     if args.deadline is not None and args.deadline <= 0:
         raise SystemExit(f"mdc runs: --deadline must be a positive number of seconds, got {args.deadline}")
-    results = run_plan(plan, progress=not args.quiet, jobs=args.jobs, deadline_s=args.deadline)
+    short = refusal(checks)
+    if short and not args.underpowered_ok:
+        raise SystemExit(f"mdc runs: plan {plan.name}: {short}")
+    results = run_plan(plan, progress=not args.quiet, jobs=args.jobs, deadline_s=args.deadline,
+                       underpowered_ok=args.underpowered_ok)
     failed = [r for r in results if r.status == "failed"]
     print(f"plan {plan.name}: {len(results) - len(failed)} of {len(results)} runs finished; "
           f"summary: {plan.out_dir / 'summary.md'}")
@@ -49,4 +80,4 @@ def cmd_runs(args: argparse.Namespace) -> None:
         raise SystemExit(1)
 
 
-HANDLERS = {"runs": cmd_runs}
+HANDLERS = {"runs": cmd_runs, "recompute": cmd_recompute}

@@ -221,3 +221,23 @@ def signal_rows(items: RunItems) -> dict[str, dict[str, dict[str, Any]]]:
                     rec[m].append([None if math.isnan(v) else float(v) for v in cols[m][one].tolist()])
             out.setdefault(kind, {})[row] = rec
     return out
+
+
+def write_run_items(folder: str | Path, seed: int | None, *, probe: Mapping[str, Any] | None = None,
+                    probe_table_name: str = "table1", metric: str = "", rows: Sequence[str] = (),
+                    tasks: Sequence[str] = (), mean_tasks: Sequence[str] = (),
+                    orders: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
+                    scored: Mapping[str, Mapping[str, Any]] | None = None) -> Path | None:
+    """What notebook 03 calls after writing its metrics: the run's per-item file ``<folder>/items.npz`` (the run id
+    is the folder's name, as ``mdc runs`` names run folders) from what it measured: the probe table (`probe`, a
+    ``probe_models`` result, as `probe_table_name` with `rows`), the feature-order probes (`orders`) and the central
+    claim's scored captions (`scored`). None (nothing written) when it measured none of them."""
+    folder = Path(folder)
+    items = RunItems(folder.name, seed)
+    if probe:
+        add_probe_table(items, probe_table_name, probe, metric=metric, rows=rows, tasks=tasks, mean_tasks=mean_tasks)
+    if orders:
+        add_feature_order(items, orders)
+    if scored:
+        add_central_claim(items, scored)
+    return write_items(items, folder / FILE_NAME) if items.tables else None

@@ -116,3 +116,25 @@ def recompute_markdown(result: dict[str, Any]) -> str:
             lines.append(f"- {row}: {cells}")
         lines.append("")
     return "\n".join(lines + claims_markdown(result["claims"]))
+
+
+def recompute_json(result: dict[str, Any]) -> dict[str, Any]:
+    """The recomputed cells (``{table: {row: {column: {"mean", "low", "high", ...}}}}``) and verdicts as plain JSON."""
+    return {"runs": result["runs"], "claims": result["claims"],
+            "tables": {name: {row: {col: e.to_dict() for col, e in cols.items()} for row, cols in rows.items()}
+                       for name, rows in result["tables"].items()}}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m mdc_workbench.eval.recompute PATH``: as ``mdc recompute PATH``."""
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        raise SystemExit("usage: python -m mdc_workbench.eval.recompute FOLDER_OF_ITEMS|SUMMARY_JSON")
+    path = Path(args[0])
+    print(recompute_markdown(recompute(summary_runs(path) if path.is_file() else path)))
+
+
+if __name__ == "__main__":
+    main()

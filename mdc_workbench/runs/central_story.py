@@ -9,6 +9,7 @@ on every
 such text.
 
     python -m mdc_workbench.runs.central_story papermill_runs/cpu_central_claim/summary.json
+    python -m mdc_workbench.runs.central_story docs/gpu_central_claim_1600_summary.json --rejudge  # as now declared
 """
 
 from __future__ import annotations
@@ -41,13 +42,22 @@ def load_results(path: str | Path = RESULTS) -> dict[str, Any]:
     return data
 
 
-def write_results(summary: str | Path, path: str | Path = RESULTS) -> Path:
+def write_results(summary: str | Path, path: str | Path = RESULTS, rejudge: bool = False) -> Path:
     """The results file from a plan's ``summary.json``: the verdicts and part intervals of the central claim's
     claims (measured), with the declared constants; beside it (same name, ``.png``) the profiles and the feature
-    penalties with their intervals over seeds."""
+    penalties with their intervals over seeds. `rejudge`: the verdicts not as the summary recorded them but judged
+    again under the current definitions from the summary's per-seed values
+    (:func:`mdc_workbench.eval.recompute.recompute`; t over seeds): for runs that finished before the claims were
+    re-declared (the file says so, with the definitions' fingerprint)."""
     record = json.loads(Path(summary).read_text())
+    judged = record.get("claims", [])
+    if rejudge:
+        from mdc_workbench.eval.recompute import recompute, summary_runs
+        from mdc_workbench.runs.declared import fingerprint
+
+        judged = recompute(summary_runs(record))["claims"]
     claims = {}
-    for c in record.get("claims", []):
+    for c in judged:
         if c.get("table") not in (CENTRAL_TABLE, "feature_order"):
             continue
         parts = [{"column": p["column"], "better": p["better"], "worse": p["worse"],
@@ -57,6 +67,9 @@ def write_results(summary: str | Path, path: str | Path = RESULTS) -> Path:
     if not any(k in claims for k in CLAIM_KEYS):
         raise ValueError(f"{summary} holds no verdict of the central claim: run `make central-claim` first")
     out = {"status": "measured", "declared": DECLARED, "source": str(summary), "claims": claims}
+    if rejudge:
+        out["rejudged"] = (f"judged again from the summary's per-seed values (t over seeds) under definitions "
+                           f"{fingerprint()['definitions']}, not as the summary recorded them")
     Path(path).write_text(json.dumps(out, indent=1) + "\n")
     tables = record.get("tables", {})
     if CENTRAL_TABLE in tables:  # the picture beside it: profiles and feature penalties with their intervals
@@ -155,10 +168,13 @@ def citing_texts(root: Path) -> Iterable[tuple[str, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    rejudge = "--rejudge" in args
+    args = [a for a in args if a != "--rejudge"]
     if len(args) not in (1, 2):
-        print("usage: python -m mdc_workbench.runs.central_story SUMMARY_JSON [RESULTS_JSON]", file=sys.stderr)
+        print("usage: python -m mdc_workbench.runs.central_story SUMMARY_JSON [RESULTS_JSON] [--rejudge]",
+              file=sys.stderr)
         return 2
-    print(f"wrote {write_results(*args)}")
+    print(f"wrote {write_results(*args, rejudge=rejudge)}")
     return 0
 
 

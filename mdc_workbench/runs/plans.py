@@ -14,6 +14,7 @@ A plan is a YAML file (the shipped ones are in ``plans/``)::
     grid:                              # optional; crossed with every notebook's own grid
       n_train: [2000, 4000]
     seeds: [0, 1, 2]                   # optional; repeat every run over training seeds (see below)
+    decides: [...]                     # optional; the claims it decides, declared with their power (see below)
     notebooks:
       - notebooks/01_pretraining.ipynb            # a path ...
       - path: notebooks/02_noise_schedule_ablation.ipynb   # ... or a mapping
@@ -29,6 +30,10 @@ list applies to the notebooks that declare ``train_seed`` (others run once); an 
 notebook that declares it. The summary gathers the repeats of a table row into a mean with a 95% interval.
 An entry's ``members: K`` trains its seeds K at a time as seed stacks, one run per stack, and the summary gathers
 each member as a seed (:mod:`mdc_workbench.runs.members`).
+
+``decides`` declares the claims a plan decides, each with its effect or margin and the variance of earlier runs
+(the layout: :mod:`mdc_workbench.runs.powered`); ``mdc runs`` computes the seeds each needs for 80% power and refuses
+to start a plan whose seeds fall short unless ``--underpowered-ok``.
 
 How a plan runs (run folders, markers, resuming, ``jobs`` and the thread shares) is in
 :mod:`mdc_workbench.runs.runner`.
@@ -56,11 +61,12 @@ import yaml
 
 from mdc_workbench.runs.evidence import SEED_PARAM
 from mdc_workbench.runs.members import MEMBERS_PARAM, member_stacks
+from mdc_workbench.runs.powered import Decision, PowerCheck, check, read_decides
 
 KERNEL_NAME = "mdc"  # the project's Jupyter kernel (this virtual environment's python)
 KERNEL_DISPLAY_NAME = "MDC workbench"
 PLAN_KEYS = ("name", "description", "kernel", "output_root", "timeout_s", "deadline_s", "jobs", "parameters", "grid",
-             "seeds", "notebooks")
+             "seeds", "decides", "notebooks")
 ENTRY_KEYS = ("path", "id", "parameters", "grid", "seeds", "members")
 
 RESERVED = ("output_dir",)  # set by the runner for every run
@@ -100,6 +106,18 @@ class Plan:
     deadline_s: float | None = None  # stop the plan after this many seconds with what finished (None: no limit)
     description: str = ""
     declared: dict[str, dict[str, Any]] = field(default_factory=dict)  # notebook -> papermill's parameter table
+    decides: list[Decision] = field(default_factory=list)  # the claims it decides, with their power declaration
+
+    @property
+    def seeds(self) -> int:
+        """The training seeds of the plan's runs (1 when none sets ``train_seed``)."""
+        return max(1, len({r.parameters[SEED_PARAM] for r in self.runs if SEED_PARAM in r.parameters}))
+
+    def power_checks(self) -> list[PowerCheck]:
+        """Each declared claim's power under the plan's seeds and test items (:func:`mdc_workbench.runs.powered.check`;
+        the test items are the plan's ``n_eval`` unless the declaration names its own)."""
+        n_eval = next((r.parameters["n_eval"] for r in self.runs if isinstance(r.parameters.get("n_eval"), int)), None)
+        return check(self.decides, self.seeds, n_eval)
 
     @property
     def out_dir(self) -> Path:
@@ -135,6 +153,7 @@ def load_plan(path: str | Path, *, root: str | Path | None = None) -> Plan:
     if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or deadline <= 0):
         raise ValueError(f"plan {path}: deadline_s must be a positive number (seconds), got {deadline!r}")
 
+    decides = read_decides(data.get("decides"), f"plan {path}: decides")
     declared: dict[str, dict[str, Any]] = {}
     runs: list[RunSpec] = []
     used_base: set[str] = set()
@@ -153,7 +172,7 @@ def load_plan(path: str | Path, *, root: str | Path | None = None) -> Plan:
     return Plan(name=name, source=path, runs=runs, kernel=str(data.get("kernel") or KERNEL_NAME),
                 output_root=Path(data.get("output_root") or "papermill_runs"), timeout_s=timeout, jobs=jobs,
                 deadline_s=None if deadline is None else float(deadline),
-                description=str(data.get("description") or ""), declared=declared)
+                description=str(data.get("description") or ""), declared=declared, decides=decides)
 
 
 def folder_name(value: str, what: str) -> str:

@@ -42,6 +42,8 @@ from tqdm.auto import tqdm
 from mdc_core.runlock import LOCK_NAME, RunLock
 from mdc_workbench.runs.declared import record_start
 from mdc_workbench.runs.plans import Plan, RunSpec, ensure_kernel, folder_name
+from mdc_workbench.runs.powered import record as power_record
+from mdc_workbench.runs.powered import refusal
 from mdc_workbench.runs.summary import RunResult, write_summary
 
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # what a run's kernel reads for its torch thread count
@@ -220,22 +222,29 @@ def show_postfix(bar: Any, text: str) -> None:
 
 
 def run_plan(plan: Plan, *, progress: bool = True, cwd: Path | None = None, jobs: int | None = None,
-             deadline_s: float | None = None) -> list[RunResult]:
+             deadline_s: float | None = None, underpowered_ok: bool = False) -> list[RunResult]:
     """Execute every pending run of `plan`, skipping finished ones, then write the summary. `jobs` (default: the
     plan's ``jobs``) notebooks run at once; with more than one, each runs in its own process (module docstring).
     `deadline_s` (default: the plan's ``deadline_s``): after that many seconds no run starts, the running ones are
     stopped (each marked FAILED, "stopped at the deadline") and the summary is written with what finished.
     The plan folder is locked for the whole call: a second ``mdc runs`` of the plan raises
-    :class:`~mdc_core.runlock.RunFolderBusy` naming this one, before it touches any run folder."""
+    :class:`~mdc_core.runlock.RunFolderBusy` naming this one, before it touches any run folder. A plan that declares
+    the claims it decides (``decides``) whose seeds fall short of 80% power raises ValueError before anything runs,
+    unless `underpowered_ok` (:mod:`mdc_workbench.runs.powered`; the summary then says so)."""
     jobs = plan.jobs if jobs is None else jobs
     if jobs < 1:
         raise ValueError(f"jobs must be a positive integer (notebooks at once), got {jobs}")
     deadline_s = plan.deadline_s if deadline_s is None else deadline_s
     if deadline_s is not None and deadline_s <= 0:
         raise ValueError(f"deadline_s must be a positive number of seconds, got {deadline_s}")
+    checks = plan.power_checks()
+    short = refusal(checks)
+    if short and not underpowered_ok:
+        raise ValueError(f"plan {plan.name}: {short}")
     kernel = ensure_kernel(plan.kernel)
     stop_at = None if deadline_s is None else time.monotonic() + deadline_s
     with RunLock(plan.out_dir, "mdc runs"):
+        power_record(plan.out_dir, checks, underpowered_ok)
         return _run_plan_locked(plan, kernel, progress=progress, cwd=cwd, jobs=jobs, stop_at=stop_at)
 
 
@@ -254,7 +263,7 @@ def _run_plan_locked(plan: Plan, kernel: str, *, progress: bool, cwd: Path | Non
                                    float(done.get("duration_s", 0.0)), parameters=spec.parameters)
         else:
             todo.append((i, spec))
-    record_start(out, runs_finished=bool(results))  # the definitions its verdicts are declared under (declared.py)
+    record_start(out, runs_finished=bool(results), plan=plan.source)  # what its verdicts are declared under
     bar = tqdm(total=len(plan.runs), initial=len(results), desc=f"plan {plan.name}", unit="run",
                disable=not progress)
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from mdc_workbench.eval.budget_curve import ANNEALED_TABLE, plot_annealed_budget
 from mdc_workbench.eval.data_scaling import plot_data_scaling
+from mdc_workbench.eval.items import FILE_NAME as ITEMS_FILE
 from mdc_workbench.eval.paper import PAPER
 from mdc_workbench.runs.declared import declaration_lines, fingerprint, read_start
 from mdc_workbench.runs.evidence import (
@@ -42,6 +43,7 @@ from mdc_workbench.runs.evidence import (
     interval_note,
 )
 from mdc_workbench.runs.members import expand_members
+from mdc_workbench.runs.powered import summary_lines as power_summary
 
 
 @dataclass
@@ -143,8 +145,8 @@ def write_summary(out: Path, results: list[RunResult], *, name: str, source: Pat
                            plan_steps(source), plan_steps(source, "n_train"))  # a stack's members: seeds
     tables = display_tables(gathered)
     n_failed = sum(r.status == "failed" for r in results)
-    definitions, start = fingerprint(), read_start(out)
-    lines = [f"# Plan `{name}`", "", *declaration_lines(start, definitions)]
+    definitions, start = fingerprint(source), read_start(out)
+    lines = [f"# Plan `{name}`", "", *declaration_lines(start, definitions), *power_summary(out)]
     if description:
         lines += [description.strip(), ""]
     lines += [f"{len(results)} run(s): {sum(r.status == 'done' for r in results)} run now, "
@@ -162,10 +164,15 @@ def write_summary(out: Path, results: list[RunResult], *, name: str, source: Pat
     verdict_lines, verdicts = evidence_markdown(gathered)
     if tables:
         lines += verdict_lines
+    kept = [r.run_dir / ITEMS_FILE for r in results if (r.run_dir / ITEMS_FILE).is_file()]
+    if kept:  # the runs' per-item files: every table and verdict above can be recomputed from them
+        size = sum(f.stat().st_size for f in kept) / 1e6
+        lines += ["", f"Per-item results kept by {len(kept)} run(s) (`<run>/{ITEMS_FILE}`, {size:.1f} MB in all): "
+                      f"`mdc recompute {out}` rebuilds every table and verdict above from them, on a CPU."]
     path = out / "summary.md"
     path.write_text("\n".join(lines) + "\n")
     record = {"plan": name, "source": str(source), "definitions": {"judged": definitions, "at_start": start},
-              "tables": tables, "claims": verdicts,
+              "tables": tables, "claims": verdicts, "items": [str(f.relative_to(out)) for f in kept],
               "paper": {k: {"title": v.title, "metric": v.metric, "values": v.values} for k, v in PAPER.items()},
               "runs": [{"run_id": r.run_id, "notebook": r.notebook, "status": r.status,
                         "duration_s": round(r.duration_s, 2), "error": r.error, "parameters": r.parameters,

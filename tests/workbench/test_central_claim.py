@@ -392,6 +392,9 @@ def test_feature_order_table_and_its_check_by_hand():
     gathered = gather_tables([("run", 0, {"tables": {"feature_order": feature_order_table(big)}})])
     check = next(r for r in evaluate_claims(gathered) if r["key"] == "feature_order")
     assert check["kind"] == "check" and check["verdict"] == HOLDS
+    # shape is the primary attribute (issue 61): the check reads ARC's shape penalty minus MDC's, 50 - 0
+    assert [p["column"] for p in check["parts"]] == ["shape: late penalty"]
+    assert check["parts"][0]["difference"]["mean"] == pytest.approx(50.0)
 
 
 def test_cli_measures_both_caption_kinds_and_writes_table_and_plot(tmp_path, capsys):

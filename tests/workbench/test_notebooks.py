@@ -133,6 +133,7 @@ def test_notebook_executes_with_tiny_parameters(name: str, shared: Path) -> None
         assert set(central["items"]) == {"ARC", "MDC"}
         assert {c.split(" ")[0] for c in central["values"]["ARC"]} == {"short", "clauses"}
         assert record["central_claim_data"]["short"].endswith("data_mixed_short")
+        assert_items_rebuild_the_tables(out, record, {"table1_mixed", "central_claim"})
 
 
 def test_linear_probing_notebook_measures_only_the_central_claim_and_the_features(shared: Path) -> None:
@@ -166,3 +167,24 @@ def test_linear_probing_notebook_measures_only_the_central_claim_and_the_feature
     shown = "\n".join(str(o.get("data", {}).get("text/markdown", "")) for c in
                       nbformat.read(str(out / f"{name}.ipynb"), as_version=4).cells for o in c.get("outputs", []))
     assert "source: `docs/central_claim.json`" in shown  # the one story, from the results file
+    assert_items_rebuild_the_tables(out, record, {"central_claim", "feature_order"})
+
+
+def assert_items_rebuild_the_tables(out: Path, record: dict, tables: set[str]) -> None:
+    """The run kept its per-item file (issue 61 item 4) and every table rebuilt from it equals the one in
+    metrics.json: values and per-item scores."""
+    from mdc_workbench.eval.items import read_items
+    from mdc_workbench.eval.recompute import tables_from_items
+
+    items = read_items(out / "items.npz")
+    assert items.run_id == out.name and items.seed == 0
+    rebuilt = json.loads(json.dumps(tables_from_items(items)))  # as metrics.json holds them
+    assert set(rebuilt) == tables
+    for name in tables:
+        for key in ("values", "items"):  # row -> column -> a number (values) or per-item numbers (items)
+            want, got = record["tables"][name][key], rebuilt[name][key]
+            assert set(got) == set(want), (name, key)
+            for row, cols in want.items():
+                assert set(got[row]) == set(cols), (name, key, row)
+                for col, v in cols.items():
+                    assert got[row][col] == pytest.approx(v, nan_ok=True), (name, key, row, col)
