@@ -91,7 +91,7 @@ def test_cache_lock_makes_a_second_writer_wait_and_says_so(tmp_path, monkeypatch
 def test_notebooks_at_once_write_the_data_set_once(tmp_path, monkeypatch):
     import threading
 
-    import mdc_core.data as data
+    import mdc_workbench.data as data
 
     calls, real = [], data.write_synthetic_dataset
 
