@@ -87,6 +87,35 @@ def test_exercises_have_an_attempt_a_check_and_a_hidden_solution(name: str) -> N
     assert len(checked) == len(solutions)
 
 
+OUTPUT_WIDGETS = {"interact", "interactive", "interact_manual", "interactive_output", "Output"}
+
+
+def output_widget_uses(source: str) -> list[str]:
+    """The names in `source` that make ipywidgets open an Output widget (interact and friends wrap one)."""
+    names = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in OUTPUT_WIDGETS:
+            names.append(node.attr)
+        elif isinstance(node, ast.Name) and node.id in OUTPUT_WIDGETS:
+            names.append(node.id)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ipywidgets"):
+            names += [alias.name for alias in node.names if alias.name in OUTPUT_WIDGETS]
+    return names
+
+
+def test_no_notebook_uses_an_output_widget() -> None:
+    """nbclient hangs on a cell that opens an Output widget (its mock of the widget talks on the shell channel while
+    polling it; nbclient issue #312: 05's `widgets.interact` hung CI): explorers use plain widgets updated by
+    `.observe`."""
+    assert output_widget_uses("widgets.interact(show, image=menu)") == ["interact"]  # the scan finds what hung
+    assert output_widget_uses("from ipywidgets import Output\nbox = Output()") == ["Output", "Output"]
+    assert output_widget_uses("widgets.HTML(value='x').observe(show, names='value')") == []
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        for cell in nbformat.read(str(path), as_version=4).cells:
+            if cell.cell_type == "code":
+                assert not output_widget_uses(cell.source), f"{path.name}: {output_widget_uses(cell.source)}"
+
+
 def test_the_lesson_runs_with_its_defaults_at_reduced_size_and_every_check_passes(tmp_path: Path) -> None:
     import papermill
 
