@@ -46,6 +46,9 @@ PRIVATE = "private"  # api_visibility of the callbacks that are no API endpoint 
 DELETE_CACHE = (3600, 3600)  # gradio deletes its copies of uploads and downloads hourly, and all when it stops
 MAX_SCORED = 20  # captions per scoring request
 SCORE_METHODS = ["heuristic", "mc", "ar"]  # mdc_core.scoring.METHODS: greedy-order path, Monte Carlo ELBO, chain rule
+SCORE_LABELS = {"heuristic": "heuristic: the greedy-order path (Sec. 4.2)",  # what the page's check boxes say
+                "mc": "mc: Monte Carlo ELBO (Eq. 8, a lower bound)",
+                "ar": "ar: chain rule (exact for ARC runs, Eq. 7)"}
 SAMPLER_MAIN = ("length", "tokens_per_step")  # the first sampler inputs, shown; the others sit in an accordion
 
 
@@ -118,6 +121,33 @@ def load_upload(image: str | None, state: dict | None) -> tuple[dict, Image.Imag
     img, name = open_upload(image), Path(image or "").name
     info = f"**{html.escape(name)}** &middot; {img.width} x {img.height} px (uploaded)"
     return {**(state or {}), "image": img, "source": name, "record": None, "prompt": ""}, _display(img), info
+
+
+def restore_after_failed_upload(state: dict | None) -> tuple[Any, str, Any, None, str]:
+    """The page after an upload was refused (its one-line message is the error's toast): the image, info and prompt
+    of what the state still holds (the last good image; none: unmask disabled), the upload box emptied."""
+    state = state or {}
+    image = state.get("image")
+    if image is None:
+        return None, "no image: pick a scene or upload another file", gr.Button(interactive=False), None, ""
+    info = f"the upload was refused; still showing **{html.escape(str(state.get('source') or 'the last image'))}**"
+    return _display(image), info, gr.Button(interactive=True), None, state.get("prompt") or ""
+
+
+def empty_upload() -> None:
+    """The upload box emptied once its image is shown in the image box: ready for the next file."""
+    return None
+
+
+def enable_unmask() -> Any:
+    """The unmask button, usable again once an image is shown."""
+    return gr.Button(interactive=True)
+
+
+def replay_on_page(path: str | None, state: dict | None) -> tuple[Any, ...]:
+    """:func:`mdc_app.explore.load_replay` with the replayed image drawn as a scene is (small images upscaled)."""
+    state, image, *rest = explore.load_replay(path, state)
+    return (state, None if image is None else _display(image), *rest)
 
 
 def _image_tokens(run: LoadedRun, state: dict | None) -> torch.Tensor:
@@ -264,6 +294,28 @@ def play_tick(step: float | None, state: dict | None) -> tuple[Any, Any]:
     return gr.Slider(value=nxt), gr.Timer(active=nxt < len(record["steps"]))
 
 
+def length_shown(state: dict | None) -> Any:
+    """The caption length slider at the N' of the last caption (a prompt sets N' to its word count)."""
+    record = (state or {}).get("record")
+    return gr.Slider(value=len(record["tokens"])) if record else gr.skip()
+
+
+def shown_download(save: Callable[..., str]) -> Callable[..., Any]:
+    """`save` (:func:`mdc_app.explore.save_gif` or ``save_json``: a file's path) for the page: the download box
+    shown with the file, in one update."""
+    @functools.wraps(save)
+    def shown(*args: Any) -> Any:
+        return gr.File(value=save(*args), visible=True)
+
+    return shown
+
+
+def hide_download() -> Any:
+    """The download box emptied and hidden: a new caption makes the last download stale. ("hidden", not False:
+    a box taken out of the page came back empty when shown with a file.)"""
+    return gr.File(value=None, visible="hidden")
+
+
 def on_run_change(run_key: str) -> Any:
     """Fit the length slider to the chosen model's context."""
     run = get_run(run_key)
@@ -394,6 +446,7 @@ def score_own(run: str, state: dict | None, captions: str, methods: list[str] | 
     return table, {"run": run_key, "source": state.get("source"), "ranked_by": rank_by, "captions": ranked}
 
 
-def rescan_runs(root: str | None, current: str) -> Any:
-    """Look for new run folders under the root."""
-    return gr.Dropdown(choices=run_choices(root), value=current)
+def rescan_runs(root: str | None, current: str, current_arc: str | None) -> tuple[Any, Any]:
+    """Look for new run folders under the root: the run menu (MDC runs) and the Compare tab's ARC menu."""
+    return (gr.Dropdown(choices=run_choices(root, arc=False) or run_choices(root), value=current),
+            gr.Dropdown(choices=[("(none)", ""), *run_choices(root, arc=True)], value=current_arc or ""))

@@ -23,7 +23,7 @@ from mdc_workbench.export.shipped import SHIPPED_DIR, SHIPPED_LABEL, load_shippe
 
 from . import explore
 from .callbacks import MAX_UPLOAD_BYTES
-from .layout import build_app
+from .layout import PAGE_CSS, build_app
 from .ports import check_port_free, port_message
 
 DEFAULT_ROOT = "."  # run folders under it (4 levels deep, hidden folders skipped) are offered in the run menu
@@ -45,7 +45,7 @@ def default_run() -> str:
 
 
 THEME = gr.themes.Default(primary_hue="orange")
-LAUNCH_KW: dict[str, Any] = {"max_file_size": MAX_UPLOAD_BYTES, "theme": THEME, "show_error": False}
+LAUNCH_KW: dict[str, Any] = {"max_file_size": MAX_UPLOAD_BYTES, "theme": THEME, "show_error": False, "css": PAGE_CSS}
 
 
 def serve(run: str | Path | None = None, *, root: str | Path | None = DEFAULT_ROOT, host: str = "127.0.0.1",

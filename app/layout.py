@@ -29,23 +29,36 @@ from .callbacks import (
     PRIVATE,
     SAMPLER_FIELDS,
     SAMPLER_MAIN,
+    SCORE_LABELS,
     SCORE_METHODS,
     UPLOAD_TYPES,
     caption_json,
     compare_lengths,
+    empty_upload,
+    enable_unmask,
+    hide_download,
+    length_shown,
     load_upload,
     new_scene,
     on_run_change,
     play_tick,
+    replay_on_page,
     rescan_runs,
+    restore_after_failed_upload,
     run_caption,
     sampler_inputs,
     score_own,
     show_scene,
     show_step,
+    shown_download,
     start_play,
 )
 from .runs import LoadedRun, get_run, refuse, register_run, run_choices
+
+UPLOAD_HEIGHT = 150  # px of the upload and replay boxes: room for their label and "Click to Upload"
+PAGE_CSS = """
+#run-menu input { text-overflow: ellipsis; padding-right: 1.6em; }  /* a long run name ends before the arrow */
+"""  # passed to launch() (gradio 6 takes the page's CSS there): mdc_app.launch.LAUNCH_KW
 
 
 def _mark_non_files(cls: type, value: Any) -> Any:
@@ -108,12 +121,12 @@ def _sampler_inputs(defaults: SamplerConfig, max_length: int) -> list[gr.compone
         value = getattr(defaults, opt.name)
         if opt.range is None:
             inputs.append(gr.Number(value=value, precision=0 if opt.type is int else None, label=opt.label,
-                                    render=False))
+                                    render=False, elem_id=f"sampler-{opt.name}"))
             continue
         lo, hi = opt.range
         hi = min(hi, max_length) if opt.name in SAMPLER_MAIN else hi
         inputs.append(gr.Slider(lo, hi, value=min(value, hi), step=1 if opt.type is int else 0.05, label=opt.label,
-                                render=False))
+                                render=False, elem_id=f"sampler-{opt.name}"))
     return inputs
 
 
@@ -134,7 +147,7 @@ def build_app(models: Mapping[str, tuple[torch.nn.Module, RunConfig]], *, root: 
     """The app's Blocks from loaded models ``{name or run folder: (model, cfg)}`` (or ``(model, cfg, folder)``: the
     folder a named model was loaded from); run folders under `root` are offered too (loaded on first use).
     `default` names the run selected at start (the first model if None)."""
-    default, choices = _register_models(models, root, default)
+    default, choices, arc_choices = _register_models(models, root, default)
     first = get_run(default)
     defaults = dataclasses.replace(first.cfg.sampler) if not first.is_arc else SamplerConfig()
     init = _initial_view(default, initial_scene, defaults)
@@ -149,7 +162,7 @@ def build_app(models: Mapping[str, tuple[torch.nn.Module, RunConfig]], *, root: 
                              initial_scene)
             with gr.Column(scale=5), gr.Tabs():
                 _unmasking_tab(ui, init, first, defaults.length)
-                _compare_tab(ui, choices)
+                _compare_tab(ui, arc_choices)
                 _score_tab(ui)
         _api_only(ui)
         _wire_events(ui)
@@ -175,17 +188,22 @@ def _quietly(preprocess: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 
 def _register_models(models: Mapping[str, tuple[Any, ...]], root: str | Path | None,
-                     default: str | None) -> tuple[str, list[tuple[str, str]]]:
-    """Register the loaded models in the run cache; (the run selected at start, the run menu's choices)."""
+                     default: str | None) -> tuple[str, list[tuple[str, str]], list[tuple[str, str]]]:
+    """Register the loaded models in the run cache; (the run selected at start, the run menu's choices: MDC runs,
+    or every run when there is none or an ARC run is the default, the ARC menu's choices)."""
     shown = {}
     for key, (model, cfg, *folder) in models.items():  # a run folder is named relative to the root (or cwd)
         shown[key] = os.path.relpath(key, Path(root or os.getcwd()).resolve()) if Path(key).is_absolute() else key
         register_run(shown[key], model, cfg, folder=folder[0] if folder else key if Path(key).is_dir() else None)
     default = shown.get(default, default) if default else None
-    choices = run_choices(root)
-    if not choices:
+    every = run_choices(root)
+    if not every:
         raise ValueError("the app needs at least one run: pass a loaded model or a root with run folders")
-    return default or (next(iter(models)) if models else choices[0][1]), choices
+    default = default or (next(iter(models)) if models else every[0][1])
+    choices = run_choices(root, arc=False)
+    if default not in {key for _, key in choices}:
+        choices = every
+    return default, choices, run_choices(root, arc=True)
 
 
 def _input_panel(ui: SimpleNamespace, init: dict[str, Any], choices: list[tuple[str, str]], default: str,
@@ -193,16 +211,17 @@ def _input_panel(ui: SimpleNamespace, init: dict[str, Any], choices: list[tuple[
     """The left column: the run, the image (scene or upload), the unmask button and prompt, the caption length
     and tokens per step; the other sampler settings in a closed accordion, the upload box last."""
     with gr.Row():
-        ui.run = gr.Dropdown(choices, value=default, label="trained run", scale=4)
+        ui.run = gr.Dropdown(choices, value=default, label="trained run", scale=4, elem_id="run-menu")
         ui.rescan_btn = gr.Button("rescan", scale=1, size="sm", min_width=60)
-    ui.image = gr.Image(init.get("image"), label="image", type="pil", interactive=False, height=220)
-    ui.image_info = gr.Markdown(init.get("info", ""), label="image info")
+    ui.image = gr.Image(init.get("image"), label="image", type="pil", interactive=False, height=220, elem_id="image")
+    ui.image_info = gr.Markdown(init.get("info", ""), label="image info", elem_id="image-info")
     with gr.Row():
         ui.scene_btn = gr.Button("new random scene", size="sm")
         ui.scene_index = gr.Number(value=initial_scene, precision=0, minimum=0, label="scene #", min_width=90)
-    ui.caption_btn = gr.Button("unmask", variant="primary")
+    ui.caption_btn = gr.Button("unmask", variant="primary", interactive=init.get("image") is not None,
+                               elem_id="unmask")
     ui.prompt = gr.Textbox(label="fix some words (optional): [MASK] or _ marks a word to generate; the prompt sets "
-                           "N'", placeholder="a [MASK] square on the _", max_lines=1)
+                           "N'", placeholder="a [MASK] square on the _", max_lines=1, elem_id="prompt")
     sliders = _sampler_inputs(defaults, max_length)
     main = len(SAMPLER_MAIN)
     for slider in sliders[:main]:
@@ -213,20 +232,20 @@ def _input_panel(ui: SimpleNamespace, init: dict[str, Any], choices: list[tuple[
             slider.render()
     ui.settings = sliders
     ui.upload = _uploads_only(gr.File(label="or upload an image (PNG, JPEG, WebP)", file_types=list(UPLOAD_TYPES),
-                                      type="filepath", height=100))
+                                      type="filepath", height=UPLOAD_HEIGHT, elem_id="upload"))
 
 
 def _unmasking_tab(ui: SimpleNamespace, init: dict[str, Any], first: LoadedRun, length: int) -> None:
     """The step slider and player, the token chips, the attention map, the confidence heatmap, GIF and JSON."""
     with gr.Tab("Step-by-step unmasking"):
-        ui.summary = gr.Markdown(init.get("summary", ""), label="summary")
+        ui.summary = gr.Markdown(init.get("summary", ""), label="summary", elem_id="summary")
         with gr.Row():
-            ui.play_btn = gr.Button("\u25b6 play", scale=1, min_width=90)
+            ui.play_btn = gr.Button("\u25b6 play", scale=1, min_width=90, elem_id="play")
             n_steps = init.get("steps", length)
-            ui.step = gr.Slider(0, n_steps, value=n_steps, step=1, label="step", scale=8)
+            ui.step = gr.Slider(0, n_steps, value=n_steps, step=1, label="step", scale=8, elem_id="step")
         layers, heads = explore.layer_choices(first) if not first.is_arc else ([explore.LAST], [explore.MEAN])
         with gr.Row():
-            ui.chips = gr.HTML(init.get("chips", ""), label="canvas", show_label=False)
+            ui.chips = gr.HTML(init.get("chips", ""), label="canvas", show_label=False, elem_id="chips")
             with gr.Column(scale=0, min_width=270):
                 ui.att_image = gr.Image(init.get("attention"), label="attention", type="pil",
                                         interactive=False, height=256, width=256)
@@ -235,31 +254,36 @@ def _unmasking_tab(ui: SimpleNamespace, init: dict[str, Any], first: LoadedRun, 
                     ui.layer = gr.Dropdown(layers, value=explore.LAST, label="layer", min_width=80)
                     ui.head = gr.Dropdown(heads, value=explore.MEAN, label="head", min_width=80)
         ui.heatmap = gr.Plot(init.get("heatmap"), label="confidence heatmap: steps x positions", show_label=False)
-        with gr.Row():
-            ui.gif_btn = gr.Button("GIF of this unmasking", size="sm")
-            ui.json_btn = gr.Button("save trajectory (JSON)", size="sm")
-            ui.download = gr.File(label="download", interactive=False, height=80)
+        with gr.Row(equal_height=False):
+            with gr.Column():
+                with gr.Row():
+                    ui.gif_btn = gr.Button("GIF of this unmasking", size="sm")
+                    ui.json_btn = gr.Button("save trajectory (JSON)", size="sm")
+                ui.download = gr.File(label="download", interactive=False, visible="hidden",  # shown with a file
+                                      elem_id="download")
             ui.replay = _uploads_only(gr.File(label="replay a saved trajectory (JSON)", file_types=[".json"],
-                                              type="filepath", height=80))
+                                              type="filepath", height=UPLOAD_HEIGHT, elem_id="replay"))
         ui.timer = gr.Timer(PLAY_INTERVAL_S, active=False)
 
 
-def _compare_tab(ui: SimpleNamespace, choices: list[tuple[str, str]]) -> None:
+def _compare_tab(ui: SimpleNamespace, arc_choices: list[tuple[str, str]]) -> None:
     with gr.Tab("Compare"):
-        ui.arc = gr.Dropdown([("(none)", "")] + choices, value="", label="ARC run (optional)")
+        ui.arc = gr.Dropdown([("(none)", "")] + arc_choices, value="", label="ARC run (optional: ARC runs only)",
+                             elem_id="arc-menu")
         ui.compare_btn = gr.Button("compare N' = 10 / 15 / 20")
-        ui.compare_out = gr.HTML(label="captions compared", show_label=False)
+        ui.compare_out = gr.HTML(label="captions compared", show_label=False, elem_id="compare-out")
 
 
 def _score_tab(ui: SimpleNamespace) -> None:
     with gr.Tab("Score your own captions"):
-        ui.typed = gr.Textbox(lines=4, label="captions, one per line",
+        ui.typed = gr.Textbox(lines=4, label="captions, one per line", elem_id="typed",
                               placeholder="a small red circle in the top left\na big blue square")
         with gr.Row():
-            ui.methods = gr.CheckboxGroup(SCORE_METHODS, value=["heuristic"], label="scores")
-            ui.mc_samples = gr.Slider(4, 256, value=32, step=4, label="Monte Carlo samples")
+            ui.methods = gr.CheckboxGroup([(SCORE_LABELS[m], m) for m in SCORE_METHODS], value=["heuristic"],
+                                          label="scores (log-likelihoods; the first checked ranks)", elem_id="methods")
+            ui.mc_samples = gr.Slider(4, 256, value=32, step=4, label="Monte Carlo samples (mc only)")
         ui.score_btn = gr.Button("score")
-        ui.score_out = gr.HTML(label="scores", show_label=False)
+        ui.score_out = gr.HTML(label="scores", show_label=False, elem_id="score-out")
 
 
 def _api_only(ui: SimpleNamespace) -> None:
@@ -283,33 +307,46 @@ def _wire_events(ui: SimpleNamespace) -> None:
     img_out = [ui.state, ui.image, ui.image_info]
     att_in, att_out = [ui.step, ui.layer, ui.head, ui.state], [ui.att_image, ui.att_label]
 
-    def captioned(event: Any) -> Any:  # after every caption: the attention of the step shown
-        return event.success(run_caption, cap_in, cap_out, api_visibility=PRIVATE).success(
-            explore.attention_view, att_in, att_out, api_visibility=PRIVATE)
+    def after_caption(event: Any) -> Any:
+        """After every caption: the attention of the step shown, the length slider at the caption's N' (a prompt
+        sets it), and no download of the previous trajectory."""
+        event.success(explore.attention_view, att_in, att_out, api_visibility=PRIVATE)
+        event.success(length_shown, [ui.state], [ui.settings[0]], api_visibility=PRIVATE)
+        event.success(hide_download, None, [ui.download], api_visibility=PRIVATE)
+        return event
 
-    captioned(ui.scene_btn.click(new_scene, [ui.run, ui.state], [ui.scene_index, *img_out], api_name="new_scene"))
-    captioned(ui.scene_index.submit(show_scene, [ui.scene_index, ui.run, ui.state], img_out, api_name="show_scene"))
-    captioned(ui.upload.upload(load_upload, [ui.upload, ui.state], img_out, api_name="upload"))
+    def captioned(event: Any) -> Any:
+        return after_caption(event.success(run_caption, cap_in, cap_out, api_visibility=PRIVATE))
+
+    scene = ui.scene_btn.click(new_scene, [ui.run, ui.state], [ui.scene_index, *img_out], api_name="new_scene")
+    numbered = ui.scene_index.submit(show_scene, [ui.scene_index, ui.run, ui.state], img_out, api_name="show_scene")
+    uploaded = ui.upload.upload(load_upload, [ui.upload, ui.state], img_out, api_name="upload")
+    for new_image in (scene, numbered, uploaded):
+        new_image.success(enable_unmask, None, [ui.caption_btn], api_visibility=PRIVATE)
+        captioned(new_image)
+    uploaded.success(empty_upload, None, [ui.upload], api_visibility=PRIVATE)
+    uploaded.failure(restore_after_failed_upload, [ui.state],  # a refused file: the page as it was
+                     [ui.image, ui.image_info, ui.caption_btn, ui.upload, ui.prompt], api_visibility=PRIVATE)
     for new_image in (ui.scene_btn.click, ui.scene_index.submit, ui.upload.upload):  # the prompt went with the image
         new_image(explore.clear_prompt, None, [ui.prompt], api_visibility=PRIVATE)
-    ui.caption_btn.click(explore.set_prompt, [ui.prompt, ui.state], [ui.state], api_visibility=PRIVATE).success(
-        run_caption, cap_in, cap_out, api_name="caption").success(explore.attention_view, att_in, att_out,
-                                                                  api_visibility=PRIVATE)
+    after_caption(ui.caption_btn.click(explore.set_prompt, [ui.prompt, ui.state], [ui.state],
+                                       api_visibility=PRIVATE).success(run_caption, cap_in, cap_out,
+                                                                       api_name="caption"))
     captioned(ui.prompt.submit(explore.set_prompt, [ui.prompt, ui.state], [ui.state], api_visibility=PRIVATE))
     captioned(ui.run.change(on_run_change, [ui.run], [ui.settings[0]], api_visibility=PRIVATE))
     ui.run.change(explore.reload_run, [ui.run], [ui.layer, ui.head], api_visibility=PRIVATE)
-    ui.rescan_btn.click(rescan_runs, [ui.root_state, ui.run], [ui.run], api_visibility=PRIVATE)
+    ui.rescan_btn.click(rescan_runs, [ui.root_state, ui.run, ui.arc], [ui.run, ui.arc], api_visibility=PRIVATE)
     ui.api_btn.click(caption_json, [ui.run, *ui.settings, ui.api_image, ui.api_scene, ui.api_prompt], [ui.api_json],
                      api_name="caption_json")
     ui.step.change(show_step, [ui.step, ui.state], [ui.chips], api_name="step", show_progress="hidden")
     ui.step.change(explore.attention_view, att_in, att_out, api_visibility=PRIVATE, show_progress="hidden")
     ui.layer.change(explore.attention_view, att_in, att_out, api_visibility=PRIVATE)
     ui.head.change(explore.attention_view, att_in, att_out, api_visibility=PRIVATE)
-    ui.gif_btn.click(explore.save_gif, [ui.state, ui.layer, ui.head], [ui.download], api_name="gif")
-    ui.json_btn.click(explore.save_json, [ui.state], [ui.download], api_name="save_json")
-    ui.replay.upload(explore.load_replay, [ui.replay, ui.state], [ui.state, ui.image, ui.image_info, ui.chips, ui.step,
-                                                                  ui.heatmap, ui.summary, ui.prompt],
-                     api_name="replay").success(explore.attention_view, att_in, att_out, api_visibility=PRIVATE)
+    ui.gif_btn.click(shown_download(explore.save_gif), [ui.state, ui.layer, ui.head], [ui.download], api_name="gif")
+    ui.json_btn.click(shown_download(explore.save_json), [ui.state], [ui.download], api_name="save_json")
+    after_caption(ui.replay.upload(replay_on_page, [ui.replay, ui.state],
+                                   [ui.state, ui.image, ui.image_info, ui.chips, ui.step, ui.heatmap, ui.summary,
+                                    ui.prompt], api_name="replay"))
     ui.play_btn.click(start_play, [ui.state], [ui.step, ui.timer], api_visibility=PRIVATE)
     ui.timer.tick(play_tick, [ui.step, ui.state], [ui.step, ui.timer], api_visibility=PRIVATE, show_progress="hidden")
     ui.compare_btn.click(compare_lengths, [ui.run, ui.arc, ui.state, *ui.settings], [ui.compare_out],

@@ -24,6 +24,7 @@ import torch
 from mdc_core.checkpoint import latest_checkpoint, load_model
 from mdc_core.config import RunConfig
 from mdc_core.model import Captioner
+from mdc_core.registry import objective_spec
 from mdc_core.tokenizer import CaptionTokenizer
 
 
@@ -142,8 +143,9 @@ def describe_run(objective: str, preset: str, steps: int | None, notebook: str |
     return " · ".join(p for p in parts if p)
 
 
-def _folder_description(folder: Path, notebooks: dict[str, str]) -> str:
-    """:func:`describe_run` of a run folder not loaded yet, from its latest checkpoint's config and step."""
+def _folder_config(folder: Path) -> tuple[str, str, int | None]:
+    """(objective, preset, steps) of a run folder not loaded yet, from its latest checkpoint's config and step
+    ("?", "", None where unreadable)."""
     ckpt = latest_checkpoint(folder)
     try:
         config = json.loads(((ckpt or folder) / "config.json").read_text())
@@ -154,26 +156,43 @@ def _folder_description(folder: Path, notebooks: dict[str, str]) -> str:
         steps = int(json.loads((ckpt / "meta.json").read_text())["step"]) if ckpt else None
     except (OSError, ValueError, KeyError, TypeError):
         steps = None
-    return describe_run(objective, preset, steps, notebooks.get(str(folder.resolve())))
+    return objective, preset, steps
 
 
-def run_choices(root: str | Path | None) -> list[tuple[str, str]]:
-    """(label, key) pairs for the run menu: registered runs first, then folders found under `root`. A label says
-    what the run is: its name, objective, preset, steps and the notebook that trained it (:func:`describe_run`)."""
+def is_arc_objective(objective: str) -> bool | None:
+    """Whether `objective` trains a causal (ARC) captioner; None for a name the registry does not know."""
+    try:
+        return objective_spec(objective).family == "causal"
+    except ValueError:
+        return None
+
+
+def run_choices(root: str | Path | None, arc: bool | None = None) -> list[tuple[str, str]]:
+    """(label, key) pairs for a run menu: registered runs first, then folders found under `root`. A label says
+    what the run is: its name, objective, preset, steps and the notebook that trained it (:func:`describe_run`).
+    `arc` True lists only ARC (causal) runs (the Compare tab's menu), False only the others (the run menu: a folder
+    whose objective is unreadable stays there, to say why when chosen), None every run."""
     notebooks = run_notebooks(root) if root else {}
     with _LOCK:
         loaded = list(_CACHE.items())
     choices = []
     for key, r in loaded:
+        if arc is not None and r.is_arc != arc:
+            continue
         notebook = notebooks.get(str(r.folder.resolve())) if r.folder else None
         choices.append((f"{r.label} ({describe_run(r.cfg.objective.name, r.cfg.preset, r.cfg.train.steps, notebook)})",
                         key))
     if root:
         for folder in discover_runs(root).values():
             key = os.path.relpath(folder, root)  # what the page and /config show: never an absolute path
-            if all(key != k for _, k in choices):
-                _FOLDERS.setdefault(key, (folder, key))
-                choices.append((f"{key} ({_folder_description(folder, notebooks)})", key))
+            if key in _CACHE or any(key == k for _, k in choices):
+                continue
+            objective, preset, steps = _folder_config(folder)
+            if arc is not None and bool(is_arc_objective(objective)) != arc:
+                continue
+            _FOLDERS.setdefault(key, (folder, key))
+            choices.append((f"{key} ({describe_run(objective, preset, steps, notebooks.get(str(folder.resolve())))})",
+                            key))
     return choices
 
 

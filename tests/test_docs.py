@@ -187,7 +187,7 @@ def test_the_lesson_time_is_one_measured_figure_wherever_it_is_quoted():
     nb = json.loads((ROOT / "notebooks" / "00_masked_diffusion_captioning.ipynb").read_text())
     table_row = next(line for line in (ROOT / "docs" / "notebooks.md").read_text().splitlines()
                      if line.startswith("| `00_masked_diffusion_captioning` | **"))
-    quoted = {"notebook 00": lesson_time("".join(nb["cells"][0]["source"]), "On a fresh clone"),
+    quoted = {"notebook 00": lesson_time("".join(nb["cells"][0]["source"]), "By default nothing is trained"),
               "README.md": lesson_time((ROOT / "README.md").read_text(), "00_masked_diffusion_captioning.ipynb`"),
               "docs/notebooks.md": lesson_time(table_row, "00_masked")}
     assert None not in quoted.values() and len(set(quoted.values())) == 1, quoted

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +41,7 @@ from mdc_workbench.notebooks.notebook_views import trajectory_html as trajectory
 from mdc_workbench.runs.progress import follow_thread_share, report, target_set, watch_training
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # mdc_workbench/notebooks/notebook.py -> the checkout
+OUTPUT_ROOT_ENV = "MDC_OUTPUT_ROOT"  # when set, the notebooks' relative folders lie under it (project_path)
 LOCK_WAIT_REPORT_S = 2.0  # a notebook waiting this long for another's lock says so in the runner's bar
 RUNNER_REFRESH_S = 30.0  # live_train's redraw interval in a kernel `mdc runs` started (nobody watches it live)
 
@@ -47,11 +49,15 @@ follow_thread_share()  # in a kernel of `mdc runs`: take over idle cores when th
 
 
 def project_path(path: str | Path) -> Path:
-    """`path` if absolute, else relative to the repository root (when this package runs from a checkout,
-    i.e. an editable install) or to the working directory (an installed package)."""
+    """`path` if absolute, else relative to the output root ``$MDC_OUTPUT_ROOT`` when it is set (where notebooks
+    then write and look for their data, models and outputs: outside the repository, say), else to the repository
+    root (when this package runs from a checkout, i.e. an editable install) or to the working directory (an
+    installed package)."""
     path = Path(path).expanduser()
     if path.is_absolute():
         return path
+    if os.environ.get(OUTPUT_ROOT_ENV):
+        return Path(os.environ[OUTPUT_ROOT_ENV]).expanduser().resolve() / path
     base = PROJECT_ROOT if (PROJECT_ROOT / "pyproject.toml").is_file() else Path.cwd()
     return base / path
 

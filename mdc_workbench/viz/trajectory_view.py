@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 from mdc_workbench.viz.animation import CONFIDENCE_CMAP, canvas_at, confidence_colour
 
 MASK_BG = "#e5e7eb"  # grey of a still-masked chip
+CROWDED_POSITIONS = 24  # above this many caption positions the heatmap's labels are thinned and rotated
 CHIP_FONT = "ui-sans-serif, system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif"
 
 
@@ -111,12 +112,18 @@ def heatmap_figure(record: dict[str, Any], title: str = "") -> Figure:
                    interpolation="nearest")
     order = reveal_order(record)
     xs, ys = [r["position"] for r in order], [r["step"] for r in order]
+    crowded = n > CROWDED_POSITIONS  # long captions: one rotated label per position, every k-th step labelled
     ax.plot(xs, ys, color="#f97316", lw=1.6, alpha=0.9, zorder=2)
-    ax.scatter(xs, ys, s=95, facecolor="white", edgecolor="#f97316", lw=1.6, zorder=3)
-    for r in order:
-        ax.annotate(str(r["order"]), (r["position"], r["step"]), ha="center", va="center", fontsize=7, zorder=4)
-    ax.set_xticks(range(n), [f'{p}\n{t}' for p, t in enumerate(record["tokens"])], fontsize=8)
-    ax.set_yticks(range(n_steps), [str(s) for s in range(n_steps)], fontsize=7)
+    ax.scatter(xs, ys, s=30 if crowded else 95, facecolor="white", edgecolor="#f97316", lw=1.6, zorder=3)
+    if not crowded:
+        for r in order:
+            ax.annotate(str(r["order"]), (r["position"], r["step"]), ha="center", va="center", fontsize=7, zorder=4)
+    if crowded:
+        ax.set_xticks(range(n), [f"{t} {p}" for p, t in enumerate(record["tokens"])], fontsize=6, rotation=90)
+    else:
+        ax.set_xticks(range(n), [f'{p}\n{t}' for p, t in enumerate(record["tokens"])], fontsize=8)
+    every = max(1, -(-n_steps // 30))  # at most 30 step labels
+    ax.set_yticks(range(0, n_steps, every), [str(s) for s in range(0, n_steps, every)], fontsize=7)
     ax.set_xlabel("caption position (final token)")
     ax.set_ylabel("denoising step")
     ax.set_title(title or "confidence of the top guess at each masked position; circles: reveal order", fontsize=10)

@@ -56,10 +56,16 @@ def test_notebooks_hold_no_copy_of_the_papers_numbers():
             assert not floats & paper, f"{path.name}: the paper's numbers {floats & paper} (use workbench.paper)"
 
 
-def test_project_path_is_relative_to_the_checkout(tmp_path):
+def test_project_path_is_relative_to_the_checkout_or_the_stated_output_root(tmp_path, monkeypatch):
+    monkeypatch.delenv(wb.OUTPUT_ROOT_ENV, raising=False)
     assert wb.PROJECT_ROOT == ROOT
     assert wb.project_path("papermill_runs/x") == ROOT / "papermill_runs" / "x"
     assert wb.project_path(tmp_path) == tmp_path
+    monkeypatch.setenv(wb.OUTPUT_ROOT_ENV, str(tmp_path / "class"))  # a lecturer's output root: nothing in the repo
+    assert wb.project_path("papermill_runs/x") == tmp_path / "class" / "papermill_runs" / "x"
+    assert wb.output_folder("outputs/05") == tmp_path / "class" / "outputs" / "05"
+    assert (tmp_path / "class" / "outputs" / "05" / "figures").is_dir()
+    assert wb.project_path(tmp_path / "abs") == tmp_path / "abs"  # an absolute path stays
 
 
 def test_cache_lock_makes_a_second_writer_wait_and_says_so(tmp_path, monkeypatch):
