@@ -325,6 +325,18 @@ def checkpoint_folders(run_dir: str | Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.name.startswith("step_") and p.is_dir())
 
 
+def run_holding(folder: str | Path) -> Path | None:
+    """The run folder whose checkpoints folder `folder` is (or is inside), after links and ``..``, or None: no
+    run folder, export or other output may be there (pruning old checkpoints would delete it)."""
+    folder = Path(folder).resolve()
+    for inner in (folder, *folder.parents):
+        run = inner.parent
+        if inner.name == CKPT_DIR and ((run / "config.json").is_file() or (run / "metrics.jsonl").is_file()
+                                       or any(inner.glob("step_*"))):
+            return run
+    return None
+
+
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
     """Complete checkpoints of a run, oldest first: a ``meta.json`` and every file it lists (damaged ones are left
     out; :func:`checkpoint_folders` lists them too). Pruning removes only these."""

@@ -70,6 +70,7 @@ def cmd_data_bench(args: argparse.Namespace) -> None:
 
 
 def cmd_data_synth(args: argparse.Namespace) -> None:
+    from mdc_core.runlock import hold_exclusive
     from mdc_workbench.data import write_synthetic_dataset
     out = Path(args.out)
     held = [p for p in (out / "manifest.json", *out.glob("*/*.tar")) if p.is_file()]
@@ -77,10 +78,11 @@ def cmd_data_synth(args: argparse.Namespace) -> None:
         what = "a data set (manifest.json)" if held[0].name == "manifest.json" else f"shards ({held[0]})"
         raise FileExistsError(f"{out} already holds {what}; pass --overwrite to replace it or choose another --out")
     created = not out.exists()
-    try:
-        manifest = write_synthetic_dataset(out, args.n, seed=args.seed, image_size=args.image_size,
-                                           captions=args.captions, shard_size=args.shard_size,
-                                           difficulty=args.difficulty)
+    try:  # a data set a training run reads (it holds a shared lock on its folder) is never replaced under it
+        with hold_exclusive([out, *sorted(p for p in out.glob("*") if p.is_dir())], "--overwrite"):
+            manifest = write_synthetic_dataset(out, args.n, seed=args.seed, image_size=args.image_size,
+                                               captions=args.captions, shard_size=args.shard_size,
+                                               difficulty=args.difficulty)
     except BaseException:
         if created:  # a failed or interrupted command leaves no half-written folder behind
             shutil.rmtree(out, ignore_errors=True)
