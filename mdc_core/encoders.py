@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -18,7 +19,7 @@ from timm.models.vision_transformer_hybrid import HybridEmbed
 from torch import nn
 
 from . import registry
-from .config import ModelConfig
+from .config import ConfigError, ModelConfig, check_encoder_kwargs
 
 
 class ConvStem(nn.Sequential):
@@ -83,6 +84,7 @@ class ImageEncoder(nn.Module):
                 raise ValueError(f"model.encoder_kwargs.conv_stem must be a list of channel widths, got {stem!r}")
             options = {k.removeprefix("conv_stem_"): v for k, v in options.items()}  # ConvStem's depth, norm
             kwargs["embed_layer"] = partial(_conv_stem_embed, tuple(stem), options)
+        check_local_dir(cfg.encoder)
         try:
             self.trunk = timm.create_model(cfg.encoder, pretrained=cfg.pretrained, num_classes=0, **kwargs)
         except (RuntimeError, TypeError) as err:
@@ -106,6 +108,22 @@ class ImageEncoder(nn.Module):
                 raise ValueError("this encoder has no class token; use pool='gap'")
             return tokens[:, 0]
         return tokens[:, self.num_prefix_tokens:].mean(dim=1)
+
+
+def check_local_dir(encoder: str) -> None:
+    """``local-dir:FOLDER``: the ``model_args`` timm reads from ``FOLDER/config.json`` pass the limits of
+    ``model.encoder_kwargs`` (:func:`~mdc_core.config.check_encoder_kwargs`) before timm builds anything; a folder
+    without a readable one is left to timm's own message."""
+    if not encoder.startswith("local-dir:"):
+        return
+    path = Path(encoder.removeprefix("local-dir:")).expanduser() / "config.json"
+    try:
+        args = json.loads(path.read_text()).get("model_args", {})
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return
+    if not isinstance(args, dict):
+        raise ConfigError(f"{path}: model_args must be a JSON object, got {type(args).__name__}")
+    check_encoder_kwargs(args, f"{path} model_args")
 
 
 def build_image_encoder(cfg: ModelConfig) -> nn.Module:
