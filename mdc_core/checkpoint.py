@@ -32,6 +32,8 @@ import errno
 import hashlib
 import json
 import os
+import pickle
+import resource
 import shutil
 import warnings
 from pathlib import Path
@@ -129,7 +131,8 @@ def save_checkpoint(run_dir: str | Path, step: int, cfg: RunConfig, model: torch
         full = _disk_full(err, root, need)
         shutil.rmtree(tmp, ignore_errors=True)
         if full:
-            raise DiskFullError(f"the disk holding {root} filled up while writing checkpoint {final.name} "
+            raise DiskFullError(f"the disk holding {root} filled up (or a file size limit, ulimit -f, was reached) "
+                                f"while writing checkpoint {final.name} "
                                 f"(about {_mb(need)} needed): removed the partial checkpoint; "
                                 f"{_last_good(run_dir)}. Free some space, then continue with --resume") from err
         raise
@@ -186,13 +189,16 @@ def _disk_full(err: BaseException, root: Path, need: int) -> bool:
     """Whether `err` (raised while writing a checkpoint) means the disk or the quota is full. safetensors and
     torch.save report ENOSPC in their own words: "os error 28", "unexpected pos" (a short write)."""
     for e in (err, err.__cause__, err.__context__):
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             return True
     text = str(err)
-    if "No space left" in text or "os error 28" in text or "Disk quota" in text:
+    if any(words in text for words in ("No space left", "os error 28", "Disk quota", "File too large",
+                                       "os error 27")):  # 27: EFBIG, a file size limit (ulimit -f)
         return True
     try:
-        return "unexpected pos" in text and shutil.disk_usage(root).free < need
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]  # ulimit -f: a short write like a full disk's
+        short = shutil.disk_usage(root).free < need or limit != resource.RLIM_INFINITY and limit < need
+        return "unexpected pos" in text and short
     except OSError:
         return False
 
@@ -407,10 +413,20 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", ema: boo
     return model.to(device).eval(), cfg
 
 
+def unsafe_pickle(path: Path) -> str:
+    """The one line for a file that ``torch.load(weights_only=True)`` refuses for the objects it holds (its own
+    message advises ``weights_only=False``, which would run the file's code: never taken here)."""
+    return (f"checkpoint file {path} holds objects other than tensors and plain values (refused: a train state "
+            "never holds any, and loading it would run code from the file); set the checkpoint aside and resume "
+            "from another, or train into another --out")
+
+
 def load_train_state(ckpt: Path) -> dict[str, Any]:
     """Optimizer/scheduler/RNG/data-position state, loaded with ``weights_only=True`` (no code execution)."""
     try:
         return torch.load(ckpt / "state.pt", map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(unsafe_pickle(ckpt / "state.pt")) from None
     except (RuntimeError, EOFError, OSError, ValueError) as err:  # PytorchStreamReader failures are RuntimeErrors
         raise CheckpointError(f"checkpoint file {ckpt / 'state.pt'} cannot be read ({type(err).__name__}: "
                               f"{str(err).splitlines()[0][:200]})") from err

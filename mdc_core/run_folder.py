@@ -29,6 +29,7 @@ import dataclasses
 import json
 import math
 import os
+import pickle
 import warnings
 from collections import Counter
 from collections.abc import Callable
@@ -244,6 +245,8 @@ def train_state_problem(ckpt: str | Path) -> str:
     step = json.loads((ckpt / "meta.json").read_text())["step"]
     try:
         state = torch.load(ckpt / "state.pt", map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError:  # its message advises weights_only=False: never taken
+        return ckpt_io.unsafe_pickle(ckpt / "state.pt")
     except (RuntimeError, EOFError, OSError, ValueError) as err:
         return f"checkpoint file {ckpt / 'state.pt'} cannot be read ({type(err).__name__}: {str(err)[:120]})"
     problem = resume_problem(state, step)
@@ -296,7 +299,7 @@ def _record(out: Path) -> dict[str, Any]:
     """``out/data_fingerprint.json`` ({} when missing or unreadable)."""
     try:
         record = json.loads((out / FINGERPRINT_FILE).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return record if isinstance(record, dict) else {}
 
@@ -448,6 +451,8 @@ def truncate_jsonl(path: Path, step: int) -> None:
             logged = logged_step(json.loads(line))
         except json.JSONDecodeError:  # a line cut off by the kill
             continue
+        except RecursionError:  # nested deeper than the stack: damage, dropped with the others
+            logged = None
         if logged is None:
             damaged.append(n)
         elif logged <= step:
