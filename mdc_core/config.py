@@ -47,10 +47,6 @@ MODEL_LIMITS = {"image_size": 4096, "text_width": 16384, "text_layers": 256, "te
 MAX_MLP_RATIO = 64.0
 ENCODER_KWARG_MAX = 65536  # any number in model.encoder_kwargs (widths, sizes, rates)
 ENCODER_DEPTH_MAX = 256  # an encoder_kwargs entry named depth / *_depth / *layers (each number of it)
-# parameters a config may build, the decoder's or the encoder's (estimated from its widths and depths): each bound
-# above alone still allows 16384 wide x 256 layers (800 billion); ViT-L/14 with its decoder holds 0.4 billion
-MAX_PARAMS = 2_000_000_000
-WIDTH_KEYS = ("dim", "width", "channels", "hidden")  # encoder_kwargs naming a width (embed_dim, dims, hidden_size)
 
 
 @dataclass
@@ -82,10 +78,6 @@ class ModelConfig:
             raise ConfigError(f"model.mlp_ratio must be in (0, {MAX_MLP_RATIO}] (an MLP of at least one unit), got "
                               f"{self.mlp_ratio}")
         check_encoder_kwargs(self.encoder_kwargs)
-        if decoder_params(self) > MAX_PARAMS:
-            raise ConfigError(f"model.text_width {self.text_width} x model.text_layers {self.text_layers} (mlp_ratio "
-                              f"{self.mlp_ratio}) is a decoder of about {decoder_params(self) / 1e9:.0f} billion "
-                              f"parameters, more than the {MAX_PARAMS / 1e9:.0f} billion a config may build")
         if self.text_width % self.text_heads:
             raise ConfigError(f"model.text_width ({self.text_width}) must be divisible by model.text_heads "
                               f"({self.text_heads})")
@@ -517,22 +509,10 @@ def _positive(obj: Any, *names: str) -> None:
             raise ConfigError(f"{section}.{name} must be > 0, got {getattr(obj, name)}")
 
 
-def decoder_params(m: ModelConfig) -> int:
-    """About how many parameters the decoder of `m` holds: per layer attention (4 w^2) and MLP (2 w^2 mlp_ratio),
-    plus the input and output embeddings (one row per token id) and the positions."""
-    w = m.text_width
-    return int(m.text_layers * (4 + 2 * m.mlp_ratio) * w * w + (2 * (VOCAB_ROWS + 1) + m.context_length) * w)
-
-
-VOCAB_ROWS = 49408  # token ids of the CLIP vocabulary (mdc_core.tokenizer.VOCAB_SIZE; config imports no tokenizer)
-
-
 def check_encoder_kwargs(kwargs: dict[str, Any], where: str = "model.encoder_kwargs") -> None:
-    """Every number in ``model.encoder_kwargs`` (lists included; `where` names them: also a ``local-dir:`` folder's
-    ``model_args``) finite and at most :data:`ENCODER_KWARG_MAX` in size, a depth at most :data:`ENCODER_DEPTH_MAX`,
-    and the transformer they describe (12 w^2 per block, w the largest width, times the summed depths) at most
-    :data:`MAX_PARAMS`: timm builds what they say before any weight is read. Raises :class:`ConfigError`."""
-    widths, depth = [0.0], 0.0
+    """Every number in ``model.encoder_kwargs`` (lists included; `where` names them) finite and at most
+    :data:`ENCODER_KWARG_MAX` in size, a depth at most :data:`ENCODER_DEPTH_MAX`: timm builds what they say before
+    any weight is read. Raises :class:`ConfigError`."""
     for key, value in kwargs.items():
         deep = key == "depth" or key.endswith(("_depth", "layers"))
         most = ENCODER_DEPTH_MAX if deep else ENCODER_KWARG_MAX
@@ -541,14 +521,6 @@ def check_encoder_kwargs(kwargs: dict[str, Any], where: str = "model.encoder_kwa
                 continue
             if not math.isfinite(x) or abs(x) > most:
                 raise ConfigError(f"{where}.{key} must be a finite number of at most {most} in size, got {x!r}")
-            if deep:
-                depth += abs(x)
-            elif any(k in key for k in WIDTH_KEYS):
-                widths.append(abs(x))
-    if 12 * max(widths) ** 2 * depth > MAX_PARAMS:
-        raise ConfigError(f"{where}: a width of {max(widths):.0f} over {depth:.0f} blocks is an encoder of about "
-                          f"{12 * max(widths) ** 2 * depth / 1e9:.0f} billion parameters, more than the "
-                          f"{MAX_PARAMS / 1e9:.0f} billion a config may build")
 
 
 def _choice(obj: Any, name: str, choices: tuple[str, ...]) -> None:

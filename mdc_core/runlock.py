@@ -17,7 +17,6 @@ writer writes or deletes follows a link out of the folder it owns (:class:`LinkR
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import errno
 import fcntl
@@ -26,7 +25,6 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -153,7 +151,7 @@ class RunLock:
 
     def share(self, folder: str | Path) -> None:
         """Hold a shared ``flock`` on the folder `folder` (a data set the holder reads) until :meth:`release`: a
-        writer that replaces data sets (``mdc data synth --overwrite``, :func:`hold_exclusive`) refuses it meanwhile,
+        writer that replaces data sets (``mdc data synth --overwrite``: an exclusive lock) refuses it meanwhile,
         and one at work there makes this raise :class:`RunFolderBusy`. Nothing is written into `folder`."""
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
         try:
@@ -183,24 +181,3 @@ class RunLock:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
-
-@contextlib.contextmanager
-def hold_exclusive(folders: list[Path], what: str) -> Iterator[None]:
-    """An exclusive ``flock`` on each existing folder of `folders` for the block (`what` replaces what they hold);
-    :class:`RunFolderBusy` when a reader holds one (:meth:`RunLock.share`: a training run reads its data there)."""
-    fds: list[int] = []
-    try:
-        for folder in folders:
-            if not folder.is_dir():
-                continue
-            fds.append(os.open(folder, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)))
-            try:
-                fcntl.flock(fds[-1], fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise RunFolderBusy(f"{folder} is being read by a training run (it holds a lock on the folder): "
-                                    f"{what} would change the data under it; write into another folder, or wait "
-                                    "for the run to finish (nothing was written)") from None
-        yield
-    finally:
-        for fd in fds:
-            os.close(fd)

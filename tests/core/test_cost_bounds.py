@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from mdc_core.config import MAX_PARAMS, ConfigError, ModelConfig, RunConfig, load_preset
+from mdc_core.config import ConfigError, ModelConfig, RunConfig, load_preset
 from mdc_core.data.transforms import ImageError, load_image, open_image
+from mdc_core.encoders import MAX_PARAMS, decoder_params
+from mdc_core.factory import create_model
 from mdc_workbench.cli import main
 
 
@@ -34,21 +36,17 @@ def test_synth_refuses_an_image_size_it_cannot_hold_before_writing(tmp_path: Pat
 ])
 def test_a_model_inside_each_limit_but_too_large_in_all_is_refused(sets: list[str], tmp_path: Path) -> None:
     """A config whose every size is inside its limit but whose model holds hundreds of billions of parameters is
-    one ConfigError, from a preset's overrides and from a saved config.json (what `--resume` reads)."""
+    one ConfigError before anything is built, from a preset's overrides and from a saved config.json (what
+    `--resume` and `load_model` read)."""
+    cfg = load_preset("tiny", [*sets, 'model.output_vocab="full"'])
     with pytest.raises(ConfigError, match="billion"):
-        load_preset("tiny", sets)
-    saved = load_preset("tiny").to_dict()
-    for item in sets:
-        key, value = item.split("=", 1)
-        saved["model"][key.split(".")[1]] = json.loads(value)
-    (tmp_path / "config.json").write_text(json.dumps(saved))
+        create_model(cfg, cfg.objective.name)
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
     with pytest.raises(ConfigError, match="billion"):
-        RunConfig.load(tmp_path / "config.json")
+        create_model(RunConfig.load(tmp_path / "config.json"), cfg.objective.name)
 
 
 def test_the_parameter_bound_leaves_every_preset_far_below() -> None:
-    from mdc_core.config import decoder_params
-    from mdc_core.factory import create_model
     cfg = load_preset("tiny", ['model.output_vocab="full"'])
     model = create_model(cfg, cfg.objective.name)
     decoder = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("encoder."))
@@ -62,7 +60,6 @@ def test_the_parameter_bound_leaves_every_preset_far_below() -> None:
 def test_a_local_dir_encoder_passes_the_same_limits(tmp_path: Path, model_args: dict) -> None:
     """`model.encoder="local-dir:DIR"` whose config.json says depth 5000 or width 70000: one ConfigError naming
     the file, before timm builds anything."""
-    from mdc_core.factory import create_model
     folder = tmp_path / "enc"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"architecture": "vit_tiny_patch16_224", "num_classes": 0,
