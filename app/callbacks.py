@@ -338,7 +338,7 @@ def _check_vocab(run: LoadedRun, captions: list[str]) -> None:
             unknown = [run.tokenizer.token_string(i) for i in ids if int(run.model.output_index[i]) < 0]
             if unknown:
                 raise refuse(f"caption {shown(text)} uses words this model never saw in training: "
-                             f"{shown(', '.join(unknown))}")
+                             f"{', '.join(unknown[:8])}")
 
 
 def score_own(run: str, state: dict | None, captions: str, methods: list[str] | None, mc_samples: float

@@ -131,10 +131,10 @@ def save_checkpoint(run_dir: str | Path, step: int, cfg: RunConfig, model: torch
         full = _disk_full(err, root, need)
         shutil.rmtree(tmp, ignore_errors=True)
         if full:
-            raise DiskFullError(f"the disk holding {root} filled up (or a file size limit, ulimit -f, was reached) "
-                                f"while writing checkpoint {final.name} "
-                                f"(about {_mb(need)} needed): removed the partial checkpoint; "
-                                f"{_last_good(run_dir)}. Free some space, then continue with --resume") from err
+            raise DiskFullError(f"the disk holding {root} filled up while writing checkpoint {final.name} "
+                                f"(about {_mb(need)} needed; or a file size limit, ulimit -f, was reached): removed "
+                                f"the partial checkpoint; {_last_good(run_dir)}. Free some space, then continue with "
+                                "--resume") from err
         raise
     if final.exists():
         shutil.rmtree(final)
