@@ -30,12 +30,12 @@ from mdc_core import config
 from mdc_core.config import SamplerConfig
 from mdc_core.data.transforms import eval_transform, open_image
 from mdc_core.sampler import trajectory
-from mdc_core.tokenizer import MASK_ID, CaptionTokenizer
+from mdc_core.tokenizer import MASK_ID, CaptionTokenizer, shown
 from mdc_workbench.data import make_example
 from mdc_workbench.viz import trajectory_view
 
 from . import explore, render
-from .runs import LoadedRun, get_run, optional_module, refuse, run_choices, user_errors
+from .runs import LoadedRun, get_run, optional_module, refuse, run_choices, step_number, uploaded_path, user_errors
 
 SCENE_SEED, SCENE_SPLIT, INITIAL_SCENE = 0, "test", 3  # data seed (when the run's is unknown), held-out split
 COMPARE_LENGTHS = (10, 15, 20)
@@ -81,8 +81,8 @@ def show_scene(scene: float | None, run: str, state: dict | None) -> tuple[dict,
     """Scene number `scene` of the embedded generator's held-out split, drawn with the settings of the training
     data of `run` (difficulty, seed, caption style; the default ones when unknown) at its image size. A new image
     drops the prompt's fixed words (they described the previous one)."""
-    if scene is None or scene < 0 or scene != int(scene):
-        raise refuse(f"scene number must be a whole number >= 0, got {scene}")
+    if isinstance(scene, bool) or not isinstance(scene, (int, float)) or not 0 <= scene < 2**31 or scene != int(scene):
+        raise refuse(f"scene number must be a whole number >= 0, got {str(scene)[:40]!r}")
     index, loaded = int(scene), get_run(run)
     data = loaded.scenes  # the scenes this run was trained on (its data's difficulty, seed and caption style)
     ex = make_example(data.get("seed", SCENE_SEED), SCENE_SPLIT, index, image_size=loaded.cfg.model.image_size,
@@ -106,8 +106,7 @@ def open_upload(path: str | None) -> Image.Image:
     :func:`~mdc_core.data.transforms.open_image`): the file size first, then ``open_image``'s checks (empty, not an
     image, over 10,000 px per side or a decompression bomb, refused before decoding; 16-bit and float images scaled
     to 8 bits, not saturated). Each refusal is one line naming the file (:func:`~mdc_app.runs.refuse`)."""
-    if not path:
-        raise refuse("no file was uploaded")
+    path = uploaded_path(path)
     name = Path(path).name
     size = os.path.getsize(path)
     if size > MAX_UPLOAD_BYTES:
@@ -234,7 +233,7 @@ def show_step(step: float | None, state: dict | None) -> str:
     record = (state or {}).get("record")
     if record is None:
         return ""
-    return trajectory_view.chips_html(record, min(max(int(step or 0), 0), len(record["steps"])))
+    return trajectory_view.chips_html(record, min(max(step_number(step), 0), len(record["steps"])))
 
 
 def trajectory_json(record: dict[str, Any], tokenizer: CaptionTokenizer) -> dict[str, Any]:
@@ -290,7 +289,7 @@ def play_tick(step: float | None, state: dict | None) -> tuple[Any, Any]:
     record = (state or {}).get("record")
     if record is None:
         return gr.Slider(), gr.Timer(active=False)
-    nxt = min(int(step or 0) + 1, len(record["steps"]))
+    nxt = min(step_number(step) + 1, len(record["steps"]))
     return gr.Slider(value=nxt), gr.Timer(active=nxt < len(record["steps"]))
 
 
@@ -381,16 +380,17 @@ def compare_lengths(run: str, arc_run: str | None, state: dict | None, sampler: 
 def _check_vocab(run: LoadedRun, captions: list[str]) -> None:
     limit = run.cfg.model.context_length - 2
     for text in captions:
-        ids = run.tokenizer.encode_text(text)
+        with user_errors():  # a caption or a word past the tokenizer's bounds: refused before BPE, echo cut
+            ids = run.tokenizer.encode_text(text)
         if not ids:
-            raise refuse(f"caption {text!r} has no tokens")
+            raise refuse(f"caption {shown(text)} has no tokens")
         if len(ids) > limit:
-            raise refuse(f"caption {text!r} has {len(ids)} tokens; this model holds {limit}")
+            raise refuse(f"caption {shown(text)} has {len(ids)} tokens; this model holds {limit}")
         if run.model.restricted:
             unknown = [run.tokenizer.token_string(i) for i in ids if int(run.model.output_index[i]) < 0]
             if unknown:
-                raise refuse(f"caption {text!r} uses words this model never saw in training: "
-                               f"{', '.join(unknown)}")
+                raise refuse(f"caption {shown(text)} uses words this model never saw in training: "
+                             f"{', '.join(unknown[:8])}")
 
 
 def score_own(run: str, state: dict | None, captions: str, methods: list[str] | None, mc_samples: float

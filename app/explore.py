@@ -26,7 +26,7 @@ from mdc_core.config import SamplerConfig, sampler_options
 from mdc_core.sampler import parse_prompt
 from mdc_workbench.viz import animation, trajectory_view
 
-from .runs import LoadedRun, get_run, refuse, user_errors
+from .runs import LoadedRun, get_run, refuse, step_number, uploaded_path, user_errors
 
 MEAN, LAST = "mean", "last"
 MAX_JSON_BYTES = 20 * 2**20
@@ -70,7 +70,7 @@ def attention_view(step: float | None, layer: str | None, head: str | None, stat
     record, image = state.get("record"), state.get("image")
     if record is None or image is None:
         return None, ""
-    s = min(max(int(step or 0), 0), len(record["steps"]))
+    s = min(max(step_number(step), 0), len(record["steps"]))
     lay, hd = _pick(layer, head)
     try:
         grid, label = animation.step_attention(record, s, lay, hd)
@@ -140,8 +140,7 @@ def load_replay(path: str | None, state: dict | None) -> tuple[dict, Image.Image
                                                                   str]:
     """Replay a saved JSON trajectory: its image, canvas (at the last step), heatmap and summary, and its prompt.
     The record's seed and settings are shown, so pressing "unmask" with them reproduces it on the same run."""
-    if not path:
-        raise refuse("no file was uploaded")
+    path = uploaded_path(path)
     name = Path(path).name
     if Path(path).stat().st_size > MAX_JSON_BYTES:
         raise refuse(f"{name} is larger than {MAX_JSON_BYTES // 2**20} MB; not a trajectory saved by the app")

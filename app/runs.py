@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import math
 import os
 import re
 import threading
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import gradio as gr
 import torch
@@ -200,6 +202,26 @@ def refuse(message: str) -> gr.Error:
     """A request the app turns down (bad input, nothing to show yet): its one-line `message` goes to the caller, and
     the server log gets no traceback (gradio prints one for every ``gr.Error`` unless told not to)."""
     return gr.Error(message, print_exception=False)
+
+
+def step_number(value: Any, name: str = "step") -> int:
+    """A slider's value as a whole number (None: 0); :func:`refuse` for anything else an API caller may send (a
+    string, a list, NaN), in one line with a bounded echo, never a traceback."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise refuse(f"{name} must be a number, got {str(value)[:40]!r}")
+    return int(value)
+
+
+def uploaded_path(value: Any) -> str:
+    """The path of a file gradio received (a string it gives the callback); :func:`refuse` for anything else (a
+    dict naming a server path, a number): only what gradio itself stored is opened."""
+    if not value:
+        raise refuse("no file was uploaded")
+    if not isinstance(value, str):
+        raise refuse(f"expected an uploaded file, got a {type(value).__name__}")
+    return value
 
 
 @contextmanager

@@ -32,6 +32,8 @@ import errno
 import hashlib
 import json
 import os
+import pickle
+import resource
 import shutil
 import warnings
 from pathlib import Path
@@ -130,8 +132,9 @@ def save_checkpoint(run_dir: str | Path, step: int, cfg: RunConfig, model: torch
         shutil.rmtree(tmp, ignore_errors=True)
         if full:
             raise DiskFullError(f"the disk holding {root} filled up while writing checkpoint {final.name} "
-                                f"(about {_mb(need)} needed): removed the partial checkpoint; "
-                                f"{_last_good(run_dir)}. Free some space, then continue with --resume") from err
+                                f"(about {_mb(need)} needed; or a file size limit, ulimit -f, was reached): removed "
+                                f"the partial checkpoint; {_last_good(run_dir)}. Free some space, then continue with "
+                                "--resume") from err
         raise
     if final.exists():
         shutil.rmtree(final)
@@ -186,13 +189,16 @@ def _disk_full(err: BaseException, root: Path, need: int) -> bool:
     """Whether `err` (raised while writing a checkpoint) means the disk or the quota is full. safetensors and
     torch.save report ENOSPC in their own words: "os error 28", "unexpected pos" (a short write)."""
     for e in (err, err.__cause__, err.__context__):
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             return True
     text = str(err)
-    if "No space left" in text or "os error 28" in text or "Disk quota" in text:
+    if any(words in text for words in ("No space left", "os error 28", "Disk quota", "File too large",
+                                       "os error 27")):  # 27: EFBIG, a file size limit (ulimit -f)
         return True
     try:
-        return "unexpected pos" in text and shutil.disk_usage(root).free < need
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]  # ulimit -f: a short write like a full disk's
+        short = shutil.disk_usage(root).free < need or limit != resource.RLIM_INFINITY and limit < need
+        return "unexpected pos" in text and short
     except OSError:
         return False
 
@@ -325,6 +331,18 @@ def checkpoint_folders(run_dir: str | Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.name.startswith("step_") and p.is_dir())
 
 
+def run_holding(folder: str | Path) -> Path | None:
+    """The run folder whose checkpoints folder `folder` is (or is inside), after links and ``..``, or None: no
+    run folder, export or other output may be there (pruning old checkpoints would delete it)."""
+    folder = Path(folder).resolve()
+    for inner in (folder, *folder.parents):
+        run = inner.parent
+        if inner.name == CKPT_DIR and ((run / "config.json").is_file() or (run / "metrics.jsonl").is_file()
+                                       or any(inner.glob("step_*"))):
+            return run
+    return None
+
+
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
     """Complete checkpoints of a run, oldest first: a ``meta.json`` and every file it lists (damaged ones are left
     out; :func:`checkpoint_folders` lists them too). Pruning removes only these."""
@@ -395,10 +413,20 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", ema: boo
     return model.to(device).eval(), cfg
 
 
+def unsafe_pickle(path: Path) -> str:
+    """The one line for a file that ``torch.load(weights_only=True)`` refuses for the objects it holds (its own
+    message advises ``weights_only=False``, which would run the file's code: never taken here)."""
+    return (f"checkpoint file {path} holds objects other than tensors and plain values (refused: a train state "
+            "never holds any, and loading it would run code from the file); set the checkpoint aside and resume "
+            "from another, or train into another --out")
+
+
 def load_train_state(ckpt: Path) -> dict[str, Any]:
     """Optimizer/scheduler/RNG/data-position state, loaded with ``weights_only=True`` (no code execution)."""
     try:
         return torch.load(ckpt / "state.pt", map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(unsafe_pickle(ckpt / "state.pt")) from None
     except (RuntimeError, EOFError, OSError, ValueError) as err:  # PytorchStreamReader failures are RuntimeErrors
         raise CheckpointError(f"checkpoint file {ckpt / 'state.pt'} cannot be read ({type(err).__name__}: "
                               f"{str(err).splitlines()[0][:200]})") from err

@@ -397,6 +397,8 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
             value = json.loads(raw)
         except json.JSONDecodeError:
             value = raw
+        except RecursionError:  # what json raises for nesting deeper than the interpreter's stack
+            raise ConfigError(f"override {key.strip()}: its value is nested too deeply to be a config value") from None
         data[section][name] = value
     return RunConfig.from_dict(data)
 

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -18,7 +19,8 @@ from timm.models.vision_transformer_hybrid import HybridEmbed
 from torch import nn
 
 from . import registry
-from .config import ModelConfig
+from .config import ConfigError, ModelConfig, check_encoder_kwargs
+from .tokenizer import MASK_ID
 
 
 class ConvStem(nn.Sequential):
@@ -83,6 +85,7 @@ class ImageEncoder(nn.Module):
                 raise ValueError(f"model.encoder_kwargs.conv_stem must be a list of channel widths, got {stem!r}")
             options = {k.removeprefix("conv_stem_"): v for k, v in options.items()}  # ConvStem's depth, norm
             kwargs["embed_layer"] = partial(_conv_stem_embed, tuple(stem), options)
+        check_local_dir(cfg.encoder)
         try:
             self.trunk = timm.create_model(cfg.encoder, pretrained=cfg.pretrained, num_classes=0, **kwargs)
         except (RuntimeError, TypeError) as err:
@@ -106,6 +109,64 @@ class ImageEncoder(nn.Module):
                 raise ValueError("this encoder has no class token; use pool='gap'")
             return tokens[:, 0]
         return tokens[:, self.num_prefix_tokens:].mean(dim=1)
+
+
+# parameters a model may have, its decoder's or its encoder's (estimated from the widths and depths its config gives):
+# each size limit of ModelConfig alone still allows 16384 wide x 256 layers (800 billion); ViT-L/14 with its decoder
+# holds 0.4 billion. Checked by mdc_core.factory.create_model before anything is built.
+MAX_PARAMS = 2_000_000_000
+WIDTH_KEYS = ("dim", "width", "channels", "hidden")  # encoder arguments naming a width (embed_dim, dims, hidden_size)
+
+
+def decoder_params(m: ModelConfig) -> int:
+    """About how many parameters the decoder of `m` holds: per layer attention (4 w^2) and MLP (2 w^2 mlp_ratio),
+    plus the input and output embeddings (one row per token id) and the positions."""
+    w = m.text_width
+    return int(m.text_layers * (4 + 2 * m.mlp_ratio) * w * w + (2 * (MASK_ID + 1) + m.context_length) * w)
+
+
+def encoder_params(kwargs: dict[str, Any]) -> float:
+    """An upper estimate of the parameters of the transformer `kwargs` describe: 12 w^2 per block, w the largest
+    width among them, times the sum of their depths (0 when they give no width or no depth)."""
+    widths, depth = [0.0], 0.0
+    for key, value in kwargs.items():
+        numbers = [abs(x) for x in (value if isinstance(value, (list, tuple)) else [value])
+                   if isinstance(x, (int, float)) and not isinstance(x, bool)]
+        if key == "depth" or key.endswith(("_depth", "layers")):
+            depth += sum(numbers)
+        elif any(k in key for k in WIDTH_KEYS):
+            widths += numbers
+    return 12 * max(widths) ** 2 * depth
+
+
+def check_model_size(m: ModelConfig) -> None:
+    """:class:`~mdc_core.config.ConfigError` when the decoder or the encoder of `m` (``local-dir:`` included,
+    :func:`check_local_dir`) would hold more than :data:`MAX_PARAMS` parameters; nothing is built."""
+    check_local_dir(m.encoder)
+    for what, n in (("decoder", decoder_params(m)), ("encoder", encoder_params(m.encoder_kwargs))):
+        if n > MAX_PARAMS:
+            raise ConfigError(f"the {what} of this config (text_width {m.text_width} x text_layers {m.text_layers}, "
+                              f"encoder_kwargs {str(m.encoder_kwargs)[:80]}) would hold about {n / 1e9:.0f} billion "
+                              f"parameters, more than the {MAX_PARAMS / 1e9:.0f} billion a model may have")
+
+
+def check_local_dir(encoder: str) -> None:
+    """``local-dir:FOLDER``: the ``model_args`` timm reads from ``FOLDER/config.json`` pass the limits of
+    ``model.encoder_kwargs`` (:func:`~mdc_core.config.check_encoder_kwargs`) before timm builds anything; a folder
+    without a readable one is left to timm's own message."""
+    if not encoder.startswith("local-dir:"):
+        return
+    path = Path(encoder.removeprefix("local-dir:")).expanduser() / "config.json"
+    try:
+        args = json.loads(path.read_text()).get("model_args", {})
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return
+    if not isinstance(args, dict):
+        raise ConfigError(f"{path}: model_args must be a JSON object, got {type(args).__name__}")
+    check_encoder_kwargs(args, f"{path} model_args")
+    if encoder_params(args) > MAX_PARAMS:
+        raise ConfigError(f"{path} model_args describe an encoder of about {encoder_params(args) / 1e9:.0f} billion "
+                          f"parameters, more than the {MAX_PARAMS / 1e9:.0f} billion a model may have")
 
 
 def build_image_encoder(cfg: ModelConfig) -> nn.Module:

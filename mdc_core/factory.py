@@ -15,6 +15,7 @@ from torch import nn
 
 from .clip_model import CLIPModel
 from .config import ModelConfig, RunConfig
+from .encoders import check_model_size
 from .model import Captioner
 from .registry import ObjectiveSpec, objective_spec
 
@@ -35,6 +36,7 @@ def create_model(cfg: RunConfig | ModelConfig, objective: str, output_ids: torch
     CLIP's input rows); None allocates it for a checkpoint to fill, or means the full vocabulary.
     """
     model_cfg = cfg.model if isinstance(cfg, RunConfig) else cfg
+    check_model_size(model_cfg)  # before anything is built: a config inside each limit can still be too large
     spec = objective_spec(objective)
     return MODELS[spec.model](model_cfg, spec, output_ids)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,10 @@ class MDCCaptioner(Captioner, PyTorchModelHubMixin, library_name="mdc-workbench"
                 raise FileNotFoundError(f"{weights} not found (an export folder holds config.json and {WEIGHTS})")
             if (folder / "meta.json").is_file():
                 verify_checkpoint(folder, (WEIGHTS,))
+            else:  # never in silence: the shapes are still checked against config.json below
+                warnings.warn(f"{folder} has no meta.json, so its weights are not checked against recorded SHA-256 "
+                              "digests (save_pretrained and mdc export write one); loading them unchecked",
+                              stacklevel=3)
             if not isinstance(config, dict):
                 raise ValueError(f"{folder / 'config.json'} is missing or not a JSON object")
             check_fits(RunConfig.from_dict(config), weights)

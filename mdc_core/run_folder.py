@@ -29,6 +29,7 @@ import dataclasses
 import json
 import math
 import os
+import pickle
 import warnings
 from collections import Counter
 from collections.abc import Callable
@@ -42,7 +43,7 @@ from . import distributed as dist
 from .config import RunConfig
 from .data.sources import data_fingerprint, resolve_source
 from .run_state import Counters, TrainState, count, logged_step, read_jsonl, resume_problem, set_rng_state
-from .runlock import RunFolderBusy, RunLock
+from .runlock import LinkRefused, RunFolderBusy, RunLock, refuse_links
 
 FINGERPRINT_FILE = "data_fingerprint.json"
 
@@ -50,17 +51,23 @@ FINGERPRINT_FILE = "data_fingerprint.json"
 # -- one writer --------------------------------------------------------------------------------------------------------
 
 def lock_run_folder(lock: RunLock, ctx: dist.DistContext) -> None:
-    """Rank 0 takes the run folder's lock; every rank raises :class:`RunFolderBusy` if another process holds it."""
-    busy = ""
+    """Rank 0 takes the run folder's lock; every rank raises :class:`RunFolderBusy` if another process holds it, and
+    :class:`~mdc_core.runlock.LinkRefused` if the folder holds a symbolic link (a run never writes through one)."""
+    busy, link = "", ""
     if ctx.is_main:
         try:
             lock.acquire()
+            refuse_links(lock.folder)
         except RunFolderBusy as err:
             busy = str(err)
+        except LinkRefused as err:
+            link = str(err)
     if ctx.distributed:
-        busy = dist.broadcast_object(ctx, busy, "run-folder lock")
+        busy, link = dist.broadcast_object(ctx, (busy, link), "run-folder lock")
     if busy:
         raise RunFolderBusy(busy)
+    if link:
+        raise LinkRefused(link)
 
 
 # -- start or resume ---------------------------------------------------------------------------------------------------
@@ -76,11 +83,15 @@ def resolve_data_paths(cfg: RunConfig) -> RunConfig:
     return dataclasses.replace(cfg, data=data)
 
 
-def prepare_run(cfg: RunConfig, out: Path, resume: bool, main: bool, lr_lambda: Callable[..., float]
-                ) -> tuple[RunConfig, Path | None, str]:
+def prepare_run(cfg: RunConfig, out: Path, resume: bool, main: bool, lr_lambda: Callable[..., float],
+                lock: RunLock | None = None) -> tuple[RunConfig, Path | None, str]:
     """Check the data and the run folder; the config to train (the saved one when resuming), the checkpoint to
     start from (None: a fresh run) and, for a weights-only start, what is wrong with its train state. Rank 0 (which
-    holds the lock) clears the half-written checkpoints of dead writers and sets damaged checkpoints aside."""
+    holds the lock) clears the half-written checkpoints of dead writers and sets damaged checkpoints aside, and
+    holds a shared lock on the data folder for the run (`lock`: :meth:`~mdc_core.runlock.RunLock.share`), which
+    ``mdc data synth --overwrite`` respects. The data record is written at a fresh start only (or once, to record
+    the content of a run recorded before contents were hashed); a resume compares with it (:func:`check_same_data`)
+    and never rewrites it."""
     if not cfg.data.path:
         raise ValueError("data.path is empty: pass --data DIR (e.g. a folder written by `mdc data synth`)")
     try:  # fails here, before any work
@@ -90,6 +101,14 @@ def prepare_run(cfg: RunConfig, out: Path, resume: bool, main: bool, lr_lambda: 
             raise
         raise FileNotFoundError(f"{err}. If the run's data moved, pass --data NEW_PATH: --resume accepts it when "
                                 "its content is the same") from None
+    holder = ckpt_io.run_holding(out)
+    if holder is not None:
+        raise ValueError(f"--out {out} is inside the run {holder}'s {ckpt_io.CKPT_DIR}/ folder: a run folder is never "
+                         "inside another run's checkpoints (it would rewrite a checkpoint, and pruning would delete "
+                         "it); resume the run itself (--out RUN) or train into another --out (nothing was written)")
+    if main and lock is not None:  # no data set is replaced under the run (mdc data synth --overwrite refuses)
+        for folder in sorted({Path(f) for f in [source.root, *(Path(s).parent for s in source.shards)] if f}):
+            lock.share(folder)
     if main:
         removed = ckpt_io.remove_stale_temporaries(out)
         if removed:
@@ -98,8 +117,9 @@ def prepare_run(cfg: RunConfig, out: Path, resume: bool, main: bool, lr_lambda: 
     if not resume and (ckpt_io.checkpoint_folders(out) or (out / "metrics.jsonl").exists()):
         raise FileExistsError(f"run folder {out} already holds a run; pass --resume to continue it or choose "
                               "another --out (nothing was overwritten)")
-    known = known_digests(out)
-    fingerprint = source.fingerprint(known)  # reads each shard not recorded with its size and mtime
+    recorded_shards = known_digests(out)
+    known = dict(recorded_shards)
+    fingerprint = source.fingerprint(known)  # reads each shard not recorded with its size and times
     own = {str(Path(shard).resolve()) for shard in source.shards}
     shards = {path: entry for path, entry in known.items() if path in own}  # what the record keeps
     if not resume:
@@ -119,6 +139,7 @@ def prepare_run(cfg: RunConfig, out: Path, resume: bool, main: bool, lr_lambda: 
     saved = resolve_data_paths(RunConfig.load(start_ckpt / "config.json"))  # older runs saved paths as typed
     saved = accept_moved_data(saved, cfg, out, fingerprint, known)
     _check_resume_config(saved, cfg)
+    check_same_data(out, saved, fingerprint, recorded_shards, known)
     done = json.loads((start_ckpt / "meta.json").read_text())["step"]
     check_steps(saved, cfg, done, lambda step, c: c.train.lr * lr_lambda(
         step, c.train.warmup_steps, c.train.steps, c.train.min_lr_ratio))
@@ -128,7 +149,7 @@ def prepare_run(cfg: RunConfig, out: Path, resume: bool, main: bool, lr_lambda: 
                       "moments restart from zero) and the RNG state; the step, the learning-rate schedule, the data "
                       "position (from epochs.jsonl) and the counters go on, but the run will not match an "
                       "uninterrupted one", stacklevel=3)
-    if main:  # the resume is accepted: the first write
+    if main and not content_recorded(out):  # the resume is accepted: the first write
         record_fingerprint(out, saved, fingerprint, shards)
     return (saved if saved.train.steps == cfg.train.steps else _with_steps(saved, cfg.train.steps)), start_ckpt, \
         state_problem
@@ -224,6 +245,8 @@ def train_state_problem(ckpt: str | Path) -> str:
     step = json.loads((ckpt / "meta.json").read_text())["step"]
     try:
         state = torch.load(ckpt / "state.pt", map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError:  # its message advises weights_only=False: never taken
+        return ckpt_io.unsafe_pickle(ckpt / "state.pt")
     except (RuntimeError, EOFError, OSError, ValueError) as err:
         return f"checkpoint file {ckpt / 'state.pt'} cannot be read ({type(err).__name__}: {str(err)[:120]})"
     problem = resume_problem(state, step)
@@ -276,16 +299,41 @@ def _record(out: Path) -> dict[str, Any]:
     """``out/data_fingerprint.json`` ({} when missing or unreadable)."""
     try:
         record = json.loads((out / FINGERPRINT_FILE).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return record if isinstance(record, dict) else {}
 
 
 def known_digests(out: Path) -> dict[str, dict[str, Any]]:
-    """The shard digests the run folder recorded (``{absolute path: {"bytes", "mtime_ns", "sha256"}}``), so that a
-    resume reads no shard whose size and modification time are unchanged."""
+    """The shard digests the run folder recorded (``{absolute path: {"bytes", "mtime_ns", "ctime_ns", "sha256"}}``),
+    so that a resume reads no shard whose size and modification and change times are unchanged."""
     shards = _record(out).get("shards")
     return dict(shards) if isinstance(shards, dict) else {}
+
+
+def content_recorded(out: Path) -> bool:
+    """The run folder's data record holds a content fingerprint (``version``): it is never written again."""
+    recorded = _record(out).get("fingerprint")
+    return isinstance(recorded, dict) and "version" in recorded
+
+
+def check_same_data(out: Path, saved: RunConfig, fingerprint: dict[str, Any] | None,
+                    recorded_shards: dict[str, dict[str, Any]], now: dict[str, dict[str, Any]]) -> None:
+    """``ValueError`` naming what differs when the data a resume reads (`fingerprint`, shard digests `now`) is not
+    what the run recorded at its start (`recorded_shards` and the content fingerprint of ``data_fingerprint.json``):
+    data changed in place (captions edited, ``mdc data synth --overwrite``) is never trained on silently. Records
+    from before contents were hashed are compared by :func:`accept_moved_data` only."""
+    recorded = _record(out).get("fingerprint")
+    if fingerprint is None or not (isinstance(recorded, dict) and "version" in recorded) or recorded == fingerprint:
+        return
+    changed = sorted(Path(path).name for path, entry in now.items() if path in recorded_shards and
+                     isinstance(recorded_shards[path], dict) and recorded_shards[path].get("sha256") != entry["sha256"])
+    what = (f"shard{'s' if len(changed) > 1 else ''} {', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''} "
+            "changed" if changed else
+            f"{recorded.get('items')} items recorded, {fingerprint.get('items')} now" if
+            recorded.get("items") != fingerprint.get("items") else "its shard list, table or manifest.json changed")
+    raise ValueError(f"--resume: the data at {saved.data.path} is not what this run recorded at its start ({what}; "
+                     f"{out / FINGERPRINT_FILE}): restore the run's data, or start a new run (nothing was written)")
 
 
 def record_fingerprint(out: Path, cfg: RunConfig, fingerprint: dict[str, Any] | None,
@@ -403,6 +451,8 @@ def truncate_jsonl(path: Path, step: int) -> None:
             logged = logged_step(json.loads(line))
         except json.JSONDecodeError:  # a line cut off by the kill
             continue
+        except RecursionError:  # nested deeper than the stack: damage, dropped with the others
+            logged = None
         if logged is None:
             damaged.append(n)
         elif logged <= step:

@@ -310,7 +310,7 @@ def read_jsonl(path: Path, step: float, keys: tuple[str, ...] = ()) -> list[dict
     for line in path.read_text().splitlines():
         try:
             record = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # cut off by a kill, or nested deeper than the stack: not a record
             continue
         logged = logged_step(record)
         if logged is not None and logged <= step and all(count(record.get(k), None) is not None for k in keys):

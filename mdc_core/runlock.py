@@ -9,11 +9,16 @@ second writer fails at once with a one-line :class:`RunFolderBusy` naming the ho
 lock is released. (``filelock`` locks the same way but records no holder to name.) POSIX only (``fcntl``); on a
 network file system the lock is as good as its ``flock`` support (NFSv4 and Lustre with ``flock`` grant it
 across machines).
+
+**No links followed.** The lock file is opened with ``O_NOFOLLOW``, and :func:`refuse_links` (called by its users
+under the lock, before their first write) names any symbolic link among what they write in the folder: nothing a
+writer writes or deletes follows a link out of the folder it owns (:class:`LinkRefused`, one line, nothing written).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import fcntl
 import json
 import os
@@ -28,6 +33,36 @@ LOCK_NAME = ".mdc.lock"
 
 class RunFolderBusy(RuntimeError):
     """Another process holds the folder's lock (it is writing there now)."""
+
+
+class LinkRefused(ValueError):
+    """A symbolic link where a writer writes in the folder it owns: writing through it would change a file elsewhere."""
+
+    @classmethod
+    def at(cls, link: str | Path) -> LinkRefused:
+        target = os.readlink(link) if os.path.islink(link) else "?"
+        return cls(f"{link} is a symbolic link (to {target}): mdc never writes or deletes through a link in a folder "
+                   "it writes; remove the link (nothing was written)")
+
+
+def refuse_links(folder: str | Path, *, depth: int | None = None, skip: tuple[str, ...] = ()) -> None:
+    """Raise :class:`LinkRefused` naming the first symbolic link inside `folder`, walked without following links
+    (`depth` levels of it, None: all); entries of `folder` itself whose names start with one of `skip` are left
+    out (caches with their own containment checks). `folder` itself may be a link (the user's choice of place)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    for root, dirs, files in os.walk(folder):  # followlinks=False: a link to a folder is listed, never entered
+        level = len(Path(root).relative_to(folder).parts)
+        for name in sorted(dirs + files):
+            if level == 0 and skip and name.startswith(skip):
+                continue
+            if os.path.islink(os.path.join(root, name)):
+                raise LinkRefused.at(os.path.join(root, name))
+        if level == 0 and skip:
+            dirs[:] = [d for d in dirs if not d.startswith(skip)]
+        if depth is not None and level + 1 >= depth:
+            dirs.clear()
 
 
 def describe_holder(record: dict[str, Any]) -> str:
@@ -62,6 +97,7 @@ class RunLock:
         self.path = self.folder / LOCK_NAME
         self.previous: dict[str, Any] = {}  # the record a crashed holder left, if any (its lock was free)
         self._fd: int | None = None
+        self._shared: list[int] = []  # shared locks on the folders the holder reads (:meth:`share`)
 
     @property
     def held(self) -> bool:
@@ -78,7 +114,12 @@ class RunLock:
             raise IsADirectoryError(f"{self.path} is a folder, not the lock file mdc keeps there: remove or rename it "
                                     "(nothing was written)")
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:  # never through a link: that would truncate the file it points to
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+            except OSError as err:
+                if err.errno == errno.ELOOP:
+                    raise LinkRefused.at(self.path) from None
+                raise
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -103,13 +144,28 @@ class RunLock:
 
     def _same_file(self, fd: int) -> bool:
         try:
-            a, b = os.fstat(fd), os.stat(self.path)
+            a, b = os.fstat(fd), os.lstat(self.path)
         except FileNotFoundError:
             return False
         return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
+    def share(self, folder: str | Path) -> None:
+        """Hold a shared ``flock`` on the folder `folder` (a data set the holder reads) until :meth:`release`: a
+        writer that replaces data sets (``mdc data synth --overwrite``: an exclusive lock) refuses it meanwhile,
+        and one at work there makes this raise :class:`RunFolderBusy`. Nothing is written into `folder`."""
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RunFolderBusy(f"{folder} is being rewritten (`mdc data synth --overwrite` holds it): wait for it to "
+                                "finish, then train (nothing was written)") from None
+        self._shared.append(fd)
+
     def release(self) -> None:
         """Remove the lock file and drop the lock (nothing happens when it is not held)."""
+        while self._shared:
+            os.close(self._shared.pop())
         fd, self._fd = self._fd, None
         if fd is None:
             return
@@ -124,3 +180,4 @@ class RunLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+

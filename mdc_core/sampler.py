@@ -63,7 +63,7 @@ import torch.nn.functional as F
 from .config import SamplerConfig
 from .model import Captioner
 from .precision import inference_autocast
-from .tokenizer import EOT_ID, MASK_ID, SOT_ID, CaptionTokenizer
+from .tokenizer import EOT_ID, MASK_ID, SOT_ID, CaptionTokenizer, shown
 
 
 @dataclass
@@ -428,11 +428,6 @@ def trajectory(out: SampleOutput, tokenizer: CaptionTokenizer, index: int = 0, *
 
 
 SLOT = re.compile(r"\[mask\]|(?<!\S)_(?!\S)", re.IGNORECASE)  # "[MASK]" anywhere, "_" as a word of its own
-
-
-def shown(text: str, limit: int = 60) -> str:
-    """`text` quoted for an error message, cut to `limit` characters (a pasted paragraph stays one short line)."""
-    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
 
 
 def word_list(words: list[str], limit: int = 8) -> str:

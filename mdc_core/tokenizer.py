@@ -34,6 +34,38 @@ PAD_ID = 0  # also the real token "!"; never confuse the two: cut at <eot> first
 MASK_ID = VOCAB_SIZE  # appended after the BPE vocabulary
 EMBED_SIZE = VOCAB_SIZE + 1  # rows of the decoder's input embedding
 SPECIAL_IDS = (SOT_ID, EOT_ID)
+# bounds checked before BPE, whose cost grows with the square of a word's length (16k letters: 21 s)
+MAX_CAPTION_CHARS = 4096  # a caption (COCO's longest: under 300)
+MAX_WORD_CHARS = 100  # a word: a run of characters without whitespace
+
+
+class CaptionTooLong(ValueError):
+    """A caption or one of its words is longer than the tokenizer reads (:data:`MAX_CAPTION_CHARS`,
+    :data:`MAX_WORD_CHARS`); the message echoes at most 40 characters of it."""
+
+
+def shown(text: str, limit: int = 60) -> str:
+    """`text` quoted for an error message, cut to `limit` characters (a pasted paragraph stays one short line)."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+def length_problem(text: str) -> str:
+    """What makes `text` too long to tokenize, in a few words with a bounded echo ('' when nothing does)."""
+    if len(text) > MAX_CAPTION_CHARS:
+        return f"{shown(text, 40)} is longer than the {MAX_CAPTION_CHARS} characters a caption may have"
+    if len(text) > MAX_WORD_CHARS:
+        longest = max(text.split(), key=len, default="")
+        if len(longest) > MAX_WORD_CHARS:
+            return f"its word {shown(longest, 40)} is longer than the {MAX_WORD_CHARS} characters a word may have"
+    return ""
+
+
+def caption_problem(text: str) -> str:
+    """Why `text` cannot be a training caption ('empty_caption', 'caption_too_long'; '' when it can): what the data
+    loaders skip and count rather than stop the run on."""
+    if length_problem(text):
+        return "caption_too_long"
+    return "" if text.strip() and _bpe().encode(text) else "empty_caption"
 
 
 @cache
@@ -76,7 +108,11 @@ class CaptionTokenizer:
         self.bpe = _bpe()
 
     def encode_text(self, text: str) -> list[int]:
-        """BPE ids of `text` without specials (lower-cased and cleaned as CLIP does)."""
+        """BPE ids of `text` without specials (lower-cased and cleaned as CLIP does); :class:`CaptionTooLong` for
+        a text or a word longer than the bounds (checked before BPE)."""
+        problem = length_problem(text)
+        if problem:
+            raise CaptionTooLong(f"caption too long to tokenize: {problem}")
         return self.bpe.encode(text)
 
     def __call__(self, texts: str | Sequence[str], *, truncate: bool = True,
@@ -94,9 +130,12 @@ class CaptionTokenizer:
         for row, text in enumerate(texts):
             if not isinstance(text, str):
                 raise TypeError(f"caption {row} is {type(text).__name__}, expected str")
+            problem = length_problem(text)
+            if problem:
+                raise CaptionTooLong(f"caption {row} is too long to tokenize: {problem}")
             ids = self.encode_text(text)
             if not ids:
-                raise ValueError(f"caption {row} is empty after tokenization: {text!r}")
+                raise ValueError(f"caption {row} is empty after tokenization: {text[:60]!r}")
             if len(ids) > length - 2:
                 if not truncate:
                     raise ValueError(f"caption {row} has {len(ids)} tokens but the model's context holds "

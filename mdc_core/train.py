@@ -112,7 +112,7 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, init_from: s
     try:
         run_folder.lock_run_folder(lock, ctx)
         cfg, start_ckpt, state_problem = run_folder.prepare_run(run_folder.resolve_data_paths(cfg), out, resume,
-                                                                ctx.is_main, lr_lambda)
+                                                                ctx.is_main, lr_lambda, lock)
         dist.barrier(ctx, "start-up")  # every rank has checked the run folder before rank 0 writes to it
         return Trainer(cfg, out, ctx, start_ckpt, progress, state_problem, init_from, clock, hooks).run()
     except BaseException:

@@ -55,10 +55,10 @@ from mdc_core.data.transforms import (
     open_image,
     read_image_file,
 )
-from mdc_core.tokenizer import CaptionTokenizer
+from mdc_core.tokenizer import CaptionTokenizer, caption_problem
 
 SKIP_REASONS = ("bad_shard", "missing_image", "bad_image", "too_large", "missing_caption",
-                "bad_caption_encoding", "empty_caption")
+                "bad_caption_encoding", "empty_caption", "caption_too_long")  # the last two: caption_problem
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 EVAL_SPLITS = ("val", "test", "compgen", "restval")  # splits that never get random crops
 
@@ -81,8 +81,9 @@ def _decode_record(rec: dict[str, Any], check_only: bool = False) -> dict[str, A
         caption = rec["txt"].decode("utf-8").strip()
     except UnicodeDecodeError:
         return _skip("bad_caption_encoding")
-    if not caption:
-        return _skip("empty_caption")
+    problem = caption_problem(caption)  # e.g. only control characters: empty after tokenization
+    if problem:
+        return _skip(problem)
     try:
         pil = open_image(rec[ext], f"{rec.get('__url__', '')}:{key}.{ext}")
     except ImageError as err:
@@ -99,8 +100,9 @@ def _decode_record(rec: dict[str, Any], check_only: bool = False) -> dict[str, A
 def _decode_row(row: dict[str, Any], check_only: bool = False) -> dict[str, Any]:
     """A CSV/COCO row -> the same as :func:`_decode_record`; the image file is read here."""
     caption = str(row["caption"]).strip()
-    if not caption:
-        return _skip("empty_caption")
+    problem = caption_problem(caption)
+    if problem:
+        return _skip(problem)
     try:
         data = read_image_file(row["image"])  # a device or FIFO is refused, never read
         pil = open_image(data, row["image"])
@@ -380,19 +382,20 @@ class MemoryBatches:
 
 
 def iter_captions(cfg: DataConfig, split: str | None = "train") -> Iterator[str]:
-    """Every usable caption (stripped, non-empty, valid UTF-8) of the split in storage order, without reading
-    images: for building a corpus vocabulary. Bad shards (reported on the log) and bad captions are passed over."""
+    """Every usable caption (stripped, valid UTF-8, not empty after tokenization nor too long) of the split in
+    storage order, without reading images: for building a corpus vocabulary. Bad shards (reported on the log) and
+    bad captions are passed over."""
     cfg.validate()
     source = resolve_source(cfg.path, cfg.format, split, cfg.images or None)
     if source.kind != "wds":
-        yield from (c for c in (str(r["caption"]).strip() for r in source.rows) if c)
+        yield from (c for c in (str(r["caption"]).strip() for r in source.rows) if not caption_problem(c))
         return
     for rec in iter_shard_records(source.shards, suffixes={"txt"}):
         try:
             caption = rec["txt"].decode("utf-8").strip() if "txt" in rec else ""
         except UnicodeDecodeError:
             continue
-        if caption:
+        if not caption_problem(caption):
             yield caption
 
 

@@ -102,22 +102,24 @@ class Source:
 
 
 FINGERPRINT_VERSION = 2  # 2: shard contents hashed; records without a version hold names and sizes
-_SHA256_MEMO: dict[tuple[str, int, int], str] = {}  # (absolute path, bytes, mtime_ns) -> SHA-256, this process
+_SHA256_MEMO: dict[tuple[str, int, int, int], str] = {}  # (absolute path, bytes, mtime_ns, ctime_ns) -> SHA-256
 
 
 def shard_sha256(path: Path, known: dict[str, dict[str, Any]]) -> str:
-    """The SHA-256 of file `path`, from `known` or this process's memo when its size and modification time (ns)
-    are those recorded there, else read (and added to both)."""
+    """The SHA-256 of file `path`, from `known` or this process's memo when its size and modification and change
+    times (ns) are those recorded there, else read (and added to both). The change time is the kernel's (any write
+    or ``utime`` sets it to now), so content edited in place with its mtime set back is read again."""
     stat = path.stat()
     key = str(path.resolve())
     entry = known.get(key)
     if isinstance(entry, dict) and entry.get("bytes") == stat.st_size and entry.get("mtime_ns") == stat.st_mtime_ns \
-            and isinstance(entry.get("sha256"), str):
+            and entry.get("ctime_ns") == stat.st_ctime_ns and isinstance(entry.get("sha256"), str):
         return entry["sha256"]
-    memo = (key, stat.st_size, stat.st_mtime_ns)
+    memo = (key, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
     if memo not in _SHA256_MEMO:
         _SHA256_MEMO[memo] = _file_sha256(path)
-    known[key] = {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": _SHA256_MEMO[memo]}
+    known[key] = {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns,
+                  "sha256": _SHA256_MEMO[memo]}
     return _SHA256_MEMO[memo]
 
 

@@ -29,6 +29,8 @@ from mdc_core.tokenizer import open_clip_module
 
 MAX_SIDE = 10_000  # pixels: larger images are refused
 MAX_PIXELS = 50_000_000  # 50 MP: larger images are refused (PIL's own bomb guard triggers only above ~179 MP)
+MAX_ASPECT = 32  # long side / short side: resizing the short side to S makes S x 32 S pixels at most (a 1x10000
+# PNG of 121 bytes would be resized to 224 x 2,240,000 pixels, 2.8 GB, before the centre crop)
 MAX_FILE_BYTES = 256 * 2**20  # an image file larger than this is refused before it is read
 RRC_SCALE = (0.9, 1.0)  # area fraction kept by the random resized crop
 RRC_RATIO = (3 / 4, 4 / 3)  # aspect ratios of the random resized crop
@@ -92,6 +94,9 @@ def open_image(data: bytes, name: str = "image") -> Image.Image:
         w, h = img.size  # read from the header: nothing decoded yet
         if w > MAX_SIDE or h > MAX_SIDE or w * h > MAX_PIXELS:
             raise ImageError(f"{name}: image of {w}x{h} pixels is too large ({LIMITS})", "too_large")
+        if max(w, h) > MAX_ASPECT * max(1, min(w, h)):  # resized to S on its short side: S x S * aspect pixels
+            raise ImageError(f"{name}: image of {w}x{h} pixels is too elongated to resize (at most {MAX_ASPECT}:1)",
+                             "too_large")
         img.load()  # decode now: truncated or corrupt data fails here, not inside a transform
     except ImageError:
         raise

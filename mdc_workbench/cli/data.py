@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
+import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from mdc_workbench.cli.common import flags
@@ -77,10 +81,11 @@ def cmd_data_synth(args: argparse.Namespace) -> None:
         what = "a data set (manifest.json)" if held[0].name == "manifest.json" else f"shards ({held[0]})"
         raise FileExistsError(f"{out} already holds {what}; pass --overwrite to replace it or choose another --out")
     created = not out.exists()
-    try:
-        manifest = write_synthetic_dataset(out, args.n, seed=args.seed, image_size=args.image_size,
-                                           captions=args.captions, shard_size=args.shard_size,
-                                           difficulty=args.difficulty)
+    try:  # a data set a training run reads (it holds a shared lock on its folder) is never replaced under it
+        with _exclusive([out, *sorted(p for p in out.glob("*") if p.is_dir())], "--overwrite"):
+            manifest = write_synthetic_dataset(out, args.n, seed=args.seed, image_size=args.image_size,
+                                               captions=args.captions, shard_size=args.shard_size,
+                                               difficulty=args.difficulty)
     except BaseException:
         if created:  # a failed or interrupted command leaves no half-written folder behind
             shutil.rmtree(out, ignore_errors=True)
@@ -90,3 +95,28 @@ def cmd_data_synth(args: argparse.Namespace) -> None:
 
 
 HANDLERS = {"data": cmd_data}
+
+
+@contextlib.contextmanager
+def _exclusive(folders: list[Path], what: str) -> Iterator[None]:
+    """An exclusive ``flock`` on each existing folder of `folders` for the block (`what` replaces what they hold);
+    :class:`~mdc_core.runlock.RunFolderBusy` when a reader holds one (:meth:`~mdc_core.runlock.RunLock.share`: a
+    training run reads its data there)."""
+    from mdc_core.runlock import RunFolderBusy
+    fds: list[int] = []
+    try:
+        for folder in folders:
+            if not folder.is_dir():
+                continue
+            fds.append(os.open(folder, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)))
+            try:
+                fcntl.flock(fds[-1], fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RunFolderBusy(f"{folder} is being read by a training run (it holds a lock on the folder): "
+                                    f"{what} would change the data under it; write into another folder, or wait "
+                                    "for the run to finish (nothing was written)") from None
+        yield
+    finally:
+        for fd in fds:
+            os.close(fd)
+

@@ -121,7 +121,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         print(f"skipped corrupt records: {result.skipped}")
     if result.truncated:
         tcfg = cfg.train
-        print(truncation_note(result.truncated, (result.steps - result.start_step) * tcfg.batch_size * tcfg.grad_accum,
+        print(truncation_note(result.truncated, result.steps * tcfg.batch_size * tcfg.grad_accum,
                               cfg.model.context_length))
 
 
@@ -149,7 +149,8 @@ def warmup_note(steps: int, warmup_steps: int) -> str:
 
 
 def truncation_note(truncated: int, seen: int, context: int) -> str:
-    """The truncation count with its total and what to do about it (`seen`: captions this process trained on)."""
+    """The truncation count with its total and what to do about it (`seen`: captions the whole run trained on, as
+    the count is the whole run's, also after a resume)."""
     share = f" of about {seen} ({truncated / seen:.0%})" if seen > 0 else ""
     return (f"captions truncated to the context of {context} tokens: {truncated}{share}; synthesise shorter captions "
             f"(mdc data synth --captions short) or raise --set model.context_length=N")
@@ -184,7 +185,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
         print(f"trained in {time.perf_counter() - start:.0f} s")
         if result.truncated:
             t = cfg.train
-            print(truncation_note(result.truncated, (result.steps - result.start_step) * t.batch_size * t.grad_accum,
+            print(truncation_note(result.truncated, result.steps * t.batch_size * t.grad_accum,
                                   cfg.model.context_length))
     model, cfg = load_model(run_dir)
     report = caption_report(model, cfg.data, cfg.sampler, split="test", limit=args.limit, progress=not args.quiet)

@@ -59,6 +59,7 @@ from mdc_workbench.data.scene import (
 )
 
 CAPTION_STYLES = ("short", "long", "mixed", "clauses", *LINKED_STYLES)
+MAX_IMAGE_SIZE = 1024  # pixels: a scene is drawn whole in memory (1,000,000 px ran to 15.5 GB before it was bounded)
 GENERATOR = "mdc_core.data.synth"  # manifest.json's name for this format (version SYNTH_VERSION), kept from before the
 # writer moved to the workbench, so that a seed writes the same bytes and its data fingerprint stays the same
 _SHARD_RE = re.compile(r"\d{6}\.tar(\.part)?")
@@ -169,8 +170,8 @@ def write_synthetic_dataset(out: str | Path, n: int, seed: int = 0, image_size: 
         raise ValueError(f"n (training images) must be >= 1, got {n}")
     if captions not in CAPTION_STYLES:
         raise ValueError(f"captions must be one of {', '.join(CAPTION_STYLES)}, got {captions!r}")
-    if image_size < 16:
-        raise ValueError(f"image_size must be >= 16 pixels, got {image_size}")
+    if not 16 <= image_size <= MAX_IMAGE_SIZE:  # checked before anything is written: each image is drawn whole
+        raise ValueError(f"image_size must be in 16-{MAX_IMAGE_SIZE} pixels, got {image_size}")
     if shard_size < 1:
         raise ValueError(f"shard_size must be >= 1, got {shard_size}")
     get_difficulty(difficulty)  # fail before anything is written

@@ -41,6 +41,7 @@ from mdc_core.checkpoint import (
     load_model,
     load_weights,
     resolve_checkpoint,
+    run_holding,
     verify_checkpoint,
 )
 from mdc_core.config import RunConfig
@@ -157,7 +158,7 @@ def _check_out(out: Path, force: bool) -> None:
     """`out` may be written: not inside a run's checkpoints folder, and (non-empty) replaced only with `force` and
     only when it is an earlier export (:func:`_earlier_export`), so ``--force`` can never destroy a run or a
     folder of someone else's files."""
-    run = _run_holding(out)
+    run = run_holding(out)
     if run is not None:
         raise ValueError(f"--out {out} is inside the run folder {run}'s {CKPT_DIR}/ (an export there would pass for "
                          "a checkpoint, and --force would replace one); export into a folder outside it (nothing "
@@ -175,16 +176,6 @@ def _check_out(out: Path, force: bool) -> None:
 
 
 EXPORT_FILES = frozenset({"README.md", "config.json", "meta.json", WEIGHTS})  # what _write_hf/_write_timm + card write
-
-
-def _run_holding(out: Path) -> Path | None:
-    """The run folder whose checkpoints folder `out` is (or is inside), or None."""
-    for folder in (out.resolve(), *out.resolve().parents):
-        run = folder.parent
-        if folder.name == CKPT_DIR and ((run / "config.json").is_file() or (run / "metrics.jsonl").is_file()
-                                        or any(folder.glob("step_*"))):
-            return run
-    return None
 
 
 def _earlier_export(folder: Path) -> str:

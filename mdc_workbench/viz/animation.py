@@ -274,16 +274,61 @@ def load_record(path: str | Path) -> dict[str, Any]:
         missing = [k for k in RECORD_KEYS if not isinstance(record, dict) or k not in record]
         raise ValueError(f"{path.name} is not a trajectory saved by `mdc sample --json` or the app "
                          f"(missing {', '.join(missing)})")
-    n = len(record["token_ids"])
     try:
-        for st in record["steps"]:
-            for r in (*st["revealed"], *st["masked"], *st.get("remasked", [])):
-                if not 0 <= int(r["position"]) < n:
-                    raise ValueError(f"position {r['position']} outside the caption of {n} tokens")
+        check_record(record)
         canvas_at(record, len(record["steps"]))
-    except (KeyError, TypeError, ValueError, RecursionError) as err:
+    except (KeyError, TypeError, ValueError, RecursionError, AttributeError) as err:
         raise ValueError(f"{path.name} holds a damaged trajectory: {str(err)[:200]}") from err
     return record
+
+
+MAX_RECORD_POSITIONS = 4096  # a caption's positions (the largest context a config may have)
+MAX_RECORD_STEPS = 4096  # steps of a trajectory (a sampler reveals at least one position a step, remasking aside)
+MAX_RECORD_ENTRIES = 200_000  # revealed, masked and remasked entries of all steps together
+
+
+def check_record(record: dict[str, Any]) -> None:
+    """Check a trajectory record's shape and types in place, bounded before any work: at most
+    :data:`MAX_RECORD_POSITIONS` tokens, :data:`MAX_RECORD_STEPS` steps and :data:`MAX_RECORD_ENTRIES` entries; each
+    step's ``step`` and each entry's ``position`` (and ``order``) an integer in range, ``confidence`` a finite
+    number, ``token`` a string. What the HTML views insert is then what this checked (they escape it too).
+    ValueError naming the first problem."""
+    tokens, ids, steps = record["tokens"], record["token_ids"], record["steps"]
+    if not isinstance(ids, list) or not isinstance(tokens, list) or not isinstance(steps, list):
+        raise ValueError("tokens, token_ids and steps must be lists")
+    if len(ids) > MAX_RECORD_POSITIONS or len(steps) > MAX_RECORD_STEPS:
+        raise ValueError(f"{len(ids)} positions and {len(steps)} steps, more than a trajectory has (at most "
+                         f"{MAX_RECORD_POSITIONS} and {MAX_RECORD_STEPS})")
+    if not all(isinstance(t, str) for t in tokens) or not all(_integer(i) for i in ids):
+        raise ValueError("tokens must be strings and token_ids integers")
+    n, entries = len(ids), 0
+    for k, st in enumerate(steps):
+        if not isinstance(st, dict) or not _integer(st.get("step")):
+            raise ValueError(f"step {k} is not a record with an integer step")
+        for key in ("revealed", "masked", "remasked"):
+            group = st.get(key, [])
+            if not isinstance(group, list):
+                raise ValueError(f"step {k}: {key} must be a list")
+            entries += len(group)
+            if entries > MAX_RECORD_ENTRIES:
+                raise ValueError(f"more than {MAX_RECORD_ENTRIES} revealed/masked entries")
+            for r in group:
+                if not isinstance(r, dict) or not _integer(r.get("position")) or not 0 <= r["position"] < n:
+                    raise ValueError(f"step {k}: a {key} entry without a position inside the caption of {n} tokens")
+                for name in ("confidence", "top_confidence"):
+                    if name in r and not (_number(r[name]) and math.isfinite(r[name])):
+                        raise ValueError(f"step {k}: {name} {str(r[name])[:20]!r} is not a finite number")
+                for name in ("token", "top_token"):
+                    if name in r and not isinstance(r[name], str):
+                        raise ValueError(f"step {k}: {name} must be a string")
+
+
+def _integer(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def attention_grid(record: dict[str, Any], image: Image.Image, *, layer: int | str = -1, head: int | str = "mean",

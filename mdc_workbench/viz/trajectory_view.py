@@ -39,7 +39,8 @@ def reveal_order(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _chip(cell: dict[str, Any]) -> str:
-    token, conf = html.escape(cell["token"]), cell.get("confidence", 1.0)
+    token, conf = html.escape(str(cell["token"])), float(cell.get("confidence", 1.0))  # what a record says: escaped
+    cell = {**cell, **{k: html.escape(str(cell[k])) for k in ("position", "order", "step") if k in cell}}
     base = ("display:inline-flex;flex-direction:column;align-items:center;justify-content:center;min-width:52px;"
             "padding:5px 9px 6px;border-radius:10px;line-height:1.15;")
     if cell["state"] == "fixed":

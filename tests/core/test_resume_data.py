@@ -133,4 +133,4 @@ def test_each_shard_is_read_once_and_again_only_when_it_changes(trained_run, tmp
     assert source.fingerprint(known) == first and reads == ["manifest.json", shard.name, "manifest.json"]
     recorded = known_digests(run)  # the run folder keeps its shards' digests with their sizes and mtimes
     assert set(recorded) == {str(Path(s).resolve()) for s in resolve_source(str(data), split="train").shards}
-    assert all(set(entry) == {"bytes", "mtime_ns", "sha256"} for entry in recorded.values())
+    assert all(set(entry) == {"bytes", "mtime_ns", "ctime_ns", "sha256"} for entry in recorded.values())
