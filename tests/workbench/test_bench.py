@@ -234,3 +234,23 @@ def test_coca_peer_head_is_initialised():
     second = build_coca(cfg).text_decoder.text_projection.detach()
     assert torch.isfinite(first).all() and torch.equal(first, second)
     assert first.std() > 0.5 * cfg.text_width ** -0.5  # N(0, width^-1/2), not zeros
+
+
+@pytest.mark.slow  # a compile of the micro model's whole step: minutes on two busy cores
+def test_the_whole_step_row_trains_the_step_it_compiles(monkeypatch):
+    """``mdc_whole`` (train.compile_step) times the same computation as ``mdc``: its FLOPs are the eager row's, its
+    host operations are counted, its step time is a real number (aot_eager: the region traced as inductor would)."""
+    import functools
+
+    from mdc_core.loss_step import LossStep
+    from mdc_workbench.bench import training
+    from mdc_workbench.bench.core import bench_inputs
+
+    monkeypatch.setattr(training, "LossStep", functools.partial(LossStep, backend="aot_eager"))
+    cfg = load_preset("tiny", MICRO_OVERRIDES)
+    payload = bench_inputs(cfg, cfg.train.batch_size, vocab_examples=64)
+    rows = {name: training.measure_train_step(name, payload, steps=2, warmup=2, device="cpu", threads=1,
+                                              count_ops=True) for name in ("mdc", "mdc_whole")}
+    assert rows["mdc_whole"]["flops_per_step"] == rows["mdc"]["flops_per_step"] > 0
+    assert math.isfinite(rows["mdc_whole"]["step_s"]) and rows["mdc_whole"]["compile_s"] > 0
+    assert rows["mdc_whole"]["host_ops"]["aten_ops_per_step"] > 0
