@@ -48,7 +48,7 @@ GOAL_MIN = 8.0  # the evidence plan's wall-clock goal on one GPU (minutes)
 STEP_S = 0.0228  # tiny_fast training step, batch 64, eager, one process on an H200 (benchmarks/README.md)
 RUN_EXTRA_S = 45.0  # per run: kernel start, data load, probes or the signal measure (an allowance, not measured)
 CUDA_TESTS = ["tests/core/test_cuda.py", "tests/core/test_step_parts.py", "tests/core/test_static_step.py",
-              "tests/core/test_whole_step.py"]
+              "tests/core/test_whole_step.py::test_the_whole_step_with_cuda_graphs_trains_like_the_eager_step"]
 LOAN_S = 600.0  # what the check may take of a lent machine, its start included (10 minutes)
 # allowances, not measured (make gpu-check has not run end to end on a GPU yet): a lent machine's start, the transfer
 # and the wheelhouse install ("a minute or more" to start); per mdc bench: imports, inputs, the matmul peak; per
