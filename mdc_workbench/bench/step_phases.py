@@ -334,7 +334,8 @@ def measure_step_phases(preset: str = "tiny_fast", overrides: Iterable[str] = ()
         # thousands of sync warnings per step) and the count would be of another program than the timed one;
         # CUDA graphs add no host synchronisation, so the eager step's count is the compiled step's too
         counted = load_preset(preset, [*base, f"train.steps={sync_steps}", f"train.ckpt_every={sync_steps}",
-                                       f"train.log_every={sync_steps + 1}", "train.compile=false"])
+                                       f"train.log_every={sync_steps + 1}", "train.compile=false",
+                                       "train.compile_step=false"])
         clock = PhaseClock(dev, count_syncs=True)
         try:
             train(counted, Path(tmp) / "counted", progress=False, clock=clock)

@@ -64,13 +64,14 @@ def test_the_counting_run_is_uncompiled_whatever_the_timed_run_does(data, monkey
     real, seen = mdc_core.train.train, []
 
     def recording(cfg, out, **kw):
-        seen.append(cfg.train.compile)
-        eager = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, compile=False))  # fast on the CPU
-        return real(eager, out, **kw)
+        seen.append((cfg.train.compile, cfg.train.compile_step))
+        eager = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, compile=False, compile_step=False))
+        return real(eager, out, **kw)  # fast on the CPU
 
     monkeypatch.setattr(mdc_core.train, "train", recording)
-    measure_step_phases("tiny", [*OVERRIDES, "train.compile=true"], steps=4, warmup=0, data=data, sync_steps=3)
-    assert seen == [True, False]
+    measure_step_phases("tiny", [*OVERRIDES, "train.compile=true", "train.compile_step=true"], steps=4, warmup=0,
+                        data=data, sync_steps=3)
+    assert seen == [(True, True), (False, False)]  # the whole step compiles too: off for the count
 
 
 def test_work_outside_the_phases_shows_as_missing_coverage():
