@@ -14,7 +14,7 @@ EXTRAS := dev,app,notebooks,eval,bench,vqgan,tensorboard# everything but [lab] (
 
 GPU_PYTHON ?= 3.12# the offline GPU machine's Python (make wheelhouse)
 
-.PHONY: demo evidence evidence-1600 evidence-more central-claim test test-all lint setup clean-outputs kernel quick-demo app lab notebooks-html gpu-check wheelhouse
+.PHONY: demo evidence evidence-1600 evidence-more central-claim test test-all lint setup clean-outputs kernel quick-demo app lab notebooks-html gpu-check gpu-check-estimate wheelhouse
 
 setup: $(STAMP)
 
@@ -57,8 +57,11 @@ lab: kernel  # install the [lab] extra, then JupyterLab in notebooks/ on 127.0.0
 notebooks-html: kernel  # every notebook run with its defaults (papermill_runs/notebooks/), as pages in docs/notebooks_html/
 	$(PY) docs/notebooks_html.py
 
-gpu-check:  # CUDA tests, bench, GPU evidence plan in BUDGET_S (540) s into gpu_check_out/; without CUDA: --tiny
+gpu-check:  # CUDA tests, bench, GPU evidence plan in BUDGET_S (480) s into gpu_check_out/; without CUDA: --tiny
 	bash scripts/gpu_check.sh gpu_check_out
+
+gpu-check-estimate: $(STAMP)  # the minutes each part of gpu-check takes under BUDGET_S, from benchmarks/*.json
+	$(PY) -m mdc_workbench.runs.gpu_check --estimate $(if $(BUDGET_S),--budget-s $(BUDGET_S))
 
 wheelhouse: $(STAMP)  # every wheel the core and [notebooks] need that the GPU image lacks, for Python $(GPU_PYTHON)
 	$(PY) scripts/wheelhouse.py --python-version $(GPU_PYTHON) --out .wheelhouse

@@ -189,18 +189,19 @@ class TrainConfig:
     # compiling, else off) | off | padded (captions trimmed to a multiple of length_bucket tokens, loss terms padded
     # to one of 8 counts) | dense (logits at every position: for a small corpus head)
     static_shapes: str = "auto"
+    compile_step: bool = False  # forward to AdamW and EMA as one compiled region (loss_step.WholeStep; compile's mode)
     length_bucket: int = 8  # with static shapes: caption lengths are rounded up to a multiple of this
     tensorboard: bool = False  # also write TensorBoard events into the run folder (rank 0; the run hook "tensorboard")
 
     def compile_mode(self, device_type: str = "cpu", distributed: bool = False) -> str | None:
         """torch.compile's mode for train.compile on a `device_type` device, or None when the step runs eagerly.
-        "auto" is "reduce-overhead" (CUDA graphs) for one CUDA process with grad_accum 1, where it measured 2.3x
-        the eager ViT-B/32 step on an H200 (benchmarks/README.md), and off elsewhere: on the CPU compiling does not
-        pay, CUDA graphs cannot accumulate gradients, and DDP is not measured with them."""
+        "auto" is "reduce-overhead" (CUDA graphs) for one CUDA process with grad_accum 1, where it measured 2.3x the
+        eager ViT-B/32 step on an H200 (benchmarks/README.md), and off elsewhere (on the CPU compiling does not pay,
+        CUDA graphs cannot accumulate gradients, DDP is not measured with them); "default" for off with compile_step."""
         if self.compile == "auto":
             single = device_type == "cuda" and not distributed and self.grad_accum == 1
-            return "reduce-overhead" if single else None
-        return None if self.compile is False else "default" if self.compile is True else self.compile
+            return "reduce-overhead" if single else "default" if self.compile_step else None
+        return "default" if self.compile is True or (self.compile_step and not self.compile) else self.compile or None
 
     def static_mode(self, compile_mode: str | None) -> str:
         """train.static_shapes with "auto" resolved: padded when the step compiles (`compile_mode`), else off."""
@@ -216,6 +217,8 @@ class TrainConfig:
                               f"got {self.compile!r}")
         _choice(self, "static_shapes", STATIC_SHAPES)
         _choice(self, "nonfinite", ("stop", "skip"))
+        if self.compile_step and (self.grad_accum > 1 or self.nonfinite == "skip"):  # one micro-batch with its update
+            raise ConfigError("train.compile_step needs train.grad_accum=1 and train.nonfinite=stop")
         if self.lr <= 0:
             raise ConfigError(f"train.lr must be > 0, got {self.lr}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):

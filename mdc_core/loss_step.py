@@ -13,6 +13,8 @@
   ``train.static_shapes`` the shapes repeat, so the step compiles once per caption-length bucket and never after
   (``tests/core/test_static_step.py`` counts the compiles), and ``compile="reduce-overhead"`` replays forward and
   backward as CUDA graphs: a few launches per step instead of hundreds, which sets the speed of a small model.
+* **The whole step compiled** (``train.compile_step``, off by default): :class:`WholeStep` adds the gradient
+  clipping, the AdamW update and the EMA update to the compiled region (``tests/core/test_whole_step.py``).
 * **bf16 autocast** on CUDA by default (:func:`use_bf16`), fp32 on the CPU.
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.optim.swa_utils import AveragedModel
 
 from .config import ObjectiveConfig, TrainConfig
 from .objectives import (
@@ -156,7 +159,8 @@ class LossStep:
                  bf16: bool, backend: str = "inductor", distributed: bool = False) -> None:
         prepared = objective_spec(cfg.name).prepared  # an objective that draws its own noise is not compiled by auto
         self.device, self.bf16 = device, bf16
-        self.mode = tcfg.compile_mode(device.type, distributed) if prepared or tcfg.compile != "auto" else None
+        compiles = prepared or tcfg.compile != "auto" or tcfg.compile_step
+        self.mode = tcfg.compile_mode(device.type, distributed) if compiles else None
         if uses_cudagraphs(self.mode, device) and tcfg.grad_accum > 1:  # pytorch/pytorch#169545: silently wrong grads
             raise ValueError(f"train.compile={self.mode} replays the backward as a CUDA graph, and a second "
                              "micro-batch would overwrite the first one's gradients (CUDA graph trees hand .grad "
@@ -170,9 +174,11 @@ class LossStep:
             torch.backends.cudnn.benchmark = True
         self.batches = HostBatches(model, cfg, device, static, tcfg.length_bucket)
         self.module: torch.nn.Module = Objective(model, cfg)
-        if self.mode is not None:
-            options = {"mode": self.mode} if backend == "inductor" else {}  # modes are inductor's
-            self.module.compile(backend=backend, dynamic=False if static != "off" else None, **options)
+        # the options of torch.compile: this module's, or the whole step's with train.compile_step (train.WholeStep)
+        self.options = {"backend": backend, "dynamic": False if static != "off" else None,
+                        **({"mode": self.mode} if backend == "inductor" else {})}  # modes are inductor's
+        if self.mode is not None and not tcfg.compile_step:
+            self.module.compile(**self.options)
         self.cudagraphs = uses_cudagraphs(self.mode, device)
         # static_shapes=padded gives up to objectives.TERM_BUCKETS term counts per caption-length bucket: compiled
         # with that one dimension symbolic they share one graph (CUDA graphs still record one replay per count)
@@ -188,12 +194,70 @@ class LossStep:
 
     def forward(self, images: torch.Tensor, batch: ReadyBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(loss, metrics) of images (B, 3, H, W) and a batch :meth:`prepare` made."""
+        return self.objective(images, batch, self.ready(batch))
+
+    def ready(self, batch: ReadyBatch) -> torch.Generator:
+        """What the host does before the compiled part (dynamic dimensions, a CUDA-graph step): the generator."""
         prepared = batch.prepared
         if self.terms_dynamic and prepared is not None:  # one graph for all of padded's term counts
             for x in (prepared.index, prepared.owner, prepared.targets, prepared.valid):
                 torch._dynamo.mark_dynamic(x, 0)
         if self.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
-        generator = self.batches.generator(batch)
+        return self.batches.generator(batch)
+
+    def objective(self, images: torch.Tensor, batch: ReadyBatch, generator: torch.Generator
+                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The device part of :meth:`forward` (what the whole step's compiled region traces)."""
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            return self.module(images.to(self.device, non_blocking=True), batch.tokens, generator, prepared)
+            return self.module(images.to(self.device, non_blocking=True), batch.tokens, generator, batch.prepared)
+
+
+class WholeStep:
+    """train.compile_step: a micro-batch's forward, loss and backward, gradient clipping, the AdamW update and the
+    EMA update as one ``torch.compile`` region (the :class:`LossStep`'s options), PyTorch's compiled-optimizer recipe:
+    the lr is a tensor the schedule fills (:meth:`lr`), so a new lr recompiles nothing. ``whole(images, batch,
+    scale)`` after :meth:`LossStep.prepare` returns the detached (loss, metrics, grad norm); the schedule and the
+    EMA's count stay on the host. Dynamo cuts the region at the backward call: forward and backward are one graph,
+    clipping, AdamW and EMA another. Its numbers agree with the eager step's to rounding, not to the bit."""
+
+    def __init__(self, loss_step: LossStep, opt: torch.optim.Optimizer, ema: AveragedModel | None, tcfg: TrainConfig):
+        self.loss_step, self.opt, self.ema, self.decay = loss_step, opt, ema, tcfg.ema_decay
+        self.params = [p for g in opt.param_groups for p in g["params"]]
+        self.clip = tcfg.grad_clip if tcfg.grad_clip > 0 else float("inf")
+        for g in opt.param_groups:  # a checkpoint of an eager run holds a number
+            g["lr"] = self.lr(g["lr"], tcfg, self.params[0].device if opt.defaults.get("fused") else None)
+        opt._opt_called = True  # what the schedule's wrapper of opt.step (which dynamo skips) would have set
+        model = loss_step.module.model
+        pairs = [] if ema is None else list(zip([*ema.module.parameters(), *ema.module.buffers()],
+                                                [*model.parameters(), *model.buffers()], strict=True))
+        self.averaged = [[a for a, _ in pairs if a.is_floating_point()], [c for a, c in pairs if a.is_floating_point()]]
+        self.copied = [(a, c) for a, c in pairs if not a.is_floating_point()]  # token-id tables (as train.ema_update)
+        self.region = torch.compile(self._step, **loss_step.options)
+
+    @staticmethod
+    def lr(lr: float | torch.Tensor, tcfg: TrainConfig, device: torch.device | None) -> float | torch.Tensor:
+        """The lr as AdamW holds it: a float, or with train.compile_step a tensor (on `device`; None: the CPU)."""
+        return torch.tensor(float(lr), device=device) if tcfg.compile_step and not torch.is_tensor(lr) else lr
+
+    def __call__(self, images: torch.Tensor, batch: ReadyBatch, scale: float
+                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+        first = self.ema is not None and int(self.ema.n_averaged) == 0  # the EMA's first update copies: weight 1
+        out = self.region(images, batch, self.loss_step.ready(batch), scale, 1.0 if first else 1.0 - self.decay)
+        if self.ema is not None:
+            self.ema.n_averaged += 1
+        return out
+
+    def _step(self, images, batch, generator, scale, ema_weight):
+        loss, metrics = self.loss_step.objective(images, batch, generator)
+        (loss * scale).backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        type(self.opt).step(self.opt)  # not opt.step: the schedule's wrapper of it stops dynamo
+        for p in self.params:
+            p.grad = None
+        with torch.no_grad():  # train.ema_update's (a lerp by 1 gives the end exactly)
+            if self.averaged[0]:
+                torch._foreach_lerp_(*self.averaged, ema_weight)
+            for avg, cur in self.copied:
+                avg.copy_(cur)
+        return loss.detach(), {k: v.detach() for k, v in metrics.items()}, grad_norm

@@ -56,7 +56,7 @@ from .config import RunConfig, TrainConfig
 from .data import iter_captions
 from .data.loaders import BatchStream
 from .factory import create_model
-from .loss_step import LossStep, use_bf16
+from .loss_step import LossStep, WholeStep, use_bf16
 from .run_state import (  # TrainingDiverged: what train raises when the loss is not finite
     Counters,
     HookFactory,
@@ -143,6 +143,8 @@ class Trainer:
             model, self.cfg = init_model(cfg, progress=progress and self.main)  # with the corpus vocabulary's size
         cfg = self.cfg
         self.model = model.to(self.device).train()
+        if tcfg.compile_step and ctx.distributed:
+            raise ValueError("train.compile_step runs in one process; under torchrun leave it off")
         if self.main:
             out.mkdir(parents=True, exist_ok=True)
             cfg.save(out / "config.json")  # a run started over found its old logs set aside
@@ -168,6 +170,7 @@ class Trainer:
         elif init_from is not None:
             seed_everything(tcfg.seed)  # the RNG state of a fresh run's first step, not what loading the weights drew
         self.start_step = self.n.step
+        self.whole = WholeStep(self.loss_step, self.opt, self.ema, tcfg) if tcfg.compile_step else None
         self.stream = BatchStream(cfg, ctx, epoch, batch_in_epoch,
                                   lambda finished: self.log.end_epoch(finished, self.stream.pending))
 
@@ -193,7 +196,7 @@ class Trainer:
                             stats = stats or self._read(step)
                             loss = stats.loss
                             if log:
-                                self.log.write(stats, self.stream.epoch, self.sched.get_last_lr()[0])
+                                self.log.write(stats, self.stream.epoch, float(self.sched.get_last_lr()[0]))
                     if save:
                         with clock.phase("checkpoint"):
                             self._checkpoint()
@@ -228,15 +231,19 @@ class Trainer:
             last = a == len(micro) - 1
             sync = self.loss_step.module.no_sync() if ctx.distributed and not last else contextlib.nullcontext()
             with clock.phase("forward_backward"), dist.guard(ctx, "DDP forward/backward (gradient all-reduce)"), sync:
-                loss, metrics = self.loss_step.forward(batch["image"], r)
                 # DDP averages gradients over ranks: x world makes that a sum, / denom the global normalisation
                 scale = count * ctx.world / denom
-                (loss * (scale.to(loss.dtype) if torch.is_tensor(scale) else scale)).backward()
+                if self.whole is not None:  # train.compile_step: from the forward to the EMA in one compiled region
+                    loss, metrics, grad_norm = self.whole(batch["image"], r, scale)
+                else:
+                    loss, metrics = self.loss_step.forward(batch["image"], r)
+                    (loss * (scale.to(loss.dtype) if torch.is_tensor(scale) else scale)).backward()
             with clock.phase("metrics_logging"):
                 sums.add(loss, metrics, count)
-        with clock.phase("clip_optimizer"):
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tcfg.grad_clip if tcfg.grad_clip > 0
-                                                       else float("inf"))
+        if self.whole is None:
+            with clock.phase("clip_optimizer"):
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tcfg.grad_clip
+                                                           if tcfg.grad_clip > 0 else float("inf"))
         with clock.phase("metrics_logging"):
             self.log.pending_samples += float(sum(b["tokens"].shape[0] for b in micro))
             self.log.pending_truncated += sum(b["truncated"] for b in micro)
@@ -251,10 +258,11 @@ class Trainer:
             else:  # train.nonfinite=stop: noted on the device, raised at the next read, before anything is written
                 self.watch.note(n, step.loss_sum / denom, grad_norm)
         with clock.phase("clip_optimizer"):
-            self.opt.step()
-            self.opt.zero_grad(set_to_none=True)
+            if self.whole is None:
+                self.opt.step()
+                self.opt.zero_grad(set_to_none=True)
             self.sched.step()
-        if self.ema is not None:
+        if self.ema is not None and self.whole is None:
             with clock.phase("ema"):
                 ema_update(self.ema, self.model, tcfg.ema_decay)
         self.n.step += 1
@@ -356,10 +364,12 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
 def build_optimizer(param_groups: list[dict[str, Any]], tcfg: TrainConfig, device: torch.device
                     ) -> torch.optim.Optimizer:
     """AdamW with the run's lr and betas: the fused kernel on CUDA (all parameters floating point on one device),
-    the default implementation elsewhere."""
+    the default implementation elsewhere; with train.compile_step its lr is a tensor, capturable on CUDA."""
     params = [p for g in param_groups for p in g["params"]]
     fused = device.type == "cuda" and all(p.is_cuda and p.is_floating_point() for p in params)
-    return torch.optim.AdamW(param_groups, lr=tcfg.lr, betas=tcfg.betas, **({"fused": True} if fused else {}))
+    whole = {"capturable": True} if tcfg.compile_step else {}  # a CUDA graph may replay the update (WholeStep)
+    return torch.optim.AdamW(param_groups, lr=WholeStep.lr(tcfg.lr, tcfg, device if fused else None),
+                             betas=tcfg.betas, **({"fused": True, **whole} if fused else {}))
 
 
 @torch.no_grad()

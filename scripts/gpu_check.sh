@@ -3,7 +3,7 @@
 # On an offline GPU machine, bring the repository and its wheelhouse (`make wheelhouse` on a machine with the package
 # index: .wheelhouse/), then `bash scripts/gpu_check.sh [OUT_DIR]`: the wheels install into a scratch folder put on
 # PYTHONPATH (nothing in the machine's environment changes), then the check runs within BUDGET_S seconds (default
-# 540). Without CUDA it runs the same phases at a budget of seconds (--tiny).
+# 480: with the machine's start, a 10-minute loan). Without CUDA it runs the same phases at a budget of seconds (--tiny).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-gpu_check_out}
@@ -18,4 +18,4 @@ if [ -z "$tiny" ] && compgen -G ".wheelhouse/*.whl" > /dev/null; then  # the GPU
 else
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
-exec "$py" -m mdc_workbench.runs.gpu_check --out "$out" --budget-s "${BUDGET_S:-540}" $tiny
+exec "$py" -m mdc_workbench.runs.gpu_check --out "$out" --budget-s "${BUDGET_S:-480}" $tiny

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -82,6 +83,35 @@ def median_time(fn: Callable[[], Any], *, repeats: int, warmup: int = 1,
         sync(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times), out
+
+
+# Datasheet peaks of dense bf16 tensor-core matmuls (no structured sparsity: half the "with sparsity" figure the
+# datasheets print first), TFLOP/s, by a pattern of the name torch.cuda.get_device_name gives. The figure
+# nanoGPT-style MFU reports divide by; the first pattern that matches the name wins (NVL and PCIe before SXM).
+DATASHEET_BF16_TFLOPS: tuple[tuple[str, float, str], ...] = (
+    (r"\bH200 NVL\b", 835.5, "NVIDIA H200 NVL datasheet: 1,671 TFLOPS BF16 with sparsity"),
+    (r"\bH200\b", 989.5, "NVIDIA H200 SXM datasheet: 1,979 TFLOPS BF16 with sparsity"),
+    (r"\bGH200\b", 989.5, "NVIDIA GH200 datasheet (H100/H200 GPU): 1,979 TFLOPS BF16 with sparsity"),
+    (r"\bH100 NVL\b", 835.5, "NVIDIA H100 NVL datasheet: 1,671 TFLOPS BF16 with sparsity"),
+    (r"\bH100 PCIe\b", 756.5, "NVIDIA H100 PCIe datasheet: 1,513 TFLOPS BF16 with sparsity"),
+    (r"\bH100\b", 989.5, "NVIDIA H100 SXM datasheet: 1,979 TFLOPS BF16 with sparsity"),
+    (r"\bB200\b", 2250.0, "NVIDIA HGX B200 datasheet, per GPU: 4.5 PFLOPS BF16 with sparsity"),
+    (r"\bA100\b", 312.0, "NVIDIA A100 datasheet: 312 TFLOPS BF16 (624 with sparsity)"),
+    (r"\bL40S\b", 362.05, "NVIDIA L40S datasheet: 362.05 TFLOPS BF16 (733 with sparsity)"),
+    (r"\bL40\b", 181.05, "NVIDIA L40 datasheet: 181.05 TFLOPS BF16 (362.1 with sparsity)"),
+    (r"\bL4\b", 121.0, "NVIDIA L4 datasheet: 242 TFLOPS BF16 with sparsity"),
+    (r"\bA10\b", 125.0, "NVIDIA A10 datasheet: 125 TFLOPS BF16 (250 with sparsity)"),
+)
+
+
+def datasheet_peak(device_name: str) -> dict[str, Any] | None:
+    """The datasheet's dense bf16 peak of the GPU named `device_name` (:data:`DATASHEET_BF16_TFLOPS`): its FLOP/s,
+    the pattern it matched and the source of the figure; None for a device the table does not know (a CPU)."""
+    for pattern, tflops, source in DATASHEET_BF16_TFLOPS:
+        if re.search(pattern, device_name, flags=re.IGNORECASE):
+            return {"device": device_name, "flops_per_s": tflops * 1e12, "dtype": "bfloat16 dense",
+                    "matched": pattern, "source": source}
+    return None
 
 
 def matmul_peak(device: torch.device, n: int, repeats: int = 5, dtype: torch.dtype = torch.float32

@@ -29,7 +29,7 @@ import torch
 from mdc_core.config import load_preset
 from mdc_core.precision import bf16_enabled, default_inference_precision, inference_autocast
 
-from .core import BenchConfig, bench_inputs, machine_info, matmul_peak, resolve_device
+from .core import BenchConfig, bench_inputs, datasheet_peak, machine_info, matmul_peak, resolve_device
 
 # ----------------------------------------------------------------------------------------------------------
 # the whole run
@@ -75,11 +75,8 @@ def run_bench(bench: BenchConfig, progress: Callable[[str], None] | None = None,
         train = run_train_bench(list(bench.train_rows), path, steps=bench.train_steps, warmup=bench.train_warmup,
                                 device=str(device), threads=torch.get_num_threads(), isolate=bench.isolate,
                                 timeout_s=bench.row_timeout_s, count_ops=bench.count_ops)
-    peak = report["matmul_peak"]["flops_per_s"]
-    for row in train.values():
-        if "error" not in row:
-            row["model_flops_per_s"] = row["flops_per_step"] / row["step_s"]
-            row["mfu"] = row["model_flops_per_s"] / peak
+    report["datasheet_peak"] = datasheet_peak(report["machine"].get("gpu", ""))  # None on the CPU
+    add_mfu(train, report["matmul_peak"], report["datasheet_peak"])
     report["train"] = train
     keep(report)
 
@@ -103,6 +100,17 @@ def run_bench(bench: BenchConfig, progress: Callable[[str], None] | None = None,
     report["machine"]["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     keep(report)
     return report
+
+
+def add_mfu(rows: dict[str, dict[str, Any]], measured: dict[str, Any], datasheet: dict[str, Any] | None) -> None:
+    """Each measured training row's model FLOP/s and MFU twice: ``mfu`` against the `measured` matmul peak (what
+    this machine's matmuls reach) and ``mfu_datasheet`` against the GPU's `datasheet` peak (what published MFU
+    figures divide by; None where the device has none: a CPU, an unknown GPU)."""
+    for row in rows.values():
+        if "error" not in row:
+            row["model_flops_per_s"] = row["flops_per_step"] / row["step_s"]
+            row["mfu"] = row["model_flops_per_s"] / measured["flops_per_s"]
+            row["mfu_datasheet"] = row["model_flops_per_s"] / datasheet["flops_per_s"] if datasheet else None
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -182,6 +190,12 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
 
 
+def _datasheet_line(peak: dict[str, Any] | None) -> str:
+    if not peak:
+        return "datasheet peak: none for this device (MFU datasheet: -)"
+    return f"datasheet peak: {peak['flops_per_s'] / 1e12:.1f} TFLOP/s {peak['dtype']} ({peak['source']})"
+
+
 def format_report(report: dict[str, Any]) -> str:
     """Human-readable tables of a :func:`run_bench` report."""
     mach, dims, peak = report["machine"], report["dimensions"], report["matmul_peak"]
@@ -190,15 +204,16 @@ def format_report(report: dict[str, Any]) -> str:
              f"{_fmt(mach.get('load_average_start'))}",
              f"dimensions: {json.dumps(dims)}",
              f"{peak.get('dtype', 'float32')} matmul peak: {peak['flops_per_s'] / 1e9:.1f} GFLOP/s (n={peak['n']})",
-             ""]
+             _datasheet_line(report.get("datasheet_peak")), ""]
     rows = []
     for name, r in report["train"].items():
         if "error" in r:
-            rows.append([name, "error: " + r["error"][:80], None, None, None, None])
+            rows.append([name, "error: " + r["error"][:80], None, None, None, None, None])
             continue
         rows.append([name, r["samples_per_s"], r["step_s"] * 1e3, r["peak_mem_mib"], r["flops_per_step"] / 1e9,
-                     r["mfu"]])
-    parts += ["training step", _table(["model", "samples/s", "step ms", "peak MiB", "GFLOP/step", "MFU"], rows), ""]
+                     r["mfu"], r.get("mfu_datasheet")])
+    parts += ["training step (MFU: of the measured matmul peak; MFU datasheet: of the GPU's datasheet peak)",
+              _table(["model", "samples/s", "step ms", "peak MiB", "GFLOP/step", "MFU", "MFU datasheet"], rows), ""]
     parts += [f"captioning and scoring in {report.get('inference_precision', 'fp32')}", ""]
     for key, section in report["caption"].items():
         rows = [[name, r.get("latency_s", 0) * 1e3, r.get("captions_per_s"), r.get("steps"), r.get("note", "")]

@@ -220,6 +220,45 @@ class PhaseClock(StepClock):
         return [b - a for a, b in zip(self.cpu_starts, [*self.cpu_starts[1:], self.cpu_end], strict=True)]
 
 
+class OpsClock(StepClock):
+    """Counts each step's host operations with torch.profiler (CPU activity): the ``aten::*`` operator calls the
+    training thread makes and every profiler event, per step from one ``read`` to the next, for the steps after the
+    first `skip` (their compiles done). Unlike :class:`SyncCounter` it changes nothing dynamo guards on, so a compiled
+    step is counted as it runs: operators inside generated kernels are not host operations and are not counted. Call
+    :meth:`close` after the run (the last step, which checkpoints, is left out of :attr:`counts`)."""
+
+    def __init__(self, skip: int) -> None:
+        self.skip, self.seen = skip, 0
+        self.counts: list[dict[str, int]] = []  # per counted step: aten_ops, events
+        self._prof: Any = None
+        self._last = ""
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if name == "read" and self._last != "read":
+            self._stop()
+            self.seen += 1
+            if self.seen > self.skip:
+                from torch.profiler import ProfilerActivity, profile
+
+                self._prof = profile(activities=[ProfilerActivity.CPU])
+                self._prof.__enter__()
+        self._last = name
+        yield
+
+    def _stop(self) -> None:
+        if self._prof is not None:
+            self._prof.__exit__(None, None, None)
+            events = self._prof.key_averages()
+            self.counts.append({"aten_ops": sum(e.count for e in events if e.key.startswith("aten::")),
+                                "events": sum(e.count for e in events)})
+            self._prof = None
+
+    def close(self) -> None:
+        self._stop()
+        self.counts = self.counts[:-1]
+
+
 def summarize(clock: PhaseClock, plain: list[int]) -> dict[str, Any]:
     """The phase breakdown of steps `plain` (indices into the clock's steps): the median ms of each phase and of
     the step, the sum of the phases over the step (``coverage``: 1.0 when the phases cover the step; ``cpu_coverage``
@@ -251,12 +290,15 @@ def _logs(step: int, log_every: int, steps: int) -> bool:
 
 def measure_step_phases(preset: str = "tiny_fast", overrides: Iterable[str] = (), *, steps: int = 30,
                         warmup: int = 5, device: str = "cpu", threads: int = 0, images: int = 512,
-                        sync_steps: int = 4, data: str | Path | None = None) -> dict[str, Any]:
+                        sync_steps: int = 4, data: str | Path | None = None, count_ops: bool = False,
+                        ops_steps: int = 4) -> dict[str, Any]:
     """Train `preset` (with `overrides`) for `warmup` + `steps` steps on `images` embedded-data training images
     (synthesized in a temporary folder unless `data` names a data set) under a :class:`PhaseClock`, then
     `sync_steps` more in a fresh, uncompiled run that counts host synchronisations. Returns the JSON-ready report:
     :func:`summarize`'s figures of the timed steps that neither log nor checkpoint (and the logging steps' median
-    step), and the syncs per step between logging steps and at them."""
+    step), and the syncs per step between logging steps and at them. With `count_ops`, a third run as the timed one
+    (compiled as it is) counts the host operations of `ops_steps` steps after its warm-up (:class:`OpsClock`):
+    ``host_ops``, the medians per step."""
     from mdc_core.config import load_preset
     from mdc_core.train import train
     from mdc_workbench.data import write_synthetic_dataset
@@ -292,18 +334,40 @@ def measure_step_phases(preset: str = "tiny_fast", overrides: Iterable[str] = ()
         # thousands of sync warnings per step) and the count would be of another program than the timed one;
         # CUDA graphs add no host synchronisation, so the eager step's count is the compiled step's too
         counted = load_preset(preset, [*base, f"train.steps={sync_steps}", f"train.ckpt_every={sync_steps}",
-                                       f"train.log_every={sync_steps + 1}", "train.compile=false"])
+                                       f"train.log_every={sync_steps + 1}", "train.compile=false",
+                                       "train.compile_step=false"])
         clock = PhaseClock(dev, count_syncs=True)
         try:
             train(counted, Path(tmp) / "counted", progress=False, clock=clock)
         finally:
             clock.close()
+        if count_ops:
+            report["host_ops"] = count_host_ops(preset, base, warmup, ops_steps, Path(tmp) / "ops")
     between = [clock.syncs[i] for i in range(1, sync_steps - 1)]  # step 1 and the last one log
     report["syncs_per_step"] = {"between_log_steps": max(len(s) for s in between),
                                 "log_steps": max(len(clock.syncs[0]), len(clock.syncs[-1]))}
     report["sync_calls"] = {"between_log_steps": sorted({c for s in between for c in s})[:10],
                             "log_steps": sorted(set(clock.syncs[-1]))[:10]}
     return report
+
+
+def count_host_ops(preset: str, overrides: list[str], warmup: int, steps: int, out: Path) -> dict[str, Any]:
+    """Host operations per step of `preset` (with `overrides`) trained for `warmup` + `steps` + 1 steps into `out`:
+    the medians over the `steps` steps after the warm-up (the last, which checkpoints, is not counted)."""
+    from mdc_core.config import load_preset
+    from mdc_core.train import train
+
+    total = warmup + steps + 1
+    cfg = load_preset(preset, [*overrides, f"train.steps={total}", f"train.ckpt_every={total}",
+                               f"train.log_every={total + 1}"])
+    clock = OpsClock(skip=warmup)
+    try:
+        train(cfg, out, progress=False, clock=clock)
+    finally:
+        clock.close()
+    return {"aten_ops_per_step": statistics.median(c["aten_ops"] for c in clock.counts),
+            "events_per_step": statistics.median(c["events"] for c in clock.counts), "steps": len(clock.counts),
+            "compile": str(cfg.train.compile), "compile_step": cfg.train.compile_step}
 
 
 def format_phases(report: dict[str, Any]) -> str:
@@ -324,4 +388,9 @@ def format_phases(report: dict[str, Any]) -> str:
              f"host synchronisations per step: {syncs['between_log_steps']} between logging steps, "
              f"{syncs['log_steps']} at a logging/checkpoint step"]
     rows += [f"  between: {c}" for c in report["sync_calls"]["between_log_steps"]]
+    if report.get("host_ops"):
+        ops = report["host_ops"]
+        rows.append(f"host operations per step (torch.profiler, median of {ops['steps']} steps after the warm-up, "
+                    f"compile={ops['compile']}, compile_step={ops['compile_step']}): {ops['aten_ops_per_step']:g} aten "
+                    f"ops, {ops['events_per_step']:g} profiler events")
     return "\n".join(rows)

@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
-from mdc_core.config import RunConfig
+from mdc_core.config import RunConfig, TrainConfig
 from mdc_core.distributed import sync
-from mdc_core.loss_step import LossStep, use_bf16
+from mdc_core.loss_step import LossStep, WholeStep, use_bf16
 from mdc_core.model import Captioner
 from mdc_core.objectives import objective_spec, trim_padding
 from mdc_core.train import build_optimizer
@@ -46,6 +46,7 @@ class TrainSpec:
     output_vocab: str = ""  # ours: "" = the preset's, "full" = the 49408-way head (CoCa's)
     compile: str = ""  # ours: train.compile's mode ("" = eager, whatever the preset says): as the trainer compiles
     static: str = ""  # ours: train.static_shapes ("" = the preset's: auto = padded when compiling)
+    whole: bool = False  # ours: train.compile_step (forward to the AdamW update in one compiled region, compile's mode)
     coca_layout: str = "depth_matched"  # coca: mdc_workbench.bench.coca.COCA_LAYOUTS
     note: str = ""
 
@@ -56,6 +57,8 @@ TRAIN_SPECS: dict[str, TrainSpec] = {
     "mdc_compiled": TrainSpec("ours", "mdc", compile="default", note="train.compile=true, static shapes (padded)"),
     "mdc_graphs": TrainSpec("ours", "mdc", compile="reduce-overhead",
                             note="train.compile=reduce-overhead: CUDA graphs on CUDA, static shapes (padded)"),
+    "mdc_whole": TrainSpec("ours", "mdc", compile="reduce-overhead", whole=True,
+                           note="train.compile_step=true: forward to AdamW one compiled region (CUDA graphs on CUDA)"),
     "mdc_graphs_dense": TrainSpec("ours", "mdc", compile="reduce-overhead", static="dense",
                                   note="as mdc_graphs, logits at every position (static_shapes=dense)"),
     "arc": TrainSpec("ours", "arc", note="same decoder, causal, teacher forcing"),
@@ -84,9 +87,14 @@ def build_step_model(spec: TrainSpec, cfg: RunConfig, output_ids: torch.Tensor |
     model = Captioner(mcfg, causal=objective_spec(spec.objective).causal, output_ids=output_ids).to(device)
     objective = dataclasses.replace(cfg.objective, name=spec.objective)
     train = dataclasses.replace(cfg.train, compile=spec.compile or False,
-                                static_shapes=spec.static or cfg.train.static_shapes)
+                                static_shapes=spec.static or cfg.train.static_shapes, compile_step=spec.whole)
     loss_step = LossStep(model, objective, train, device, use_bf16(cfg.train.precision, device))
-    return model, lambda images, tokens, seed: loss_step(images, tokens, seed)[0]
+
+    def loss_fn(images: torch.Tensor, tokens: torch.Tensor, seed: int) -> torch.Tensor:
+        return loss_step(images, tokens, seed)[0]
+
+    loss_fn.loss_step = loss_step  # type: ignore[attr-defined]  # what a whole-step row compiles (_whole_step)
+    return model, loss_fn
 
 
 def count_step_flops(loss_fn: Callable[..., torch.Tensor], images: torch.Tensor, tokens: torch.Tensor,
@@ -144,6 +152,18 @@ def _optimizer_step(loss_fn: Callable[..., torch.Tensor], model: torch.nn.Module
     return step
 
 
+def _whole_step(loss_step: LossStep, opt: torch.optim.Optimizer, tcfg: TrainConfig, images: torch.Tensor,
+                tokens: torch.Tensor, seeds: itertools.count) -> Callable[[], None]:
+    """The same step with train.compile_step: forward to the AdamW update in one compiled region (no EMA, as the
+    other rows)."""
+    whole = WholeStep(loss_step, opt, None, tcfg)
+
+    def step() -> None:
+        whole(images, loss_step.prepare(tokens, next(seeds)), 1.0)
+
+    return step
+
+
 def measure_train_step(name: str, payload: dict[str, Any], *, steps: int, warmup: int, device: str,
                        threads: int, count_ops: bool = False) -> dict[str, Any]:
     """Run `warmup` + `steps` optimizer steps of row `name` on the payload's fixed batch; return its figures.
@@ -161,11 +181,13 @@ def measure_train_step(name: str, payload: dict[str, Any], *, steps: int, warmup
     model, loss_fn = build_step_model(spec, cfg, payload["output_ids"], dev)
     model.train()
     images, tokens = payload["images"].to(dev), payload["tokens"]  # tokens stay on the host, as in training
-    opt = build_optimizer(param_groups(model, cfg.train.weight_decay), cfg.train, dev)
+    tcfg = dataclasses.replace(cfg.train, compile_step=spec.whole)  # a whole step's lr: a tensor
+    opt = build_optimizer(param_groups(model, cfg.train.weight_decay), tcfg, dev)
     bf16 = use_bf16(cfg.train.precision, dev)
     seeds = itertools.count(1)  # new masks every step, as in training
 
-    take_step = _optimizer_step(loss_fn, model, opt, images, tokens, seeds, bf16 and spec.implementation == "coca")
+    take_step = _whole_step(loss_fn.loss_step, opt, tcfg, images, tokens, seeds) if spec.whole else \
+        _optimizer_step(loss_fn, model, opt, images, tokens, seeds, bf16 and spec.implementation == "coca")
 
     rss_before = _status_mib("VmRSS") or 0.0
     start = time.perf_counter()
@@ -191,7 +213,7 @@ def measure_train_step(name: str, payload: dict[str, Any], *, steps: int, warmup
         peak = {"peak_mem_mib": rss_peak - rss_before, "peak_rss_mib": rss_peak,
                 "memory": "peak RSS during the timed steps minus RSS before the first step"}
     if spec.compile or spec.static:  # count the FLOPs of the same computation, eagerly and unpadded
-        eager = dataclasses.replace(spec, compile="", static="off")
+        eager = dataclasses.replace(spec, compile="", static="off", whole=False)
         model, loss_fn = build_step_model(eager, cfg, payload["output_ids"], dev)
         model.train()
     with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16 and spec.implementation == "coca"):

@@ -59,6 +59,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
     step.add_argument("--images", type=int, default=512,
                       help="embedded-data training images synthesized for the run (default 512)")
     step.add_argument("--json", action="store_true", help="print the report as one JSON document")
+    step.add_argument("--count-ops", action="store_true",
+                      help="add a run counting the host operations of each step (torch.profiler: aten ops, events)")
     BENCH_HANDLERS["step"] = cmd_bench_step
     return verbs
 
@@ -71,7 +73,8 @@ def cmd_bench_step(args: argparse.Namespace) -> None:
         if not torch.cuda.is_available():
             raise ValueError(f"--device {args.device} but CUDA is not available on this machine")
     report = measure_step_phases(args.preset, args.set, steps=args.steps, warmup=args.warmup,
-                                 device=args.device, threads=args.threads, images=args.images)
+                                 device=args.device, threads=args.threads, images=args.images,
+                                 count_ops=args.count_ops)
     print(json.dumps(report) if args.json else format_phases(report))
 
 

@@ -43,10 +43,43 @@ from typing import Any
 import yaml
 
 PLAN = Path("plans/gpu_check.yaml")
+BENCHMARKS = Path("benchmarks")  # the last measured figures (the bench's JSON reports) the estimate reads
 GOAL_MIN = 8.0  # the evidence plan's wall-clock goal on one GPU (minutes)
 STEP_S = 0.0228  # tiny_fast training step, batch 64, eager, one process on an H200 (benchmarks/README.md)
 RUN_EXTRA_S = 45.0  # per run: kernel start, data load, probes or the signal measure (an allowance, not measured)
-CUDA_TESTS = ["tests/core/test_cuda.py", "tests/core/test_step_parts.py", "tests/core/test_static_step.py"]
+CUDA_TESTS = ["tests/core/test_cuda.py", "tests/core/test_step_parts.py", "tests/core/test_static_step.py",
+              "tests/core/test_whole_step.py::test_the_whole_step_with_cuda_graphs_trains_like_the_eager_step"]
+LOAN_S = 600.0  # what the check may take of a lent machine, its start included (10 minutes)
+# allowances, not measured (make gpu-check has not run end to end on a GPU yet): a lent machine's start, the transfer
+# and the wheelhouse install ("a minute or more" to start); per mdc bench: imports, inputs, the matmul peak; per
+# training row: a fresh process, the model, the FLOP count; a row the last figures lack; the CUDA tests; the curves
+STARTUP_S, BENCH_START_S, ROW_START_S, UNMEASURED_ROW_S, CUDA_TESTS_S, CURVES_S = 120.0, 30.0, 15.0, 90.0, 150.0, 90.0
+BUDGET_S = LOAN_S - STARTUP_S  # the check's default budget: with the machine's start, 10 minutes
+PLAN_MARGIN_S, BENCH_RESERVE_S = 45.0, 180.0  # the plan's deadline: what is left - 45 s; a bench leaves 180 s
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """One ``mdc bench`` of the check: its preset, batch and training rows, and the report of its last measurement
+    (under ``benchmarks/``), whose rows' warm-up and step times give its estimate."""
+
+    name: str
+    preset: str
+    batch: int  # 0: the preset's
+    rows: tuple[str, ...]
+    timeout_s: float
+    measured: str  # file under benchmarks/
+    extra: tuple[str, ...] = ()  # more mdc bench options (profile, host operations)
+
+
+BENCH_RUNS = (  # eager and compiled: CUDA graphs (graphs), the whole step compiled (whole); MDC vs ARC at 128
+    BenchRun("bench_vit_b32_b128", "vit_b32", 128, ("mdc", "mdc_graphs", "arc", "arc_graphs"), 210,
+             "vit_b32_h200_b128.json", ("--profile", "25", "--count-ops")),
+    BenchRun("bench_vit_b32_b256", "vit_b32", 256, ("mdc", "mdc_graphs"), 120, "vit_b32_h200_b256.json"),
+    BenchRun("bench_tiny_fast", "tiny_fast", 0, ("mdc", "mdc_graphs", "mdc_whole"), 90, "tiny_fast_h200.json",
+             ("--count-ops",)),
+)
+BENCH_STEPS = 10  # timed steps per row (--steps)
 
 
 @dataclass
@@ -250,26 +283,96 @@ def machine() -> dict[str, Any]:
 
 
 def bench_phases(out: Path, tiny: bool, python: str) -> list[Phase]:
-    """The bench runs, one after another (each a fresh ``mdc bench``; each row its own process inside)."""
+    """The bench runs (:data:`BENCH_RUNS`), one after another (each a fresh ``mdc bench``; each row its own process
+    inside)."""
     mdc = [python, "-m", "mdc_workbench", "bench"]
     if tiny:
         return [Phase("bench_tiny", [*mdc, "--quick", "--device", "cpu", "--rows", "mdc,arc", "--sections", "none",
                                      "--count-ops", "--out", str(out / "bench_tiny.json")], 600,
                       out / "bench_tiny.log")]
-    common = ["--device", "cuda", "--steps", "10", "--row-timeout", "120"]
-    return [
-        Phase("bench_vit_b32_b128", [*mdc, "--preset", "vit_b32", *common, "--set", "train.batch_size=128",
-                                     "--rows", "mdc,mdc_graphs,arc,coca", "--sections", "caption", "--profile", "25",
-                                     "--count-ops", "--out", str(out / "bench_vit_b32_b128.json")], 210,
-              out / "bench_vit_b32_b128.log"),
-        Phase("bench_vit_b32_b256", [*mdc, "--preset", "vit_b32", *common, "--set", "train.batch_size=256",
-                                     "--rows", "mdc_graphs,arc", "--sections", "none",
-                                     "--out", str(out / "bench_vit_b32_b256.json")], 110,
-              out / "bench_vit_b32_b256.log"),
-        Phase("bench_tiny_fast", [*mdc, "--preset", "tiny_fast", *common, "--rows", "mdc,mdc_graphs",
-                                  "--sections", "none", "--count-ops", "--out", str(out / "bench_tiny_fast.json")], 80,
-              out / "bench_tiny_fast.log"),
-    ]
+    return [Phase(b.name, [*mdc, "--preset", b.preset, "--device", "cuda", "--steps", str(BENCH_STEPS),
+                           "--row-timeout", "120", *(["--set", f"train.batch_size={b.batch}"] if b.batch else []),
+                           "--rows", ",".join(b.rows), "--sections", "none", *b.extra,
+                           "--out", str(out / f"{b.name}.json")], b.timeout_s, out / f"{b.name}.log")
+            for b in BENCH_RUNS]
+
+
+def bench_limit(timeout_s: float, left_s: float) -> float:
+    """A bench phase's time limit: its own, cut to leave :data:`BENCH_RESERVE_S` of the `left_s` for the plan."""
+    return min(timeout_s, max(30.0, left_s - BENCH_RESERVE_S))
+
+
+def side_deadline(left_s: float) -> float:
+    """The evidence plan's deadline (and the CUDA tests' limit) when `left_s` of the budget is left after the bench."""
+    return max(60.0, left_s - PLAN_MARGIN_S)
+
+
+def bench_seconds(run: BenchRun, figures: dict[str, Any]) -> float:
+    """`run`'s wall time from a report of its last measurement (`figures`: ``mdc bench``'s JSON): per row a fresh
+    process, its warm-up (the compile included) and its timed steps (+2 counting host operations, +1 counting FLOPs);
+    a row the report lacks takes :data:`UNMEASURED_ROW_S`."""
+    rows = figures.get("train", {})
+    steps = BENCH_STEPS + 1 + (2 if "--count-ops" in run.extra else 0)
+    total = BENCH_START_S
+    for name in run.rows:
+        row = rows.get(name, {})
+        measured = "step_s" in row and "error" not in row
+        total += ROW_START_S + row["warmup_s"] + steps * row["step_s"] if measured else UNMEASURED_ROW_S
+    return total
+
+
+def estimate(budget_s: float, bench_s: list[tuple[str, float, float]], plan_schedule: list[tuple[str, float, float]]
+             ) -> list[dict[str, Any]]:
+    """What each part of the check takes under `budget_s` (seconds), as :func:`run` spends it: ``bench_s`` gives each
+    bench phase's (name, estimated seconds, own time limit), in order, each cut by :func:`bench_limit`; then the plan
+    (``plan_schedule``: :func:`plan_minutes`'s (run id, start, end) in minutes) and the CUDA tests and the precision
+    curves side by side until :func:`side_deadline`. Per part: ``estimate_s``, ``limit_s`` (what it gets) and
+    ``takes_s`` (the smaller); the plan's ``finished``/``runs`` (the runs that end by its deadline). The last entry
+    is the whole check: ``takes_s`` with the machine's start (:data:`STARTUP_S`), ``fits`` within :data:`LOAN_S`."""
+    parts = [{"part": "start-up (allowance)", "estimate_s": STARTUP_S, "limit_s": None, "takes_s": STARTUP_S}]
+    used = 0.0
+    for name, seconds, timeout in bench_s:
+        limit = bench_limit(timeout, budget_s - used)
+        parts.append({"part": name, "estimate_s": seconds, "limit_s": limit, "takes_s": min(seconds, limit)})
+        used += min(seconds, limit)
+    deadline = side_deadline(budget_s - used)
+    plan_s = 60 * max((end for _, _, end in plan_schedule), default=0.0)
+    finished = sum(end * 60 <= deadline for _, _, end in plan_schedule)
+    side = [{"part": "evidence_plan", "estimate_s": plan_s, "finished": finished, "runs": len(plan_schedule)},
+            {"part": "cuda_tests", "estimate_s": CUDA_TESTS_S}, {"part": "precision_curves", "estimate_s": CURVES_S}]
+    for part in side:
+        part.update(limit_s=deadline, takes_s=min(part["estimate_s"], deadline))
+    parts += side
+    total = STARTUP_S + used + max(p["takes_s"] for p in side)
+    parts.append({"part": "whole check", "estimate_s": None, "limit_s": STARTUP_S + budget_s, "takes_s": total,
+                  "fits": total <= LOAN_S})
+    return parts
+
+
+def format_estimate(parts: list[dict[str, Any]]) -> str:
+    """:func:`estimate`'s parts as a table in minutes."""
+    def minutes(x: float | None) -> str:
+        return "-" if x is None else f"{x / 60:.1f}"
+
+    lines = [f"{'part':<24}{'estimate min':>14}{'limit min':>11}{'takes min':>11}  note"]
+    for p in parts:
+        note = f"{p['finished']} of {p['runs']} runs end by its deadline" if "runs" in p else ""
+        if "fits" in p:
+            note = f"{'fits' if p['fits'] else 'does NOT fit'} {LOAN_S / 60:g} minutes of a lent machine"
+        lines.append(f"{p['part']:<24}{minutes(p['estimate_s']):>14}{minutes(p['limit_s']):>11}"
+                     f"{minutes(p['takes_s']):>11}  {note}".rstrip())
+    return "\n".join(lines)
+
+
+def measured_bench(root: Path = BENCHMARKS) -> list[tuple[str, float, float]]:
+    """(name, estimated seconds, time limit) of each bench phase from its last report under `root`; a report that is
+    missing counts every row as unmeasured."""
+    out = []
+    for run in BENCH_RUNS:
+        path = root / run.measured
+        out.append((run.name, bench_seconds(run, json.loads(path.read_text()) if path.is_file() else {}),
+                    run.timeout_s))
+    return out
 
 
 def side_phases(out: Path, tiny: bool, python: str, plan: Path, deadline_s: float) -> list[Phase]:
@@ -355,13 +458,13 @@ def run(out: Path, *, tiny: bool, budget_s: float, python: str = sys.executable,
         with _signals_raise():
             for phase in bench:
                 left = budget_s - (time.monotonic() - start)
-                phase.timeout_s = min(phase.timeout_s, max(30.0, left - 180))  # keep time for the plan
+                phase.timeout_s = bench_limit(phase.timeout_s, left)  # keep time for the plan
                 phases.append(phase)
                 phase.launch()
                 phase.wait()
                 print(f"[gpu_check] {phase.name}: exit {phase.returncode} in {phase.seconds:.0f} s", flush=True)
             left = budget_s - (time.monotonic() - start)
-            side = side_phases(out, tiny, python, plan, deadline_s=max(60.0, left - 45))
+            side = side_phases(out, tiny, python, plan, deadline_s=side_deadline(left))
             for phase in side:
                 phases.append(phase)
                 phase.launch()
@@ -413,17 +516,21 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="the GPU check: bench, evidence plan, CUDA tests (module docstring)")
     ap.add_argument("--out", default="gpu_check_out", help="folder for every result (default gpu_check_out)")
     ap.add_argument("--tiny", action="store_true", help="the same structure on the CPU at a budget of seconds")
-    ap.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget of the whole check (s)")
-    ap.add_argument("--estimate", action="store_true", help="print the plan's GPU time estimate and exit")
+    ap.add_argument("--budget-s", type=float, default=BUDGET_S,
+                    help=f"wall-clock budget of the whole check, s (default {BUDGET_S:g}: with the machine's start, "
+                         f"{LOAN_S / 60:g} minutes)")
+    ap.add_argument("--estimate", action="store_true",
+                    help="print the minutes each part will take under the budget (benchmarks/*.json) and exit")
     args = ap.parse_args(argv)
     if args.estimate:
         from mdc_workbench.runs.plans import load_plan
 
-        total, schedule = plan_minutes(load_plan(PLAN))
-        for run_id, begin, end in schedule:
-            print(f"{run_id:28s} {begin:5.1f} -> {end:5.1f} min")
-        print(f"{PLAN}: about {total:.1f} minutes (goal {GOAL_MIN:g}; step {STEP_S * 1000:.1f} ms, "
-              f"{RUN_EXTRA_S:.0f} s per run besides training, runs sharing the GPU assumed not to slow each other)")
+        step_s = json.loads((BENCHMARKS / "tiny_fast_h200.json").read_text())["train"]["mdc"]["step_s"]
+        total, schedule = plan_minutes(load_plan(PLAN), step_s=step_s)
+        print(format_estimate(estimate(args.budget_s, measured_bench(), schedule)))
+        print(f"{PLAN}: {total:.1f} minutes for all {len(schedule)} runs (goal {GOAL_MIN:g}; the tiny_fast step "
+              f"{step_s * 1000:.1f} ms of benchmarks/tiny_fast_h200.json, {RUN_EXTRA_S:.0f} s per run besides "
+              "training, runs sharing the GPU assumed not to slow each other)")
         return
     run(Path(args.out), tiny=args.tiny, budget_s=args.budget_s)
 

@@ -7,8 +7,8 @@ import pytest
 
 from mdc_core.config import load_preset
 from mdc_workbench.bench.coca import build_coca, coca_config
-from mdc_workbench.bench.core import BenchConfig
-from mdc_workbench.bench.run import format_report, run_bench, targets
+from mdc_workbench.bench.core import BenchConfig, datasheet_peak
+from mdc_workbench.bench.run import add_mfu, format_report, run_bench, targets
 from mdc_workbench.cli import main
 from tests.conftest import MICRO, micro_config
 
@@ -49,6 +49,37 @@ def test_rows_count_their_host_operations(report):
         ops = report["train"][name]["host_ops"]
         assert ops["aten_ops_per_step"] > 50 and ops["events_per_step"] >= ops["aten_ops_per_step"]
     assert "host operations per training step" in format_report(report)
+
+
+def test_datasheet_peaks_by_the_device_name_torch_gives():
+    tflops = {name: datasheet_peak(name)["flops_per_s"] / 1e12 for name in (
+        "NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA GH200 480GB",
+        "NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe", "NVIDIA L40S", "NVIDIA L40", "NVIDIA L4", "NVIDIA A10")}
+    assert tflops == {"NVIDIA H200": 989.5, "NVIDIA H100 80GB HBM3": 989.5, "NVIDIA H100 PCIe": 756.5,
+                      "NVIDIA H100 NVL": 835.5, "NVIDIA GH200 480GB": 989.5, "NVIDIA A100-SXM4-80GB": 312.0,
+                      "NVIDIA A100 80GB PCIe": 312.0, "NVIDIA L40S": 362.05, "NVIDIA L40": 181.05,
+                      "NVIDIA L4": 121.0, "NVIDIA A10": 125.0}  # L40S is not an L4, an A100 not an A10
+    assert "datasheet" in datasheet_peak("NVIDIA H200")["source"]
+    assert datasheet_peak("") is None and datasheet_peak("Tesla T4") is None and datasheet_peak("NVIDIA A10G") is None
+
+
+def test_mfu_against_both_peaks_by_hand(report):
+    rows = {"mdc": {"flops_per_step": 4e12, "step_s": 0.02}, "broken": {"error": "timed out"}}
+    add_mfu(rows, {"flops_per_s": 400e12}, datasheet_peak("NVIDIA H200"))  # 4e12 / 0.02 s = 200 TFLOP/s
+    assert rows["mdc"]["mfu"] == pytest.approx(0.5) and rows["mdc"]["mfu_datasheet"] == pytest.approx(200 / 989.5)
+    assert "mfu" not in rows["broken"]
+    add_mfu(rows, {"flops_per_s": 400e12}, None)  # a CPU: no datasheet figure
+    assert rows["mdc"]["mfu_datasheet"] is None
+    assert report["datasheet_peak"] is None and "datasheet peak: none" in format_report(report)
+    fake = json.loads(json.dumps(report))  # the CPU report as if its device were an H200
+    fake["datasheet_peak"] = datasheet_peak("NVIDIA H200")
+    add_mfu(fake["train"], fake["matmul_peak"], fake["datasheet_peak"])
+    text = format_report(fake)
+    assert "datasheet peak: 989.5 TFLOP/s" in text and "H200 SXM datasheet" in text
+    mdc = fake["train"]["mdc"]
+    assert mdc["mfu_datasheet"] == pytest.approx(mdc["model_flops_per_s"] / 989.5e12)
+    row = next(line for line in text.splitlines() if line.startswith("mdc "))
+    assert row.split()[-2:] == [f"{mdc['mfu']:.3g}", f"{mdc['mfu_datasheet']:.3g}"]
 
 
 def test_a_row_past_its_time_limit_is_an_error_that_names_it(tmp_path):
@@ -203,3 +234,23 @@ def test_coca_peer_head_is_initialised():
     second = build_coca(cfg).text_decoder.text_projection.detach()
     assert torch.isfinite(first).all() and torch.equal(first, second)
     assert first.std() > 0.5 * cfg.text_width ** -0.5  # N(0, width^-1/2), not zeros
+
+
+@pytest.mark.slow  # a compile of the micro model's whole step: minutes on two busy cores
+def test_the_whole_step_row_trains_the_step_it_compiles(monkeypatch):
+    """``mdc_whole`` (train.compile_step) times the same computation as ``mdc``: its FLOPs are the eager row's, its
+    host operations are counted, its step time is a real number (aot_eager: the region traced as inductor would)."""
+    import functools
+
+    from mdc_core.loss_step import LossStep
+    from mdc_workbench.bench import training
+    from mdc_workbench.bench.core import bench_inputs
+
+    monkeypatch.setattr(training, "LossStep", functools.partial(LossStep, backend="aot_eager"))
+    cfg = load_preset("tiny", MICRO_OVERRIDES)
+    payload = bench_inputs(cfg, cfg.train.batch_size, vocab_examples=64)
+    rows = {name: training.measure_train_step(name, payload, steps=2, warmup=2, device="cpu", threads=1,
+                                              count_ops=True) for name in ("mdc", "mdc_whole")}
+    assert rows["mdc_whole"]["flops_per_step"] == rows["mdc"]["flops_per_step"] > 0
+    assert math.isfinite(rows["mdc_whole"]["step_s"]) and rows["mdc_whole"]["compile_s"] > 0
+    assert rows["mdc_whole"]["host_ops"]["aten_ops_per_step"] > 0

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mdc_core import train as trainer
-from mdc_workbench.bench.step_phases import PhaseClock, format_phases, measure_step_phases, summarize
+from mdc_workbench.bench.step_phases import OpsClock, PhaseClock, format_phases, measure_step_phases, summarize
 from mdc_workbench.cli import main
 from tests.conftest import MICRO
 from tests.train_helpers import one_thread, write_micro_data  # noqa: F401 - a fixture
@@ -64,13 +64,14 @@ def test_the_counting_run_is_uncompiled_whatever_the_timed_run_does(data, monkey
     real, seen = mdc_core.train.train, []
 
     def recording(cfg, out, **kw):
-        seen.append(cfg.train.compile)
-        eager = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, compile=False))  # fast on the CPU
-        return real(eager, out, **kw)
+        seen.append((cfg.train.compile, cfg.train.compile_step))
+        eager = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, compile=False, compile_step=False))
+        return real(eager, out, **kw)  # fast on the CPU
 
     monkeypatch.setattr(mdc_core.train, "train", recording)
-    measure_step_phases("tiny", [*OVERRIDES, "train.compile=true"], steps=4, warmup=0, data=data, sync_steps=3)
-    assert seen == [True, False]
+    measure_step_phases("tiny", [*OVERRIDES, "train.compile=true", "train.compile_step=true"], steps=4, warmup=0,
+                        data=data, sync_steps=3)
+    assert seen == [(True, True), (False, False)]  # the whole step compiles too: off for the count
 
 
 def test_work_outside_the_phases_shows_as_missing_coverage():
@@ -110,3 +111,26 @@ def test_the_command_line_runs_and_checks_its_flags(data, capsys):
     assert report["preset"] == "tiny" and report["steps"] >= 1
     assert main(["bench", "step", "--steps", "0"]) == 2
     assert "--steps must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_the_ops_clock_counts_each_steps_operators_after_its_warm_up():
+    clock, x = OpsClock(skip=1), torch.ones(3)
+    for n in (5, 2, 3, 4):  # the first step (warm-up) is not counted, the last (it checkpoints) is dropped at close
+        with clock.phase("read"):
+            pass
+        with clock.phase("forward_backward"):
+            for _ in range(n):
+                x = torch.add(x, 1)
+    clock.close()
+    a, b = (c["aten_ops"] for c in clock.counts)  # 2 and 3 adds, each the same few aten ops (the scalar's too)
+    assert a > 0 and 3 * a == 2 * b
+    assert all(c["events"] >= c["aten_ops"] for c in clock.counts)
+
+
+def test_count_ops_adds_the_host_operations_per_step(data):
+    report = measure_step_phases("tiny", OVERRIDES, steps=2, warmup=1, data=data, sync_steps=3, count_ops=True,
+                                 ops_steps=2)
+    ops = report["host_ops"]
+    assert ops["steps"] == 2 and ops["aten_ops_per_step"] > 50 and ops["events_per_step"] >= ops["aten_ops_per_step"]
+    assert ops["compile_step"] is False
+    assert f"{ops['aten_ops_per_step']:g} aten ops" in format_phases(report)

@@ -10,7 +10,22 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mdc_workbench.runs.gpu_check import GOAL_MIN, Phase, plan_minutes, scale_plan, trained_models, write_summary
+from mdc_workbench.runs import gpu_check
+from mdc_workbench.runs.gpu_check import (
+    BUDGET_S,
+    GOAL_MIN,
+    LOAN_S,
+    STARTUP_S,
+    BenchRun,
+    Phase,
+    bench_seconds,
+    estimate,
+    measured_bench,
+    plan_minutes,
+    scale_plan,
+    trained_models,
+    write_summary,
+)
 from mdc_workbench.runs.plans import load_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,6 +100,46 @@ def test_the_plan_estimate_schedules_runs_in_plan_order(tmp_path):
     assert plan_minutes(plan, step_s=0.06, extra_s=0.0, jobs=4)[0] == 6
     with pytest.raises(ValueError, match="step_s must be > 0"):
         plan_minutes(plan, step_s=0.0)
+
+
+def test_a_bench_estimate_by_hand():
+    run = BenchRun("b", "p", 0, ("r1", "r2", "r3"), 100, "x.json", ("--count-ops",))
+    figures = {"train": {"r1": {"warmup_s": 10.0, "step_s": 0.5}, "r2": {"error": "timed out", "step_s": 1.0}}}
+    # 30 s start; r1: 15 s + 10 s warm-up + (10 timed + 1 FLOP count + 2 counting ops) x 0.5 s; r2 (an error) and r3
+    # (not measured): 90 s each
+    assert bench_seconds(run, figures) == 30 + (15 + 10 + 13 * 0.5) + 90 + 90
+    assert bench_seconds(BenchRun("b", "p", 0, ("r1",), 100, "x.json"), figures) == 30 + 15 + 10 + 11 * 0.5
+
+
+def test_the_check_estimate_spends_the_budget_as_the_check_does():
+    schedule = [("x", 0.0, 1.0), ("y", 0.0, 2.0), ("z", 2.0, 4.0)]  # minutes
+    parts = {p["part"]: p for p in estimate(480, [("a", 100, 210), ("b", 400, 120)], schedule)}
+    # a: limit min(210, 480 - 180) = 210, takes 100; b: limit min(120, 380 - 180) = 120, cut from 400 to 120;
+    # the plan's deadline: 480 - 220 - 45 = 215 s: x (60 s) and y (120 s) end by it, z (240 s) does not
+    assert (parts["a"]["limit_s"], parts["a"]["takes_s"]) == (210, 100)
+    assert (parts["b"]["limit_s"], parts["b"]["takes_s"]) == (120, 120)
+    plan = parts["evidence_plan"]
+    assert [plan[k] for k in ("estimate_s", "limit_s", "takes_s", "finished", "runs")] == [240, 215, 215, 2, 3]
+    assert parts["cuda_tests"]["takes_s"] == 150 and parts["precision_curves"]["takes_s"] == 90
+    whole = parts["whole check"]
+    assert whole["takes_s"] == STARTUP_S + 220 + 215 == 555 and whole["fits"]
+    # a budget past the loan: the 8-minute plan runs to its deadline, 700 - 220 - 45 = 435 s, and the check past 600 s
+    whole = estimate(700, [("a", 100, 210), ("b", 400, 120)], [("w", 0.0, 8.0)])[-1]
+    assert whole["takes_s"] == STARTUP_S + 220 + 435 and not whole["fits"]
+
+
+def test_the_default_budget_fits_a_ten_minute_loan_from_the_last_figures(monkeypatch, capsys):
+    assert STARTUP_S + BUDGET_S == LOAN_S == 600
+    bench = measured_bench(ROOT / "benchmarks")
+    assert [name for name, _, _ in bench] == [b.name for b in gpu_check.BENCH_RUNS]
+    assert all(seconds > 0 for _, seconds, _ in bench)
+    _, schedule = plan_minutes(load_plan(ROOT / "plans" / "gpu_check.yaml", root=ROOT))
+    parts = estimate(BUDGET_S, bench, schedule)
+    assert parts[-1]["fits"] and parts[-1]["takes_s"] <= LOAN_S
+    monkeypatch.chdir(ROOT)
+    gpu_check.main(["--estimate"])
+    printed = capsys.readouterr().out
+    assert f"{parts[-1]['takes_s'] / 60:.1f}" in printed.splitlines()[-2]  # the whole check's row
 
 
 def test_a_phase_past_its_time_limit_is_stopped_and_reported(tmp_path):
