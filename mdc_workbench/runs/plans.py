@@ -21,6 +21,9 @@ A plan is a YAML file (the shipped ones are in ``plans/``)::
         parameters: {steps: 200}                  # must be declared by this notebook
         grid: {t_low: [0.3, 0.5]}                 # one run per combination
         seeds: [0]                                # optional; overrides the plan's seeds for this notebook
+    cluster:                           # optional; what each job asks for with --executor slurm (runs/executor.py)
+      gpus: 1                          #   per run; cpus (its torch threads), mem_gb, timeout_min, partition,
+      timeout_min: 120                 #   account, array_parallelism (runs at once) likewise
 
 ``seeds`` repeats each run once per training seed: the notebook's ``train_seed`` parameter (:data:`SEED_PARAM`;
 it seeds model initialisation, masks and data order) is set, and the run id gets ``__seed=N``. The plan-level
@@ -56,7 +59,7 @@ from mdc_workbench.runs.evidence import SEED_PARAM
 KERNEL_NAME = "mdc"  # the project's Jupyter kernel (this virtual environment's python)
 KERNEL_DISPLAY_NAME = "MDC workbench"
 PLAN_KEYS = ("name", "description", "kernel", "output_root", "timeout_s", "deadline_s", "jobs", "parameters", "grid",
-             "seeds", "notebooks")
+             "seeds", "notebooks", "cluster")
 ENTRY_KEYS = ("path", "id", "parameters", "grid", "seeds")
 
 RESERVED = ("output_dir",)  # set by the runner for every run
@@ -96,6 +99,7 @@ class Plan:
     deadline_s: float | None = None  # stop the plan after this many seconds with what finished (None: no limit)
     description: str = ""
     declared: dict[str, dict[str, Any]] = field(default_factory=dict)  # notebook -> papermill's parameter table
+    cluster: dict[str, Any] = field(default_factory=dict)  # resources of each job with --executor slurm (executor.py)
 
     @property
     def out_dir(self) -> Path:
@@ -146,10 +150,13 @@ def load_plan(path: str | Path, *, root: str | Path | None = None) -> Plan:
         raise ValueError(f"plan {path}: run ids {dupes} occur twice; give the entries distinct 'id's")
     if jobs > 1:
         _check_shared_data(runs, declared, jobs, path)
+    from mdc_workbench.runs.executor import Resources  # the cluster section's checks (it imports this module)
+    Resources.parse(data.get("cluster"), f"plan {path}: cluster")
     return Plan(name=name, source=path, runs=runs, kernel=str(data.get("kernel") or KERNEL_NAME),
                 output_root=Path(data.get("output_root") or "papermill_runs"), timeout_s=timeout, jobs=jobs,
                 deadline_s=None if deadline is None else float(deadline),
-                description=str(data.get("description") or ""), declared=declared)
+                description=str(data.get("description") or ""), declared=declared,
+                cluster=dict(data.get("cluster") or {}))
 
 
 def folder_name(value: str, what: str) -> str:

@@ -133,13 +133,13 @@ def _execute_locked(spec: RunSpec, run_dir: Path, *, kernel: str, timeout_s: int
         if not (run_dir / "metrics.json").is_file():
             error = f"the notebook finished but wrote no metrics.json into {run_dir}"
     except KeyboardInterrupt:
-        _mark_failed(run_dir, INTERRUPTED, time.perf_counter() - start)
+        mark_failed(run_dir, INTERRUPTED, time.perf_counter() - start)
         raise
     except Exception as err:  # any failure of this run is recorded; the plan goes on
         error = _describe(err)
     duration = time.perf_counter() - start
     if error:
-        _mark_failed(run_dir, error, duration)
+        mark_failed(run_dir, error, duration)
         status = "failed"
     else:
         (run_dir / DONE).write_text(json.dumps({"duration_s": round(duration, 2),
@@ -206,7 +206,7 @@ def _describe(err: Exception) -> str:
     return f"{type(err).__name__}: {err}"
 
 
-def _mark_failed(run_dir: Path, error: str, duration: float) -> None:
+def mark_failed(run_dir: Path, error: str, duration: float) -> None:
     (run_dir / FAILED).write_text(f"{error}\nduration_s: {duration:.1f}\n")
 
 
@@ -242,18 +242,7 @@ def run_plan(plan: Plan, *, progress: bool = True, cwd: Path | None = None, jobs
 def _run_plan_locked(plan: Plan, kernel: str, *, progress: bool, cwd: Path | None, jobs: int,
                      stop_at: float | None = None) -> list[RunResult]:
     out = plan.out_dir
-    for spec in plan.runs:  # a RunSpec built by hand has not been through load_plan's checks
-        check_run_folder(out / spec.run_id, out)
-    results: dict[int, RunResult] = {}
-    todo: list[tuple[int, RunSpec]] = []
-    for i, spec in enumerate(plan.runs):
-        run_dir = out / spec.run_id
-        if run_status(run_dir, spec.parameters, spec.notebook) == "done":
-            done = json.loads((run_dir / DONE).read_text())
-            results[i] = RunResult(spec.run_id, spec.notebook.name, "skipped", run_dir,
-                                   float(done.get("duration_s", 0.0)), parameters=spec.parameters)
-        else:
-            todo.append((i, spec))
+    results, todo = split_finished(plan)
     record_start(out, runs_finished=bool(results))  # the definitions its verdicts are declared under (declared.py)
     bar = tqdm(total=len(plan.runs), initial=len(results), desc=f"plan {plan.name}", unit="run",
                disable=not progress)
@@ -277,6 +266,26 @@ def _run_plan_locked(plan: Plan, kernel: str, *, progress: bool, cwd: Path | Non
     ordered = [results[i] for i in range(len(plan.runs))]
     write_summary(plan.out_dir, ordered, name=plan.name, source=plan.source, description=plan.description)
     return ordered
+
+
+def split_finished(plan: Plan) -> tuple[dict[int, RunResult], list[tuple[int, RunSpec]]]:
+    """The plan's finished runs as "skipped" results by position, and the (position, run) pairs left to execute;
+    every run folder is checked first (a RunSpec built by hand has not been through load_plan's checks). Shared
+    with the cluster executor (:mod:`mdc_workbench.runs.executor`), so both skip and retry alike."""
+    out = plan.out_dir
+    for spec in plan.runs:
+        check_run_folder(out / spec.run_id, out)
+    results: dict[int, RunResult] = {}
+    todo: list[tuple[int, RunSpec]] = []
+    for i, spec in enumerate(plan.runs):
+        run_dir = out / spec.run_id
+        if run_status(run_dir, spec.parameters, spec.notebook) == "done":
+            done = json.loads((run_dir / DONE).read_text())
+            results[i] = RunResult(spec.run_id, spec.notebook.name, "skipped", run_dir,
+                                   float(done.get("duration_s", 0.0)), parameters=spec.parameters)
+        else:
+            todo.append((i, spec))
+    return results, todo
 
 
 def thread_env(jobs: int, cpus: int | None = None) -> dict[str, str]:
@@ -320,7 +329,7 @@ def result_from_markers(spec: RunSpec, run_dir: Path, exitcode: int | None = Non
         return RunResult(spec.run_id, spec.notebook.name, "failed", run_dir, duration, error, spec.parameters)
     error = f"the run's process ended (exit code {exitcode}) before the notebook finished or failed"
     run_dir.mkdir(parents=True, exist_ok=True)
-    _mark_failed(run_dir, error, 0.0)
+    mark_failed(run_dir, error, 0.0)
     return RunResult(spec.run_id, spec.notebook.name, "failed", run_dir, 0.0, error, spec.parameters)
 
 
@@ -354,7 +363,7 @@ def _stop_runs(active: dict[int, tuple[Any, RunSpec, Path]], why: str, grace_s: 
         if not lines or lines[0] == INTERRUPTED:
             duration = next((float(line.split(":", 1)[1]) for line in lines if line.startswith("duration_s:")), 0.0)
             run_dir.mkdir(parents=True, exist_ok=True)
-            _mark_failed(run_dir, why, duration)
+            mark_failed(run_dir, why, duration)
 
 
 def _run_concurrently(plan: Plan, todo: list[tuple[int, RunSpec]], *, kernel: str, cwd: Path | None, jobs: int,
