@@ -239,6 +239,8 @@ def executor_cpus(executor: Any) -> int:
 def _submit(plan: Plan, todo: list[tuple[int, RunSpec]], executor: Any, *, kernel: str, cwd: Path | None,
             env: dict[str, str]) -> list[_Submitted]:
     out = plan.out_dir
+    if not todo:
+        return []
     for _, spec in todo:  # a retried run's old markers go now, so that the gather reads this attempt's
         run_dir = check_run_folder(out / spec.run_id, out)
         for marker in (DONE, FAILED):
