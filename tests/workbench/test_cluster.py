@@ -152,7 +152,7 @@ def test_a_plan_through_the_local_executor_gives_the_local_runners_results(tmp_p
     assert [r.status for r in again] == ["skipped"] * 4
 
 
-def test_a_job_that_dies_is_failed_with_its_log_and_the_others_finish(tmp_path, tagged):
+def test_a_job_that_dies_is_failed_with_its_log_and_the_others_finish(tmp_path, tagged, capsys):
     entries = "  - toy_a.ipynb\n  - path: toy_b.ipynb\n    parameters: {die: true}\n    seeds: [0]\n"
     plan = load_plan(_plan(tmp_path, "dies", entries=entries), root=tmp_path)
     results = submit_plan(plan, _local(plan.out_dir / JOBS_DIR), cwd=tmp_path, progress=False, poll_s=0.5)
@@ -161,6 +161,11 @@ def test_a_job_that_dies_is_failed_with_its_log_and_the_others_finish(tmp_path, 
     assert error.startswith("the job ") and "before the notebook finished or failed" in error
     assert (results[2].run_dir / FAILED).is_file() and (results[2].run_dir / "job.err").is_file()
     assert [s for _, s, _ in plan_status(plan)] == ["done", "done", "failed"]
+    capsys.readouterr()  # the plan's own report of the failure
+    main(["runs", str(tmp_path / "dies.yaml"), "--status"])
+    out = capsys.readouterr().out
+    assert out.startswith(f"plan dies -> {plan.out_dir}/: 2 done, 1 failed")
+    assert "[failed ] toy_b__seed=0  the job" in out
     assert _none_left(tagged) == []
 
 
@@ -311,9 +316,11 @@ def test_preemption_checkpoints_requeues_and_resumes_exactly(data, tmp_path, tag
     for task in tasks:
         task.send_signal(signal.SIGUSR2)
     results = job.results()
-    assert results[0]["steps"] == steps and results[0]["checkpoint"].endswith(f"step_{steps}")
-    stops = [int(p.name.split("_")[1]) for p in ck.checkpoint_folders(tmp_path / "job")]
-    assert len(stops) >= 2 and stops[0] < steps  # the stop's own checkpoint, then the last step's
+    assert results[0]["steps"] == steps
+    kept = [int(p.name.split("_")[1]) for p in ck.checkpoint_folders(tmp_path / "job")]
+    assert len(kept) == 2 and kept[0] < steps == kept[1]  # the stop's own checkpoint (ckpt_every 1000), the last
+    log = "".join(p.read_text() for p in (tmp_path / "jobs").glob("*_0_log.err"))
+    assert "mdc: got SIGTERM; finishing this step" in log and "this job is preempted" in log  # relayed, requeued
 
     ref_cfg = micro_run(data, "data.num_workers=2", steps=steps, batch_size=4, grad_accum=2, ckpt_every=1000, seed=5)
     train(ref_cfg, tmp_path / "ref", progress=False)
