@@ -33,13 +33,14 @@ import os
 import shutil
 import signal
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mdc_core.runlock import LOCK_NAME, RunLock
 from mdc_workbench.runs.declared import record_start
 from mdc_workbench.runs.plans import Plan, RunSpec, ensure_kernel
+from mdc_workbench.runs.resources import Resources
 from mdc_workbench.runs.runner import (
     DEADLINE_STOP,
     DONE,
@@ -60,75 +61,6 @@ LOG_TAIL_LINES = 20  # of a job's stderr, in a failed run's error when its noteb
 NOT_STARTED = "not started: the plan's deadline (deadline_s) had passed"
 
 
-@dataclass(frozen=True)
-class Resources:
-    """What one job asks the cluster for: the plan's ``cluster`` section, overridden by the command's flags."""
-
-    gpus: int = 0  # GPUs per run (mdc train: per node, one task each)
-    cpus: int = 1  # CPU cores per task; the run's torch threads (OMP_NUM_THREADS)
-    mem_gb: float | None = None  # memory per node in GB (None: the partition's default)
-    timeout_min: int = 60  # wall-clock limit of one job; a run past it is requeued once per pre-emption/timeout
-    partition: str | None = None  # SLURM partition (None: the cluster's default)
-    account: str | None = None  # SLURM account to charge (None: the user's default)
-    array_parallelism: int | None = None  # at most this many of the plan's runs at once (SLURM's array %N)
-
-    @classmethod
-    def parse(cls, value: Any, where: str) -> Resources:
-        """The plan's ``cluster`` mapping checked key by key (None: the defaults); ValueError naming the key."""
-        if value is None:
-            return cls()
-        if not isinstance(value, dict):
-            raise ValueError(f"{where} must be a mapping of resources ({', '.join(cls.keys())}), got "
-                             f"{type(value).__name__}")
-        unknown = sorted(set(value) - set(cls.keys()))
-        if unknown:
-            raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: {', '.join(cls.keys())}")
-        return cls().replace(where=where, **value)
-
-    @staticmethod
-    def keys() -> tuple[str, ...]:
-        return tuple(f.name for f in fields(Resources))
-
-    def replace(self, *, where: str = "resources", **given: Any) -> Resources:
-        """A copy with the given values (None: keep this one's), each checked: counts are positive integers (gpus
-        may be 0), mem_gb a positive number, partition and account non-empty strings."""
-        values = {k: v for k, v in given.items() if v is not None}
-        for key, v in values.items():
-            if key in ("partition", "account"):
-                ok = isinstance(v, str) and bool(v.strip())
-                need = "a non-empty string"
-            elif key == "mem_gb":
-                ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
-                need = "a positive number (GB)"
-            else:
-                low = 0 if key == "gpus" else 1
-                ok = isinstance(v, int) and not isinstance(v, bool) and v >= low
-                need = f"an integer >= {low}"
-            if not ok:
-                raise ValueError(f"{where}: {key} must be {need}, got {v!r}")
-        return replace(self, **values)
-
-    def executor_parameters(self, *, name: str, nodes: int = 1, tasks_per_node: int = 1) -> dict[str, Any]:
-        """The keywords of ``submitit.AutoExecutor.update_parameters`` (its cluster-independent names; the
-        ``slurm_`` ones are ignored by the local executor)."""
-        params: dict[str, Any] = {"name": name, "timeout_min": self.timeout_min, "nodes": nodes,
-                                  "tasks_per_node": tasks_per_node, "cpus_per_task": self.cpus,
-                                  "gpus_per_node": self.gpus}
-        if self.mem_gb is not None:
-            params["mem_gb"] = self.mem_gb
-        for key in ("partition", "account", "array_parallelism"):
-            if getattr(self, key) is not None:
-                params[f"slurm_{key}"] = getattr(self, key)
-        return params
-
-    def describe(self) -> str:
-        """One line: what each job asks for."""
-        mem = "default" if self.mem_gb is None else f"{self.mem_gb:g}GB"
-        parts = [f"gpus={self.gpus}", f"cpus={self.cpus}", f"mem={mem}", f"time={self.timeout_min}min"]
-        parts += [f"{k}={getattr(self, k)}" for k in ("partition", "account") if getattr(self, k) is not None]
-        return " ".join(parts)
-
-
 def plan_resources(plan: Plan, **flags: Any) -> Resources:
     """The plan's ``cluster`` section with the command's flags (None: not given) applied."""
     return Resources.parse(plan.cluster or None, f"plan {plan.source}: cluster").replace(where="flags", **flags)
@@ -137,13 +69,9 @@ def plan_resources(plan: Plan, **flags: Any) -> Resources:
 def make_executor(kind: str, folder: Path, resources: Resources, *, name: str, nodes: int = 1,
                   tasks_per_node: int = 1) -> Any:
     """A submitit executor of `kind` (``slurm``, or ``local`` / ``debug`` for tests and trials: submitit's own
-    local executors) writing into `folder`, with `resources` set. One line naming the extra when it is absent."""
-    try:
-        import submitit
-    except ModuleNotFoundError as err:
-        from mdc_workbench.cli.common import MissingExtra
-        raise MissingExtra("--executor slurm needs submitit, which the [cluster] extra installs: pip install -c "
-                           "constraints.txt -e \".[cluster]\" (make setup installs it)") from err
+    local executors) writing into `folder`, with `resources` set."""
+    import submitit  # ModuleNotFoundError: `mdc` names the [cluster] extra (cli.common.EXTRA_MODULES)
+
     if kind not in ("slurm", "local", "debug"):
         raise ValueError(f"unknown executor {kind!r}; one of: slurm, local, debug")
     executor = submitit.AutoExecutor(folder=folder, cluster=kind)

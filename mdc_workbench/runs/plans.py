@@ -55,6 +55,7 @@ from typing import Any
 import yaml
 
 from mdc_workbench.runs.evidence import SEED_PARAM
+from mdc_workbench.runs.resources import Resources
 
 KERNEL_NAME = "mdc"  # the project's Jupyter kernel (this virtual environment's python)
 KERNEL_DISPLAY_NAME = "MDC workbench"
@@ -99,7 +100,7 @@ class Plan:
     deadline_s: float | None = None  # stop the plan after this many seconds with what finished (None: no limit)
     description: str = ""
     declared: dict[str, dict[str, Any]] = field(default_factory=dict)  # notebook -> papermill's parameter table
-    cluster: dict[str, Any] = field(default_factory=dict)  # resources of each job with --executor slurm (executor.py)
+    cluster: dict[str, Any] = field(default_factory=dict)  # resources of each job with --executor slurm (resources.py)
 
     @property
     def out_dir(self) -> Path:
@@ -150,7 +151,6 @@ def load_plan(path: str | Path, *, root: str | Path | None = None) -> Plan:
         raise ValueError(f"plan {path}: run ids {dupes} occur twice; give the entries distinct 'id's")
     if jobs > 1:
         _check_shared_data(runs, declared, jobs, path)
-    from mdc_workbench.runs.executor import Resources  # the cluster section's checks (it imports this module)
     Resources.parse(data.get("cluster"), f"plan {path}: cluster")
     return Plan(name=name, source=path, runs=runs, kernel=str(data.get("kernel") or KERNEL_NAME),
                 output_root=Path(data.get("output_root") or "papermill_runs"), timeout_s=timeout, jobs=jobs,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -249,12 +250,14 @@ def test_cli_dry_run_lists_the_jobs_with_their_resources_and_status_reads_the_fo
         main(["train", "--out", str(tmp_path / "run"), "--nodes", "2"])
 
 
-def test_without_the_extra_slurm_is_a_one_line_error(tmp_path, monkeypatch):
-    from mdc_workbench.cli.common import MissingExtra
-
-    monkeypatch.setitem(__import__("sys").modules, "submitit", None)
-    with pytest.raises(MissingExtra, match=r"needs submitit, which the \[cluster\] extra installs"):
-        make_executor("slurm", tmp_path, Resources(), name="x")
+def test_without_the_extra_slurm_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    plan = _plan(tmp_path, "extra")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "submitit", None)  # as if the [cluster] extra were not installed
+    assert main(["runs", str(plan), "--executor", "slurm", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mdc: error: mdc runs needs submitit, which the [cluster] extra installs") and "\n" not in err
+    assert not (tmp_path / "out").exists()  # nothing submitted, nothing written
 
 
 # ----------------------------------------------------------------------------------------------------------
