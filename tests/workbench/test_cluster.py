@@ -329,3 +329,36 @@ def test_preemption_checkpoints_requeues_and_resumes_exactly(data, tmp_path, tag
     train(ref_cfg, tmp_path / "ref", progress=False)
     assert_same_metrics(read_metrics(tmp_path / "job"), read_metrics(tmp_path / "ref"), rel=1e-4)
     assert _none_left(tagged) == []
+
+
+def test_mdc_train_executor_slurm_submits_one_job_of_nodes_x_ranks(data, tmp_path, tagged, monkeypatch, capsys):
+    """The command line: the flags become the job's shape and resources (SLURM swapped for the local executor),
+    and the submitted job trains the run the flags describe."""
+    from mdc_workbench.runs import executor as executor_module
+
+    asked = {}
+    real = executor_module.make_executor
+
+    def local_instead(kind, folder, resources, **shape):
+        asked.update(kind=kind, resources=resources, **shape)
+        return real("local", folder, resources, **{**shape, "nodes": 1})  # one machine here
+
+    monkeypatch.setattr(executor_module, "make_executor", local_instead)
+    cfg = micro_run(data, steps=2, batch_size=4, ckpt_every=2)
+    sets = [arg for key in ("model", "data", "train") for k, v in cfg.to_dict()[key].items()
+            for arg in ("--set", f"{key}.{k}={json.dumps(v)}")]
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "tiny", "--out", str(out), "--quiet", *sets, "--executor", "slurm",
+                 "--nodes", "3", "--tasks-per-node", "1", "--cpus-per-task", "2", "--timeout-min", "30",
+                 "--partition", "p1"]) == 0
+    assert asked["kind"] == "slurm" and asked["nodes"] == 3 and asked["tasks_per_node"] == 1
+    assert (asked["resources"].cpus, asked["resources"].timeout_min, asked["resources"].partition) == (2, 30, "p1")
+    assert capsys.readouterr().out.startswith("submitted job ")
+    end = time.monotonic() + 240
+    while ck.latest_checkpoint(out) is None and time.monotonic() < end:
+        time.sleep(0.5)
+    assert len(read_metrics(out)) == 2 and ck.load_train_state(ck.latest_checkpoint(out))["world"] == 1
+    assert _none_left(tagged) == []
+    with pytest.raises(SystemExit, match="--tasks-per-node must be positive and equal --gpus-per-node"):
+        main(["train", "--out", str(tmp_path / "x"), "--executor", "slurm", "--gpus-per-node", "8",
+              "--tasks-per-node", "4"])
