@@ -100,7 +100,7 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "ipywidgets": ("notebooks",), "nbconvert": ("notebooks",), "latex2mathml": ("notebooks",),
     "yaml": ("notebooks",), "filelock": ("notebooks",),
     "sklearn": ("eval",), "scipy": ("eval",), "threadpoolctl": ("eval",), "pycocoevalcap": ("eval",),
-    "transformers": ("bench",), "diffusers": ("vqgan",), "tensorboard": ("tensorboard",),
+    "transformers": ("bench",), "diffusers": ("vqgan",), "tensorboard": ("tensorboard",), "submitit": ("cluster",),
     "jupyterlab": ("lab",), "pytest": ("dev",), "ruff": ("dev",), "statsmodels": ("dev",),
 }
 VERB_EXTRAS = {"app": "app", "runs": "notebooks", "eval": "eval", "probe": "eval", "bench": "bench",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from mdc_core.config import RunConfig, apply_overrides, list_presets, load_preset
 from mdc_core.registry import objective_names, objective_spec
+from mdc_workbench.cli.cluster import check_local, cluster_flags, resource_flags
 from mdc_workbench.cli.common import check_preset, flags
 
 
@@ -17,7 +18,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     train = sub.add_parser("train", help="train a captioner",
                            parents=[flags(data={"required": False,
                                                 "help": "data path (shard folder, brace pattern, CSV/TSV or COCO "
-                                                "JSON)"}, out="run folder", set=True, quiet=True)])
+                                                "JSON)"}, out="run folder", set=True, quiet=True),
+                                    cluster_flags("GPUs per node, one rank each (default 0: CPU ranks, gloo)")])
     train.add_argument("--preset", help=f"one of: {', '.join(list_presets())} (default tiny; with --resume: the "
                        "run's own config.json, to which the other flags apply)")
     train.add_argument("--objective", choices=objective_names(), metavar="OBJECTIVE",
@@ -36,6 +38,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events into the run "
                        "folder: the logged scalars, validation loss, sample captions, the unmasking image, hparams "
                        "(train.tensorboard=true; needs the [tensorboard] extra)")
+    train.add_argument("--nodes", type=int, metavar="N", help="--executor slurm: nodes of the job (default 1)")
+    train.add_argument("--tasks-per-node", type=int, metavar="T", help="--executor slurm: ranks per node (default: "
+                       "--gpus-per-node, at least 1)")
 
     demo = sub.add_parser("demo", help="the quick one-model demo (make quick-demo): synthesize data, train the tiny "
                           "MDC model, caption test images; the full demo is make demo (mdc runs plans/cpu_demo.yaml)",
@@ -103,11 +108,18 @@ def _saved_config(out: Path) -> Path:
 
 def cmd_train(args: argparse.Namespace) -> None:
     from mdc_core.train import train
+    check_local(args, "train", "nodes", "tasks_per_node")
     cfg = _train_config(args)
     if warmup_note(cfg.train.steps, cfg.train.warmup_steps):
         print(warmup_note(cfg.train.steps, cfg.train.warmup_steps))
+    if args.members is not None and args.executor == "slurm":
+        raise SystemExit("mdc train: --members trains a seed stack in this process; --executor slurm submits one "
+                         "run (submit a plan with members: K instead)")
     if args.members is not None:
         _train_stack(cfg, args)
+        return
+    if args.executor == "slurm":
+        _submit_training(cfg, args)
         return
     result = train(cfg, args.out, resume=args.resume, progress=not args.quiet)
     if result.steps == result.start_step:
@@ -137,6 +149,26 @@ def _train_stack(cfg: RunConfig, args: argparse.Namespace) -> None:
             resumed = f" (resumed at step {r.start_step})" if r.start_step else ""
             print(f"{r.run_dir}: trained {r.steps} steps{resumed}, final loss {r.final_loss:.4f}; checkpoint "
                   f"{r.checkpoint}")
+
+
+def _submit_training(cfg: RunConfig, args: argparse.Namespace) -> None:
+    """``--executor slurm``: one job of nodes x tasks-per-node ranks (mdc_workbench.runs.executor.TrainJob)."""
+    from mdc_workbench.runs.executor import JOBS_DIR, Resources, make_executor, submit_training
+
+    resources = Resources().replace(where="mdc train", **resource_flags(args))
+    nodes = 1 if args.nodes is None else args.nodes
+    tasks = args.tasks_per_node if args.tasks_per_node is not None else max(1, resources.gpus)
+    if nodes < 1:
+        raise SystemExit(f"mdc train: --nodes must be a positive integer, got {nodes}")
+    if tasks < 1 or (resources.gpus and tasks != resources.gpus):
+        raise SystemExit(f"mdc train: --tasks-per-node must be positive and equal --gpus-per-node when GPUs are asked "
+                         f"for (one rank per GPU), got {tasks} tasks for {resources.gpus} GPUs")
+    out = Path(args.out)
+    executor = make_executor("slurm", out / JOBS_DIR, resources, name=f"mdc-train-{out.name}", nodes=nodes,
+                             tasks_per_node=tasks)
+    job = submit_training(cfg.to_dict(), out, executor, resume=args.resume)
+    print(f"submitted job {job.job_id}: {nodes} node(s) x {tasks} rank(s), {resources.describe()}; logs: "
+          f"{out / JOBS_DIR}/; run folder: {out} (pre-emption checkpoints and requeues it)")
 
 
 def warmup_note(steps: int, warmup_steps: int) -> str:

@@ -23,6 +23,9 @@ A plan is a YAML file (the shipped ones are in ``plans/``)::
         grid: {t_low: [0.3, 0.5]}                 # one run per combination
         seeds: [0]                                # optional; overrides the plan's seeds for this notebook
         members: 4                                # optional; train the seeds 4 at a time (seed stacks, below)
+    cluster:                           # optional; what each job asks for with --executor slurm (runs/executor.py)
+      gpus: 1                          #   per run; cpus (its torch threads), mem_gb, timeout_min, partition,
+      timeout_min: 120                 #   account, array_parallelism (runs at once) likewise
 
 ``seeds`` repeats each run once per training seed: the notebook's ``train_seed`` parameter (:data:`SEED_PARAM`;
 it seeds model initialisation, masks and data order) is set, and the run id gets ``__seed=N``. The plan-level
@@ -62,11 +65,12 @@ import yaml
 from mdc_workbench.runs.evidence import SEED_PARAM
 from mdc_workbench.runs.members import MEMBERS_PARAM, member_stacks
 from mdc_workbench.runs.powered import Decision, PowerCheck, check, read_decides
+from mdc_workbench.runs.resources import Resources
 
 KERNEL_NAME = "mdc"  # the project's Jupyter kernel (this virtual environment's python)
 KERNEL_DISPLAY_NAME = "MDC workbench"
 PLAN_KEYS = ("name", "description", "kernel", "output_root", "timeout_s", "deadline_s", "jobs", "parameters", "grid",
-             "seeds", "decides", "notebooks")
+             "seeds", "decides", "notebooks", "cluster")
 ENTRY_KEYS = ("path", "id", "parameters", "grid", "seeds", "members")
 
 RESERVED = ("output_dir",)  # set by the runner for every run
@@ -106,6 +110,7 @@ class Plan:
     deadline_s: float | None = None  # stop the plan after this many seconds with what finished (None: no limit)
     description: str = ""
     declared: dict[str, dict[str, Any]] = field(default_factory=dict)  # notebook -> papermill's parameter table
+    cluster: dict[str, Any] = field(default_factory=dict)  # resources of each job with --executor slurm (resources.py)
     decides: list[Decision] = field(default_factory=list)  # the claims it decides, with their power declaration
 
     @property
@@ -169,10 +174,12 @@ def load_plan(path: str | Path, *, root: str | Path | None = None) -> Plan:
         raise ValueError(f"plan {path}: run ids {dupes} occur twice; give the entries distinct 'id's")
     if jobs > 1:
         _check_shared_data(runs, declared, jobs, path)
+    Resources.parse(data.get("cluster"), f"plan {path}: cluster")
     return Plan(name=name, source=path, runs=runs, kernel=str(data.get("kernel") or KERNEL_NAME),
                 output_root=Path(data.get("output_root") or "papermill_runs"), timeout_s=timeout, jobs=jobs,
                 deadline_s=None if deadline is None else float(deadline),
-                description=str(data.get("description") or ""), declared=declared, decides=decides)
+                description=str(data.get("description") or ""), declared=declared, decides=decides,
+                cluster=dict(data.get("cluster") or {}))
 
 
 def folder_name(value: str, what: str) -> str:

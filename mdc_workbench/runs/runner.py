@@ -42,8 +42,8 @@ from tqdm.auto import tqdm
 from mdc_core.runlock import LOCK_NAME, RunLock, refuse_links
 from mdc_workbench.runs.declared import record_start
 from mdc_workbench.runs.plans import Plan, RunSpec, ensure_kernel, folder_name
+from mdc_workbench.runs.powered import POWER_FILE, refusal
 from mdc_workbench.runs.powered import record as power_record
-from mdc_workbench.runs.powered import refusal
 from mdc_workbench.runs.summary import RunResult, write_summary
 
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # what a run's kernel reads for its torch thread count
@@ -98,7 +98,7 @@ def check_run_folder(run_dir: Path, plan_dir: Path, *, clearing: bool = False) -
 
 
 RUN_MARKS = ("parameters.json", DONE, FAILED)  # the runner writes parameters.json first into a run folder it cleared
-PLAN_MARKS = ("declared.json", "summary.json")  # and these into its plan folder
+PLAN_MARKS = ("declared.json", "summary.json", POWER_FILE)  # and these into its plan folder
 
 
 def _made_by_runner(run_dir: Path) -> bool:
@@ -187,13 +187,13 @@ def _execute_locked(spec: RunSpec, run_dir: Path, *, kernel: str, timeout_s: int
         if not (run_dir / "metrics.json").is_file():
             error = f"the notebook finished but wrote no metrics.json into {run_dir}"
     except KeyboardInterrupt:
-        _mark_failed(run_dir, INTERRUPTED, time.perf_counter() - start)
+        mark_failed(run_dir, INTERRUPTED, time.perf_counter() - start)
         raise
     except Exception as err:  # any failure of this run is recorded; the plan goes on
         error = _describe(err)
     duration = time.perf_counter() - start
     if error:
-        _mark_failed(run_dir, error, duration)
+        mark_failed(run_dir, error, duration)
         status = "failed"
     else:
         (run_dir / DONE).write_text(json.dumps({"duration_s": round(duration, 2),
@@ -260,7 +260,7 @@ def _describe(err: Exception) -> str:
     return f"{type(err).__name__}: {err}"
 
 
-def _mark_failed(run_dir: Path, error: str, duration: float) -> None:
+def mark_failed(run_dir: Path, error: str, duration: float) -> None:
     (run_dir / FAILED).write_text(f"{error}\nduration_s: {duration:.1f}\n")
 
 
@@ -305,16 +305,7 @@ def _run_plan_locked(plan: Plan, kernel: str, *, progress: bool, cwd: Path | Non
                      stop_at: float | None = None) -> list[RunResult]:
     out = plan.out_dir
     check_outputs(plan, clearing=True)  # again under the lock: a run folder holding another's files is refused here
-    results: dict[int, RunResult] = {}
-    todo: list[tuple[int, RunSpec]] = []
-    for i, spec in enumerate(plan.runs):
-        run_dir = out / spec.run_id
-        if run_status(run_dir, spec.parameters, spec.notebook) == "done":
-            done = json.loads((run_dir / DONE).read_text())
-            results[i] = RunResult(spec.run_id, spec.notebook.name, "skipped", run_dir,
-                                   float(done.get("duration_s", 0.0)), parameters=spec.parameters)
-        else:
-            todo.append((i, spec))
+    results, todo = split_finished(plan)
     record_start(out, runs_finished=bool(results), plan=plan.source)  # what its verdicts are declared under
     bar = tqdm(total=len(plan.runs), initial=len(results), desc=f"plan {plan.name}", unit="run",
                disable=not progress)
@@ -338,6 +329,26 @@ def _run_plan_locked(plan: Plan, kernel: str, *, progress: bool, cwd: Path | Non
     ordered = [results[i] for i in range(len(plan.runs))]
     write_summary(plan.out_dir, ordered, name=plan.name, source=plan.source, description=plan.description)
     return ordered
+
+
+def split_finished(plan: Plan) -> tuple[dict[int, RunResult], list[tuple[int, RunSpec]]]:
+    """The plan's finished runs as "skipped" results by position, and the (position, run) pairs left to execute;
+    every run folder is checked first (a RunSpec built by hand has not been through load_plan's checks). Shared
+    with the cluster executor (:mod:`mdc_workbench.runs.executor`), so both skip and retry alike."""
+    out = plan.out_dir
+    for spec in plan.runs:
+        check_run_folder(out / spec.run_id, out)
+    results: dict[int, RunResult] = {}
+    todo: list[tuple[int, RunSpec]] = []
+    for i, spec in enumerate(plan.runs):
+        run_dir = out / spec.run_id
+        if run_status(run_dir, spec.parameters, spec.notebook) == "done":
+            done = json.loads((run_dir / DONE).read_text())
+            results[i] = RunResult(spec.run_id, spec.notebook.name, "skipped", run_dir,
+                                   float(done.get("duration_s", 0.0)), parameters=spec.parameters)
+        else:
+            todo.append((i, spec))
+    return results, todo
 
 
 def thread_env(jobs: int, cpus: int | None = None) -> dict[str, str]:
@@ -381,7 +392,7 @@ def result_from_markers(spec: RunSpec, run_dir: Path, exitcode: int | None = Non
         return RunResult(spec.run_id, spec.notebook.name, "failed", run_dir, duration, error, spec.parameters)
     error = f"the run's process ended (exit code {exitcode}) before the notebook finished or failed"
     run_dir.mkdir(parents=True, exist_ok=True)
-    _mark_failed(run_dir, error, 0.0)
+    mark_failed(run_dir, error, 0.0)
     return RunResult(spec.run_id, spec.notebook.name, "failed", run_dir, 0.0, error, spec.parameters)
 
 
@@ -415,7 +426,7 @@ def _stop_runs(active: dict[int, tuple[Any, RunSpec, Path]], why: str, grace_s: 
         if not lines or lines[0] == INTERRUPTED:
             duration = next((float(line.split(":", 1)[1]) for line in lines if line.startswith("duration_s:")), 0.0)
             run_dir.mkdir(parents=True, exist_ok=True)
-            _mark_failed(run_dir, why, duration)
+            mark_failed(run_dir, why, duration)
 
 
 def _run_concurrently(plan: Plan, todo: list[tuple[int, RunSpec]], *, kernel: str, cwd: Path | None, jobs: int,

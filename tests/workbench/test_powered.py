@@ -4,7 +4,6 @@ it short of them unless ``--underpowered-ok``, and the summary then says so (mdc
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from pathlib import Path
@@ -76,10 +75,10 @@ def test_a_plan_short_of_its_seeds_is_refused_unless_underpowered_ok(seeded: Pat
     with pytest.raises(ValueError, match="fall short of 80% power for table4 .2 seeds"):
         run_plan(plan, progress=False, cwd=seeded)
     assert not (seeded / "out" / "w").exists()  # refused before anything ran
+    from mdc_workbench.cli import build_parser
     from mdc_workbench.cli.runs import cmd_runs
 
-    args = argparse.Namespace(plan=str(plan.source), dry_run=False, jobs=None, deadline=None, quiet=True,
-                              underpowered_ok=False)
+    args = build_parser().parse_args(["runs", str(plan.source), "--quiet"])
     with pytest.raises(SystemExit, match="--underpowered-ok"):
         cmd_runs(args)
     run_plan(plan, progress=False, cwd=seeded, underpowered_ok=True)
