@@ -171,8 +171,7 @@ class Trainer:
             seed_everything(tcfg.seed)  # the RNG state of a fresh run's first step, not what loading the weights drew
         self.start_step = self.n.step
         self.whole = WholeStep(self.loss_step, self.opt, self.ema, tcfg) if tcfg.compile_step else None
-        self.stream = BatchStream(cfg, ctx, epoch, batch_in_epoch,
-                                  lambda finished: self.log.end_epoch(finished, self.stream.pending))
+        self.stream = BatchStream(cfg, ctx, epoch, batch_in_epoch, lambda f: self.log.end_epoch(f, self.stream.pending))
 
     def run(self) -> TrainResult:
         """Optimizer steps until train.steps or a stop request (then TrainingInterrupted, after a checkpoint)."""
