@@ -466,15 +466,23 @@ def ensure_kernel(name: str = KERNEL_NAME, display_name: str = KERNEL_DISPLAY_NA
     name exists whose python is present. Returns the kernel name."""
     from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 
-    try:
-        spec = KernelSpecManager().get_kernel_spec(name)
-        if spec.argv and Path(spec.argv[0]).exists():
-            return name
-    except NoSuchKernel:
-        pass
+    def registered() -> bool:
+        try:
+            spec = KernelSpecManager().get_kernel_spec(name)
+        except NoSuchKernel:
+            return False
+        return bool(spec.argv) and Path(spec.argv[0]).exists()
+
+    if registered():
+        return name
     cmd = [sys.executable, "-m", "ipykernel", "install", "--sys-prefix", "--name", name,
            "--display-name", display_name]
     done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
+    if done.returncode != 0:  # a second mdc runs started at once may be registering it: wait up to 5 s for it
+        import time
+        for _ in range(50):
+            if registered():
+                return name
+            time.sleep(0.1)
         raise RuntimeError(f"could not register the Jupyter kernel {name!r}: {done.stderr.strip()}")
     return name
