@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mdc_workbench.eval.probe_tables import probe_gains, probe_items, probe_scores  # noqa: F401 - the notebooks' names
 from mdc_workbench.runs.progress import report, track
 
 EVIDENCE_TASKS = ("shape", "colour", "count", "position")  # averaged into "mean" by default (module docstring)
@@ -37,25 +38,6 @@ def heldout_probe_set(data_dir: str | Path, *, n_train: int, n_eval: int, captio
     wb.ensure_dataset(root, n_train, captions=captions, image_size=image_size, seed=seed + HELDOUT_SEED_OFFSET,
                       n_eval=n_eval, difficulty=difficulty)
     return root
-
-
-def probe_scores(result: dict[str, Any], tasks: Sequence[str], mean_tasks: Sequence[str]) -> dict[str, float]:
-    """Top-1 % per task (`tasks`, then any of `mean_tasks` not among them) of a
-    :func:`~mdc_workbench.eval.probe_data.probe_run` result, plus ``mean`` over `mean_tasks`."""
-    missing = [t for t in [*tasks, *mean_tasks] if t not in result["tasks"]]
-    if missing:
-        raise ValueError(f"tasks {missing} were not probed; probed: {', '.join(result['tasks'])}")
-    per_task = {t: 100.0 * result["tasks"][t]["top1"] for t in dict.fromkeys([*tasks, *mean_tasks])}
-    return {**per_task, "mean": sum(100.0 * result["tasks"][t]["top1"] for t in mean_tasks) / len(mean_tasks)}
-
-
-def probe_items(result: dict[str, Any], mean_tasks: Sequence[str]) -> list[float]:
-    """Per test image: 100 x the fraction of `mean_tasks` it is classified right on (their mean is the ``mean``
-    of :func:`probe_scores`); all tasks score the same test images in the same order."""
-    columns = [result["tasks"][t]["test_correct"] for t in mean_tasks]
-    if len({len(c) for c in columns}) != 1:
-        raise ValueError("the tasks were scored on different test sets; per-item scores need the same images")
-    return [100.0 * sum(vals) / len(vals) for vals in zip(*columns, strict=True)]
 
 
 def probe_models(runs: Mapping[str, str | Path], data: str | Path, *, tasks: Sequence[str],
@@ -95,33 +77,6 @@ def probe_models(runs: Mapping[str, str | Path], data: str | Path, *, tasks: Seq
     items = {k: probe_items(r, mean_tasks) for k, r in results.items()}
     gains, gain_items = probe_gains(results, scores, mean_tasks)
     return {"scores": scores, "items": items, "gains": gains, "gain_items": gain_items, "results": results}
-
-
-def probe_gains(results: Mapping[str, dict[str, Any]], scores: Mapping[str, dict[str, float]],
-                mean_tasks: Sequence[str]) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, list[float]]]]:
-    """Each row's gain over the random-init row of its feature kind (rows ``random init ...`` made by
-    :func:`probe_models`; results with ``init == "random"``): per task, top-1 % minus the random row's, and
-    ``mean``, their mean over `mean_tasks` (the chance-corrected mean). Per test image: the same differences
-    (``mean``: the row's :func:`probe_items` minus the random row's; per task: 100 x correct minus the random
-    row's), whose means are the gains. Rows without a random-init row of their kind (raw pixels) get none.
-
-    Returns ``(gains {row: {task: points, "mean": points}}, items {row: {task | "mean": [points per image]}})``.
-    """
-    random_of = {r["pool"]: name for name, r in results.items() if r.get("init") == "random"}
-    gains: dict[str, dict[str, float]] = {}
-    items: dict[str, dict[str, list[float]]] = {}
-    for name, result in results.items():
-        base = random_of.get(result["pool"]) if result.get("init", "trained") != "pixels" else None
-        if base is None:
-            continue
-        per_task = {t: scores[name][t] - scores[base][t] for t in scores[name] if t != "mean"}
-        gains[name] = {**per_task, "mean": sum(per_task[t] for t in mean_tasks) / len(mean_tasks)}
-        mine, theirs = probe_items(result, mean_tasks), probe_items(results[base], mean_tasks)
-        items[name] = {"mean": [a - b for a, b in zip(mine, theirs, strict=True)]}
-        for t in per_task:
-            a, b = result["tasks"][t]["test_correct"], results[base]["tasks"][t]["test_correct"]
-            items[name][t] = [100.0 * (x - y) for x, y in zip(a, b, strict=True)]
-    return gains, items
 
 
 def probe_table(probe: dict[str, Any], rows: Sequence[str], metric: str,
