@@ -42,44 +42,26 @@ from typing import Any
 
 import yaml
 
+from mdc_workbench.runs.gpu_estimate import (
+    BENCH_RUNS,
+    BENCH_STEPS,
+    BENCHMARKS,
+    BUDGET_S,
+    GOAL_MIN,
+    LOAN_S,
+    RUN_EXTRA_S,
+    bench_limit,
+    estimate,
+    format_estimate,
+    measured_bench,
+    plan_minutes,
+    scale_plan,
+    side_deadline,
+)
+
 PLAN = Path("plans/gpu_check.yaml")
-BENCHMARKS = Path("benchmarks")  # the last measured figures (the bench's JSON reports) the estimate reads
-GOAL_MIN = 8.0  # the evidence plan's wall-clock goal on one GPU (minutes)
-STEP_S = 0.0228  # tiny_fast training step, batch 64, eager, one process on an H200 (benchmarks/README.md)
-RUN_EXTRA_S = 45.0  # per run: kernel start, data load, probes or the signal measure (an allowance, not measured)
 CUDA_TESTS = ["tests/core/test_cuda.py", "tests/core/test_step_parts.py", "tests/core/test_static_step.py",
               "tests/core/test_whole_step.py::test_the_whole_step_with_cuda_graphs_trains_like_the_eager_step"]
-LOAN_S = 600.0  # what the check may take of a lent machine, its start included (10 minutes)
-# allowances, not measured (make gpu-check has not run end to end on a GPU yet): a lent machine's start, the transfer
-# and the wheelhouse install ("a minute or more" to start); per mdc bench: imports, inputs, the matmul peak; per
-# training row: a fresh process, the model, the FLOP count; a row the last figures lack; the CUDA tests; the curves
-STARTUP_S, BENCH_START_S, ROW_START_S, UNMEASURED_ROW_S, CUDA_TESTS_S, CURVES_S = 120.0, 30.0, 15.0, 90.0, 150.0, 90.0
-BUDGET_S = LOAN_S - STARTUP_S  # the check's default budget: with the machine's start, 10 minutes
-PLAN_MARGIN_S, BENCH_RESERVE_S = 45.0, 180.0  # the plan's deadline: what is left - 45 s; a bench leaves 180 s
-
-
-@dataclass(frozen=True)
-class BenchRun:
-    """One ``mdc bench`` of the check: its preset, batch and training rows, and the report of its last measurement
-    (under ``benchmarks/``), whose rows' warm-up and step times give its estimate."""
-
-    name: str
-    preset: str
-    batch: int  # 0: the preset's
-    rows: tuple[str, ...]
-    timeout_s: float
-    measured: str  # file under benchmarks/
-    extra: tuple[str, ...] = ()  # more mdc bench options (profile, host operations)
-
-
-BENCH_RUNS = (  # eager and compiled: CUDA graphs (graphs), the whole step compiled (whole); MDC vs ARC at 128
-    BenchRun("bench_vit_b32_b128", "vit_b32", 128, ("mdc", "mdc_graphs", "arc", "arc_graphs"), 210,
-             "vit_b32_h200_b128.json", ("--profile", "25", "--count-ops")),
-    BenchRun("bench_vit_b32_b256", "vit_b32", 256, ("mdc", "mdc_graphs"), 120, "vit_b32_h200_b256.json"),
-    BenchRun("bench_tiny_fast", "tiny_fast", 0, ("mdc", "mdc_graphs", "mdc_whole"), 90, "tiny_fast_h200.json",
-             ("--count-ops",)),
-)
-BENCH_STEPS = 10  # timed steps per row (--steps)
 
 
 @dataclass
@@ -174,102 +156,6 @@ class CheckStopped(Exception):
         super().__init__(signal.Signals(signum).name)
 
 
-def scale_plan(source: Path, out: Path, *, steps: dict[int, int], device: str, seeds: list[int], n_train: int,
-               n_eval: int, probe_limit: int, position_limit: int, jobs: int, name: str, output_root: Path) -> Path:
-    """A copy of the plan `source` at another budget: every ``steps`` value (the base one and each entry's) mapped by
-    `steps` (old -> new; warm-up and checkpoint intervals follow as the same fraction), on `device`, with `seeds`,
-    smaller data and probes, and its own output folders: runs, ``_data`` and ``_models`` under
-    `output_root`/<name>/."""
-    plan = yaml.safe_load(source.read_text())
-    old_prefix = f"{plan.get('output_root', 'papermill_runs')}/{plan['name']}/"
-    new_prefix = f"{output_root}/{name}/"
-
-    def rescale(params: dict[str, Any]) -> None:
-        if "steps" in params:
-            old = params["steps"]
-            if old not in steps:
-                raise ValueError(f"plan {source}: no scaled budget for {old} steps; give scale_plan one")
-            new = steps[old]
-            params["steps"] = new
-            over = params.get("overrides", {})
-            for key in ("train.warmup_steps", "train.ckpt_every", "train.log_every"):
-                if key in over:
-                    over[key] = max(1, round(over[key] * new / old))
-        for key, value in list(params.items()):
-            if isinstance(value, str):
-                params[key] = value.replace(old_prefix, new_prefix)
-
-    base = plan["parameters"]
-    base.update(device=device, n_train=n_train, n_eval=n_eval, probe_limit=probe_limit)
-    rescale(base)
-    for entry in plan["notebooks"]:
-        params = entry.setdefault("parameters", {}) if isinstance(entry, dict) else {}
-        if "overrides" in params and "steps" not in params:
-            params["steps"] = base["steps"]
-        if "steps" in params and "overrides" not in params:
-            params["overrides"] = dict(base.get("overrides", {}))
-        if "steps" in params:
-            old = params["steps"]
-            if old not in steps:
-                raise ValueError(f"plan {source}: no scaled budget for {old} steps; give scale_plan one")
-        rescale(params)
-        if "position_limit" in params:
-            params["position_limit"] = min(params["position_limit"], position_limit)
-        if isinstance(entry, dict) and "seeds" in entry:
-            entry["seeds"] = seeds
-    plan.update(name=name, seeds=seeds, jobs=jobs, output_root=str(output_root))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(yaml.safe_dump(plan, sort_keys=False))
-    return out
-
-
-def _param(run: Any, declared: dict[str, Any], key: str) -> Any:
-    """A run's parameter `key`: the plan's value, else the notebook's declared default."""
-    import ast
-
-    if key in run.parameters:
-        return run.parameters[key]
-    default = declared.get(key, {}).get("default")
-    return None if default is None else ast.literal_eval(default.replace("true", "True").replace("false", "False"))
-
-
-def trained_models(run: Any, declared: dict[str, Any]) -> int:
-    """How many models of the run's ``steps`` notebook 03 trains for `run`: one per objective, one per (objective,
-    learning rate) of a sweep (``lrs``; the chosen one is reused), an ARC + MDC pair per caption kind for the central
-    claim (``position_signal``: short and two-clause captions; the short pair is the run's own ARC and MDC when it
-    trains them) and per caption order for its features (``feature_orders``)."""
-    objectives = _param(run, declared, "objectives") or []
-    swept = [o for o in objectives if o in ("clip", "arc", "mdc")]
-    n = len(objectives) + len(swept) * max(0, len(_param(run, declared, "lrs") or []) - 1)
-    if _param(run, declared, "position_signal"):
-        own = _param(run, declared, "captions") == "short" and {"arc", "mdc"} <= set(objectives) and not \
-            _param(run, declared, "lrs")  # this run's own ARC and MDC are the short pair
-        n += 2 if own else 4
-    if _param(run, declared, "feature_orders"):
-        n += 4
-    return n
-
-
-def plan_minutes(plan: Any, *, step_s: float = STEP_S, extra_s: float = RUN_EXTRA_S, jobs: int | None = None
-                 ) -> tuple[float, list[tuple[str, float, float]]]:
-    """The plan's wall-clock estimate on one GPU, in minutes, and ``(run id, start, end)`` per run (minutes): each
-    run takes ``trained_models x steps x step_s + extra_s``, and runs start in plan order as one of `jobs` slots
-    frees (:mod:`mdc_workbench.runs.runner`), taking runs that share the GPU not to slow each other (not measured).
-    `plan` is a :class:`~mdc_workbench.runs.plans.Plan`. Example: 2 runs of 1 model x 1000 steps at 0.06 s,
-    ``extra_s=0``, one slot: 1 + 1 = 2.0 minutes."""
-    if step_s <= 0 or extra_s < 0:
-        raise ValueError(f"step_s must be > 0 and extra_s >= 0, got {step_s} and {extra_s}")
-    slots = [0.0] * (jobs or plan.jobs)
-    schedule = []
-    for run in plan.runs:
-        declared = plan.declared.get(str(run.notebook), {})
-        seconds = trained_models(run, declared) * int(_param(run, declared, "steps")) * step_s + extra_s
-        k = min(range(len(slots)), key=slots.__getitem__)
-        schedule.append((run.run_id, slots[k] / 60, (slots[k] + seconds) / 60))
-        slots[k] += seconds
-    return max(slots) / 60, schedule
-
-
 def machine() -> dict[str, Any]:
     import torch
 
@@ -295,84 +181,6 @@ def bench_phases(out: Path, tiny: bool, python: str) -> list[Phase]:
                            "--rows", ",".join(b.rows), "--sections", "none", *b.extra,
                            "--out", str(out / f"{b.name}.json")], b.timeout_s, out / f"{b.name}.log")
             for b in BENCH_RUNS]
-
-
-def bench_limit(timeout_s: float, left_s: float) -> float:
-    """A bench phase's time limit: its own, cut to leave :data:`BENCH_RESERVE_S` of the `left_s` for the plan."""
-    return min(timeout_s, max(30.0, left_s - BENCH_RESERVE_S))
-
-
-def side_deadline(left_s: float) -> float:
-    """The evidence plan's deadline (and the CUDA tests' limit) when `left_s` of the budget is left after the bench."""
-    return max(60.0, left_s - PLAN_MARGIN_S)
-
-
-def bench_seconds(run: BenchRun, figures: dict[str, Any]) -> float:
-    """`run`'s wall time from a report of its last measurement (`figures`: ``mdc bench``'s JSON): per row a fresh
-    process, its warm-up (the compile included) and its timed steps (+2 counting host operations, +1 counting FLOPs);
-    a row the report lacks takes :data:`UNMEASURED_ROW_S`."""
-    rows = figures.get("train", {})
-    steps = BENCH_STEPS + 1 + (2 if "--count-ops" in run.extra else 0)
-    total = BENCH_START_S
-    for name in run.rows:
-        row = rows.get(name, {})
-        measured = "step_s" in row and "error" not in row
-        total += ROW_START_S + row["warmup_s"] + steps * row["step_s"] if measured else UNMEASURED_ROW_S
-    return total
-
-
-def estimate(budget_s: float, bench_s: list[tuple[str, float, float]], plan_schedule: list[tuple[str, float, float]]
-             ) -> list[dict[str, Any]]:
-    """What each part of the check takes under `budget_s` (seconds), as :func:`run` spends it: ``bench_s`` gives each
-    bench phase's (name, estimated seconds, own time limit), in order, each cut by :func:`bench_limit`; then the plan
-    (``plan_schedule``: :func:`plan_minutes`'s (run id, start, end) in minutes) and the CUDA tests and the precision
-    curves side by side until :func:`side_deadline`. Per part: ``estimate_s``, ``limit_s`` (what it gets) and
-    ``takes_s`` (the smaller); the plan's ``finished``/``runs`` (the runs that end by its deadline). The last entry
-    is the whole check: ``takes_s`` with the machine's start (:data:`STARTUP_S`), ``fits`` within :data:`LOAN_S`."""
-    parts = [{"part": "start-up (allowance)", "estimate_s": STARTUP_S, "limit_s": None, "takes_s": STARTUP_S}]
-    used = 0.0
-    for name, seconds, timeout in bench_s:
-        limit = bench_limit(timeout, budget_s - used)
-        parts.append({"part": name, "estimate_s": seconds, "limit_s": limit, "takes_s": min(seconds, limit)})
-        used += min(seconds, limit)
-    deadline = side_deadline(budget_s - used)
-    plan_s = 60 * max((end for _, _, end in plan_schedule), default=0.0)
-    finished = sum(end * 60 <= deadline for _, _, end in plan_schedule)
-    side = [{"part": "evidence_plan", "estimate_s": plan_s, "finished": finished, "runs": len(plan_schedule)},
-            {"part": "cuda_tests", "estimate_s": CUDA_TESTS_S}, {"part": "precision_curves", "estimate_s": CURVES_S}]
-    for part in side:
-        part.update(limit_s=deadline, takes_s=min(part["estimate_s"], deadline))
-    parts += side
-    total = STARTUP_S + used + max(p["takes_s"] for p in side)
-    parts.append({"part": "whole check", "estimate_s": None, "limit_s": STARTUP_S + budget_s, "takes_s": total,
-                  "fits": total <= LOAN_S})
-    return parts
-
-
-def format_estimate(parts: list[dict[str, Any]]) -> str:
-    """:func:`estimate`'s parts as a table in minutes."""
-    def minutes(x: float | None) -> str:
-        return "-" if x is None else f"{x / 60:.1f}"
-
-    lines = [f"{'part':<24}{'estimate min':>14}{'limit min':>11}{'takes min':>11}  note"]
-    for p in parts:
-        note = f"{p['finished']} of {p['runs']} runs end by its deadline" if "runs" in p else ""
-        if "fits" in p:
-            note = f"{'fits' if p['fits'] else 'does NOT fit'} {LOAN_S / 60:g} minutes of a lent machine"
-        lines.append(f"{p['part']:<24}{minutes(p['estimate_s']):>14}{minutes(p['limit_s']):>11}"
-                     f"{minutes(p['takes_s']):>11}  {note}".rstrip())
-    return "\n".join(lines)
-
-
-def measured_bench(root: Path = BENCHMARKS) -> list[tuple[str, float, float]]:
-    """(name, estimated seconds, time limit) of each bench phase from its last report under `root`; a report that is
-    missing counts every row as unmeasured."""
-    out = []
-    for run in BENCH_RUNS:
-        path = root / run.measured
-        out.append((run.name, bench_seconds(run, json.loads(path.read_text()) if path.is_file() else {}),
-                    run.timeout_s))
-    return out
 
 
 def side_phases(out: Path, tiny: bool, python: str, plan: Path, deadline_s: float) -> list[Phase]:

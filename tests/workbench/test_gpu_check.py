@@ -11,20 +11,20 @@ import pytest
 import yaml
 
 from mdc_workbench.runs import gpu_check
-from mdc_workbench.runs.gpu_check import (
+from mdc_workbench.runs.gpu_check import Phase, write_summary
+from mdc_workbench.runs.gpu_estimate import (
+    BENCH_RUNS,
     BUDGET_S,
     GOAL_MIN,
     LOAN_S,
     STARTUP_S,
     BenchRun,
-    Phase,
     bench_seconds,
     estimate,
     measured_bench,
     plan_minutes,
     scale_plan,
     trained_models,
-    write_summary,
 )
 from mdc_workbench.runs.plans import load_plan
 
@@ -131,7 +131,7 @@ def test_the_check_estimate_spends_the_budget_as_the_check_does():
 def test_the_default_budget_fits_a_ten_minute_loan_from_the_last_figures(monkeypatch, capsys):
     assert STARTUP_S + BUDGET_S == LOAN_S == 600
     bench = measured_bench(ROOT / "benchmarks")
-    assert [name for name, _, _ in bench] == [b.name for b in gpu_check.BENCH_RUNS]
+    assert [name for name, _, _ in bench] == [b.name for b in BENCH_RUNS]
     assert all(seconds > 0 for _, seconds, _ in bench)
     _, schedule = plan_minutes(load_plan(ROOT / "plans" / "gpu_check.yaml", root=ROOT))
     parts = estimate(BUDGET_S, bench, schedule)
