@@ -320,13 +320,13 @@ def probe_run(run: str | Path, data: str | Path, *, task: str | Sequence[str] = 
         "seen_in_pretraining", "tasks": {task: result}}`` where each
         result is :meth:`ProbeResult.to_dict` (top1, top5, balanced_accuracy, ...) plus ``classes``.
     """
+    if features is not None and (init != "trained" or set(features) != {"train", "test"}):
+        raise ValueError(f"given features are a trained model's train and test splits; got {sorted(features)} with "
+                         f"init={init!r}")
     ckpt = resolve_checkpoint(run)
     train_set = open_probe_dataset(data, "train", fmt, limit)
     test_set = open_probe_dataset(data, "test", train_set.format, limit)
     tasks = _probe_tasks(train_set, task, init, protocol, weight_decay, c)
-    if features is not None and (init != "trained" or set(features) != {"train", "test"}):
-        raise ValueError(f"given features are a trained model's train and test splits; got {sorted(features)} with "
-                         f"init={init!r}")
     model, cfg = load_model(ckpt, device=device, ema=ema)
     seen = seen_in_pretraining(cfg.data.path, train_set.root)
     if heldout and seen:

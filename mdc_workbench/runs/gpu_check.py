@@ -5,7 +5,10 @@
 
 Phases, each a child process with its own time limit, all writing into `--out`:
 
-1. ``bench/``: ``mdc bench`` on ``vit_b32`` at batch 128 (training rows eager and compiled with CUDA graphs, ARC,
+1. ``bench/``: the seed-stack bench first (``python -m mdc_workbench.seed_stack.bench --device cuda``: seconds per
+   member-step of stacks of K = 1, 4, 16 ``tiny_fast`` members against the solo step, into ``seed_stack.json``; copied
+   to ``benchmarks/seed_stack_h200.json`` it replaces the estimate's assumption for stacked plans), then ``mdc bench``
+   on ``vit_b32`` at batch 128 (training rows eager and compiled with CUDA graphs, ARC,
    OpenCLIP CoCa; captioning at N' = 20; the profile of the compiled step in the training precision; host
    operations per step) and at batch 256 (training rows only), and ``tiny_fast`` (eager vs CUDA graphs). The bench
    runs alone, so its timings are the machine's.
@@ -49,14 +52,25 @@ from mdc_workbench.runs.gpu_estimate import (
     BUDGET_S,
     GOAL_MIN,
     LOAN_S,
+    MEMBER_EXTRA_S,
     RUN_EXTRA_S,
+    STACK_BENCH,
+    STACK_BENCH_MEMBERS,
+    STACK_BENCH_ROWS,
+    STACK_BENCH_STEPS,
+    STACK_BENCH_TIMEOUT_S,
+    STACK_BENCH_WARMUP,
+    STACK_FILE,
     bench_limit,
+    call_estimates,
     estimate,
+    format_calls,
     format_estimate,
     measured_bench,
     plan_minutes,
     scale_plan,
     side_deadline,
+    stack_step,
 )
 
 PLAN = Path("plans/gpu_check.yaml")
@@ -169,24 +183,40 @@ def machine() -> dict[str, Any]:
 
 
 def bench_phases(out: Path, tiny: bool, python: str) -> list[Phase]:
-    """The bench runs (:data:`BENCH_RUNS`), one after another (each a fresh ``mdc bench``; each row its own process
-    inside)."""
+    """The bench runs, one after another: the seed-stack bench (:func:`stack_phase`), then :data:`BENCH_RUNS` (each
+    a fresh ``mdc bench``; each row its own process inside)."""
     mdc = [python, "-m", "mdc_workbench", "bench"]
     if tiny:
-        return [Phase("bench_tiny", [*mdc, "--quick", "--device", "cpu", "--rows", "mdc,arc", "--sections", "none",
+        return [stack_phase(out, tiny, python),
+                Phase("bench_tiny", [*mdc, "--quick", "--device", "cpu", "--rows", "mdc,arc", "--sections", "none",
                                      "--count-ops", "--out", str(out / "bench_tiny.json")], 600,
                       out / "bench_tiny.log")]
-    return [Phase(b.name, [*mdc, "--preset", b.preset, "--device", "cuda", "--steps", str(BENCH_STEPS),
-                           "--row-timeout", "120", *(["--set", f"train.batch_size={b.batch}"] if b.batch else []),
-                           "--rows", ",".join(b.rows), "--sections", "none", *b.extra,
-                           "--out", str(out / f"{b.name}.json")], b.timeout_s, out / f"{b.name}.log")
-            for b in BENCH_RUNS]
+    return [stack_phase(out, tiny, python)] + [
+        Phase(b.name, [*mdc, "--preset", b.preset, "--device", "cuda", "--steps", str(BENCH_STEPS),
+                       "--row-timeout", "120", *(["--set", f"train.batch_size={b.batch}"] if b.batch else []),
+                       "--rows", ",".join(b.rows), "--sections", "none", *b.extra,
+                       "--out", str(out / f"{b.name}.json")], b.timeout_s, out / f"{b.name}.log")
+        for b in BENCH_RUNS]
+
+
+def stack_phase(out: Path, tiny: bool, python: str) -> Phase:
+    """The seed-stack bench (issue 63): seconds per member-step of K = 1, 4, 16 members (``vmap``, what a stack
+    trains with on CUDA) against the solo step, into `out`/seed_stack.json, which the estimate reads once copied to
+    ``benchmarks/`` (:data:`~mdc_workbench.runs.gpu_estimate.STACK_FILE`); `tiny`: K = 1, 2 at batch 8 on the CPU."""
+    size = ["--members", "1", "2", "--steps", "1", "--warmup", "0", "--batch", "8", "--device", "cpu"] if tiny else [
+        "--members", *map(str, STACK_BENCH_MEMBERS), "--steps", str(STACK_BENCH_STEPS), "--warmup",
+        str(STACK_BENCH_WARMUP), "--device", "cuda"]
+    return Phase(STACK_BENCH, [python, "-m", "mdc_workbench.seed_stack.bench", *size, "--rows",
+                               ",".join(STACK_BENCH_ROWS), "--out", str(out / "seed_stack.json")],
+                 600 if tiny else STACK_BENCH_TIMEOUT_S, out / f"{STACK_BENCH}.log")
 
 
 def side_phases(out: Path, tiny: bool, python: str, plan: Path, deadline_s: float) -> list[Phase]:
-    """The evidence plan, the CUDA tests and the precision curves, run side by side."""
-    phases = [Phase("evidence_plan", [python, "-m", "mdc_workbench", "runs", "--quiet", str(plan), "--deadline",
-                                      str(round(deadline_s))],
+    """The evidence plan, the CUDA tests and the precision curves, run side by side. The plan starts with
+    ``--underpowered-ok``: it holds the seeds that fit, fewer than its declared claim needs, and its summary says
+    so."""
+    phases = [Phase("evidence_plan", [python, "-m", "mdc_workbench", "runs", "--quiet", "--underpowered-ok", str(plan),
+                                      "--deadline", str(round(deadline_s))],
                     deadline_s + 40, out / "evidence_plan.log")]
     if not tiny:
         phases.append(Phase("cuda_tests", [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *CUDA_TESTS],
@@ -197,8 +227,22 @@ def side_phases(out: Path, tiny: bool, python: str, plan: Path, deadline_s: floa
     return phases
 
 
+def _stack_rows(out: Path) -> list[str]:
+    """The seed-stack bench's rows (seed_stack.json) as a table: seconds per member-step against the solo step."""
+    path = out / "seed_stack.json"
+    if not path.is_file():
+        return []
+    lines = ["\n### seed stack (seconds per member-step; copy seed_stack.json to benchmarks/"
+             f"{STACK_FILE} for the estimate)\n", "| row | K | step ms | ms per member-step | vs solo | peak MiB |",
+             "|---|---|---|---|---|---|"]
+    for r in json.loads(path.read_text()).get("rows", []):
+        lines.append(f"| {r['row']} | {r['members']} | {1e3 * r['step_s']:.2f} | {1e3 * r['member_step_s']:.2f} | "
+                     f"{r.get('vs_solo', float('nan')):.2f}x | {r['peak_mib']:.0f} |")
+    return lines
+
+
 def _targets(out: Path) -> list[str]:
-    lines = []
+    lines = _stack_rows(out)
     for path in sorted(out.glob("bench_*.json")):
         report = json.loads(path.read_text())
         lines.append(f"\n### {path.stem}\n")
@@ -334,11 +378,14 @@ def main(argv: list[str] | None = None) -> None:
         from mdc_workbench.runs.plans import load_plan
 
         step_s = json.loads((BENCHMARKS / "tiny_fast_h200.json").read_text())["train"]["mdc"]["step_s"]
-        total, schedule = plan_minutes(load_plan(PLAN), step_s=step_s)
+        stack = stack_step()
+        total, schedule = plan_minutes(load_plan(PLAN), step_s=step_s, stack=stack)
         print(format_estimate(estimate(args.budget_s, measured_bench(), schedule)))
         print(f"{PLAN}: {total:.1f} minutes for all {len(schedule)} runs (goal {GOAL_MIN:g}; the tiny_fast step "
               f"{step_s * 1000:.1f} ms of benchmarks/tiny_fast_h200.json, {RUN_EXTRA_S:.0f} s per run besides "
-              "training, runs sharing the GPU assumed not to slow each other)")
+              f"training and {MEMBER_EXTRA_S:.0f} s per member of a seed stack (allowances), solo runs sharing the GPU "
+              "assumed not to slow each other, seed stacks' GPU shares adding up)\n")
+        print(format_calls(call_estimates(step_s=step_s, stack=stack), stack))
         return
     run(Path(args.out), tiny=args.tiny, budget_s=args.budget_s)
 

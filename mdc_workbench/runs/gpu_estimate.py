@@ -24,6 +24,15 @@ LOAN_S = 600.0  # what the check may take of a lent machine, its start included 
 STARTUP_S, BENCH_START_S, ROW_START_S, UNMEASURED_ROW_S, CUDA_TESTS_S, CURVES_S = 120.0, 30.0, 15.0, 90.0, 150.0, 90.0
 BUDGET_S = LOAN_S - STARTUP_S  # the check's default budget: with the machine's start, 10 minutes
 PLAN_MARGIN_S, BENCH_RESERVE_S = 45.0, 180.0  # the plan's deadline: what is left - 45 s; a bench leaves 180 s
+# seed stacks (issue 63): the seed-stack bench's GPU figures (make gpu-check writes them as seed_stack.json; copied here
+# as benchmarks/seed_stack_h200.json), else the issue's goal as an assumption: K=16 members at 8x fewer GPU-seconds
+# per member-step than the solo step (benchmarks/step_phases_h200_after.json: 18.6 ms, host-bound)
+STACK_FILE, SOLO_STEP_FILE, STACK_GOAL, STACK_GOAL_K = "seed_stack_h200.json", "step_phases_h200_after.json", 8.0, 16
+MEMBER_EXTRA_S = 10.0  # per member of a stack: its probes or signal measure after training (an allowance)
+# the seed-stack bench (python -m mdc_workbench.seed_stack.bench on CUDA, first of the benches): solo and vmap rows at
+# K = 1, 4, 16, each a fresh process; a row not measured yet takes an allowance of 20 s (CUDA start, model, 7 steps)
+STACK_BENCH, STACK_BENCH_TIMEOUT_S, STACK_BENCH_MEMBERS = "bench_seed_stack", 120.0, (1, 4, 16)
+STACK_BENCH_ROWS, STACK_BENCH_STEPS, STACK_BENCH_WARMUP, UNMEASURED_STACK_ROW_S = ("solo", "vmap"), 5, 2, 20.0
 
 
 @dataclass(frozen=True)
@@ -126,24 +135,81 @@ def trained_models(run: Any, declared: dict[str, Any]) -> int:
     return n
 
 
-def plan_minutes(plan: Any, *, step_s: float = STEP_S, extra_s: float = RUN_EXTRA_S, jobs: int | None = None
+@dataclass(frozen=True)
+class StackStep:
+    """Seconds per member-step of a seed stack of K tiny_fast members on the GPU, ``solo_s / K + per_member_s``: a
+    line through K = 1 and the largest K, read as the host's cost of a step paid once for the stack (``solo_s``)
+    and the GPU's per member (``per_member_s``), and where the figures come from."""
+
+    solo_s: float  # the host's share: what a stack of K pays once per step
+    per_member_s: float  # the GPU's share per member
+    measured: bool
+    source: str
+
+    def member_step_s(self, members: int) -> float:
+        """Seconds per member-step of a stack of `members`."""
+        return self.solo_s / members + self.per_member_s
+
+
+def stack_step(root: Path = BENCHMARKS) -> StackStep:
+    """:class:`StackStep` from the seed-stack bench's last GPU figures (`root`/:data:`STACK_FILE`: the ``vmap`` rows'
+    member-steps at the smallest and largest K, a line through them), else the issue's goal as an assumption: the
+    solo step of `root`/:data:`SOLO_STEP_FILE` (18.6 ms, host-bound) at K = 1 and :data:`STACK_GOAL` x fewer
+    GPU-seconds per member-step at K = 16 (unmeasured)."""
+    path = root / STACK_FILE
+    rows = json.loads(path.read_text()).get("rows", []) if path.is_file() else []
+    vmap = sorted((r["members"], r["step_s"]) for r in rows if r.get("row") == "vmap" and r.get("device") == "cuda")
+    if len(vmap) >= 2 and vmap[-1][0] > vmap[0][0]:
+        (k1, s1), (k2, s2) = vmap[0], vmap[-1]
+        per_member = (s2 - s1) / (k2 - k1)
+        ks = ", ".join(f"K={k}: {1e3 * s / k:.2f} ms" for k, s in vmap)
+        return StackStep(s1 - k1 * per_member, per_member, True, f"measured ({root / STACK_FILE}: per member-step "
+                                                                       f"{ks})")
+    solo = json.loads((root / SOLO_STEP_FILE).read_text())["step_ms"] / 1e3
+    per_member = (STACK_GOAL_K * solo / STACK_GOAL - solo) / (STACK_GOAL_K - 1)  # the line through K=1 and K=16
+    return StackStep(solo - per_member, per_member, False,
+                     f"UNMEASURED: assumed the goal, {STACK_GOAL:g}x fewer GPU-seconds per member-step at K="
+                     f"{STACK_GOAL_K} than the solo step's {1e3 * solo:.1f} ms ({root / SOLO_STEP_FILE}), "
+                     f"{1e3 * solo / STACK_GOAL:.2f} ms; no GPU stack was measured ({STACK_FILE} absent)")
+
+
+def plan_minutes(plan: Any, *, step_s: float = STEP_S, extra_s: float = RUN_EXTRA_S, jobs: int | None = None,
+                 stack: StackStep | None = None, member_extra_s: float = MEMBER_EXTRA_S
                  ) -> tuple[float, list[tuple[str, float, float]]]:
-    """The plan's wall-clock estimate on one GPU, in minutes, and ``(run id, start, end)`` per run (minutes): each
-    run takes ``trained_models x steps x step_s + extra_s``, and runs start in plan order as one of `jobs` slots
-    frees (:mod:`mdc_workbench.runs.runner`), taking runs that share the GPU not to slow each other (not measured).
-    `plan` is a :class:`~mdc_workbench.runs.plans.Plan`. Example: 2 runs of 1 model x 1000 steps at 0.06 s,
-    ``extra_s=0``, one slot: 1 + 1 = 2.0 minutes."""
-    if step_s <= 0 or extra_s < 0:
-        raise ValueError(f"step_s must be > 0 and extra_s >= 0, got {step_s} and {extra_s}")
+    """The plan's wall-clock estimate on one GPU, in minutes, and ``(run id, start, end)`` per run (minutes): runs
+    start in plan order as one of `jobs` slots frees (:mod:`mdc_workbench.runs.runner`). A solo run takes
+    ``trained_models x steps x step_s + extra_s``, taking runs that share the GPU not to slow each other (not
+    measured). A seed stack's run (a ``members`` entry: the notebook's ``train_seeds``) of K members takes
+    `extra_s`, then ``trained_models x steps`` stack steps of `stack`'s ``solo_s + K x per_member_s`` (the host's
+    share once, the GPU's per member), then ``K x member_extra_s`` (each member's probes or signal measure). The
+    stacks' host shares run side by side, their GPU shares add up: when the GPU's total (plus one `extra_s`) is
+    longer than the slots' schedule, every run is stretched by the same factor to it. `plan` is a
+    :class:`~mdc_workbench.runs.plans.Plan`. Example: 2 solo runs of 1 model x 1000 steps at 0.06 s, ``extra_s=0``,
+    one slot: 1 + 1 = 2.0 minutes."""
+    from mdc_workbench.runs.members import MEMBERS_PARAM
+
+    if step_s <= 0 or extra_s < 0 or member_extra_s < 0:
+        raise ValueError(f"step_s must be > 0, extra_s and member_extra_s >= 0, got {step_s}, {extra_s} and "
+                         f"{member_extra_s}")
     slots = [0.0] * (jobs or plan.jobs)
+    gpu_s = 0.0  # the stacks' GPU shares, all runs together
     schedule = []
     for run in plan.runs:
         declared = plan.declared.get(str(run.notebook), {})
-        seconds = trained_models(run, declared) * int(_param(run, declared, "steps")) * step_s + extra_s
         k = min(range(len(slots)), key=slots.__getitem__)
-        schedule.append((run.run_id, slots[k] / 60, (slots[k] + seconds) / 60))
+        steps = trained_models(run, declared) * int(_param(run, declared, "steps"))
+        members = len(run.parameters.get(MEMBERS_PARAM) or [])
+        if members:
+            stack = stack or stack_step()
+            seconds = extra_s + steps * members * stack.member_step_s(members) + members * member_extra_s
+            gpu_s += steps * members * stack.per_member_s
+        else:
+            seconds = steps * step_s + extra_s
+        schedule.append((run.run_id, slots[k], slots[k] + seconds))
         slots[k] += seconds
-    return max(slots) / 60, schedule
+    makespan = max(slots)
+    stretch = max(1.0, (extra_s + gpu_s) / makespan) if gpu_s and makespan > 0 else 1.0
+    return stretch * makespan / 60, [(rid, stretch * a / 60, stretch * b / 60) for rid, a, b in schedule]
 
 
 def bench_limit(timeout_s: float, left_s: float) -> float:
@@ -213,12 +279,62 @@ def format_estimate(parts: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def stack_bench_seconds(root: Path = BENCHMARKS) -> float:
+    """The seed-stack bench's wall time from its last GPU figures (`root`/:data:`STACK_FILE`: per row a fresh process
+    and its warm-up and timed steps), else :data:`UNMEASURED_STACK_ROW_S` per row."""
+    path = root / STACK_FILE
+    rows = [r for r in json.loads(path.read_text()).get("rows", []) if r.get("device") == "cuda"] \
+        if path.is_file() else []
+    if not rows:
+        return BENCH_START_S + (1 + len(STACK_BENCH_ROWS[1:]) * len(STACK_BENCH_MEMBERS)) * UNMEASURED_STACK_ROW_S
+    return BENCH_START_S + sum(ROW_START_S + (STACK_BENCH_WARMUP + STACK_BENCH_STEPS) * r["step_s"] for r in rows)
+
+
 def measured_bench(root: Path = BENCHMARKS) -> list[tuple[str, float, float]]:
-    """(name, estimated seconds, time limit) of each bench phase from its last report under `root`; a report that is
-    missing counts every row as unmeasured."""
-    out = []
+    """(name, estimated seconds, time limit) of each bench phase, in the check's order (the seed-stack bench, then
+    :data:`BENCH_RUNS`), from its last report under `root`; a report that is missing counts every row as
+    unmeasured."""
+    out = [(STACK_BENCH, stack_bench_seconds(root), STACK_BENCH_TIMEOUT_S)]
     for run in BENCH_RUNS:
         path = root / run.measured
         out.append((run.name, bench_seconds(run, json.loads(path.read_text()) if path.is_file() else {}),
                     run.timeout_s))
     return out
+
+
+DECIDING = (Path("plans/gpu_check.yaml"), Path("plans/gpu_central_claim.yaml"),  # the deciding GPU plans
+            Path("plans/gpu_central_claim_1600.yaml"))
+
+
+def call_estimates(paths: tuple[Path, ...] = DECIDING, *, step_s: float = STEP_S, stack: StackStep | None = None,
+                   root: Path | None = None) -> list[dict[str, Any]]:
+    """Each plan of `paths` run alone in one lent call (``mdc runs PLAN``): its runs, seeds and largest stack, its
+    minutes (:func:`plan_minutes` with `stack`), the call's seconds with the machine's start (:data:`STARTUP_S`),
+    whether that fits :data:`LOAN_S`, and each claim it declares with its power (``Plan.power_checks``)."""
+    from mdc_workbench.runs.members import MEMBERS_PARAM
+    from mdc_workbench.runs.plans import load_plan
+
+    out = []
+    for path in paths:
+        plan = load_plan(path, root=root)
+        minutes, _ = plan_minutes(plan, step_s=step_s, stack=stack)
+        call_s = STARTUP_S + 60 * minutes
+        out.append({"plan": str(path), "runs": len(plan.runs), "seeds": plan.seeds,
+                    "members": max((len(r.parameters.get(MEMBERS_PARAM) or []) for r in plan.runs), default=0),
+                    "plan_s": 60 * minutes, "call_s": call_s, "fits": call_s <= LOAN_S,
+                    "power": [c.text() for c in plan.power_checks()]})
+    return out
+
+
+def format_calls(calls: list[dict[str, Any]], stack: StackStep) -> str:
+    """:func:`call_estimates` as a table in minutes, with the source of the stacks' member-step and each plan's
+    power."""
+    lines = [f"Deciding plans, each alone in one lent call (start-up {STARTUP_S / 60:.1f} min + the plan); seed "
+             f"stacks' member-step: {stack.source}",
+             f"{'plan':<34}{'runs':>5}{'seeds':>6}{'K':>4}{'plan min':>10}{'call min':>10}  note"]
+    for c in calls:
+        fits = f"{'fits' if c['fits'] else 'does NOT fit'} {LOAN_S / 60:g} minutes"
+        lines.append(f"{c['plan']:<34}{c['runs']:>5}{c['seeds']:>6}{c['members'] or '-':>4}{c['plan_s'] / 60:>10.1f}"
+                     f"{c['call_s'] / 60:>10.1f}  {fits}")
+        lines += [f"    power: {text}" for text in c["power"]]
+    return "\n".join(lines)

@@ -54,3 +54,22 @@ def test_a_plan_with_members_runs_notebook_03_as_one_stack(tmp_path, monkeypatch
     again = recompute(tmp_path / "out" / "stacks")  # mdc recompute finds the members' files: two seeds
     assert sorted(again["runs"]) == [f"t1__seeds=3-5/seed={s}" for s in SEEDS]
     assert again["tables"]["table1"]["MDC"]["gain"].mean == pytest.approx(gathered["means"]["MDC"]["gain"])
+
+
+def test_notebook_03_refuses_what_a_stack_does_not_measure():
+    from mdc_workbench.notebooks.seed_members import check_stack
+
+    assert check_stack([4, 2], budgets=[], parity=False, extra_probe_data="") == [4, 2]
+    for seeds in ([], [1, 1], [-1], [True], [1.0]):
+        with pytest.raises(ValueError, match="distinct non-negative integer seeds"):
+            check_stack(seeds)
+    with pytest.raises(ValueError, match="budgets, parity run per solo seed"):
+        check_stack([0, 1], budgets=[200, 400], parity=True, extra_probe_data="")
+
+
+def test_given_features_are_a_trained_models_train_and_test_splits(tmp_path):
+    from mdc_workbench.eval.probe_data import probe_run
+
+    for kwargs in ({"features": {"train": None}}, {"features": {"train": None, "test": None}, "init": "random"}):
+        with pytest.raises(ValueError, match="given features are a trained model's train and test splits"):
+            probe_run(tmp_path / "run", tmp_path / "data", **kwargs)
