@@ -251,7 +251,8 @@ LAYERS = {  # docs/design.md "Core and workbench": what each part may import bes
                           "mdc_workbench.seed_stack"},  # seed_stack: mdc train --members
     "mdc_app": {"mdc_workbench.viz", "mdc_workbench.export", "mdc_workbench.cli", "mdc_workbench.data"},  # cli: `mdc`
     "mdc_workbench.notebooks": {"mdc_workbench.runs", "mdc_workbench.viz", "mdc_workbench.export",
-                                "mdc_workbench.masked_conditional", "mdc_workbench.eval", "mdc_workbench.data"},
+                                "mdc_workbench.masked_conditional", "mdc_workbench.eval", "mdc_workbench.data",
+                                "mdc_workbench.seed_stack"},  # seed_stack: notebook 03's train_seeds
     "mdc_workbench.runs": {"mdc_workbench.eval", "mdc_workbench.data"},
     "mdc_workbench.export": {"mdc_workbench.eval", "mdc_workbench.data"},
     "mdc_workbench.bench": {"mdc_workbench.eval", "mdc_workbench.data"},

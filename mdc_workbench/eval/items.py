@@ -227,13 +227,14 @@ def write_run_items(folder: str | Path, seed: int | None, *, probe: Mapping[str,
                     probe_table_name: str = "table1", metric: str = "", rows: Sequence[str] = (),
                     tasks: Sequence[str] = (), mean_tasks: Sequence[str] = (),
                     orders: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
-                    scored: Mapping[str, Mapping[str, Any]] | None = None) -> Path | None:
+                    scored: Mapping[str, Mapping[str, Any]] | None = None, run_id: str = "") -> Path | None:
     """What notebook 03 calls after writing its metrics: the run's per-item file ``<folder>/items.npz`` (the run id
-    is the folder's name, as ``mdc runs`` names run folders) from what it measured: the probe table (`probe`, a
-    ``probe_models`` result, as `probe_table_name` with `rows`), the feature-order probes (`orders`) and the central
-    claim's scored captions (`scored`). None (nothing written) when it measured none of them."""
+    is `run_id`, by default the folder's name, as ``mdc runs`` names run folders) from what it measured: the probe
+    table (`probe`, a ``probe_models`` result, as `probe_table_name` with `rows`), the feature-order probes
+    (`orders`) and the central claim's scored captions (`scored`). None (nothing written) when it measured none of
+    them."""
     folder = Path(folder)
-    items = RunItems(folder.name, seed)
+    items = RunItems(run_id or folder.name, seed)
     if probe:
         add_probe_table(items, probe_table_name, probe, metric=metric, rows=rows, tasks=tasks, mean_tasks=mean_tasks)
     if orders:

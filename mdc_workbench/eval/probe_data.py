@@ -293,7 +293,8 @@ def probe_run(run: str | Path, data: str | Path, *, task: str | Sequence[str] = 
               device: str = "cpu", batch_size: int = 64, cache_dir: str | Path | None = None, ema: bool = False,
               limit: int | None = None, weight_decay: float | None = None, progress: bool = False,
               protocol: str = "lbfgs", c: float | None = None, init: str = "trained",
-              heldout: bool = False) -> dict[str, Any]:
+              heldout: bool = False, features: dict[str, tuple[Tensor, dict[str, Tensor]]] | None = None
+              ) -> dict[str, Any]:
     """Linear-probe the frozen encoder of `run` on the labelled data at `data`; a JSON-ready result.
 
     Args:
@@ -310,12 +311,18 @@ def probe_run(run: str | Path, data: str | Path, *, task: str | Sequence[str] = 
         init: ``trained`` (the run's weights), ``random`` (its architecture, untrained) or ``pixels`` (raw pixels).
         heldout: refuse to probe when the probe trains on the run's own pretraining images (`data` is the
             folder the run was trained on, see :func:`seen_in_pretraining`).
+        features: the run's frozen features of the train and test splits computed elsewhere (``{"train": (N, D)
+            features, {task: labels}), "test": ...}``, e.g. a seed stack's, :func:`mdc_workbench.seed_stack.
+            features.stacked_features`), used (and cached) instead of a pass of the model over the images.
 
     Returns:
         ``{"run", "checkpoint", "step", "objective", "pool", "init", "protocol", "data", "format",
         "seen_in_pretraining", "tasks": {task: result}}`` where each
         result is :meth:`ProbeResult.to_dict` (top1, top5, balanced_accuracy, ...) plus ``classes``.
     """
+    if features is not None and (init != "trained" or set(features) != {"train", "test"}):
+        raise ValueError(f"given features are a trained model's train and test splits; got {sorted(features)} with "
+                         f"init={init!r}")
     ckpt = resolve_checkpoint(run)
     train_set = open_probe_dataset(data, "train", fmt, limit)
     test_set = open_probe_dataset(data, "test", train_set.format, limit)
@@ -334,7 +341,7 @@ def probe_run(run: str | Path, data: str | Path, *, task: str | Sequence[str] = 
     run_root = ckpt.parent.parent if ckpt.parent.name == CKPT_DIR else ckpt  # RUN/checkpoints/step_N -> RUN
     source = _FeatureSource(model, pool, cfg, ckpt, init, ema, limit, batch_size, device, progress,
                             Path(cache_dir) if cache_dir is not None else run_root / "probe_features",
-                            hashlib.sha1(str(train_set.root.resolve()).encode()).hexdigest()[:8])
+                            hashlib.sha1(str(train_set.root.resolve()).encode()).hexdigest()[:8], features or {})
     train_feats, test_feats = source.features(train_set, tasks), source.features(test_set, tasks)
     results = {}
     for t in tasks:
@@ -382,12 +389,15 @@ class _FeatureSource:
     progress: bool
     cache: Path
     tag: str  # short hash of the probe data folder
+    given: dict[str, tuple[Tensor, dict[str, Tensor]]] = field(default_factory=dict)  # split -> features, labels
 
     def features(self, ds: ProbeDataset, tasks: list[str]) -> dict[str, tuple[Tensor, Tensor]]:
         """task -> (features (N, D), labels (N,)) of split `ds`, from the cache or one pass over its images."""
         memo: dict[str, Any] = {}
 
         def compute(t: str) -> tuple[Tensor, Tensor]:
+            if "out" not in memo and ds.split in self.given:  # computed elsewhere (a seed stack's one pass)
+                memo["out"] = self.given[ds.split]
             if "out" not in memo:  # one pass over the images serves every task
                 memo["out"] = extract_features(self.model, ds, pool=self.pool, image_size=self.cfg.model.image_size,
                                                batch_size=self.batch_size, device=self.device,

@@ -42,13 +42,15 @@ def heldout_probe_set(data_dir: str | Path, *, n_train: int, n_eval: int, captio
 
 def probe_models(runs: Mapping[str, str | Path], data: str | Path, *, tasks: Sequence[str],
                  mean_tasks: Sequence[str] = EVIDENCE_TASKS, baselines: Sequence[str] = ("random",),
-                 **probe_kwargs: Any) -> dict[str, Any]:
+                 features: Mapping[str, Any] | None = None, **probe_kwargs: Any) -> dict[str, Any]:
     """Probe each named run on `data`, then the baselines: ``random`` = the first run of each feature kind
     (GAP for captioners, CLS for CLIP) with its architecture untrained (row ``random init``, or ``random init
     (CLS)`` etc. when the runs mix kinds); ``pixels`` = the raw pixels (row ``raw pixels``).
 
     Returns ``{"scores": {row: {task: %, "mean": %}}, "items": {row: [% per test image]}, "results": {row:
-    probe_run result}}``. Only `tasks` and `mean_tasks` are probed; `probe_kwargs` go to
+    probe_run result}}``. Only `tasks` and `mean_tasks` are probed; `features` ({run name: probe_run's
+    ``features``}) gives runs their features computed elsewhere (a seed stack's members:
+    :func:`mdc_workbench.notebooks.seed_members.probe_members`); `probe_kwargs` go to
     :func:`~mdc_workbench.eval.probe_data.probe_run`.
     Progress is reported to the batch runner (:mod:`mdc_workbench.runs.progress`).
     """
@@ -57,7 +59,7 @@ def probe_models(runs: Mapping[str, str | Path], data: str | Path, *, tasks: Seq
     results: dict[str, dict[str, Any]] = {}
     needed = list(dict.fromkeys([*tasks, *mean_tasks]))
     for name, run in track(runs.items(), "probe"):
-        results[name] = probe_run(run, data, task=needed, **probe_kwargs)
+        results[name] = probe_run(run, data, task=needed, features=(features or {}).get(name), **probe_kwargs)
     pools = {r["pool"] for r in results.values()}
     done: set[str] = set()
     if "random" in baselines:

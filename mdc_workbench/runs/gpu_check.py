@@ -5,7 +5,10 @@
 
 Phases, each a child process with its own time limit, all writing into `--out`:
 
-1. ``bench/``: ``mdc bench`` on ``vit_b32`` at batch 128 (training rows eager and compiled with CUDA graphs, ARC,
+1. ``bench/``: the seed-stack bench first (``python -m mdc_workbench.seed_stack.bench --device cuda``: seconds per
+   member-step of stacks of K = 1, 4, 16 ``tiny_fast`` members against the solo step, into ``seed_stack.json``; copied
+   to ``benchmarks/seed_stack_h200.json`` it replaces the estimate's assumption for stacked plans), then ``mdc bench``
+   on ``vit_b32`` at batch 128 (training rows eager and compiled with CUDA graphs, ARC,
    OpenCLIP CoCa; captioning at N' = 20; the profile of the compiled step in the training precision; host
    operations per step) and at batch 256 (training rows only), and ``tiny_fast`` (eager vs CUDA graphs). The bench
    runs alone, so its timings are the machine's.
@@ -42,44 +45,37 @@ from typing import Any
 
 import yaml
 
+from mdc_workbench.runs.gpu_estimate import (
+    BENCH_RUNS,
+    BENCH_STEPS,
+    BENCHMARKS,
+    BUDGET_S,
+    GOAL_MIN,
+    LOAN_S,
+    MEMBER_EXTRA_S,
+    RUN_EXTRA_S,
+    STACK_BENCH,
+    STACK_BENCH_MEMBERS,
+    STACK_BENCH_ROWS,
+    STACK_BENCH_STEPS,
+    STACK_BENCH_TIMEOUT_S,
+    STACK_BENCH_WARMUP,
+    STACK_FILE,
+    bench_limit,
+    call_estimates,
+    estimate,
+    format_calls,
+    format_estimate,
+    measured_bench,
+    plan_minutes,
+    scale_plan,
+    side_deadline,
+    stack_step,
+)
+
 PLAN = Path("plans/gpu_check.yaml")
-BENCHMARKS = Path("benchmarks")  # the last measured figures (the bench's JSON reports) the estimate reads
-GOAL_MIN = 8.0  # the evidence plan's wall-clock goal on one GPU (minutes)
-STEP_S = 0.0228  # tiny_fast training step, batch 64, eager, one process on an H200 (benchmarks/README.md)
-RUN_EXTRA_S = 45.0  # per run: kernel start, data load, probes or the signal measure (an allowance, not measured)
 CUDA_TESTS = ["tests/core/test_cuda.py", "tests/core/test_step_parts.py", "tests/core/test_static_step.py",
               "tests/core/test_whole_step.py::test_the_whole_step_with_cuda_graphs_trains_like_the_eager_step"]
-LOAN_S = 600.0  # what the check may take of a lent machine, its start included (10 minutes)
-# allowances, not measured (make gpu-check has not run end to end on a GPU yet): a lent machine's start, the transfer
-# and the wheelhouse install ("a minute or more" to start); per mdc bench: imports, inputs, the matmul peak; per
-# training row: a fresh process, the model, the FLOP count; a row the last figures lack; the CUDA tests; the curves
-STARTUP_S, BENCH_START_S, ROW_START_S, UNMEASURED_ROW_S, CUDA_TESTS_S, CURVES_S = 120.0, 30.0, 15.0, 90.0, 150.0, 90.0
-BUDGET_S = LOAN_S - STARTUP_S  # the check's default budget: with the machine's start, 10 minutes
-PLAN_MARGIN_S, BENCH_RESERVE_S = 45.0, 180.0  # the plan's deadline: what is left - 45 s; a bench leaves 180 s
-
-
-@dataclass(frozen=True)
-class BenchRun:
-    """One ``mdc bench`` of the check: its preset, batch and training rows, and the report of its last measurement
-    (under ``benchmarks/``), whose rows' warm-up and step times give its estimate."""
-
-    name: str
-    preset: str
-    batch: int  # 0: the preset's
-    rows: tuple[str, ...]
-    timeout_s: float
-    measured: str  # file under benchmarks/
-    extra: tuple[str, ...] = ()  # more mdc bench options (profile, host operations)
-
-
-BENCH_RUNS = (  # eager and compiled: CUDA graphs (graphs), the whole step compiled (whole); MDC vs ARC at 128
-    BenchRun("bench_vit_b32_b128", "vit_b32", 128, ("mdc", "mdc_graphs", "arc", "arc_graphs"), 210,
-             "vit_b32_h200_b128.json", ("--profile", "25", "--count-ops")),
-    BenchRun("bench_vit_b32_b256", "vit_b32", 256, ("mdc", "mdc_graphs"), 120, "vit_b32_h200_b256.json"),
-    BenchRun("bench_tiny_fast", "tiny_fast", 0, ("mdc", "mdc_graphs", "mdc_whole"), 90, "tiny_fast_h200.json",
-             ("--count-ops",)),
-)
-BENCH_STEPS = 10  # timed steps per row (--steps)
 
 
 @dataclass
@@ -174,102 +170,6 @@ class CheckStopped(Exception):
         super().__init__(signal.Signals(signum).name)
 
 
-def scale_plan(source: Path, out: Path, *, steps: dict[int, int], device: str, seeds: list[int], n_train: int,
-               n_eval: int, probe_limit: int, position_limit: int, jobs: int, name: str, output_root: Path) -> Path:
-    """A copy of the plan `source` at another budget: every ``steps`` value (the base one and each entry's) mapped by
-    `steps` (old -> new; warm-up and checkpoint intervals follow as the same fraction), on `device`, with `seeds`,
-    smaller data and probes, and its own output folders: runs, ``_data`` and ``_models`` under
-    `output_root`/<name>/."""
-    plan = yaml.safe_load(source.read_text())
-    old_prefix = f"{plan.get('output_root', 'papermill_runs')}/{plan['name']}/"
-    new_prefix = f"{output_root}/{name}/"
-
-    def rescale(params: dict[str, Any]) -> None:
-        if "steps" in params:
-            old = params["steps"]
-            if old not in steps:
-                raise ValueError(f"plan {source}: no scaled budget for {old} steps; give scale_plan one")
-            new = steps[old]
-            params["steps"] = new
-            over = params.get("overrides", {})
-            for key in ("train.warmup_steps", "train.ckpt_every", "train.log_every"):
-                if key in over:
-                    over[key] = max(1, round(over[key] * new / old))
-        for key, value in list(params.items()):
-            if isinstance(value, str):
-                params[key] = value.replace(old_prefix, new_prefix)
-
-    base = plan["parameters"]
-    base.update(device=device, n_train=n_train, n_eval=n_eval, probe_limit=probe_limit)
-    rescale(base)
-    for entry in plan["notebooks"]:
-        params = entry.setdefault("parameters", {}) if isinstance(entry, dict) else {}
-        if "overrides" in params and "steps" not in params:
-            params["steps"] = base["steps"]
-        if "steps" in params and "overrides" not in params:
-            params["overrides"] = dict(base.get("overrides", {}))
-        if "steps" in params:
-            old = params["steps"]
-            if old not in steps:
-                raise ValueError(f"plan {source}: no scaled budget for {old} steps; give scale_plan one")
-        rescale(params)
-        if "position_limit" in params:
-            params["position_limit"] = min(params["position_limit"], position_limit)
-        if isinstance(entry, dict) and "seeds" in entry:
-            entry["seeds"] = seeds
-    plan.update(name=name, seeds=seeds, jobs=jobs, output_root=str(output_root))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(yaml.safe_dump(plan, sort_keys=False))
-    return out
-
-
-def _param(run: Any, declared: dict[str, Any], key: str) -> Any:
-    """A run's parameter `key`: the plan's value, else the notebook's declared default."""
-    import ast
-
-    if key in run.parameters:
-        return run.parameters[key]
-    default = declared.get(key, {}).get("default")
-    return None if default is None else ast.literal_eval(default.replace("true", "True").replace("false", "False"))
-
-
-def trained_models(run: Any, declared: dict[str, Any]) -> int:
-    """How many models of the run's ``steps`` notebook 03 trains for `run`: one per objective, one per (objective,
-    learning rate) of a sweep (``lrs``; the chosen one is reused), an ARC + MDC pair per caption kind for the central
-    claim (``position_signal``: short and two-clause captions; the short pair is the run's own ARC and MDC when it
-    trains them) and per caption order for its features (``feature_orders``)."""
-    objectives = _param(run, declared, "objectives") or []
-    swept = [o for o in objectives if o in ("clip", "arc", "mdc")]
-    n = len(objectives) + len(swept) * max(0, len(_param(run, declared, "lrs") or []) - 1)
-    if _param(run, declared, "position_signal"):
-        own = _param(run, declared, "captions") == "short" and {"arc", "mdc"} <= set(objectives) and not \
-            _param(run, declared, "lrs")  # this run's own ARC and MDC are the short pair
-        n += 2 if own else 4
-    if _param(run, declared, "feature_orders"):
-        n += 4
-    return n
-
-
-def plan_minutes(plan: Any, *, step_s: float = STEP_S, extra_s: float = RUN_EXTRA_S, jobs: int | None = None
-                 ) -> tuple[float, list[tuple[str, float, float]]]:
-    """The plan's wall-clock estimate on one GPU, in minutes, and ``(run id, start, end)`` per run (minutes): each
-    run takes ``trained_models x steps x step_s + extra_s``, and runs start in plan order as one of `jobs` slots
-    frees (:mod:`mdc_workbench.runs.runner`), taking runs that share the GPU not to slow each other (not measured).
-    `plan` is a :class:`~mdc_workbench.runs.plans.Plan`. Example: 2 runs of 1 model x 1000 steps at 0.06 s,
-    ``extra_s=0``, one slot: 1 + 1 = 2.0 minutes."""
-    if step_s <= 0 or extra_s < 0:
-        raise ValueError(f"step_s must be > 0 and extra_s >= 0, got {step_s} and {extra_s}")
-    slots = [0.0] * (jobs or plan.jobs)
-    schedule = []
-    for run in plan.runs:
-        declared = plan.declared.get(str(run.notebook), {})
-        seconds = trained_models(run, declared) * int(_param(run, declared, "steps")) * step_s + extra_s
-        k = min(range(len(slots)), key=slots.__getitem__)
-        schedule.append((run.run_id, slots[k] / 60, (slots[k] + seconds) / 60))
-        slots[k] += seconds
-    return max(slots) / 60, schedule
-
-
 def machine() -> dict[str, Any]:
     import torch
 
@@ -283,102 +183,40 @@ def machine() -> dict[str, Any]:
 
 
 def bench_phases(out: Path, tiny: bool, python: str) -> list[Phase]:
-    """The bench runs (:data:`BENCH_RUNS`), one after another (each a fresh ``mdc bench``; each row its own process
-    inside)."""
+    """The bench runs, one after another: the seed-stack bench (:func:`stack_phase`), then :data:`BENCH_RUNS` (each
+    a fresh ``mdc bench``; each row its own process inside)."""
     mdc = [python, "-m", "mdc_workbench", "bench"]
     if tiny:
-        return [Phase("bench_tiny", [*mdc, "--quick", "--device", "cpu", "--rows", "mdc,arc", "--sections", "none",
+        return [stack_phase(out, tiny, python),
+                Phase("bench_tiny", [*mdc, "--quick", "--device", "cpu", "--rows", "mdc,arc", "--sections", "none",
                                      "--count-ops", "--out", str(out / "bench_tiny.json")], 600,
                       out / "bench_tiny.log")]
-    return [Phase(b.name, [*mdc, "--preset", b.preset, "--device", "cuda", "--steps", str(BENCH_STEPS),
-                           "--row-timeout", "120", *(["--set", f"train.batch_size={b.batch}"] if b.batch else []),
-                           "--rows", ",".join(b.rows), "--sections", "none", *b.extra,
-                           "--out", str(out / f"{b.name}.json")], b.timeout_s, out / f"{b.name}.log")
-            for b in BENCH_RUNS]
+    return [stack_phase(out, tiny, python)] + [
+        Phase(b.name, [*mdc, "--preset", b.preset, "--device", "cuda", "--steps", str(BENCH_STEPS),
+                       "--row-timeout", "120", *(["--set", f"train.batch_size={b.batch}"] if b.batch else []),
+                       "--rows", ",".join(b.rows), "--sections", "none", *b.extra,
+                       "--out", str(out / f"{b.name}.json")], b.timeout_s, out / f"{b.name}.log")
+        for b in BENCH_RUNS]
 
 
-def bench_limit(timeout_s: float, left_s: float) -> float:
-    """A bench phase's time limit: its own, cut to leave :data:`BENCH_RESERVE_S` of the `left_s` for the plan."""
-    return min(timeout_s, max(30.0, left_s - BENCH_RESERVE_S))
-
-
-def side_deadline(left_s: float) -> float:
-    """The evidence plan's deadline (and the CUDA tests' limit) when `left_s` of the budget is left after the bench."""
-    return max(60.0, left_s - PLAN_MARGIN_S)
-
-
-def bench_seconds(run: BenchRun, figures: dict[str, Any]) -> float:
-    """`run`'s wall time from a report of its last measurement (`figures`: ``mdc bench``'s JSON): per row a fresh
-    process, its warm-up (the compile included) and its timed steps (+2 counting host operations, +1 counting FLOPs);
-    a row the report lacks takes :data:`UNMEASURED_ROW_S`."""
-    rows = figures.get("train", {})
-    steps = BENCH_STEPS + 1 + (2 if "--count-ops" in run.extra else 0)
-    total = BENCH_START_S
-    for name in run.rows:
-        row = rows.get(name, {})
-        measured = "step_s" in row and "error" not in row
-        total += ROW_START_S + row["warmup_s"] + steps * row["step_s"] if measured else UNMEASURED_ROW_S
-    return total
-
-
-def estimate(budget_s: float, bench_s: list[tuple[str, float, float]], plan_schedule: list[tuple[str, float, float]]
-             ) -> list[dict[str, Any]]:
-    """What each part of the check takes under `budget_s` (seconds), as :func:`run` spends it: ``bench_s`` gives each
-    bench phase's (name, estimated seconds, own time limit), in order, each cut by :func:`bench_limit`; then the plan
-    (``plan_schedule``: :func:`plan_minutes`'s (run id, start, end) in minutes) and the CUDA tests and the precision
-    curves side by side until :func:`side_deadline`. Per part: ``estimate_s``, ``limit_s`` (what it gets) and
-    ``takes_s`` (the smaller); the plan's ``finished``/``runs`` (the runs that end by its deadline). The last entry
-    is the whole check: ``takes_s`` with the machine's start (:data:`STARTUP_S`), ``fits`` within :data:`LOAN_S`."""
-    parts = [{"part": "start-up (allowance)", "estimate_s": STARTUP_S, "limit_s": None, "takes_s": STARTUP_S}]
-    used = 0.0
-    for name, seconds, timeout in bench_s:
-        limit = bench_limit(timeout, budget_s - used)
-        parts.append({"part": name, "estimate_s": seconds, "limit_s": limit, "takes_s": min(seconds, limit)})
-        used += min(seconds, limit)
-    deadline = side_deadline(budget_s - used)
-    plan_s = 60 * max((end for _, _, end in plan_schedule), default=0.0)
-    finished = sum(end * 60 <= deadline for _, _, end in plan_schedule)
-    side = [{"part": "evidence_plan", "estimate_s": plan_s, "finished": finished, "runs": len(plan_schedule)},
-            {"part": "cuda_tests", "estimate_s": CUDA_TESTS_S}, {"part": "precision_curves", "estimate_s": CURVES_S}]
-    for part in side:
-        part.update(limit_s=deadline, takes_s=min(part["estimate_s"], deadline))
-    parts += side
-    total = STARTUP_S + used + max(p["takes_s"] for p in side)
-    parts.append({"part": "whole check", "estimate_s": None, "limit_s": STARTUP_S + budget_s, "takes_s": total,
-                  "fits": total <= LOAN_S})
-    return parts
-
-
-def format_estimate(parts: list[dict[str, Any]]) -> str:
-    """:func:`estimate`'s parts as a table in minutes."""
-    def minutes(x: float | None) -> str:
-        return "-" if x is None else f"{x / 60:.1f}"
-
-    lines = [f"{'part':<24}{'estimate min':>14}{'limit min':>11}{'takes min':>11}  note"]
-    for p in parts:
-        note = f"{p['finished']} of {p['runs']} runs end by its deadline" if "runs" in p else ""
-        if "fits" in p:
-            note = f"{'fits' if p['fits'] else 'does NOT fit'} {LOAN_S / 60:g} minutes of a lent machine"
-        lines.append(f"{p['part']:<24}{minutes(p['estimate_s']):>14}{minutes(p['limit_s']):>11}"
-                     f"{minutes(p['takes_s']):>11}  {note}".rstrip())
-    return "\n".join(lines)
-
-
-def measured_bench(root: Path = BENCHMARKS) -> list[tuple[str, float, float]]:
-    """(name, estimated seconds, time limit) of each bench phase from its last report under `root`; a report that is
-    missing counts every row as unmeasured."""
-    out = []
-    for run in BENCH_RUNS:
-        path = root / run.measured
-        out.append((run.name, bench_seconds(run, json.loads(path.read_text()) if path.is_file() else {}),
-                    run.timeout_s))
-    return out
+def stack_phase(out: Path, tiny: bool, python: str) -> Phase:
+    """The seed-stack bench (issue 63): seconds per member-step of K = 1, 4, 16 members (``vmap``, what a stack
+    trains with on CUDA) against the solo step, into `out`/seed_stack.json, which the estimate reads once copied to
+    ``benchmarks/`` (:data:`~mdc_workbench.runs.gpu_estimate.STACK_FILE`); `tiny`: K = 1, 2 at batch 8 on the CPU."""
+    size = ["--members", "1", "2", "--steps", "1", "--warmup", "0", "--batch", "8", "--device", "cpu"] if tiny else [
+        "--members", *map(str, STACK_BENCH_MEMBERS), "--steps", str(STACK_BENCH_STEPS), "--warmup",
+        str(STACK_BENCH_WARMUP), "--device", "cuda"]
+    return Phase(STACK_BENCH, [python, "-m", "mdc_workbench.seed_stack.bench", *size, "--rows",
+                               ",".join(STACK_BENCH_ROWS), "--out", str(out / "seed_stack.json")],
+                 600 if tiny else STACK_BENCH_TIMEOUT_S, out / f"{STACK_BENCH}.log")
 
 
 def side_phases(out: Path, tiny: bool, python: str, plan: Path, deadline_s: float) -> list[Phase]:
-    """The evidence plan, the CUDA tests and the precision curves, run side by side."""
-    phases = [Phase("evidence_plan", [python, "-m", "mdc_workbench", "runs", "--quiet", str(plan), "--deadline",
-                                      str(round(deadline_s))],
+    """The evidence plan, the CUDA tests and the precision curves, run side by side. The plan starts with
+    ``--underpowered-ok``: it holds the seeds that fit, fewer than its declared claim needs, and its summary says
+    so."""
+    phases = [Phase("evidence_plan", [python, "-m", "mdc_workbench", "runs", "--quiet", "--underpowered-ok", str(plan),
+                                      "--deadline", str(round(deadline_s))],
                     deadline_s + 40, out / "evidence_plan.log")]
     if not tiny:
         phases.append(Phase("cuda_tests", [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *CUDA_TESTS],
@@ -389,8 +227,22 @@ def side_phases(out: Path, tiny: bool, python: str, plan: Path, deadline_s: floa
     return phases
 
 
+def _stack_rows(out: Path) -> list[str]:
+    """The seed-stack bench's rows (seed_stack.json) as a table: seconds per member-step against the solo step."""
+    path = out / "seed_stack.json"
+    if not path.is_file():
+        return []
+    lines = ["\n### seed stack (seconds per member-step; copy seed_stack.json to benchmarks/"
+             f"{STACK_FILE} for the estimate)\n", "| row | K | step ms | ms per member-step | vs solo | peak MiB |",
+             "|---|---|---|---|---|---|"]
+    for r in json.loads(path.read_text()).get("rows", []):
+        lines.append(f"| {r['row']} | {r['members']} | {1e3 * r['step_s']:.2f} | {1e3 * r['member_step_s']:.2f} | "
+                     f"{r.get('vs_solo', float('nan')):.2f}x | {r['peak_mib']:.0f} |")
+    return lines
+
+
 def _targets(out: Path) -> list[str]:
-    lines = []
+    lines = _stack_rows(out)
     for path in sorted(out.glob("bench_*.json")):
         report = json.loads(path.read_text())
         lines.append(f"\n### {path.stem}\n")
@@ -526,11 +378,14 @@ def main(argv: list[str] | None = None) -> None:
         from mdc_workbench.runs.plans import load_plan
 
         step_s = json.loads((BENCHMARKS / "tiny_fast_h200.json").read_text())["train"]["mdc"]["step_s"]
-        total, schedule = plan_minutes(load_plan(PLAN), step_s=step_s)
+        stack = stack_step()
+        total, schedule = plan_minutes(load_plan(PLAN), step_s=step_s, stack=stack)
         print(format_estimate(estimate(args.budget_s, measured_bench(), schedule)))
         print(f"{PLAN}: {total:.1f} minutes for all {len(schedule)} runs (goal {GOAL_MIN:g}; the tiny_fast step "
               f"{step_s * 1000:.1f} ms of benchmarks/tiny_fast_h200.json, {RUN_EXTRA_S:.0f} s per run besides "
-              "training, runs sharing the GPU assumed not to slow each other)")
+              f"training and {MEMBER_EXTRA_S:.0f} s per member of a seed stack (allowances), solo runs sharing the GPU "
+              "assumed not to slow each other, seed stacks' GPU shares adding up)\n")
+        print(format_calls(call_estimates(step_s=step_s, stack=stack), stack))
         return
     run(Path(args.out), tiny=args.tiny, budget_s=args.budget_s)
 

@@ -8,8 +8,10 @@ the run id ending in ``__seeds=3-5-8``; the notebook trains them as one seed sta
 
     {"notebook": "...", "members": {"3": {"metrics": {...}, "tables": {...}}, "5": {...}, "8": {...}}}
 
-The summary gathers each member as the run of its seed (:func:`expand_members`): a table row measured on a stack of
-K members is K seeds, as K solo runs would give it. Torch-free.
+and each member's per-item file as ``<run>/seed_<seed>/items.npz`` (run id ``<run>/seed=<seed>``; notebook 03 with
+``train_seeds``: :mod:`mdc_workbench.notebooks.seed_members`). The summary gathers each member as the run of its seed
+(:func:`expand_members`): a table row measured on a stack of K members is K seeds, as K solo runs would give it, and
+``mdc recompute`` finds the members' per-item files. Torch-free.
 """
 
 from __future__ import annotations

@@ -115,8 +115,10 @@ class Plan:
 
     @property
     def seeds(self) -> int:
-        """The training seeds of the plan's runs (1 when none sets ``train_seed``)."""
-        return max(1, len({r.parameters[SEED_PARAM] for r in self.runs if SEED_PARAM in r.parameters}))
+        """The training seeds of the plan's runs, a seed stack's members each as its seed (1 when none sets
+        ``train_seed`` or ``train_seeds``)."""
+        return max(1, len({s for r in self.runs for s in ([r.parameters[SEED_PARAM]] if SEED_PARAM in r.parameters
+                                                         else r.parameters.get(MEMBERS_PARAM) or [])}))
 
     def power_checks(self) -> list[PowerCheck]:
         """Each declared claim's power under the plan's seeds and test items (:func:`mdc_workbench.runs.powered.check`;

@@ -164,10 +164,12 @@ def write_summary(out: Path, results: list[RunResult], *, name: str, source: Pat
     verdict_lines, verdicts = evidence_markdown(gathered)
     if tables:
         lines += verdict_lines
-    kept = [r.run_dir / ITEMS_FILE for r in results if (r.run_dir / ITEMS_FILE).is_file()]
+    kept = [f for r in results for f in [r.run_dir / ITEMS_FILE, *sorted(r.run_dir.glob(f"seed_*/{ITEMS_FILE}"))]
+            if f.is_file()]  # a seed stack's: one per member (mdc_workbench.runs.members)
     if kept:  # the runs' per-item files: every table and verdict above can be recomputed from them
         size = sum(f.stat().st_size for f in kept) / 1e6
-        lines += ["", f"Per-item results kept by {len(kept)} run(s) (`<run>/{ITEMS_FILE}`, {size:.1f} MB in all): "
+        lines += ["", f"Per-item results kept by {len(kept)} run(s) (`<run>/{ITEMS_FILE}`, a stack's member's "
+                      f"`<run>/seed_<seed>/{ITEMS_FILE}`; {size:.1f} MB in all): "
                       f"`mdc recompute {out}` rebuilds every table and verdict above from them, on a CPU."]
     path = out / "summary.md"
     path.write_text("\n".join(lines) + "\n")

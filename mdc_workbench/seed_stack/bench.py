@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -115,10 +117,16 @@ def _solo_step(cfg: Any, model: torch.nn.Module, images: torch.Tensor, tokens: t
     return step
 
 
-def run(members: list[int], *, fused: bool = True, **options: Any) -> list[dict[str, Any]]:
-    """The solo row (over the largest stack's batches) and, per K in `members`, the stack rows; each row in its own
-    process. `options`: :func:`measure`'s."""
-    rows = [("solo", max(members))] + [(r, k) for k in members for r in ROWS[1:] if fused or r != "vmap_fused"]
+def run(members: list[int], *, fused: bool = True, rows: tuple[str, ...] = ROWS, **options: Any
+        ) -> list[dict[str, Any]]:
+    """The solo row (over the largest stack's batches) and, per K in `members`, the stack rows of `rows` (all of
+    :data:`ROWS` by default; ``vmap_fused`` only with `fused`); each row in its own process. `options`:
+    :func:`measure`'s."""
+    unknown = sorted(set(rows) - set(ROWS))
+    if unknown or "solo" not in rows:
+        raise ValueError(f"bench rows {list(rows)}: choose from {', '.join(ROWS)}, solo included (the reference)")
+    rows = [("solo", max(members))] + [(r, k) for k in members for r in ROWS[1:]
+                                       if r in rows and (fused or r != "vmap_fused")]
     options = {**options, "pool": options.get("batch", 64) * max(members)}
     out = []
     for row, k in rows:
@@ -156,6 +164,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--pool", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--no-fused", action="store_true", help="skip the vmap_fused rows")
+    parser.add_argument("--rows", default=",".join(ROWS), help=f"rows to measure, solo included (default "
+                                                               f"{','.join(ROWS)})")
+    parser.add_argument("--out", default="", help="also write the rows as JSON to this file (with the machine)")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     options = {"preset": args.preset, "batch": args.batch, "steps": args.steps, "warmup": args.warmup,
@@ -164,9 +175,17 @@ def main(argv: list[str] | None = None) -> None:
         options["pool"] = args.pool
         print(json.dumps(measure(args.child, args.members[0], **options)))
         return
-    rows = run(args.members, fused=not args.no_fused, **options)
+    rows = run(args.members, fused=not args.no_fused, rows=tuple(args.rows.split(",")), **options)
     print(json.dumps(rows))
     print(format_rows(rows))
+    if args.out:
+        machine = {"torch": torch.__version__, "cpu_count": os.cpu_count(), "threads": args.threads}
+        if torch.cuda.is_available() and args.device.startswith("cuda"):
+            machine["gpu"] = torch.cuda.get_device_name(0)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"command": "python -m mdc_workbench.seed_stack.bench " + " ".join(
+            argv if argv is not None else sys.argv[1:]), "machine": machine, "date": time.strftime("%Y-%m-%d"),
+            "rows": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -11,20 +11,25 @@ import pytest
 import yaml
 
 from mdc_workbench.runs import gpu_check
-from mdc_workbench.runs.gpu_check import (
+from mdc_workbench.runs.gpu_check import Phase, write_summary
+from mdc_workbench.runs.gpu_estimate import (
+    BENCH_RUNS,
     BUDGET_S,
     GOAL_MIN,
     LOAN_S,
+    STACK_BENCH,
+    STACK_FILE,
     STARTUP_S,
     BenchRun,
-    Phase,
+    StackStep,
     bench_seconds,
+    call_estimates,
     estimate,
     measured_bench,
     plan_minutes,
     scale_plan,
+    stack_step,
     trained_models,
-    write_summary,
 )
 from mdc_workbench.runs.plans import load_plan
 
@@ -72,13 +77,58 @@ def test_a_budget_the_scaling_does_not_know_is_refused(tmp_path):
         scaled(tmp_path, steps={1600: 2, 400: 1})
 
 
-def test_the_gpu_plan_holds_ten_seeds_of_arc_and_mdc_inside_its_estimate():
+def test_the_gpu_plan_holds_the_seeds_one_call_fits_in_seed_stacks():
+    """Table 1's deciding GPU plan: 20 seeds of ARC and of MDC in stacks of 10 fit one lent call under the stacks'
+    goal (unmeasured); the 36 its power declaration needs would not."""
     plan = load_plan(ROOT / "plans" / "gpu_check.yaml", root=ROOT)
-    seeds = {rid: [r for r in plan.runs if r.run_id.startswith(f"{rid}__")] for rid in ("03_arc", "03_mdc")}
-    assert all(len(runs) == 10 and all(r.parameters["steps"] == 8000 for r in runs) for runs in seeds.values())
-    total, schedule = plan_minutes(plan)
-    assert total <= GOAL_MIN and len(schedule) == len(plan.runs)
-    assert plan_minutes(plan, jobs=9)[0] > GOAL_MIN  # 9 slots: the 20 Table 1 runs need a third wave
+    assert [(r.run_id, len(r.parameters["train_seeds"]), r.parameters["steps"]) for r in plan.runs] == [
+        (f"03_{o}__seeds={'-'.join(map(str, range(k, k + 10)))}", 10, 8000) for o in ("arc", "mdc") for k in (0, 10)]
+    assert plan.seeds == 20
+    stack = stack_step(ROOT / "benchmarks")
+    (call,) = call_estimates((ROOT / "plans" / "gpu_check.yaml",), stack=stack, root=ROOT)
+    assert call["fits"] and (call["seeds"], call["members"]) == (20, 10)
+    (check,) = plan.power_checks()
+    assert check.seeds_needed == 36 and 0.5 < check.power < 0.8 and f"{100 * check.power:.0f}%" in call["power"][0]
+    assert call_estimates((ROOT / "plans" / "gpu_central_claim_1600.yaml",), stack=stack, root=ROOT)[0]["fits"]
+    assert not call_estimates((ROOT / "plans" / "gpu_central_claim.yaml",), stack=stack, root=ROOT)[0]["fits"]
+
+
+def test_the_stack_step_is_the_goal_until_a_gpu_measured_one(tmp_path):
+    (tmp_path / "step_phases_h200_after.json").write_text(json.dumps({"step_ms": 16.0}))
+    goal = stack_step(tmp_path)  # 16 ms solo; K=16: 16 / 8 = 2 ms per member-step; a line through both
+    assert not goal.measured and "UNMEASURED" in goal.source
+    assert goal.member_step_s(1) == pytest.approx(0.016) and goal.member_step_s(16) == pytest.approx(0.002)
+    assert goal.per_member_s == pytest.approx((0.032 - 0.016) / 15)
+    rows = [{"row": "solo", "members": 16, "device": "cuda", "step_s": 0.02},
+            {"row": "vmap", "members": 1, "device": "cuda", "step_s": 0.02},
+            {"row": "vmap", "members": 16, "device": "cuda", "step_s": 0.05},
+            {"row": "vmap", "members": 4, "device": "cpu", "step_s": 9.0}]  # a CPU row is not the GPU's
+    (tmp_path / STACK_FILE).write_text(json.dumps({"rows": rows}))
+    measured = stack_step(tmp_path)  # 20 ms at K=1, 50 ms at K=16: 2 ms per member, 18 ms paid once
+    assert measured.measured and (measured.solo_s, measured.per_member_s) == pytest.approx((0.018, 0.002))
+    assert measured.member_step_s(16) == pytest.approx(0.05 / 16)
+
+
+def test_a_stacked_plan_estimate_by_hand(tmp_path):
+    nb = ROOT / "notebooks" / "03_linear_probing.ipynb"
+    (tmp_path / "p.yaml").write_text(
+        f"name: p\njobs: 2\nseeds: [0, 1, 2, 3, 4]\nparameters: {{steps: 1000}}\nnotebooks:\n"
+        f"  - {{path: {nb}, id: a, members: 4, parameters: {{objectives: [arc], position_signal: false}}}}\n")
+    plan = load_plan(tmp_path / "p.yaml", root=ROOT)
+    assert [len(r.parameters["train_seeds"]) for r in plan.runs] == [4, 1] and plan.seeds == 5
+    stack = StackStep(solo_s=0.05, per_member_s=0.01, measured=True, source="by hand")
+    # K=4: 6 s + 1000 x (0.05 + 4 x 0.01) + 4 x 1 s = 100 s; K=1: 6 + 60 + 1 = 67 s; side by side: 100 s; the GPU's
+    # shares: 1000 x 5 x 0.01 = 50 s (+ 6 s) < 100 s
+    total, schedule = plan_minutes(plan, stack=stack, extra_s=6.0, member_extra_s=1.0)
+    assert total * 60 == pytest.approx(100) and [round(e * 60, 6) for _, _, e in schedule] == [100, 67]
+    # a GPU share of 0.05 per member: alone, K=4 takes 6 + 4000 x 0.05 + 4 = 210 s and K=1 6 + 50 + 1 = 57 s, but the
+    # GPU's shares add up to 5000 x 0.05 = 250 s (+ 6): both runs stretch by 256 / 210
+    busy = StackStep(solo_s=0.0, per_member_s=0.05, measured=True, source="by hand")
+    total, schedule = plan_minutes(plan, stack=busy, extra_s=6.0, member_extra_s=1.0)
+    assert total * 60 == pytest.approx(256)
+    assert [e * 60 for _, _, e in schedule] == pytest.approx([256, 57 * 256 / 210])
+    with pytest.raises(ValueError, match="member_extra_s"):
+        plan_minutes(plan, stack=busy, member_extra_s=-1.0)
 
 
 def test_the_plan_estimate_schedules_runs_in_plan_order(tmp_path):
@@ -131,15 +181,17 @@ def test_the_check_estimate_spends_the_budget_as_the_check_does():
 def test_the_default_budget_fits_a_ten_minute_loan_from_the_last_figures(monkeypatch, capsys):
     assert STARTUP_S + BUDGET_S == LOAN_S == 600
     bench = measured_bench(ROOT / "benchmarks")
-    assert [name for name, _, _ in bench] == [b.name for b in gpu_check.BENCH_RUNS]
+    assert [name for name, _, _ in bench] == [STACK_BENCH, *(b.name for b in BENCH_RUNS)]
     assert all(seconds > 0 for _, seconds, _ in bench)
     _, schedule = plan_minutes(load_plan(ROOT / "plans" / "gpu_check.yaml", root=ROOT))
     parts = estimate(BUDGET_S, bench, schedule)
     assert parts[-1]["fits"] and parts[-1]["takes_s"] <= LOAN_S
     monkeypatch.chdir(ROOT)
     gpu_check.main(["--estimate"])
-    printed = capsys.readouterr().out
-    assert f"{parts[-1]['takes_s'] / 60:.1f}" in printed.splitlines()[-2]  # the whole check's row
+    printed = capsys.readouterr().out.splitlines()
+    whole = next(i for i, line in enumerate(printed) if line.startswith("whole check"))
+    assert f"{parts[-1]['takes_s'] / 60:.1f}" in printed[whole]
+    assert any(line.startswith("plans/gpu_check.yaml ") and "fits 10 minutes" in line for line in printed)
 
 
 def test_a_phase_past_its_time_limit_is_stopped_and_reported(tmp_path):
@@ -188,12 +240,15 @@ def test_gpu_check_runs_end_to_end_at_its_tiny_budget_on_the_cpu(tmp_path):
                           capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     record = json.loads((out / "summary.json").read_text())
-    assert [p["phase"] for p in record["phases"]] == ["bench_tiny", "evidence_plan"]
+    assert [p["phase"] for p in record["phases"]] == [STACK_BENCH, "bench_tiny", "evidence_plan"]
     assert all(p["returncode"] == 0 and not p["timed_out"] for p in record["phases"]), record["phases"]
     assert (out / "plan_summary.md").is_file() and "## bench" in (out / "summary.md").read_text()
     plan_tables = json.loads((out / "plan_summary.json").read_text())["tables"]
     # Table 1's split runs are one table
     assert {"ARC", "MDC"} <= set(plan_tables["table1"]["values"])
+    stacked = json.loads((out / "seed_stack.json").read_text())["rows"]  # the seed-stack bench, K = 1 and 2
+    assert [(r["row"], r["members"]) for r in stacked] == [("solo", 1), ("vmap", 1), ("vmap", 2)]
+    assert "### seed stack" in (out / "summary.md").read_text()
     bench = json.loads((out / "bench_tiny.json").read_text())
     assert all(row["host_ops"]["aten_ops_per_step"] > 0 for row in bench["train"].values())
 
@@ -207,6 +262,7 @@ def test_the_evidence_plan_runs_without_the_caption_metrics_extra():
             "import mdc_workbench.runs.plans, mdc_workbench.runs.runner, mdc_workbench.runs.summary\n"
             "import mdc_workbench.runs.evidence, mdc_workbench.eval.probe_data, mdc_workbench.eval.budget_curve\n"
             "import mdc_workbench.eval.parity, mdc_workbench.eval.central_claim, mdc_workbench.notebooks.probe_report\n"
+            "import mdc_workbench.notebooks.seed_members\n"
             "from mdc_workbench.eval import linear_probe\n"
             "try:\n    from mdc_workbench.eval import score_captions\nexcept ImportError:\n    print('lazy')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
