@@ -203,17 +203,13 @@ def score_captions(model: torch.nn.Module, batches: Iterable[tuple[Tensor, Tenso
         pool: other images of the batch in the PMI's pool.
         seed: seeds the mask draws (drawn on the CPU: the same on every device).
     """
-    if draws < 1 or pool < 1:
-        raise ValueError(f"need draws >= 1 and pool >= 1; got {draws}, {pool}")
+    check_settings(draws, pool)
     causal = bool(getattr(model, "causal", False))
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
     out = ClaimScores("teacher_forcing" if causal else "masked")
     for images, tokens, groups in batches:
-        if not len(images) == len(tokens) == len(groups) or len(images) < 2:
-            raise ValueError(f"a batch needs >= 2 images, as many captions and groups; got {len(images)}, "
-                             f"{len(tokens)}, {len(groups)}")
-        tokens = trim_padding(tokens.cpu())
+        tokens = check_batch(images, tokens, groups)
         image_tokens = model.encode_image(images.to(device)).detach()  # (B, M, D)
         sums = {m: torch.zeros(tokens.shape, dtype=torch.float64) for m in MEASURES}
         counts = torch.zeros(tokens.shape, dtype=torch.float64)
@@ -227,13 +223,40 @@ def score_captions(model: torch.nn.Module, batches: Iterable[tuple[Tensor, Tenso
             sums["pmi"][scored] += token_pmi(model, image_tokens, on_device, dev_mask, pool)
             sums["gradient"][scored] += token_gradient_norms(model, image_tokens, on_device, dev_mask, weight)
             counts[scored] += 1
-        columns = maskable_positions(tokens)
-        for measure in MEASURES:
-            mean = (sums[measure] / counts.clamp(min=1)).masked_fill(counts == 0, math.nan)
-            getattr(out, measure).extend([[None if math.isnan(v) else v for v in mean[b, columns[b]].tolist()]
-                                          for b in range(len(tokens))])
-        out.tokens.extend(tokens[b, columns[b]].tolist() for b in range(len(tokens)))
-        out.groups.extend(str(g) for g in groups)
+        add_captions(out, tokens, groups, sums, counts)
+    return finished(out)
+
+
+def check_settings(draws: int, pool: int) -> None:
+    """ValueError unless `draws` and `pool` are at least 1."""
+    if draws < 1 or pool < 1:
+        raise ValueError(f"need draws >= 1 and pool >= 1; got {draws}, {pool}")
+
+
+def check_batch(images: Tensor, tokens: Tensor, groups: Sequence[str]) -> Tensor:
+    """The batch's tokens (B, L) on the CPU without the columns that are padding in every row; ValueError unless it
+    has >= 2 images and as many captions and groups."""
+    if not len(images) == len(tokens) == len(groups) or len(images) < 2:
+        raise ValueError(f"a batch needs >= 2 images, as many captions and groups; got {len(images)}, "
+                         f"{len(tokens)}, {len(groups)}")
+    return trim_padding(tokens.cpu())
+
+
+def add_captions(out: ClaimScores, tokens: Tensor, groups: Sequence[str], sums: dict[str, Tensor], counts: Tensor
+                 ) -> None:
+    """Append one batch's captions to `out`: per measure the mean over the draws that scored a position, from the
+    sums (B, L) and the counts of scoring draws (B, L); None where no draw scored it."""
+    columns = maskable_positions(tokens)
+    for measure in MEASURES:
+        mean = (sums[measure] / counts.clamp(min=1)).masked_fill(counts == 0, math.nan)
+        getattr(out, measure).extend([[None if math.isnan(v) else v for v in mean[b, columns[b]].tolist()]
+                                      for b in range(len(tokens))])
+    out.tokens.extend(tokens[b, columns[b]].tolist() for b in range(len(tokens)))
+    out.groups.extend(str(g) for g in groups)
+
+
+def finished(out: ClaimScores) -> ClaimScores:
+    """`out`, or ValueError when it holds no caption."""
     if not out.groups:
         raise ValueError("no caption to score: the data gave no batch")
     return out
@@ -274,17 +297,11 @@ def central_claim_runs(pairs: dict[str, Sequence[str | Path]], data: dict[str, s
     ``{kind: data folder}``; rows are named by `labels` (objective -> name; default the objective in capitals).
     Returns ``{kind: {row name: scores}}``, :func:`claim_table`'s input.
     """
-    from mdc_core.checkpoint import load_model
-
     out: dict[str, dict[str, ClaimScores]] = {}
     for kind, runs in pairs.items():
-        if kind not in CAPTION_KINDS or kind not in data:
-            raise ValueError(f"caption kind {kind!r} needs to be one of {', '.join(CAPTION_KINDS)} with a data set")
+        check_kind(kind, data)
         for run in runs:
-            model, cfg = load_model(run, device=device)
-            if objective_spec(cfg.objective.name).model != "captioner":
-                raise ValueError(f"{run} is a {cfg.objective.name} run: the central claim needs a captioner")
-            row = (labels or {}).get(cfg.objective.name, cfg.objective.name.upper())
+            model, cfg, row = claim_model(run, device, labels)
             if row in out.get(kind, {}):
                 raise ValueError(f"two {row} runs on the {kind} captions: give one run per objective and kind")
             batches = caption_batches(data[kind], cfg.model.image_size, cfg.model.context_length, limit=limit,
@@ -292,6 +309,22 @@ def central_claim_runs(pairs: dict[str, Sequence[str | Path]], data: dict[str, s
             out.setdefault(kind, {})[row] = score_captions(model, batches, objective=cfg.objective, draws=draws,
                                                            pool=pool, seed=seed)
     return out
+
+
+def check_kind(kind: str, data: dict[str, str | Path]) -> None:
+    """ValueError unless `kind` is one of :data:`CAPTION_KINDS` with a data set in `data`."""
+    if kind not in CAPTION_KINDS or kind not in data:
+        raise ValueError(f"caption kind {kind!r} needs to be one of {', '.join(CAPTION_KINDS)} with a data set")
+
+
+def claim_model(run: str | Path, device: str, labels: dict[str, str] | None = None) -> tuple[Any, Any, str]:
+    """(model, run config, row name) of run folder `run`; ValueError unless it is a captioner."""
+    from mdc_core.checkpoint import load_model
+
+    model, cfg = load_model(run, device=device)
+    if objective_spec(cfg.objective.name).model != "captioner":
+        raise ValueError(f"{run} is a {cfg.objective.name} run: the central claim needs a captioner")
+    return model, cfg, (labels or {}).get(cfg.objective.name, cfg.objective.name.upper())
 
 
 def plot_profiles(table: dict[str, Any], path: str | Path, features: dict[str, Any] | None = None) -> Path:
