@@ -66,17 +66,8 @@ def stack_models(models: Sequence[nn.Module]) -> nn.Module:
     """One module holding K members: a copy of ``models[0]`` whose every parameter and buffer (persistent or not)
     is the members' stacked, (K, ...). Never called itself: :class:`StackedObjective` runs it member by member.
     ValueError if the members differ in architecture or in an integer buffer (the token ids and corpus index the
-    host prepares every member's batches with; batch norm's counts)."""
-    if not models:
-        raise ValueError("a seed stack needs at least one member")
-    shapes = [{n: tuple(t.shape) for n, t in [*m.named_parameters(), *m.named_buffers()]} for m in models]
-    if any(s != shapes[0] for s in shapes):
-        raise ValueError("the members of a seed stack must share one architecture (their tensors differ in shape)")
-    tables = [dict(m.named_buffers()) for m in models]
-    for name, table in tables[0].items():
-        if not table.is_floating_point() and any(not torch.equal(t[name], table) for t in tables[1:]):
-            raise ValueError(f"the members' {name} differ: a seed stack's members share their integer tables (one "
-                             "corpus table) and counts")
+    host prepares every member's batches with; batch norm's counts): :func:`check_members`."""
+    check_members(models)
     params, buffers = stack_module_state(list(models))  # (K, ...) each; parameters are new leaves
     stacked = copy.deepcopy(models[0])
     for name, value in [*params.items(), *buffers.items()]:
@@ -84,6 +75,22 @@ def stack_models(models: Sequence[nn.Module]) -> nn.Module:
         module = stacked.get_submodule(owner)
         setattr(module, leaf, nn.Parameter(value) if name in params else value)
     return stacked
+
+
+def check_members(models: Sequence[nn.Module]) -> None:
+    """ValueError unless `models` are at least one member of one architecture (the same tensor names and shapes, and
+    the same integer buffers: the corpus table the host prepares every member's batches with, batch norm's
+    counts)."""
+    if not models:
+        raise ValueError("a seed stack needs at least one member")
+    shapes = [{n: tuple(t.shape) for n, t in [*m.named_parameters(), *m.named_buffers()]} for m in models]
+    if any(s != shapes[0] for s in shapes) or any(type(m) is not type(models[0]) for m in models):
+        raise ValueError("the members of a seed stack must share one architecture (their tensors differ in shape)")
+    tables = [dict(m.named_buffers()) for m in models]
+    for name, table in tables[0].items():
+        if not table.is_floating_point() and any(not torch.equal(t[name], table) for t in tables[1:]):
+            raise ValueError(f"the members' {name} differ: a seed stack's members share their integer tables (one "
+                             "corpus table) and counts")
 
 
 def member_state_dict(stacked: nn.Module, k: int) -> dict[str, torch.Tensor]:
