@@ -223,17 +223,25 @@ def signal_rows(items: RunItems) -> dict[str, dict[str, dict[str, Any]]]:
     return out
 
 
+def member_run_id(run_id: str, seed: int) -> str:
+    """The run id of member `seed` of the seed stack run `run_id` (``<run>/seed=<seed>``): its per-item file's, and
+    its run's in a plan summary (:func:`mdc_workbench.runs.members.expand_members`)."""
+    return f"{run_id}/seed={seed}"
+
+
 def write_run_items(folder: str | Path, seed: int | None, *, probe: Mapping[str, Any] | None = None,
                     probe_table_name: str = "table1", metric: str = "", rows: Sequence[str] = (),
                     tasks: Sequence[str] = (), mean_tasks: Sequence[str] = (),
                     orders: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
-                    scored: Mapping[str, Mapping[str, Any]] | None = None) -> Path | None:
+                    scored: Mapping[str, Mapping[str, Any]] | None = None, run_id: str | None = None
+                    ) -> Path | None:
     """What notebook 03 calls after writing its metrics: the run's per-item file ``<folder>/items.npz`` (the run id
-    is the folder's name, as ``mdc runs`` names run folders) from what it measured: the probe table (`probe`, a
-    ``probe_models`` result, as `probe_table_name` with `rows`), the feature-order probes (`orders`) and the central
-    claim's scored captions (`scored`). None (nothing written) when it measured none of them."""
+    is `run_id`, by default the folder's name, as ``mdc runs`` names run folders) from what it measured: the probe
+    table (`probe`, a ``probe_models`` result, as `probe_table_name` with `rows`), the feature-order probes
+    (`orders`) and the central claim's scored captions (`scored`). None (nothing written) when it measured none of
+    them."""
     folder = Path(folder)
-    items = RunItems(folder.name, seed)
+    items = RunItems(folder.name if run_id is None else run_id, seed)
     if probe:
         add_probe_table(items, probe_table_name, probe, metric=metric, rows=rows, tasks=tasks, mean_tasks=mean_tasks)
     if orders:
