@@ -23,7 +23,6 @@ it scores exactly the positions its solo measure scores. Modes:
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,8 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, vjp
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.func import vjp
 
 from mdc_core.config import ObjectiveConfig
 from mdc_core.model import lookup_rows
@@ -53,7 +51,7 @@ from mdc_workbench.eval.central_claim import (
     training_draw,
 )
 
-from .stacked import check_members, stack_models
+from .stacked import Encode, check_members, stack_models, vmap_members
 
 Batch = tuple[Tensor, Tensor, Sequence[str]]
 MODES = ("auto", "vmap", "each")
@@ -116,8 +114,6 @@ class VmappedClaim:
         self.causal = bool(getattr(self.first, "causal", False))
         self.objective, self.draws, self.pool = objective, draws, pool
         self.device = next(self.first.parameters()).device
-        self.params = {n: p.detach() for n, p in self.stacked.named_parameters()}
-        self.buffers = dict(self.stacked.named_buffers())
 
     @torch.no_grad()
     def scores(self, batches: Sequence[Batch], seeds: Sequence[int]) -> list[ClaimScores]:
@@ -144,17 +140,7 @@ class VmappedClaim:
         return [finished(o) for o in out]
 
     def vmap(self, module: nn.Module, *args: Any, in_dims: tuple) -> Any:
-        """``module(*args)`` of every member at once: its parameters and buffers (the stacked ones, ``model.<name>``)
-        batched over the first dimension, `args` by `in_dims`."""
-        params = {f"model.{n}": p for n, p in self.params.items()}
-        buffers = {f"model.{n}": b for n, b in self.buffers.items()}
-
-        def one(p: dict, b: dict, *a: Any) -> Any:
-            return functional_call(module, (p, b), a)
-
-        math = sdpa_kernel(SDPBackend.MATH) if self.device.type == "cpu" else contextlib.nullcontext()
-        with math:
-            return torch.vmap(one, in_dims=(0, 0, *in_dims), randomness="error")(params, buffers, *args)
+        return vmap_members(module, self.stacked, *args, in_dims=in_dims)
 
     def signal(self, image_tokens: Tensor, tokens: Tensor, drawn: list[tuple[Tensor | None, Tensor]],
                scored: list[Tensor]) -> tuple[Tensor, Tensor]:
@@ -180,17 +166,6 @@ class VmappedClaim:
         signal = Signal(self.stacked, tokens.to(self.device), self.causal, min(self.pool, B - 1), columns, context)
         on = [t.to(self.device) for t in (masks, weights, pos, rows.clamp(min=0), valid)]
         return self.vmap(signal, image_tokens, *on, in_dims=(0, 0, 0, 0, 0, 0))
-
-
-class Encode(nn.Module):
-    """``model.encode_image(images)`` as a module's forward (what ``functional_call`` calls)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, images: Tensor) -> Tensor:
-        return self.model.encode_image(images)
 
 
 class Signal(nn.Module):

@@ -93,6 +93,33 @@ def check_members(models: Sequence[nn.Module]) -> None:
                              "corpus table) and counts")
 
 
+def vmap_members(module: nn.Module, stacked: nn.Module, *args: Any, in_dims: tuple) -> Any:
+    """``module(*args)`` of every member as one vmapped call (no gradient to the weights): `module` holds `stacked` (a
+    :func:`stack_models` module) as its attribute ``model``, whose parameters and buffers are batched over their first
+    dimension; `args` are batched by `in_dims` (None: shared). On the CPU under the math attention (module
+    docstring); random draws refused (``randomness="error"``)."""
+    params = {f"model.{n}": p.detach() for n, p in stacked.named_parameters()}
+    buffers = {f"model.{n}": b for n, b in stacked.named_buffers()}
+
+    def one(p: dict, b: dict, *a: Any) -> Any:
+        return functional_call(module, (p, b), a)
+
+    cpu = next(iter(params.values())).device.type == "cpu"
+    with sdpa_kernel(SDPBackend.MATH) if cpu else contextlib.nullcontext():
+        return torch.vmap(one, in_dims=(0, 0, *in_dims), randomness="error")(params, buffers, *args)
+
+
+class Encode(nn.Module):
+    """``model.encode_image(images)`` as a module's forward (what ``functional_call`` calls)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model.encode_image(images)
+
+
 def member_state_dict(stacked: nn.Module, k: int) -> dict[str, torch.Tensor]:
     """Member `k`'s state dict (the solo model's keys and shapes), as copies."""
     return {name: value[k].clone() for name, value in stacked.state_dict().items()}
