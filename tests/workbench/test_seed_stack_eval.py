@@ -195,6 +195,18 @@ def test_vmapped_captioning_encodes_each_member_as_its_solo_run(stack):
                 [(c["key"], c["references"]) for c in b["captions"]]
 
 
+def test_the_eval_bench_times_every_row_against_the_solo_measures():
+    from mdc_workbench.seed_stack.bench_eval import ROWS, claim_rows, format_rows
+    from tests.conftest import MICRO_SETS
+
+    rows = claim_rows([1, 2], preset="tiny", limit=4, batch=2, draws=1, pool=1, overrides=MICRO_SETS[1::2])
+    assert [(r["row"], r["members"]) for r in rows] == [(row, k) for k in (1, 2) for row in ROWS]
+    assert all(r["seconds"] > 0 and r["member_cpu_s"] > 0 for r in rows)
+    assert all(r["member_s"] == pytest.approx(r["seconds"] / r["members"]) for r in rows)
+    assert [r["vs_solo"] for r in rows if r["row"] == "solo"] == [1.0, 1.0]
+    assert format_rows(rows).count("\n") == len(rows) + 1
+
+
 # ----------------------------------------------------------------------------------------------------------
 # bad input
 
