@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from mdc_core.tokenizer import CaptionTokenizer
 from mdc_workbench.data.captions import CLAUSE_CONNECTORS, CLAUSE_GROUPS
 from mdc_workbench.eval.content_words import CONTENT_SLOPE, content_mask_of_ids, content_slopes
-
-if TYPE_CHECKING:
-    from mdc_workbench.eval.central_claim import ClaimScores
 
 MEASURES = ("gradient", "pmi")
 MEASURE_LABELS = {"gradient": "gradient", "pmi": "PMI"}
@@ -107,9 +104,10 @@ def connector_ids(context_length: int = 77) -> set[int]:
     return {i for word in CLAUSE_CONNECTORS.values() for i in tok.encode_text(word)}
 
 
-def claim_table(scores: dict[str, dict[str, ClaimScores]], connectors: set[int], bins: int = BINS
+def claim_table(scores: dict[str, dict[str, Any]], connectors: set[int], bins: int = BINS
                 ) -> dict[str, Any]:
-    """The ``central_claim`` table (metrics.json layout) from ``{kind: {row name: scores}}`` (rows e.g. ARC, MDC
+    """The ``central_claim`` table (metrics.json layout) from ``{kind: {row name: scores}}`` (scores: a
+    :class:`~mdc_workbench.eval.central_claim.ClaimScores` or what has its fields; rows e.g. ARC, MDC
     scored on the same captions of each kind): columns ``"<kind> <measure>: <statistic>"`` (and per caption group
     on two-clause captions, ``"... slope, predictable"`` etc. and the paired contrast ``"... slope, predictable -
     unpredictable"``); values the means over the column's items, items the per-caption values of the captions
