@@ -148,23 +148,24 @@ class VmappedClaim:
         first ``scored[k].sum()``; the rest padding), from the host's picks (module docstring)."""
         B, L = tokens.shape
         flat = [s.flatten().nonzero().flatten() for s in scored]  # (n_k,) positions b * L + j, row-major
-        n_max = max(len(f) for f in flat)
-        pos = torch.stack([F.pad(f, (0, n_max - len(f))) for f in flat])  # (K, n_max), padding at position 0
+        n_max, fill = max(len(f) for f in flat), next(int(f[0]) for f in flat if len(f))
+        # (K, n_max): each member's positions, padded with one that some member scores (the padding's values dropped)
+        pos = torch.stack([F.pad(f, (0, n_max - len(f)), value=fill) for f in flat])
         valid = torch.stack([torch.arange(n_max) < len(f) for f in flat])  # (K, n_max)
         index = self.first.output_index.cpu()
-        rows = index[tokens.flatten()[pos]]  # (K, n_max) head rows of the scored tokens
+        targets = index[tokens.flatten()[pos]]  # (K, n_max) head rows of the scored tokens
         masks = torch.stack([torch.zeros(B, L, dtype=torch.bool) if m is None else m for m, _ in drawn])  # (K, B, L)
         visible = maskable_positions(tokens) & ~masks  # (K, B, L): the masked context's tokens
-        scored_or_seen = torch.stack(scored) | (visible if not self.causal else False)
-        if bool((index[tokens][scored_or_seen.any(0)] < 0).any()):  # what the solo's token_log_probs refuses
-            bad = tokens[scored_or_seen.any(0) & (index[tokens] < 0)].unique()[:5].tolist()
+        read = (torch.stack(scored) | visible).any(0)  # (B, L) every token some member's measure reads
+        if bool((index[tokens][read] < 0).any()):  # what the solo's token_log_probs refuses
+            bad = tokens[read & (index[tokens] < 0)].unique()[:5].tolist()
             raise ValueError(f"caption token ids {bad} have no row in the model's output vocabulary (its corpus "
                              "vocabulary comes from other captions)")
         weights = torch.stack([w.float() for _, w in drawn])  # (K, B)
         columns = sorted({int(j) for s in scored for j in s.any(0).nonzero().flatten()})  # scored by any member
         context = sorted({int(j) for v in visible for j in v.any(0).nonzero().flatten()})
         signal = Signal(self.stacked, tokens.to(self.device), self.causal, min(self.pool, B - 1), columns, context)
-        on = [t.to(self.device) for t in (masks, weights, pos, rows.clamp(min=0), valid)]
+        on = [t.to(self.device) for t in (masks, weights, pos, targets, valid)]
         return self.vmap(signal, image_tokens, *on, in_dims=(0, 0, 0, 0, 0, 0))
 
 

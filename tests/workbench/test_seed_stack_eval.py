@@ -219,8 +219,16 @@ def test_a_stack_refuses_bad_input_in_one_line(stack, tmp_path):
     batches = list(caption_batches(data["short"], 32, 32, limit=4, batch_size=4))
     other = RunConfig(model=micro_config(context_length=32, text_width=48), objective=ObjectiveConfig(name="mdc"))
     save_checkpoint(tmp_path / "wide", 1, other, create_model(other, "mdc"))
+    unknown = int((models[0].output_index < 0).nonzero()[-1])  # an id the members' corpus head has no row for
+    images, tokens, groups = batches[0]
+    strange = [(images, tokens.clone().index_put_((torch.tensor([0]), torch.tensor([2])), torch.tensor(unknown)),
+                groups)]
     errors = []
     for call, match in [
+        (lambda: stacked_claim_scores(models, strange, objective=ObjectiveConfig(name="mdc"), mode="vmap"),
+         "vocabulary"),
+        (lambda: stacked_claim_scores(models, strange, objective=ObjectiveConfig(name="mdc"), mode="each"),
+         "vocabulary"),
         (lambda: stacked_claim_scores([models[0], load_model(tmp_path / "wide")[0]], batches, mode="each"),
          "share one architecture"),
         (lambda: stacked_claim_scores(models, batches, mode="fast"), "mode 'fast'"),
