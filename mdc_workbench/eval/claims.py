@@ -4,7 +4,7 @@ markdown (torch-free).
 Tables are gathered over runs and seeds by :func:`~mdc_workbench.eval.cells.gather_tables`. Each claim is a set of
 parts, each part one comparison of two rows (or of a row with a constant) in one column; its distribution is
 :func:`~mdc_workbench.eval.cells.difference_spread`. For claims and workbench checks the parts are decided together by
-the one decision table, :func:`~mdc_workbench.eval.stats.decide` (holds, reversed, not resolved, underpowered, not
+the one decision table, :func:`~mdc_workbench.eval.decision.decide` (holds, reversed, not resolved, underpowered, not
 measured; "every" part by intersection-union, "some" part by Holm: :attr:`Claim.combine`); observations
 and exploratory measurements show their differences without a verdict. A claim whose table, rows or columns
 are missing says so ("not measured"), and one training seed makes every verdict a statement about *this run*.
@@ -23,6 +23,11 @@ from mdc_workbench.eval.cells import (  # noqa: F401  (re-exported: the notebook
     difference_spread,
     gather_tables,
     table_estimates,
+)
+from mdc_workbench.eval.decision import (
+    Decision,
+    PartTest,
+    decide,
 )
 from mdc_workbench.eval.paper import (  # noqa: F401
     BASELINE_ROWS,
@@ -43,9 +48,6 @@ from mdc_workbench.eval.stats import (
     UNDERPOWERED,
     UNMEASURED,
     UNRESOLVED,
-    Decision,
-    PartTest,
-    decide,
     describe_verdict,
     detectable_difference,
 )
@@ -162,8 +164,8 @@ def evaluate_claim(claim: Claim, cells: Table | None) -> dict[str, Any]:
     length of each row] | None (tables with a ``length`` column), "detectable": the difference its test detects
     with 80% power | None, "effect": the paper's effect or the part's margin | None, "verdict", "verdict_text"}],
     "missing"}``. Observations and exploratory entries have verdict None (and None per part). The verdict is
-    :func:`~mdc_workbench.eval.stats.decide`'s for the claim's :attr:`Claim.combine`; ``counts`` says how many parts'
-    estimates point each way (:meth:`~mdc_workbench.eval.stats.Decision.counts`).
+    :func:`~mdc_workbench.eval.decision.decide`'s for the claim's :attr:`Claim.combine`; ``counts`` says how many parts'
+    estimates point each way (:meth:`~mdc_workbench.eval.decision.Decision.counts`).
     """
     missing: list[str] = []
     base = {"key": claim.key, "kind": claim.kind, "source": claim.source, "text": claim.text,

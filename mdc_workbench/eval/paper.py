@@ -146,7 +146,7 @@ class Claim:
     # it is "underpowered" (non-inferiority and equivalence parts use their margin)
     blind_ceiling: float | None = None  # a column where either compared row's image-free twin ("<row>, blind")
     # scores at least this is uninformative for that comparison: listed, not tested
-    combine: str = "every"  # how its parts combine (mdc_workbench.eval.stats.decide): "every" part holds (an
+    combine: str = "every"  # how its parts combine (mdc_workbench.eval.decision.decide): "every" part holds (an
     # intersection-union test, no multiplicity correction), or "some" part holds (Holm); one part: either reads alike
 
 

@@ -35,7 +35,7 @@ GROUP_TEXT = {"claims": "the claims table", "paper": "the paper's numbers",
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: the paths below are relative to it
 # the code that turns a trained model into the numbers a verdict reads (beside the deciding functions' source)
 MEASUREMENT = tuple(f"mdc_workbench/eval/{m}.py" for m in (
-    "central_claim", "claim_stats", "content_words", "stats", "cells", "claims", "probe", "probe_lbfgs",
+    "central_claim", "claim_stats", "content_words", "stats", "decision", "cells", "claims", "probe", "probe_lbfgs",
     "probe_baselines", "probe_data", "probe_tables", "items", "recompute")) + (
     "mdc_workbench/notebooks/probe_report.py",
     *(f"mdc_workbench/seed_stack/{m}.py" for m in ("features", "claim", "items")))  # a seed stack's members' measures
@@ -48,12 +48,12 @@ def _sha(text: str) -> str:
 
 def deciding_functions() -> list[Any]:
     """The functions whose code turns gathered tables into verdicts (their source is part of the fingerprint)."""
-    from mdc_workbench.eval import cells, claims, stats
+    from mdc_workbench.eval import cells, claims, decision, stats
 
     return [claims.evaluate_claim, claims._comparisons, claims._rows, claims._match, claims._solved_blind,
-            cells.difference_spread, stats.decide, stats._part_at, stats.holm_step_down, stats.detectable_difference,
-            stats._t_power_multiple, stats.power_verdict, stats.equivalence_verdict, stats.null_value,
-            stats.Spread.interval, stats.Spread.p_value]
+            cells.difference_spread, decision.decide, decision._part_at, decision.holm_step_down,
+            stats.detectable_difference, stats._t_power_multiple, stats.power_verdict, stats.equivalence_verdict,
+            stats.null_value, stats.Spread.interval, stats.Spread.p_value]
 
 
 def constants() -> dict[str, Any]:

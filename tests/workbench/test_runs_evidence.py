@@ -147,7 +147,7 @@ def test_the_kernels_own_stderr_goes_to_the_run_folder_not_the_terminal(tmp_path
 
 def test_a_summary_says_in_its_first_lines_when_its_definitions_changed_after_its_runs_began(
         seeded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from mdc_workbench.eval import paper, stats
+    from mdc_workbench.eval import decision, paper
 
     plan = load_plan(write_plan(seeded / "d.yaml", f"output_root: {seeded / 'out'}\nseeds: [0, 1]\n"
                                                    "notebooks: [probe.ipynb]\n"), root=seeded)
@@ -167,7 +167,7 @@ def test_a_summary_says_in_its_first_lines_when_its_definitions_changed_after_it
     record = json.loads((out / "summary.json").read_text())["definitions"]
     assert record["at_start"] == start and record["judged"]["constants"] != start["constants"]
     monkeypatch.undo()
-    monkeypatch.setattr(stats, "decide", lambda parts, combination="every", alpha=0.05: None)  # other deciding code
+    monkeypatch.setattr(decision, "decide", lambda parts, combination="every", alpha=0.05: None)  # other deciding code
     run_plan(plan, progress=False, cwd=seeded)  # (the summary is written with the patched code's fingerprint only)
     assert "Changed: the code of the deciding functions." in (out / "summary.md").read_text().splitlines()[2]
 

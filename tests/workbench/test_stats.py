@@ -21,6 +21,11 @@ from mdc_workbench.eval.claims import (
     evaluate_claims,
     gather_tables,
 )
+from mdc_workbench.eval.decision import (
+    PartTest,
+    decide,
+    holm_step_down,
+)
 from mdc_workbench.eval.paper import TABLE1_MARGIN, TABLE2_COLUMNS, TABLE4_ROW
 from mdc_workbench.eval.stats import (
     EQUIVALENT,
@@ -34,16 +39,13 @@ from mdc_workbench.eval.stats import (
     UNMEASURED,
     UNRESOLVED,
     Estimate,
-    PartTest,
     Spread,
     bootstrap_difference,
     bootstrap_interval,
-    decide,
     describe_verdict,
     detectable_difference,
     equivalence_verdict,
     hierarchical_draws,
-    holm_step_down,
     power_verdict,
     seed_difference,
     t_interval,

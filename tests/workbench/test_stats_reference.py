@@ -12,19 +12,21 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestPower
 
 from mdc_workbench.eval.cells import Cell, cell_spread, difference_spread
+from mdc_workbench.eval.decision import (
+    PartTest,
+    decide,
+    holm_step_down,
+)
 from mdc_workbench.eval.stats import (
     EVERY,
     HOLDS,
     REVERSED,
     SOME,
     UNRESOLVED,
-    PartTest,
     Spread,
     bootstrap_difference,
     bootstrap_interval,
-    decide,
     detectable_difference,
-    holm_step_down,
     seed_difference,
     t_interval,
     welch_spread,
