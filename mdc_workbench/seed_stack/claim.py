@@ -15,8 +15,8 @@ it scores exactly the positions its solo measure scores. Modes:
   column). The solo measure picks positions with boolean masks whose counts differ between members, which vmap
   cannot batch (data-dependent shapes), and reads the host (``bool(...)``, ``nonzero``) to choose its loops; here the
   host picks every member's scored positions (padded to the most any member has) and the columns to loop over
-  before the forward, and the context pass decodes every caption at each column (the solo decodes only the captions
-  whose column is visible: the same values, more rows). Equal to the solo up to rounding.
+  before the forward, and the context pass decodes at each column the captions where some member sees it (the solo
+  decodes only those where this member sees it: the same values, more rows). Equal to the solo up to rounding.
 * ``auto``: ``each`` on the CPU (where the vmapped forward costs more CPU time than the solo kernels, as for the
   training step), ``vmap`` elsewhere.
 """
@@ -163,7 +163,8 @@ class VmappedClaim:
                              "vocabulary comes from other captions)")
         weights = torch.stack([w.float() for _, w in drawn])  # (K, B)
         columns = sorted({int(j) for s in scored for j in s.any(0).nonzero().flatten()})  # scored by any member
-        context = sorted({int(j) for v in visible for j in v.any(0).nonzero().flatten()})
+        seen = visible.any(0)  # (B, L): the context tokens of some member
+        context = [(j, seen[:, j].nonzero().flatten().to(self.device)) for j in range(L) if bool(seen[:, j].any())]
         signal = Signal(self.stacked, tokens.to(self.device), self.causal, min(self.pool, B - 1), columns, context)
         on = [t.to(self.device) for t in (masks, weights, pos, targets, valid)]
         return self.vmap(signal, image_tokens, *on, in_dims=(0, 0, 0, 0, 0, 0))
@@ -173,10 +174,11 @@ class Signal(nn.Module):
     """One member's PMI and gradient norm at padded scored positions (``functional_call`` inside vmap): the solo
     measure's :func:`~mdc_workbench.eval.central_claim.token_pmi` and ``token_gradient_norms`` with the positions
     picked on the host. `tokens` (B, L) are every member's; `pool` the PMI's other images; `columns` the caption
-    columns any member scores, `context` those any member sees unmasked (the masked context's chain rule)."""
+    columns any member scores; `context` the columns any member sees unmasked (the masked context's chain rule),
+    each with the captions (B-indices) where some member sees it."""
 
     def __init__(self, model: nn.Module, tokens: Tensor, causal: bool, pool: int, columns: list[int],
-                 context: list[int]) -> None:
+                 context: list[tuple[int, Tensor]]) -> None:
         super().__init__()
         self.model, self.tokens, self.causal, self.pool = model, tokens, causal, pool
         self.columns, self.context = columns, context
@@ -220,11 +222,12 @@ class Signal(nn.Module):
             visible = maskable_positions(tokens) & ~hide  # (P * B, L)
             columns = torch.arange(L, device=tokens.device)
             total = torch.zeros(P * B, dtype=torch.float64, device=log_p.device)
-            for j in self.context:
-                every = torch.arange(P * B, device=tokens.device) * L + j  # column j of every caption
-                lp = self.log_probs(images, tokens, hide | (visible & (columns >= j)), every,
-                                    self.first_rows(tokens[:, j]), rows)
-                total = total + torch.where(visible[:, j], lp.double(), 0.0)
+            for j, seen in self.context:
+                some = torch.cat([seen + s * B for s in range(P)])  # (r,) the pool's captions some member sees j in
+                every = torch.arange(len(some), device=tokens.device) * L + j  # their column j
+                lp = self.log_probs(images[some], tokens[some], (hide | (visible & (columns >= j)))[some], every,
+                                    self.first_rows(tokens[some, j]), None if rows is None else rows[some])
+                total = total.index_add(0, some, torch.where(visible[some, j], lp.double(), 0.0))  # out of place
             log_ctx = total[at // L]
         return in_distribution_pmi(log_p.view(P, -1), log_ctx.view(P, -1))
 
