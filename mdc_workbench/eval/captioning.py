@@ -1,12 +1,13 @@
 """Captioning evaluation (paper Sec. 4.2, Table 3): optional fine-tuning, then caption the test split.
 
-* Fine-tuning (:func:`finetune`) continues a run on a caption data set with :func:`mdc_core.train.train`: the
-  run's own config (objective, optimizer, batch size ...) with ``data.path`` set to the new data, a fresh
-  optimizer and schedule of ``steps`` steps (warm-up cut to at most a tenth of them), starting from the run's
-  weights (``train(..., init_from=run)``). The fine-tuned run is an ordinary run folder under ``<out>/finetune/``
-  named after the run, the steps and :func:`finetune_key` (the source run's weights, the fine-tuning data's
-  fingerprint and the fine-tuning config), which ``finetune_source.json`` in it records: an existing one of the same
-  key that is complete is reused, an unfinished one is resumed; a folder made from anything else is never reused.
+* Fine-tuning (:func:`mdc_workbench.eval.finetune.finetune`) continues a run on a caption data set with
+  :func:`mdc_core.train.train`: the run's own config (objective, optimizer, batch size ...) with ``data.path`` set to
+  the new data, a fresh optimizer and schedule of ``steps`` steps (warm-up cut to at most a tenth of them), starting
+  from the run's weights (``train(..., init_from=run)``). The fine-tuned run is an ordinary run folder under
+  ``<out>/finetune/`` named after the run, the steps and :func:`~mdc_workbench.eval.finetune.finetune_key` (the source
+  run's weights, the fine-tuning data's fingerprint and the fine-tuning config), which ``finetune_source.json`` in it
+  records: an existing one of the same key that is complete is reused, an unfinished one is resumed; a folder made
+  from anything else is never reused.
 * Decoding: MDC-family captioners by greedy confidence unmasking (:func:`mdc_core.sampler.sample`) at each fixed
   length N' (10 / 15 / 20 in the paper) and at lengths taken from the test set (:data:`LENGTH_MODES`):
   ``median`` (the test captions' median token length, one N' for all), ``oracle`` (each image at its own
@@ -42,12 +43,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from mdc_core.config import RunConfig, SamplerConfig, apply_overrides
+from mdc_core.config import RunConfig, SamplerConfig
 from mdc_core.data.sources import iter_shard_records, resolve_source
 from mdc_core.registry import objective_spec
 from mdc_core.tokenizer import EOT_ID, SOT_ID, CaptionTokenizer
 from mdc_workbench.eval.caption_metrics import ALL_METRICS, MeteorSession, score_captions
 from mdc_workbench.eval.composition_sets import image_pixels
+from mdc_workbench.eval.finetune import FINETUNE_SOURCE, _has_splits, finetune, finetune_key  # noqa: F401 - its names
 from mdc_workbench.eval.repetition import repeated_words, repetition_rate
 
 PAPER_LENGTHS = (10, 15, 20)
@@ -117,120 +119,6 @@ def load_caption_set(path: str | Path, split: str = "test", limit: int | None = 
     for image, refs in list(grouped.items())[:limit]:
         items.append(CaptionItem(Path(image).name if unique else image, image, tuple(refs)))
     return items
-
-
-# ----------------------------------------------------------------------------------------------------------
-# fine-tuning
-
-
-def _has_splits(path: str, images: str | None = None) -> bool:
-    """Whether `path` gives different train and test samples (Karpathy json, split folders); a plain COCO json
-    or CSV gives the same rows for every split."""
-    try:
-        train, test = resolve_source(path, "auto", "train", images), resolve_source(path, "auto", "test", images)
-    except FileNotFoundError:
-        return False
-    return (train.shards, [r["key"] for r in train.rows]) != (test.shards, [r["key"] for r in test.rows])
-
-
-def _check_vocabulary(model: torch.nn.Module, cfg: RunConfig) -> None:
-    """A corpus-vocabulary model can only be fine-tuned on captions made of its corpus words."""
-    if not getattr(model, "restricted", False):
-        return
-    from mdc_core.data import iter_captions
-    tok = CaptionTokenizer(cfg.model.context_length)
-    known = set(model.output_ids.tolist())
-    bad, n, words = 0, 0, set()
-    for caption in iter_captions(cfg.data, split="train"):
-        n += 1
-        unknown = {i for i in tok.encode_text(caption) if i not in known}
-        if unknown:
-            bad += 1
-            words.update(tok.token_string(i) for i in list(unknown)[:3])
-    if bad:
-        raise ValueError(f"the run's model has a corpus vocabulary of {len(known)} tokens (model.output_vocab="
-                         f"'corpus'); {bad} of {n} fine-tuning captions use other tokens (e.g. "
-                         f"{', '.join(sorted(words)[:8])}). Fine-tune a run trained with model.output_vocab=full")
-
-
-FINETUNE_SOURCE = "finetune_source.json"  # in a fine-tuned run folder: what it was made from (finetune_key)
-
-
-def finetune_key(run: str | Path, ft: RunConfig) -> dict[str, Any]:
-    """What a fine-tune of `run` with config `ft` is made from, and its short ``key``: the SHA-256 of the source
-    checkpoint's weights (its ``meta.json`` digest, verified on loading), the fine-tuning data's fingerprint
-    (:func:`mdc_core.data.sources.data_fingerprint`) and `ft` without ``train.device`` (where it runs, not what)."""
-    import hashlib
-
-    from mdc_core.checkpoint import file_sha256, resolve_checkpoint
-    from mdc_core.data.sources import data_fingerprint
-
-    ckpt = resolve_checkpoint(run)
-    try:
-        weights = json.loads((ckpt / "meta.json").read_text())["sha256"]["model.safetensors"]
-    except (OSError, ValueError, KeyError, TypeError):
-        weights = file_sha256(ckpt / "model.safetensors")
-    settings = ft.to_dict()
-    settings["train"].pop("device", None)
-    made_from = {"source_weights_sha256": weights, "data_fingerprint": data_fingerprint(ft.data),
-                 "config": settings}
-    digest = hashlib.sha256(json.dumps(made_from, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    return {"key": digest, "source_run": str(Path(run).resolve()), "source_checkpoint": ckpt.name, **made_from}
-
-
-def finetune(run: str | Path, data: str | Path, out: str | Path, steps: int, *, overrides: Sequence[str] = (),
-             images: str | Path | None = None, progress: bool = True, key_in_name: bool = False) -> Path:
-    """Fine-tune run `run` on `data` (its train split) for `steps` steps into run folder `out`; returns the folder.
-
-    `overrides` are ``section.key=value`` strings applied after the fine-tuning settings (e.g.
-    ``train.batch_size=32``, ``train.lr=1e-5``). The folder records :func:`finetune_key` in ``finetune_source.json``;
-    a complete fine-tune of the same key is reused, an unfinished one resumed, and a folder that holds a run made
-    from another source run, data or settings (or of unknown origin) is a ValueError. With `key_in_name`, the
-    folder is ``<out>_<key>`` (what ``mdc eval captioning`` uses: each source gets its own folder).
-    """
-    from mdc_core import checkpoint as ckpt_io
-    from mdc_core.checkpoint import load_model
-    from mdc_core.train import train
-    if steps < 1:
-        raise ValueError(f"fine-tuning steps must be >= 1, got {steps}")
-    model, cfg = load_model(run)
-    warmup = min(cfg.train.warmup_steps, steps // 10)
-    ft = apply_overrides(cfg, [f"data.path={json.dumps(str(data))}", 'data.format="auto"', f"train.steps={steps}",
-                               f"data.images={json.dumps(str(images or ''))}", 'data.path_as_given=""',
-                               f"train.warmup_steps={warmup}", *overrides])
-    ft.validate()
-    made_from = finetune_key(run, ft)
-    out = Path(out)
-    if key_in_name:
-        out = out.with_name(f"{out.name}_{made_from['key']}")
-    _check_finetune_source(out, made_from)
-    done = ckpt_io.latest_checkpoint(out)
-    if done is not None and json.loads((done / "meta.json").read_text())["step"] >= steps:
-        return out
-    if done is None:
-        resolve_source(str(data), "auto", "train", ft.data.images or None)  # fails before anything is written
-        _check_vocabulary(model, ft)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / FINETUNE_SOURCE).write_text(json.dumps(made_from, indent=1, sort_keys=True) + "\n")
-    # a run that stopped before its first checkpoint starts over from the run's weights (init_from)
-    train(ft, out, resume=done is not None or (out / "config.json").is_file(), init_from=run, progress=progress)
-    return out
-
-
-def _check_finetune_source(out: Path, made_from: dict[str, Any]) -> None:
-    """ValueError unless `out` is empty or holds a fine-tune whose ``finetune_source.json`` has `made_from`'s key."""
-    if not out.is_dir() or not any(out.iterdir()):
-        return
-    try:
-        recorded = json.loads((out / FINETUNE_SOURCE).read_text())
-    except (OSError, ValueError):
-        recorded = None
-    key = recorded.get("key") if isinstance(recorded, dict) else None
-    if key != made_from["key"]:
-        origin = (f"a fine-tune of {recorded.get('source_run')} (key {key})" if key else
-                  f"a folder without a readable {FINETUNE_SOURCE}")
-        raise ValueError(f"{out} holds {origin}, not a fine-tune of {made_from['source_run']} with these data and "
-                         f"settings (key {made_from['key']}): pass another folder or delete it")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -324,30 +212,49 @@ def caption_items(model: torch.nn.Module, cfg: RunConfig, items: Sequence[Captio
     `median`: N' of ``mdc-median``; `arc_lengths`: per item N' for ``mdc-arc`` (ARC's caption lengths)."""
     model = model.to(device).eval()
     tok = CaptionTokenizer(cfg.model.context_length)
-    out = {d: {"captions": {}, "tokens": {}, "seconds": 0.0} for d in decoders}
+    out = decoded_empty(decoders)
     bar = tqdm(total=len(items), desc="captioning", unit="img", disable=not progress)
     for start in range(0, len(items), batch_size):
         chunk = items[start:start + batch_size]
-        pixels = torch.stack([image_pixels(it.image, cfg.model.image_size, name=it.key) for it in chunk])
         with torch.no_grad():
-            image_tokens = model.encode_image(pixels.to(device))  # (B, M, D)
-        for d in decoders:
-            t0 = time.perf_counter()
-            targets = None
-            if d == "mdc-oracle":
-                targets = list(lengths[start:start + batch_size]) if lengths is not None else None
-            elif d == "mdc-median":
-                targets = [median] * len(chunk) if median is not None else None
-            elif d == "mdc-arc":
-                targets = list(arc_lengths[start:start + batch_size]) if arc_lengths is not None else None
-            ids = decode(model, image_tokens, d, max_length=max_length, lengths=targets, auto_range=auto_range)
-            out[d]["seconds"] += time.perf_counter() - t0
-            for it, row in zip(chunk, ids.cpu(), strict=True):
-                out[d]["captions"][it.key] = tok.decode(row)
-                out[d]["tokens"][it.key] = _token_count(row)
+            image_tokens = model.encode_image(chunk_pixels(chunk, cfg.model.image_size).to(device))  # (B, M, D)
+        decode_chunk(model, image_tokens, chunk, start, decoders, out, tok, max_length=max_length, lengths=lengths,
+                     median=median, auto_range=auto_range, arc_lengths=arc_lengths)
         bar.update(len(chunk))
     bar.close()
     return out
+
+
+def decoded_empty(decoders: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """:func:`caption_items`' result before the first image."""
+    return {d: {"captions": {}, "tokens": {}, "seconds": 0.0} for d in decoders}
+
+
+def chunk_pixels(chunk: Sequence[CaptionItem], image_size: int) -> torch.Tensor:
+    """The images of `chunk`, read and normalised: (B, 3, S, S)."""
+    return torch.stack([image_pixels(it.image, image_size, name=it.key) for it in chunk])
+
+
+def decode_chunk(model: torch.nn.Module, image_tokens: torch.Tensor, chunk: Sequence[CaptionItem], start: int,
+                 decoders: Sequence[str], out: dict[str, dict[str, Any]], tok: CaptionTokenizer, *,
+                 max_length: int | None = None, lengths: Sequence[int] | None = None, median: int | None = None,
+                 auto_range: str = AUTO_RANGE, arc_lengths: Sequence[int] | None = None) -> None:
+    """Caption the items `chunk` (at `start` in the item list) from their image tokens (B, M, D) with every decoder,
+    into `out` (:func:`caption_items`' result, the other arguments as there)."""
+    for d in decoders:
+        t0 = time.perf_counter()
+        targets = None
+        if d == "mdc-oracle":
+            targets = list(lengths[start:start + len(chunk)]) if lengths is not None else None
+        elif d == "mdc-median":
+            targets = [median] * len(chunk) if median is not None else None
+        elif d == "mdc-arc":
+            targets = list(arc_lengths[start:start + len(chunk)]) if arc_lengths is not None else None
+        ids = decode(model, image_tokens, d, max_length=max_length, lengths=targets, auto_range=auto_range)
+        out[d]["seconds"] += time.perf_counter() - t0
+        for it, row in zip(chunk, ids.cpu(), strict=True):
+            out[d]["captions"][it.key] = tok.decode(row)
+            out[d]["tokens"][it.key] = _token_count(row)
 
 
 def _token_count(row: torch.Tensor) -> int:
@@ -445,34 +352,17 @@ def captioning(runs: Sequence[str | Path], data: str | Path, *, lengths: Sequenc
     decoder's lists cover the same images in the same order, so two decoders can be compared by a paired
     bootstrap over images. ``median_length`` is the test captions' median token length (:func:`reference_lengths`).
     """
-    from mdc_core.checkpoint import load_model
     if not runs:
         raise ValueError("no run given: pass at least one --run RUN")
-    if limit is not None and limit < 1:
-        raise ValueError(f"limit must be >= 1, got {limit}")
     lengths = parse_lengths(lengths)
-    plans = []
-    for run in runs:  # check everything before any fine-tuning or decoding starts
-        _, cfg = load_model(run)
-        decoders = decoders_for(cfg.objective.name, lengths, beam)
-        fixed = [n for n in lengths if isinstance(n, int)]
-        too_long = [n for n in fixed if n + 2 > cfg.model.context_length] \
-            if objective_spec(cfg.objective.name).decoder != "left_to_right" else []
-        if too_long:
-            raise ValueError(f"caption length(s) {too_long} exceed the context of {run} "
-                             f"({cfg.model.context_length - 2} tokens)")
-        plans.append((run, decoders))
-    if "arc" in lengths and not any(d[0] == "greedy" for _, d in plans):
-        raise ValueError("the length 'arc' (MDC at ARC's caption length per image) needs an ARC run among the runs")
+    plans = plan_runs(runs, lengths, beam)  # everything checked before any fine-tuning or decoding starts
     train_data = str(finetune_data or data)
     images = str(images) if images else None
     train_images = None if finetune_data else images
     if finetune_steps > 0 and not finetune_data and not _has_splits(train_data, images):
         raise ValueError(f"{data} has no separate train and test splits (a plain COCO json or CSV); pass "
                          "--finetune-data TRAIN for fine-tuning, or fine-tune with a Karpathy json / split folders")
-    items = load_caption_set(data, "test", limit, images)
-    if not items:
-        raise ValueError(f"{data} has no test images with captions")
+    items = caption_test_set(data, limit, images)
     references = {it.key: list(it.references) for it in items}
     results: list[dict[str, Any]] = []
     meteor = MeteorSession() if "METEOR" in metrics else contextlib.nullcontext()
@@ -485,6 +375,56 @@ def captioning(runs: Sequence[str | Path], data: str | Path, *, lengths: Sequenc
             "results": results, "table": captioning_table(results)}
 
 
+def plan_runs(runs: Sequence[str | Path], lengths: Sequence[int | str], beam: int) -> list[tuple[Any, list[str]]]:
+    """(run, its decoders) of every run; ValueError for a length beyond a run's context, or the length ``arc``
+    without an ARC run."""
+    from mdc_core.checkpoint import load_model
+    plans = []
+    for run in runs:
+        _, cfg = load_model(run)
+        decoders = decoders_for(cfg.objective.name, lengths, beam)
+        fixed = [n for n in lengths if isinstance(n, int)]
+        too_long = [n for n in fixed if n + 2 > cfg.model.context_length] \
+            if objective_spec(cfg.objective.name).decoder != "left_to_right" else []
+        if too_long:
+            raise ValueError(f"caption length(s) {too_long} exceed the context of {run} "
+                             f"({cfg.model.context_length - 2} tokens)")
+        plans.append((run, decoders))
+    if "arc" in lengths and not any(d[0] == "greedy" for _, d in plans):
+        raise ValueError("the length 'arc' (MDC at ARC's caption length per image) needs an ARC run among the runs")
+    return plans
+
+
+def caption_test_set(data: str | Path, limit: int | None, images: str | None) -> list[CaptionItem]:
+    """The test images of `data` (at most `limit`); ValueError for a bad limit or none."""
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    items = load_caption_set(data, "test", limit, images)
+    if not items:
+        raise ValueError(f"{data} has no test images with captions")
+    return items
+
+
+def arc_first(plans: Sequence[tuple[Any, list[str]]]) -> list[int]:
+    """The order in which `plans` are decoded: ARC runs first, so that ``mdc-arc`` knows ARC's lengths."""
+    return sorted(range(len(plans)), key=lambda i: plans[i][1][0] != "greedy")
+
+
+def target_lengths(items: Sequence[CaptionItem], cfg: RunConfig, arc_lengths: Sequence[int] | None
+                   ) -> tuple[list[int], int, list[int] | None]:
+    """(per item N' of ``mdc-oracle``, the median N', per item N' of ``mdc-arc`` within the run's context)."""
+    targets = reference_lengths(items, CaptionTokenizer(cfg.model.context_length))
+    limit_n = cfg.model.context_length - 2
+    own_arc = None if arc_lengths is None else [min(max(1, n), limit_n) for n in arc_lengths]
+    return targets, _round_half_up(float(np.median(targets))), own_arc
+
+
+def arc_lengths_of(decoded: dict[str, dict[str, Any]], decoders: Sequence[str], items: Sequence[CaptionItem]
+                   ) -> list[int] | None:
+    """ARC's caption length per item (its beam caption's, or greedy's) from an ARC run's decoding; None for MDC."""
+    return [decoded[decoders[-1]]["tokens"][it.key] for it in items] if decoders[0] == "greedy" else None
+
+
 def _caption_runs(plans: list[tuple[Any, list[str]]], items: list[CaptionItem], references: dict[str, list[str]],
                   results: list[dict[str, Any]], *, finetune_steps: int, train_data: str, out: str | Path,
                   finetune_overrides: Sequence[str], train_images: str | None, progress: bool, device: str,
@@ -494,46 +434,51 @@ def _caption_runs(plans: list[tuple[Any, list[str]]], items: list[CaptionItem], 
     from mdc_core.checkpoint import load_model
     median, arc_lengths = None, None
     per_plan: dict[int, list[dict[str, Any]]] = {}
-    order = sorted(range(len(plans)), key=lambda i: plans[i][1][0] != "greedy")  # ARC first
-    for i in order:
+    for i in arc_first(plans):
         run, decoders = plans[i]
-        done = per_plan.setdefault(i, [])
         eval_run = Path(run)
         if finetune_steps > 0:
             eval_run = finetune(run, train_data, Path(out) / "finetune" / f"{i}_{Path(run).name}_{finetune_steps}",
                                 finetune_steps, overrides=finetune_overrides, images=train_images,
                                 progress=progress, key_in_name=True)
         model, cfg = load_model(eval_run, device=device)
-        tok = CaptionTokenizer(cfg.model.context_length)
-        targets = reference_lengths(items, tok)
-        median = _round_half_up(float(np.median(targets)))
-        limit_n = cfg.model.context_length - 2
-        own_arc = None if arc_lengths is None else [min(max(1, n), limit_n) for n in arc_lengths]
+        targets, median, own_arc = target_lengths(items, cfg, arc_lengths)
         decoded = caption_items(model, cfg, items, decoders, batch_size=batch_size, max_length=max_length,
                                 device=device, progress=progress, lengths=targets, median=median,
                                 auto_range=auto_range, arc_lengths=own_arc)
-        if decoders[0] == "greedy" and arc_lengths is None:  # ARC's beam caption (or greedy) sets the matched length
-            arc_lengths = [decoded[decoders[-1]]["tokens"][it.key] for it in items]
-        for d in decoders:
-            captions = decoded[d]["captions"]
-            scores = score_captions(captions, references, metrics=metrics,
-                                     per_image=[m for m in ITEM_METRICS if m in metrics])
-            per_image = {name: [per[k] for k in captions] for name, per in scores.get("per_image", {}).items()}
-            per_image["repetition"] = [100.0 * bool(repeated_words(c)) for c in captions.values()]
-            per_image["length"] = [float(decoded[d]["tokens"][k]) for k in captions]
-            label, length = decoder_label(cfg.objective.name, d, median, auto_range)
-            done.append({
-                "run": str(run), "finetuned_run": str(eval_run) if finetune_steps > 0 else None,
-                "objective": cfg.objective.name, "decoder": d, "label": label, "length": length,
-                "metrics": {**{k: v for k, v in scores.items()
-                               if k not in ("unavailable", "tokenizer", "n_images", "per_image")},
-                            "repetition_rate": repetition_rate(captions.values()),
-                            "mean_length": float(np.mean(per_image["length"]))},
-                "per_image": per_image,
-                "unavailable": scores["unavailable"], "tokenizer": scores["tokenizer"],
-                "seconds": round(decoded[d]["seconds"], 3),
-                "captions": [{"key": k, "caption": c, "references": references[k]} for k, c in captions.items()],
-            })
+        if arc_lengths is None:  # ARC's beam caption (or greedy) sets the matched length
+            arc_lengths = arc_lengths_of(decoded, decoders, items)
+        per_plan[i] = scored_results(run, eval_run if finetune_steps > 0 else None, cfg, decoded, references,
+                                     metrics=metrics, median=median, auto_range=auto_range)
     for i in range(len(plans)):
         results.extend(per_plan[i])
     return median
+
+
+def scored_results(run: str | Path, finetuned: str | Path | None, cfg: RunConfig, decoded: dict[str, dict[str, Any]],
+                   references: dict[str, list[str]], *, metrics: Sequence[str], median: int | None,
+                   auto_range: str) -> list[dict[str, Any]]:
+    """One :func:`captioning` result per decoder of `decoded` (:func:`caption_items`' output for run `run`,
+    fine-tuned into `finetuned` or not): its metrics, per-image items and captions."""
+    done = []
+    for d, one in decoded.items():
+        captions = one["captions"]
+        scores = score_captions(captions, references, metrics=metrics,
+                                 per_image=[m for m in ITEM_METRICS if m in metrics])
+        per_image = {name: [per[k] for k in captions] for name, per in scores.get("per_image", {}).items()}
+        per_image["repetition"] = [100.0 * bool(repeated_words(c)) for c in captions.values()]
+        per_image["length"] = [float(one["tokens"][k]) for k in captions]
+        label, length = decoder_label(cfg.objective.name, d, median, auto_range)
+        done.append({
+            "run": str(run), "finetuned_run": None if finetuned is None else str(finetuned),
+            "objective": cfg.objective.name, "decoder": d, "label": label, "length": length,
+            "metrics": {**{k: v for k, v in scores.items()
+                           if k not in ("unavailable", "tokenizer", "n_images", "per_image")},
+                        "repetition_rate": repetition_rate(captions.values()),
+                        "mean_length": float(np.mean(per_image["length"]))},
+            "per_image": per_image,
+            "unavailable": scores["unavailable"], "tokenizer": scores["tokenizer"],
+            "seconds": round(one["seconds"], 3),
+            "captions": [{"key": k, "caption": c, "references": references[k]} for k, c in captions.items()],
+        })
+    return done

@@ -223,6 +223,12 @@ def signal_rows(items: RunItems) -> dict[str, dict[str, dict[str, Any]]]:
     return out
 
 
+def member_run_id(run_id: str, seed: int) -> str:
+    """The run id of member `seed` of the seed stack run `run_id` (``<run>/seed=<seed>``): its per-item file's, and
+    its run's in a plan summary (:func:`mdc_workbench.runs.members.expand_members`)."""
+    return f"{run_id}/seed={seed}"
+
+
 def write_run_items(folder: str | Path, seed: int | None, *, probe: Mapping[str, Any] | None = None,
                     probe_table_name: str = "table1", metric: str = "", rows: Sequence[str] = (),
                     tasks: Sequence[str] = (), mean_tasks: Sequence[str] = (),

@@ -6,10 +6,11 @@ whose model the cache lacks are trained as one seed stack (:func:`mdc_workbench.
 the CPU the members are their solo runs to the bit, on a GPU up to rounding) and each member's run folder is then
 moved to the cache folder of its seed's solo run, so the notebook's solo cells (and any later solo run of that seed)
 reuse it. :func:`probe_members` probes every member on features read in one pass over the images for all of them
-(:func:`mdc_workbench.seed_stack.features.stacked_features`); the central claim and the feature orders are measured
-per member with the solo functions (:func:`central_members`, :func:`order_members`). :func:`member_records` builds
-each member's tables and metrics as the solo notebook does (:func:`run_metrics`) and writes its per-item file in
-``<output_dir>/seed_<seed>/items.npz``.
+(:func:`mdc_workbench.seed_stack.features.stacked_features`); :func:`central_members` scores the central claim of
+all members on one read of the captions (:func:`mdc_workbench.seed_stack.claim.central_claim_members`); the feature
+orders are probed per member with the solo probe (:func:`order_members`). :func:`member_records` builds each
+member's tables and metrics as the solo notebook does (:func:`run_metrics`) and writes its per-item file in
+``<output_dir>/seed_<seed>/items.npz`` (:func:`mdc_workbench.seed_stack.items.write_member_items`).
 """
 
 from __future__ import annotations
@@ -130,13 +131,15 @@ def probe_members(stacked: Mapping[str, Mapping[int, str | Path]], data: str | P
 def central_members(pairs: Mapping[int, Mapping[str, Sequence[str | Path]]], data: Mapping[str, str | Path],
                     **claim_kwargs: Any) -> dict[int, dict[str, Any]]:
     """``{seed: central_claim_runs result}``: each member's ARC + MDC pair per caption kind (`pairs`: ``{seed:
-    {kind: [runs]}}``) scored as its solo run's (:func:`mdc_workbench.eval.central_claim.central_claim_runs`, with
-    `claim_kwargs`)."""
-    from mdc_workbench.eval.central_claim import central_claim_runs
-    from mdc_workbench.runs.progress import track
+    {kind: [runs]}}``) scored as its solo run's, every objective's members on one read of each kind's captions
+    (:func:`mdc_workbench.seed_stack.claim.central_claim_members`, with `claim_kwargs`: the solo
+    :func:`~mdc_workbench.eval.central_claim.central_claim_runs`' keywords; on the CPU each member's scores are its
+    solo run's to the bit)."""
+    from mdc_workbench.seed_stack.claim import central_claim_members
 
-    return {s: central_claim_runs({kind: own[kind] for kind in data}, data, **claim_kwargs)
-            for s, own in track(pairs.items(), "central claim per member")}
+    seeds = list(pairs)
+    stacks = {kind: [[pairs[s][kind][i] for s in seeds] for i in range(len(pairs[seeds[0]][kind]))] for kind in data}
+    return dict(zip(seeds, central_claim_members(stacks, dict(data), **claim_kwargs), strict=True))
 
 
 def order_members(pairs: Mapping[int, Mapping[str, Sequence[str | Path]]], orders: Sequence[str],
@@ -182,8 +185,8 @@ def member_records(out: str | Path, seeds: Sequence[int], *, probes: Mapping[int
     central claim from `scored`, the feature orders from `orders`), and its per-item file written as
     ``<out>/seed_<seed>/items.npz`` (run id ``<run>/seed=<seed>``, as the summary names a member)."""
     from mdc_workbench.eval.central_claim import claim_table, connector_ids, feature_order_table
-    from mdc_workbench.eval.items import write_run_items
     from mdc_workbench.notebooks.probe_report import probe_table
+    from mdc_workbench.seed_stack.items import write_member_items
 
     out = Path(out)
     members: dict[str, dict[str, Any]] = {}
@@ -198,9 +201,9 @@ def member_records(out: str | Path, seeds: Sequence[int], *, probes: Mapping[int
             tables["feature_order"] = feature_order_table(orders[s])
         metrics = run_metrics(probe["scores"] if probe else {}, probe["gains"] if probe else {}, tables, tasks)
         members[str(s)] = {"metrics": metrics, "tables": tables, "train_seed": s}
-        folder = out / f"seed_{s}"
-        folder.mkdir(parents=True, exist_ok=True)
-        write_run_items(folder, s, probe=probe, probe_table_name=table1_name, metric=metric, rows=rows, tasks=tasks,
-                        mean_tasks=mean_tasks, orders=(orders or {}).get(s), scored=(scored or {}).get(s),
-                        run_id=f"{out.name}/seed={s}")
+    first = (probes or {}).get(seeds[0]) if seeds else None
+    write_member_items(out, seeds, probes=[probes[s] for s in seeds] if probes else None,
+                       orders=[orders[s] for s in seeds] if orders else None,
+                       scored=[scored[s] for s in seeds] if scored else None, probe_table_name=table1_name,
+                       metric=metric, rows=list(first["scores"]) if first else [], tasks=tasks, mean_tasks=mean_tasks)
     return members

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from mdc_workbench.eval.items import member_run_id
 from mdc_workbench.runs.evidence import SEED_PARAM
 
 MEMBERS_PARAM = "train_seeds"  # the notebook parameter a plan entry's `members` sets: the seeds of one stack
@@ -51,5 +52,6 @@ def expand_members(runs: Iterable[tuple[str, dict[str, Any], dict[str, Any]]]
             except (TypeError, ValueError):
                 print(f"{run_id}: member {key!r} of metrics.json is not an integer seed; left out of the summary")
                 continue
-            out.append((f"{run_id}/seed={seed}", {**shared, SEED_PARAM: seed}, own if isinstance(own, dict) else {}))
+            own = own if isinstance(own, dict) else {}
+            out.append((member_run_id(run_id, seed), {**shared, SEED_PARAM: seed}, own))
     return out

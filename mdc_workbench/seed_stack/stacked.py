@@ -66,17 +66,8 @@ def stack_models(models: Sequence[nn.Module]) -> nn.Module:
     """One module holding K members: a copy of ``models[0]`` whose every parameter and buffer (persistent or not)
     is the members' stacked, (K, ...). Never called itself: :class:`StackedObjective` runs it member by member.
     ValueError if the members differ in architecture or in an integer buffer (the token ids and corpus index the
-    host prepares every member's batches with; batch norm's counts)."""
-    if not models:
-        raise ValueError("a seed stack needs at least one member")
-    shapes = [{n: tuple(t.shape) for n, t in [*m.named_parameters(), *m.named_buffers()]} for m in models]
-    if any(s != shapes[0] for s in shapes):
-        raise ValueError("the members of a seed stack must share one architecture (their tensors differ in shape)")
-    tables = [dict(m.named_buffers()) for m in models]
-    for name, table in tables[0].items():
-        if not table.is_floating_point() and any(not torch.equal(t[name], table) for t in tables[1:]):
-            raise ValueError(f"the members' {name} differ: a seed stack's members share their integer tables (one "
-                             "corpus table) and counts")
+    host prepares every member's batches with; batch norm's counts): :func:`check_members`."""
+    check_members(models)
     params, buffers = stack_module_state(list(models))  # (K, ...) each; parameters are new leaves
     stacked = copy.deepcopy(models[0])
     for name, value in [*params.items(), *buffers.items()]:
@@ -84,6 +75,49 @@ def stack_models(models: Sequence[nn.Module]) -> nn.Module:
         module = stacked.get_submodule(owner)
         setattr(module, leaf, nn.Parameter(value) if name in params else value)
     return stacked
+
+
+def check_members(models: Sequence[nn.Module]) -> None:
+    """ValueError unless `models` are at least one member of one architecture (the same tensor names and shapes, and
+    the same integer buffers: the corpus table the host prepares every member's batches with, batch norm's
+    counts)."""
+    if not models:
+        raise ValueError("a seed stack needs at least one member")
+    shapes = [{n: tuple(t.shape) for n, t in [*m.named_parameters(), *m.named_buffers()]} for m in models]
+    if any(s != shapes[0] for s in shapes) or any(type(m) is not type(models[0]) for m in models):
+        raise ValueError("the members of a seed stack must share one architecture (their tensors differ in shape)")
+    tables = [dict(m.named_buffers()) for m in models]
+    for name, table in tables[0].items():
+        if not table.is_floating_point() and any(not torch.equal(t[name], table) for t in tables[1:]):
+            raise ValueError(f"the members' {name} differ: a seed stack's members share their integer tables (one "
+                             "corpus table) and counts")
+
+
+def vmap_members(module: nn.Module, stacked: nn.Module, *args: Any, in_dims: tuple) -> Any:
+    """``module(*args)`` of every member as one vmapped call (no gradient to the weights): `module` holds `stacked` (a
+    :func:`stack_models` module) as its attribute ``model``, whose parameters and buffers are batched over their first
+    dimension; `args` are batched by `in_dims` (None: shared). On the CPU under the math attention (module
+    docstring); random draws refused (``randomness="error"``)."""
+    params = {f"model.{n}": p.detach() for n, p in stacked.named_parameters()}
+    buffers = {f"model.{n}": b for n, b in stacked.named_buffers()}
+
+    def one(p: dict, b: dict, *a: Any) -> Any:
+        return functional_call(module, (p, b), a)
+
+    cpu = next(iter(params.values())).device.type == "cpu"
+    with sdpa_kernel(SDPBackend.MATH) if cpu else contextlib.nullcontext():
+        return torch.vmap(one, in_dims=(0, 0, *in_dims), randomness="error")(params, buffers, *args)
+
+
+class Encode(nn.Module):
+    """``model.encode_image(images)`` as a module's forward (what ``functional_call`` calls)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model.encode_image(images)
 
 
 def member_state_dict(stacked: nn.Module, k: int) -> dict[str, torch.Tensor]:

@@ -36,6 +36,8 @@ def _moved(before: dict[str, str], after: dict[str, str]) -> set[str]:
 
 
 @pytest.mark.parametrize(("rel", "group"), [("mdc_workbench/eval/central_claim.py", "measurement"),
+                                            ("mdc_workbench/eval/claim_stats.py", "measurement"),
+                                            ("mdc_workbench/seed_stack/claim.py", "measurement"),
                                             ("mdc_workbench/eval/content_words.py", "measurement"),
                                             ("mdc_workbench/eval/stats.py", "measurement"),
                                             ("mdc_workbench/eval/probe.py", "measurement"),
