@@ -25,6 +25,7 @@ from mdc_workbench.eval.items import (
     PROBE_TABLE,
     RunItems,
     conditions,
+    member_run_id,
     probe_results,
     read_items,
     signal_rows,
@@ -77,21 +78,33 @@ def item_runs(folder: str | Path) -> list[Run]:
 
 def summary_runs(summary: str | Path | dict[str, Any]) -> list[Run]:
     """The per-seed tables of a plan summary (``summary.json``: each run's flat metrics ``"<table>/<row>/<column>"``
-    and its ``train_seed``): values only, so intervals are t over seeds and nothing per item can be recomputed."""
+    and its ``train_seed``; a seed stack's run gives each of its ``members`` as the run of its seed, run id
+    ``<run>/seed=<seed>``): values only, so intervals are t over seeds and nothing per item can be recomputed."""
     record = json.loads(Path(summary).read_text()) if not isinstance(summary, dict) else summary
     runs: list[Run] = []
     for r in record.get("runs", []):
         if r.get("status", "done") != "done":
             continue
-        tables: dict[str, dict[str, Any]] = {}
-        for key, value in (r.get("metrics") or {}).items():
-            parts = key.split("/", 2)
-            if len(parts) != 3 or not isinstance(value, (int, float)):
-                continue
-            table, row, col = parts
-            tables.setdefault(table, {"metric": "", "values": {}})["values"].setdefault(row, {})[col] = value
-        runs.append((r["run_id"], (r.get("parameters") or {}).get("train_seed"), {"tables": tables}))
+        members = r.get("members")
+        if isinstance(members, dict):
+            runs += [(member_run_id(r["run_id"], int(seed)), int(seed), {"tables": _flat_tables(metrics)})
+                     for seed, metrics in members.items()]
+        else:
+            runs.append((r["run_id"], (r.get("parameters") or {}).get("train_seed"),
+                         {"tables": _flat_tables(r.get("metrics") or {})}))
     return runs
+
+
+def _flat_tables(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Tables from flat metrics ``{"<table>/<row>/<column>": value}`` (other keys and non-numbers left out)."""
+    tables: dict[str, dict[str, Any]] = {}
+    for key, value in metrics.items():
+        parts = key.split("/", 2)
+        if len(parts) != 3 or not isinstance(value, (int, float)):
+            continue
+        table, row, col = parts
+        tables.setdefault(table, {"metric": "", "values": {}})["values"].setdefault(row, {})[col] = value
+    return tables
 
 
 def recompute(runs: str | Path | Sequence[Run], claims: Sequence[Claim] = PAPER_CLAIMS) -> dict[str, Any]:

@@ -136,6 +136,19 @@ def _scalars(metrics: dict[str, Any], limit: int = 4) -> str:
     return text + (f", ... (+{len(flat) - limit})" if len(flat) > limit else "")
 
 
+
+def run_record(result: Any, metrics_json: dict[str, Any]) -> dict[str, Any]:
+    """One run's entry in ``summary.json``: its id, notebook, status, duration, error, parameters and flat metrics;
+    a seed stack's run (a ``members`` mapping in its metrics.json) also each member's flat metrics by seed, which
+    :func:`mdc_workbench.eval.recompute.summary_runs` reads as the runs of those seeds."""
+    record = {"run_id": result.run_id, "notebook": result.notebook, "status": result.status,
+              "duration_s": round(result.duration_s, 2), "error": result.error, "parameters": result.parameters,
+              "metrics": metrics_json.get("metrics", {})}
+    members = metrics_json.get("members")
+    if isinstance(members, dict):
+        record["members"] = {str(k): (v.get("metrics", {}) if isinstance(v, dict) else {}) for k, v in members.items()}
+    return record
+
 def write_summary(out: Path, results: list[RunResult], *, name: str, source: Path | str,
                   description: str = "") -> Path:
     """Write summary.md, summary.json and summary.png into the plan folder `out` of plan `name` (read from the
@@ -176,9 +189,7 @@ def write_summary(out: Path, results: list[RunResult], *, name: str, source: Pat
     record = {"plan": name, "source": str(source), "definitions": {"judged": definitions, "at_start": start},
               "tables": tables, "claims": verdicts, "items": [str(f.relative_to(out)) for f in kept],
               "paper": {k: {"title": v.title, "metric": v.metric, "values": v.values} for k, v in PAPER.items()},
-              "runs": [{"run_id": r.run_id, "notebook": r.notebook, "status": r.status,
-                        "duration_s": round(r.duration_s, 2), "error": r.error, "parameters": r.parameters,
-                        "metrics": per_run.get(r.run_id, {}).get("metrics", {})} for r in results]}
+              "runs": [run_record(r, per_run.get(r.run_id, {})) for r in results]}
     (out / "summary.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     summary_figure(results, tables, out / "summary.png")
     if ANNEALED_TABLE in gathered:

@@ -18,7 +18,7 @@ SEEDS = [3, 5]
 def test_a_plan_with_members_runs_notebook_03_as_one_stack(tmp_path, monkeypatch, capsys):
     from mdc_workbench.cli.main import main
     from mdc_workbench.eval.items import read_items
-    from mdc_workbench.eval.recompute import recompute, tables_from_items
+    from mdc_workbench.eval.recompute import recompute, summary_runs, tables_from_items
 
     ensure_kernel()
     monkeypatch.chdir(tmp_path)
@@ -54,6 +54,10 @@ def test_a_plan_with_members_runs_notebook_03_as_one_stack(tmp_path, monkeypatch
     again = recompute(tmp_path / "out" / "stacks")  # mdc recompute finds the members' files: two seeds
     assert sorted(again["runs"]) == [f"t1__seeds=3-5/seed={s}" for s in SEEDS]
     assert again["tables"]["table1"]["MDC"]["gain"].mean == pytest.approx(gathered["means"]["MDC"]["gain"])
+    from_summary = summary_runs(summary)  # summary.json alone (no items files) also reads each member as its seed
+    assert [(run_id, seed) for run_id, seed, _ in from_summary] == [(f"t1__seeds=3-5/seed={s}", s) for s in SEEDS]
+    assert [t["tables"]["probe"]["values"]["MDC"]["shape"] for _, _, t in from_summary] == pytest.approx(
+        [record["members"][str(s)]["metrics"]["probe/MDC/shape"] for s in SEEDS])
 
 
 def test_notebook_03_refuses_what_a_stack_does_not_measure():
