@@ -17,25 +17,9 @@ them). Around them: :mod:`~mdc_core.config` (typed sections), :mod:`~mdc_core.to
 :mod:`~mdc_core.ar_decode` (ARC decoding), :mod:`mdc_core.data` (the readers), :mod:`~mdc_core.loss_step` (a
 micro-batch's forward as the step runs it), :mod:`~mdc_core.checkpoint` (written, verified, loaded without
 trusting a file), :mod:`~mdc_core.runlock` (one writer per folder), :mod:`~mdc_core.distributed`,
-:mod:`~mdc_core.precision`, :mod:`~mdc_core.hub` (``from_pretrained``).
+:mod:`~mdc_core.precision`.
 
-**Downstream code** takes a trained encoder with ``encoder, preprocess = mdc_core.load_encoder(path)``
-(:mod:`~mdc_core.encoder_io`; ``mdc export`` writes the folders it reads). It resolves on first use, so
-``import mdc_core`` imports no torch.
+Export formats (a trained encoder for timm, ``from_pretrained``) are the workbench's (:mod:`mdc_workbench.export`).
 """
 
 __version__ = "0.1.0"
-# the public names, each resolved on first use from its module (PEP 562), so that `import mdc_core` stays light
-_LAZY = {"load_encoder": "encoder_io"}
-__all__ = list(_LAZY)
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module 'mdc_core' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:  # the lazy names too (dir() would otherwise show only what was imported)
-    return sorted({*globals(), *__all__})

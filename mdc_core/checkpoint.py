@@ -21,8 +21,7 @@ checkpoints aside: :func:`mdc_core.run_folder.resume_point`).
 
 **Loaded without trust.** :func:`load_model` checks the safetensors header of a weight file against the model its
 ``config.json`` builds before anything is allocated (:func:`check_fits`), decodes it with one-line errors
-(:func:`load_weights`) and refuses Hub encoder names in a local folder (:func:`refuse_hub_encoder`);
-:mod:`mdc_core.hub` reads a ``save_pretrained`` folder the same way.
+(:func:`load_weights`) and refuses Hub encoder names in a local folder (:func:`refuse_hub_encoder`).
 """
 
 from __future__ import annotations

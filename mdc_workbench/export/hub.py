@@ -4,7 +4,7 @@ with huggingface_hub's ``PyTorchModelHubMixin``.
 ``mdc export --format hf`` writes the folder this class reads (``config.json`` = the run's config, ``model.safetensors``
 = the captioner), so a user types the Hub's usual call::
 
-    from mdc_core.hub import MDCCaptioner
+    from mdc_workbench.export import MDCCaptioner
     model = MDCCaptioner.from_pretrained("exported/")   # a local folder; a Hub repo id once uploaded
     model.save_pretrained("copy/")                      # the same layout back, card and meta.json included
 
@@ -30,10 +30,10 @@ from typing import Any
 
 from huggingface_hub import PyTorchModelHubMixin
 
-from .checkpoint import check_fits, file_sha256, load_weights, verify_checkpoint
-from .config import RunConfig
-from .model import Captioner
-from .registry import objective_spec
+from mdc_core.checkpoint import check_fits, file_sha256, load_weights, verify_checkpoint
+from mdc_core.config import RunConfig
+from mdc_core.model import Captioner
+from mdc_core.registry import objective_spec
 
 WEIGHTS = "model.safetensors"  # huggingface_hub's constants.SAFETENSORS_SINGLE_FILE
 
