@@ -14,7 +14,7 @@ MDC loss, per-token normalisation (default)::
 where n_b is the number of maskable tokens of caption b. Each token is masked with probability t_b, so the 1/t_b
 weight makes up for the fraction of tokens in the sum: this is the NELBO estimator of MDLM with the linear
 schedule alpha_t = 1 - t, for which -alpha'_t / (1 - alpha_t) = 1/t (Eq. 5), and its mean over t is the NELBO.
-The draw of t, the masking rate and w_b are those of the objective's noise schedule (:mod:`mdc_core.schedule`,
+The draw of t, the masking rate and w_b are those of the objective's noise schedule (:mod:`mdc_core.registry`,
 which derives the weight -alpha'_t / (1 - alpha_t) of each schedule it holds).
 Given t, E[L | t] = sum_b sum_i E[CE_bi | t] / sum_b n_b, with CE_bi the cross-entropy of token i when masked: the
 mean per-token cross-entropy at that noise level. It does not make the loss the same at every t: a model that reads
@@ -52,23 +52,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .clip_model import contrastive_loss
 from .config import ObjectiveConfig
-from .model import Captioner, lookup_rows, padding_mask, unknown_ids
+from .model import Captioner
 from .registry import ObjectiveSpec, condition_transforms, objective_spec
-from .tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID
-
-# the accuracy each loss logs, one name per meaning: of the masked tokens (the masked objectives, D3PM's x_0), of
-# the next token (ARC), of in-batch image-text retrieval (CLIP); runs logged before the split call all three
-# "acc_masked", which logged_accuracy still reads
-ACCURACY_KEYS = {"acc_masked": "masked-token accuracy", "acc_next": "next-token accuracy",
-                 "acc_retrieval": "retrieval accuracy"}
-
-
-def logged_accuracy(record: dict[str, Any]) -> tuple[str, float] | None:
-    """(what it measures, value) of the accuracy a metrics record carries (:data:`ACCURACY_KEYS`), or None."""
-    key = next((k for k in ACCURACY_KEYS if k in record), None)
-    return None if key is None else (ACCURACY_KEYS[key], float(record[key]))
+from .tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID, lookup_rows, padding_mask, unknown_ids
 
 
 @dataclass
@@ -327,8 +314,31 @@ def encode_condition(model: Captioner, images: torch.Tensor, cfg: ObjectiveConfi
 
 def clip_loss(model: Any, images: torch.Tensor, tokens: torch.Tensor, cfg: ObjectiveConfig,
               generator: torch.Generator | None = None, prepared: PreparedBatch | None = None) -> LossOutput:
-    """Symmetric InfoNCE of :func:`mdc_core.clip_model.contrastive_loss`; no token masking."""
-    return LossOutput(*contrastive_loss(model, images, tokens, rows=None if prepared is None else prepared.rows))
+    """Symmetric InfoNCE of a batch (open_clip's ClipLoss) of a :class:`~mdc_core.factory.CLIPModel`: images
+    (B, 3, H, W), tokens (B, L); no token masking.
+
+    Under torch.distributed the features of all ranks are gathered (with gradients; each rank scores its own
+    rows against all, open_clip's ``local_loss``), so the negatives are the global batch as in CLIP.
+    ``acc_retrieval`` is the in-batch retrieval accuracy (mean of image->text and text->image top-1). `prepared`
+    holds the tokens' embedding rows, checked on the host (see ``CLIPModel.encode_text``).
+    """
+    rows = None if prepared is None else prepared.rows
+    image_z, text_z, scale = model.embed_image(images), model.encode_text(tokens, rows=rows), model.scale()
+    image_z, text_z = image_z.float(), text_z.float()  # the softmax over the batch in fp32 under autocast
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if distributed else (0, 1)
+    from open_clip.loss import ClipLoss
+
+    loss_fn = ClipLoss(local_loss=world > 1, gather_with_grad=world > 1, rank=rank, world_size=world)
+    loss = loss_fn(image_z, text_z, scale)
+    with torch.no_grad():
+        logits = image_z @ text_z.T  # (B, B) local batch
+        target = torch.arange(len(logits), device=logits.device)
+        i2t = (logits.argmax(dim=1) == target).float().mean()
+        t2i = (logits.argmax(dim=0) == target).float().mean()
+    metrics = {"loss": loss.detach(), "acc_retrieval": (i2t + t2i) / 2, "acc_i2t": i2t, "acc_t2i": t2i,
+               "logit_scale": scale.detach()}
+    return LossOutput(loss, metrics)
 
 
 def _term_ce(logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:

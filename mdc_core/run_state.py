@@ -36,8 +36,20 @@ from tqdm.auto import tqdm
 
 from . import distributed as dist
 from .config import ConfigError, RunConfig
-from .data import SKIP_REASONS
-from .objectives import logged_accuracy
+from .data.loaders import SKIP_REASONS
+
+# the accuracy each loss logs, one name per meaning: of the masked tokens (the masked objectives, D3PM's x_0), of
+# the next token (ARC), of in-batch image-text retrieval (CLIP); runs logged before the split call all three
+# "acc_masked", which logged_accuracy still reads
+ACCURACY_KEYS = {"acc_masked": "masked-token accuracy", "acc_next": "next-token accuracy",
+                 "acc_retrieval": "retrieval accuracy"}
+
+
+def logged_accuracy(record: dict[str, Any]) -> tuple[str, float] | None:
+    """(what it measures, value) of the accuracy a metrics record carries (:data:`ACCURACY_KEYS`), or None."""
+    key = next((k for k in ACCURACY_KEYS if k in record), None)
+    return None if key is None else (ACCURACY_KEYS[key], float(record[key]))
+
 
 # -- train state -------------------------------------------------------------------------------------------------------
 

@@ -44,11 +44,11 @@ import torch
 import torch.nn.functional as F
 
 from .config import SamplerConfig
-from .model import Captioner, padding_mask, unknown_ids
+from .model import Captioner
 from .objectives import maskable_positions, trim_padding
 from .precision import inference_autocast
 from .sampler import SampleOutput, allowed_rows, fill_prompt, parse_prompt, sample, word_list
-from .tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID, CaptionTokenizer
+from .tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID, CaptionTokenizer, padding_mask, unknown_ids
 
 
 @dataclass

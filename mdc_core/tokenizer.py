@@ -13,7 +13,7 @@ Hugging Face ``transformers`` -> scikit-learn when installed: seconds of start-u
 on the extensions' libraries). The two files the core needs, ``tokenizer.py`` (CLIP's BPE) and ``constants.py`` (the
 image mean / std, for :mod:`mdc_core.data.transforms`), import nothing from their package, so they are executed from
 the installed package's folder as stand-alone modules (open_clip's own when it is already imported). The CLIP
-baseline (:mod:`mdc_core.clip_model`) still imports open_clip's text tower and loss, when it is built.
+baseline (:mod:`mdc_core.factory`) still imports open_clip's text tower and loss, when it is built.
 """
 
 from __future__ import annotations
@@ -224,3 +224,47 @@ def build_output_vocab(captions: Iterable[str], tokenizer: CaptionTokenizer | No
     if n == 0:
         raise ValueError("cannot build an output vocabulary from an empty caption corpus")
     return torch.tensor(sorted(seen), dtype=torch.long)
+
+
+# -- token id tables --------------------------------------------------------------------------------------------------
+
+def padding_mask(tokens: torch.Tensor) -> torch.Tensor:
+    """(B, L) bool, True at pads: every position after the first ``<eot>``.
+
+    Pads cannot be found by id because the pad id 0 is also the real token "!".
+    """
+    is_eot = tokens == EOT_ID
+    return (torch.cumsum(is_eot.int(), dim=1) - is_eot.int()) > 0
+
+
+def corpus_input_index(ids: torch.Tensor) -> torch.Tensor:
+    """(EMBED_SIZE,) token id -> embedding row for a corpus-restricted table: rows ``ids`` in order, then
+    ``<sot>``, ``[MASK]``, pad; -1 for ids the model never saw."""
+    n = len(ids)
+    index = torch.full((EMBED_SIZE,), -1, dtype=torch.long, device=ids.device)
+    index[ids] = torch.arange(n, device=ids.device)
+    index[SOT_ID], index[MASK_ID], index[PAD_ID] = n, n + 1, n + 2
+    return index
+
+
+def select_positions(x: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
+    """x (B, L, ...) at the positions `select` -> (n, ...): a bool mask (B, L), or the n flat positions
+    ``b * L + i`` in row-major order (what ``select.flatten().nonzero()`` gives). The second form has an output
+    shape known without reading the device (a bool mask must be counted first: a host-device sync on CUDA)."""
+    return x[select] if select.dtype == torch.bool else x.flatten(0, 1).index_select(0, select)
+
+
+def unknown_ids(index: torch.Tensor, token_ids: torch.Tensor) -> list[int]:
+    """The distinct ids among `token_ids` (any shape) that the id table `index` (EMBED_SIZE,) has no row for (-1),
+    ascending: the one check behind every "word not in this model's vocabulary" error (inputs, targets, scores)."""
+    missing = index[token_ids] < 0
+    return token_ids[missing].unique().tolist() if bool(missing.any()) else []
+
+
+def lookup_rows(input_index: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Embedding rows (B, L) of token ids `tokens` (B, L); ValueError naming ids outside the corpus table."""
+    unknown = unknown_ids(input_index, tokens)
+    if unknown:
+        raise ValueError(f"token ids {unknown[:5]} are not in this model's corpus vocabulary (it was trained with "
+                         "model.output_vocab='corpus'); such words cannot be represented by this model")
+    return input_index[tokens]

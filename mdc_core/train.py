@@ -55,7 +55,7 @@ from . import run_folder
 from .config import RunConfig, TrainConfig
 from .data import iter_captions
 from .data.loaders import BatchStream
-from .factory import create_model
+from .factory import create_model, load_model
 from .loss_step import LossStep, WholeStep, use_bf16
 from .run_state import (  # TrainingDiverged: what train raises when the loss is not finite
     Counters,
@@ -136,7 +136,7 @@ class Trainer:
         self.device, self.main = ctx.device, ctx.is_main
         seed_everything(tcfg.seed)  # the same initial weights on every rank
         if start_ckpt is not None:
-            model = ckpt_io.load_model(start_ckpt)[0]
+            model = load_model(start_ckpt)[0]
         elif init_from is not None:
             model, self.cfg = init_from_weights(cfg, init_from)  # cfg: with the source's corpus vocabulary size
         else:
@@ -321,7 +321,7 @@ def init_from_weights(cfg: RunConfig, source: str | Path) -> tuple[torch.nn.Modu
     run's config as it must be saved (a corpus head's size taken from `source` when `cfg` leaves it 0). Raises
     ``ValueError`` when `source`'s model differs from ``cfg.model`` (the encoder's ``pretrained`` settings aside:
     the weights replace them) or its weights do not fit `cfg`'s objective."""
-    source_model, saved = ckpt_io.load_model(source)
+    source_model, saved = load_model(source)
     arch = cfg.model
     if arch.output_vocab == "corpus" and arch.output_vocab_size == 0:
         arch = dataclasses.replace(arch, output_vocab_size=saved.model.output_vocab_size)

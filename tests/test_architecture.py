@@ -129,7 +129,7 @@ def test_no_import_cycles_in_the_package_or_the_app():
 def test_core_modules_never_import_an_extension_even_lazily():
     graph = import_graph()
     core = core_modules()
-    assert {"mdc_core.config", "mdc_core.encoders", "mdc_core.model", "mdc_core.objectives", "mdc_core.sampler",
+    assert {"mdc_core.config", "mdc_core.model", "mdc_core.objectives", "mdc_core.sampler",
             "mdc_core.scoring", "mdc_core.train", "mdc_core.checkpoint", "mdc_core.distributed",
             "mdc_core.data.loaders"} <= set(core)
     upward = {name: sorted(t for t in graph[name] if is_extension(t)) for name in core}
@@ -163,7 +163,7 @@ def test_an_mdc_run_loads_no_plug_in_and_its_config_holds_only_its_own_keys():
 def opened_modules(folder: Path) -> list[str]:
     """The modules a fresh interpreter has loaded after opening the model in `folder` with ``load_model``."""
     code = ("import json, sys\n"
-            "from mdc_core.checkpoint import load_model\n"
+            "from mdc_core.factory import load_model\n"
             f"load_model({str(folder)!r})\n"
             "print(json.dumps(sorted(sys.modules)))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)

@@ -189,7 +189,7 @@ def finetune(run: str | Path, data: str | Path, out: str | Path, steps: int, *, 
     folder is ``<out>_<key>`` (what ``mdc eval captioning`` uses: each source gets its own folder).
     """
     from mdc_core import checkpoint as ckpt_io
-    from mdc_core.checkpoint import load_model
+    from mdc_core.factory import load_model
     from mdc_core.train import train
     if steps < 1:
         raise ValueError(f"fine-tuning steps must be >= 1, got {steps}")
@@ -445,7 +445,7 @@ def captioning(runs: Sequence[str | Path], data: str | Path, *, lengths: Sequenc
     decoder's lists cover the same images in the same order, so two decoders can be compared by a paired
     bootstrap over images. ``median_length`` is the test captions' median token length (:func:`reference_lengths`).
     """
-    from mdc_core.checkpoint import load_model
+    from mdc_core.factory import load_model
     if not runs:
         raise ValueError("no run given: pass at least one --run RUN")
     if limit is not None and limit < 1:
@@ -491,7 +491,7 @@ def _caption_runs(plans: list[tuple[Any, list[str]]], items: list[CaptionItem], 
                   batch_size: int, max_length: int | None, metrics: Sequence[str], auto_range: str) -> int | None:
     """Fine-tune, decode and score every (run, decoders) of `plans` into `results` (in the order of `plans`; ARC
     runs are decoded first, so that ``mdc-arc`` knows ARC's lengths); returns the median length."""
-    from mdc_core.checkpoint import load_model
+    from mdc_core.factory import load_model
     median, arc_lengths = None, None
     per_plan: dict[int, list[dict[str, Any]]] = {}
     order = sorted(range(len(plans)), key=lambda i: plans[i][1][0] != "greedy")  # ARC first

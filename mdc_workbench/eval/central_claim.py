@@ -4,7 +4,7 @@ The paper (abstract, Sec. 1): in autoregressive captioning "later text tokens ca
 earlier ones that the image becomes decreasingly important", while "the strength of the visual learning signal in
 MDC does not depend on each token's position". Two per-token measures, each under the model's *own training
 conditions* (ARC: teacher forcing, weight 1; a masked objective: per caption a ratio t from its training
-distribution, drawn by its noise schedule (:mod:`mdc_core.schedule`), its masked tokens scored, weighted as it
+distribution, drawn by its noise schedule (:mod:`mdc_core.registry`), its masked tokens scored, weighted as it
 trains (1/t for MDC);
 `draws` seeded draws, a token's value the mean over the draws that masked it):
 
@@ -419,7 +419,7 @@ def central_claim_runs(pairs: dict[str, Sequence[str | Path]], data: dict[str, s
     ``{kind: data folder}``; rows are named by `labels` (objective -> name; default the objective in capitals).
     Returns ``{kind: {row name: scores}}``, :func:`claim_table`'s input.
     """
-    from mdc_core.checkpoint import load_model
+    from mdc_core.factory import load_model
 
     out: dict[str, dict[str, ClaimScores]] = {}
     for kind, runs in pairs.items():

@@ -13,7 +13,7 @@ Both hold the EMA weights when the run kept them (``ema=False``: the raw ones) o
 
 Nothing half-written: the folder is assembled in a hidden temporary folder beside `out` and renamed into place only
 when complete and verified (the timm folder is loaded back by plain timm and its features compared with the run's,
-the hf folder by :func:`~mdc_core.checkpoint.load_model`); an existing non-empty `out` is replaced only with `force`
+the hf folder by :func:`~mdc_core.factory.load_model`); an existing non-empty `out` is replaced only with `force`
 and only when it is an earlier export, and an `out` inside a run's checkpoints folder is refused: ``--force`` never
 destroys a run or someone's files.
 This is an extension (its card, :mod:`mdc_workbench.export.model_card`, reads the evaluation results runs wrote); the
@@ -38,15 +38,14 @@ from mdc_core.checkpoint import (
     CKPT_DIR,
     file_sha256,
     list_checkpoints,
-    load_model,
     load_weights,
     resolve_checkpoint,
     run_holding,
     verify_checkpoint,
 )
 from mdc_core.config import RunConfig
-from mdc_core.encoders import ImageEncoder
-from mdc_core.factory import model_architecture, probe_pool
+from mdc_core.factory import load_model, model_architecture, probe_pool
+from mdc_core.model import ImageEncoder
 from mdc_workbench.export.encoder_io import (
     EXPORT_FORMATS,
     WEIGHTS,
@@ -346,7 +345,7 @@ def _usage_hf(source: Source, token_shape: tuple[int, ...], hub: bool) -> str:
 # captioner = MDCCaptioner.from_pretrained(folder)
 """ if hub else "")
     if not isinstance(source.model.encoder, ImageEncoder):  # a frozen VQ tokenizer: no timm encoder to hand out
-        return f"from mdc_core.checkpoint import load_model  # this project\n\n{FOLDER_LINE}{whole}\n{hub_lines}"
+        return f"from mdc_core.factory import load_model  # this project\n\n{FOLDER_LINE}{whole}\n{hub_lines}"
     pool = probe_pool(source.cfg.objective.name)
     m, d = token_shape
     feature = (f"# (1, {d}): the probe feature ({'mean of the patch tokens' if pool == 'gap' else 'class token'})"
@@ -362,4 +361,4 @@ with torch.no_grad():
     feature = encoder(image)  {feature}
     tokens = encoder.forward_features(image)  # (1, {m}, {d}): the tokens the caption decoder attended to
 
-# {whole.replace("load_model(", "mdc_core.checkpoint.load_model(")}{hub_lines}"""
+# {whole.replace("load_model(", "mdc_core.factory.load_model(")}{hub_lines}"""

@@ -21,7 +21,7 @@ carry it out (``mdc export`` writes them):
   ``config.json`` alone fail with "Unknown model (...)" saying what to do instead of loading a random patch
   projection with a warning. Every timm encoder but a plug-in's (:func:`timm_spec` says which).
 * **hf** (``--format hf``): the whole captioner as a checkpoint folder (``config.json`` = the run's config,
-  ``model.safetensors``, ``meta.json``) plus a model card, loadable by :func:`mdc_core.checkpoint.load_model`; works
+  ``model.safetensors``, ``meta.json``) plus a model card, loadable by :func:`mdc_core.factory.load_model`; works
   for every encoder, the early-convolution stem included.
 
 :func:`load_encoder` reads either, or a run / checkpoint folder, and returns the encoder as a timm model (``model(x)``
@@ -101,7 +101,7 @@ def timm_spec(cfg: ModelConfig, pool: str, trunk: Any) -> TimmSpec:
 
 def timm_conv_stem(encoder_kwargs: dict[str, Any], embed_dim: int) -> dict[str, Any]:
     """Keywords of timm's ``ConvStem`` (``timm.models.vision_transformer_hybrid``) that build the same layers as
-    :class:`mdc_core.encoders.ConvStem` followed by the ViT's patch projection: per stage of ``conv_stem`` one 3x3
+    :class:`mdc_core.model.ConvStem` followed by the ViT's patch projection: per stage of ``conv_stem`` one 3x3
     convolution of stride 2 and ``depth - 1`` of stride 1 (each + norm + ReLU), then the projection to `embed_dim`
     (kernel = stride = ``patch_size / 2 ** stages``, with bias, no norm: timm's last ConvStem layer). ``norm`` is
     ``"batch"`` or ``"group"`` (timm's ``GroupNorm1``); :func:`timm_norm_layer` turns it into the layer."""
@@ -259,9 +259,9 @@ def load_encoder(path: str | Path, *, device: str = "cpu", ema: bool | None = No
             spec = TimmSpec(name, data.get("model_args", {}), {k: tuple(v) if isinstance(v, list) else v
                             for k, v in cfg.items() if k in DATA_KEYS}, "", False, stem)
             return create_timm_encoder(spec, path / WEIGHTS).to(device), preprocess(spec.data_config["input_size"][-1])
-    from mdc_core.checkpoint import load_model, resolve_checkpoint
-    from mdc_core.encoders import ImageEncoder
-    from mdc_core.factory import probe_pool
+    from mdc_core.checkpoint import resolve_checkpoint
+    from mdc_core.factory import load_model, probe_pool
+    from mdc_core.model import ImageEncoder
     if ema is None:
         ema = (resolve_checkpoint(path) / "ema.safetensors").is_file()
     model, run = load_model(path, device=device, ema=ema)

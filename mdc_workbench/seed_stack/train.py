@@ -47,6 +47,7 @@ from mdc_core import distributed as dist
 from mdc_core import run_folder
 from mdc_core.config import RunConfig
 from mdc_core.data.loaders import BatchStream
+from mdc_core.factory import load_model
 from mdc_core.run_state import Counters, HookFactory, RunLog, TrainState, diverged, logged_loss, rng_state
 from mdc_core.runlock import RunLock
 from mdc_core.train import NonFiniteWatch, TrainingInterrupted, TrainResult, lr_lambda
@@ -180,7 +181,7 @@ class StackTrainer:
                 built, saved = init_members(m.cfg, [m.seed], progress=progress and not models)
                 model, m.cfg, m.rng = built[0], member_config(saved, m.seed), rng_state()
             else:
-                model = ckpt_io.load_model(m.start_ckpt)[0]
+                model = load_model(m.start_ckpt)[0]
             models.append(model)
             m.out.mkdir(parents=True, exist_ok=True)
             m.cfg.save(m.out / "config.json")

@@ -15,8 +15,8 @@ from PIL import Image
 
 from mdc_core.config import ConfigError, ModelConfig, RunConfig, load_preset
 from mdc_core.data.transforms import ImageError, load_image, open_image
-from mdc_core.encoders import MAX_PARAMS, decoder_params
-from mdc_core.factory import create_model
+from mdc_core.factory import create_model, decoder_params
+from mdc_core.model import MAX_PARAMS
 from mdc_workbench.cli import main
 
 

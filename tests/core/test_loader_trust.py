@@ -16,8 +16,9 @@ from safetensors.torch import load_file, save_file
 
 import mdc_core
 from mdc_core import config as config_module
-from mdc_core.checkpoint import CheckpointError, check_fits, load_model
+from mdc_core.checkpoint import CheckpointError
 from mdc_core.config import ConfigError, RunConfig
+from mdc_core.factory import check_fits, load_model
 from mdc_workbench.cli import main
 from mdc_workbench.export import MDCCaptioner, load_encoder
 

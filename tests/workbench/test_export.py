@@ -18,10 +18,10 @@ from huggingface_hub import ModelCard
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
-from mdc_core.checkpoint import CheckpointError, load_model, save_checkpoint
+from mdc_core.checkpoint import CheckpointError, save_checkpoint
 from mdc_core.config import load_preset
 from mdc_core.data.transforms import load_image
-from mdc_core.factory import create_model
+from mdc_core.factory import create_model, load_model
 from mdc_core.sampler import sample
 from mdc_core.tokenizer import CaptionTokenizer, build_output_vocab
 from mdc_core.train import train
