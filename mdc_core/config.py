@@ -33,7 +33,7 @@ PRESET_DIR = Path(__file__).parent / "presets"
 SCORE_METHODS = ("heuristic", "mc", "ar")  # caption likelihood scores: the rows of scoring.METHODS
 COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # train.compile
 STATIC_SHAPES = ("auto", "off", "padded", "dense")  # train.static_shapes
-PRECISIONS = ("auto", "fp32", "bf16")  # train.precision and inference --precision (mdc_core.precision)
+PRECISIONS = ("auto", "fp32", "bf16")  # train.precision and inference --precision (mdc_core.sampler)
 
 
 class ConfigError(ValueError):

@@ -41,9 +41,9 @@ import torch
 from . import checkpoint as ckpt_io
 from . import distributed as dist
 from .config import RunConfig
-from .data.sources import data_fingerprint, resolve_source
 from .run_state import Counters, TrainState, count, logged_step, read_jsonl, resume_problem, set_rng_state
 from .runlock import LinkRefused, RunFolderBusy, RunLock, refuse_links
+from .sources import data_fingerprint, resolve_source
 
 FINGERPRINT_FILE = "data_fingerprint.json"
 

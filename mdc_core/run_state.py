@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 from . import distributed as dist
 from .config import ConfigError, RunConfig
-from .data.loaders import SKIP_REASONS
+from .data import SKIP_REASONS
 
 # the accuracy each loss logs, one name per meaning: of the masked tokens (the masked objectives, D3PM's x_0), of
 # the next token (ARC), of in-batch image-text retrieval (CLIP); runs logged before the split call all three

@@ -5,12 +5,8 @@ still-masked position's confidence is the highest probability it assigns to any 
 k most confident masked positions are revealed with their argmax tokens (k = 1 in the paper, so N' steps).
 Revealed tokens never change. ``<sot>``/``<eot>`` are excluded from the canvas vocabulary (and ``[MASK]``
 has no output row), so the caption is always N' real tokens. Confidences are probabilities under the
-softmax over the allowed tokens.
-
-Options: ``tokens_per_step`` (k), ``temperature`` > 0 with ``top_k`` to sample the candidate token instead of
-taking the argmax (its confidence is still its untempered probability), ``seed`` for that sampling, and
-``threshold`` > 0 for Fast-dLLM's parallel decoding: each step also reveals every other masked position whose
-confidence is >= threshold, so the number of steps depends on the data (at most ceil(N'/k)).
+softmax over the allowed tokens. The options (:class:`~mdc_core.config.SamplerConfig`: k, temperature and
+top-k, Fast-dLLM's confidence threshold, attention weights) each say there what they change.
 
 Infilling (``prompt``): the canvas may start with some positions fixed (a prompt of token ids with ``[MASK]`` at
 the slots to fill); fixed tokens are never changed, never revealed and never remasked, and the trajectory covers
@@ -18,10 +14,6 @@ only the slots. :func:`parse_prompt` reads such a prompt from text: ``"a [MASK] 
 place, each stretch of text between slots with the caption tokenizer (CLIP's BPE splits at word boundaries, so
 this equals tokenising the words in the full caption), each slot one ``[MASK]`` token; the prompt's token count is
 the caption length N'. Which filling the model prefers is :func:`mdc_core.scoring.score_fills`.
-
-Attention (``attention=True``): each revealed token's cross-attention weights over the M image tokens, per
-decoder layer and head, at the step that revealed it (:attr:`SampleOutput.step_attention`). Off by default; the
-fused attention kernel then runs as before, at no extra cost.
 
 Revisable tokens (opt-in, ``remask_threshold`` > 0 and ``remask_steps`` > 0): the variant is ReMDM-conf's
 confidence score used in a ReMDM-loop phase (Wang et al., 2025, "Remasking Discrete Diffusion Models with
@@ -34,35 +26,39 @@ when nothing qualifies or after ``remask_steps`` extra steps, so it takes at mos
 steps. With the defaults (0, 0) nothing of this runs and the sampler is exactly Eq. 6.
 
 Every row of a batch follows its own trajectory: sampling a batch gives exactly the trajectories of sampling
-its images one by one (greedy; with temperature the random draws are shared by the batch).
+its images one by one (greedy; with temperature the random draws are shared by the batch). The image
+cross-attention keys/values are computed once per batch (:meth:`Captioner.image_cache`) and reused by every step;
+the result equals the uncached computation.
 
-The image cross-attention keys/values are computed once per batch (:meth:`Captioner.image_cache`) and
-reused by every step; the result equals the uncached computation.
-
-Precision (``precision``): the decoder runs under bf16 autocast on CUDA and in fp32 on the CPU by default
-(:mod:`mdc_core.precision`); confidences and the softmax are always taken in fp32.
+**Precision** (``precision`` = ``auto`` | ``fp32`` | ``bf16``, inference's and training's one rule): ``auto`` means
+bf16 autocast on a CUDA device that supports it and fp32 elsewhere (a CPU without native bf16 runs bf16 matmuls
+hundreds of times slower). Autocast keeps the weights in fp32; confidences, softmaxes and likelihoods are taken in
+fp32. Sampling and scoring take ``precision=None`` to mean "the current default", ``auto`` unless a caller set
+another for a block with :func:`default_inference_precision` (how ``mdc ... --precision`` reaches the sampling and
+scoring inside the eval verbs without every function passing it on).
 
 Reading order: :func:`sample` is the loop of Eq. 6 (remask, predict, propose, reveal, record); each decision is a
 small object chosen once from the settings: the proposed token (:func:`greedy` or :class:`TemperatureDraw`), which
 proposals to reveal (:class:`ConfidenceReveal`), which revealed tokens to revise (:class:`NoRemasking` or
 :class:`Remasking`); :class:`Recorder` keeps the trajectory apart from the decisions, and :func:`trajectory` turns it
-into the JSON record that the app, the notebooks and the GIFs replay; the prompt helpers close the module.
+into the JSON record that the app, the notebooks and the GIFs replay; the prompt helpers and the precision follow.
 """
-
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from .config import SamplerConfig
+from .config import PRECISIONS, SamplerConfig
 from .model import Captioner
-from .precision import inference_autocast
 from .tokenizer import EOT_ID, MASK_ID, SOT_ID, CaptionTokenizer, shown
 
 
@@ -145,7 +141,7 @@ def sample(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig, *, 
             positions not fixed are masked whatever `prompt` holds there.
         attention: also return the cross-attention weights of every revealed token (``step_attention``).
         precision: ``auto`` (bf16 autocast on CUDA, fp32 on the CPU), ``fp32`` or ``bf16``; None: the current
-            default (:func:`mdc_core.precision.default_inference_precision`, normally ``auto``).
+            default (:func:`default_inference_precision`, normally ``auto``).
     """
     x, fixed = _start(model, image_tokens, cfg, prompt, fixed)  # (B, N+2) canvas, (B, N) fixed positions
     B, N, device = fixed.shape[0], fixed.shape[1], image_tokens.device
@@ -478,3 +474,46 @@ def fill_prompt(prompt: torch.Tensor, fill: str, tokenizer: CaptionTokenizer) ->
     out = prompt.clone()
     out[slots] = torch.tensor(ids, dtype=torch.long)
     return out
+
+
+# -- precision -------------------------------------------------------------------------------------------------------
+
+_DEFAULT: contextvars.ContextVar[str] = contextvars.ContextVar("mdc_inference_precision", default="auto")
+
+
+def check_precision(precision: str) -> str:
+    """`precision` if it is one of :data:`~mdc_core.config.PRECISIONS`; ValueError naming the choices otherwise."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    return precision
+
+
+def bf16_enabled(precision: str, device: torch.device | str) -> bool:
+    """Whether `precision` means bf16 autocast on `device` (``auto``: on CUDA with bf16 support only)."""
+    device = torch.device(device)
+    if check_precision(precision) == "auto":
+        return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return precision == "bf16"
+
+
+@contextlib.contextmanager
+def default_inference_precision(precision: str) -> Iterator[None]:
+    """Within the block, sampling and scoring called with ``precision=None`` use `precision`."""
+    token = _DEFAULT.set(check_precision(precision))
+    try:
+        yield
+    finally:
+        _DEFAULT.reset(token)
+
+
+def inference_precision(precision: str | None = None) -> str:
+    """`precision`, or the current default when None (see :func:`default_inference_precision`)."""
+    return _DEFAULT.get() if precision is None else check_precision(precision)
+
+
+def inference_autocast(precision: str | None, device: torch.device | str) -> torch.autocast:
+    """The autocast context of inference in `precision` (None: the current default) on `device`. For fp32 it is
+    a disabled autocast, so that fp32 also holds inside a caller's bf16 region."""
+    device = torch.device(device)
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16_enabled(inference_precision(precision),
+                                                                                  device))

@@ -28,7 +28,7 @@ range and keeps, per image, the caption with the best heuristic score per token.
 
 Log-probabilities are always under the model's full output softmax (the distribution its loss trains), taken in
 fp32; the decoder runs under bf16 autocast on CUDA and in fp32 on the CPU by default (``precision``,
-:mod:`mdc_core.precision`). The image cross-attention keys/values are computed once (:meth:`Captioner.image_cache`)
+:mod:`mdc_core.sampler`). The image cross-attention keys/values are computed once (:meth:`Captioner.image_cache`)
 and shared by all samples, steps and captions; ``use_cache=False`` recomputes them (same result, for tests and
 benchmarks).
 """
@@ -46,8 +46,7 @@ import torch.nn.functional as F
 from .config import SamplerConfig
 from .model import Captioner
 from .objectives import maskable_positions, trim_padding
-from .precision import inference_autocast
-from .sampler import SampleOutput, allowed_rows, fill_prompt, parse_prompt, sample, word_list
+from .sampler import SampleOutput, allowed_rows, fill_prompt, inference_autocast, parse_prompt, sample, word_list
 from .tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID, CaptionTokenizer, padding_mask, unknown_ids
 
 
@@ -272,7 +271,7 @@ def score_tokens(model: Any, image_tokens: torch.Tensor, tokens: torch.Tensor, m
     forward pass (memory only: results do not depend on it). `fixed` (B, L) bool: caption positions given as
     context, neither masked nor scored (conditional likelihood of the others; MDC only). `precision`: ``auto``
     (bf16 autocast on CUDA, fp32 on the CPU), ``fp32`` or ``bf16``; None: the current default
-    (:func:`mdc_core.precision.default_inference_precision`). Returned tensors have the width L of `tokens`.
+    (:func:`mdc_core.sampler.default_inference_precision`). Returned tensors have the width L of `tokens`.
     """
     spec = _check(model, image_tokens, tokens, method)
     if samples < 1 or batch_size < 1:

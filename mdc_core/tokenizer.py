@@ -11,7 +11,7 @@ The BPE comes from open_clip without importing the ``open_clip`` package (:func:
 ``import open_clip.tokenizer`` first runs ``open_clip/__init__``, which imports its whole model zoo (CoCa ->
 Hugging Face ``transformers`` -> scikit-learn when installed: seconds of start-up and a core that silently depends
 on the extensions' libraries). The two files the core needs, ``tokenizer.py`` (CLIP's BPE) and ``constants.py`` (the
-image mean / std, for :mod:`mdc_core.data.transforms`), import nothing from their package, so they are executed from
+image mean / std, for :mod:`mdc_core.transforms`), import nothing from their package, so they are executed from
 the installed package's folder as stand-alone modules (open_clip's own when it is already imported). The CLIP
 baseline (:mod:`mdc_core.factory`) still imports open_clip's text tower and loss, when it is built.
 """

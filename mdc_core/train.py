@@ -10,7 +10,7 @@ the global batch is ``batch_size x world x grad_accum``, only rank 0 writes.
 **Exactness.** The loss of a step is normalised by the GLOBAL count of its loss terms
 (:func:`~mdc_core.loss_step.loss_denominator` summed over micro-batches and ranks), and every random draw of
 micro-batch ``a`` on rank ``r`` is seeded by ``(seed, step, a * world + r)`` (:func:`step_seed`); with the data
-split of :mod:`mdc_core.data.loaders` this makes ``world`` ranks with accumulation A compute the same updates as one
+split of :mod:`mdc_core.data` this makes ``world`` ranks with accumulation A compute the same updates as one
 process with ``world x`` the workers and accumulation ``world * A`` (up to floating-point summation order), and
 accumulation equal to one bigger batch. A resumed run restores model, optimizer, schedule, EMA, RNG states,
 counters and the data position, so it continues as if never stopped.
@@ -53,8 +53,7 @@ from . import checkpoint as ckpt_io
 from . import distributed as dist
 from . import run_folder
 from .config import RunConfig, TrainConfig
-from .data import iter_captions
-from .data.loaders import BatchStream
+from .data import BatchStream, iter_captions
 from .factory import create_model, load_model
 from .loss_step import LossStep, WholeStep, use_bf16
 from .run_state import (  # TrainingDiverged: what train raises when the loss is not finite

@@ -78,7 +78,7 @@ def model_view(image_path: str | Path, image_size: int) -> Any:
     """The image as the model sees it (shorter side resized, centre crop; not normalised), as a PIL image."""
     import torchvision.transforms as T
 
-    from mdc_core.data.transforms import open_image
+    from mdc_core.transforms import open_image
     img = open_image(Path(image_path).read_bytes(), str(image_path))
     return T.CenterCrop(image_size)(T.Resize(image_size, interpolation=T.InterpolationMode.BICUBIC)(img))
 

@@ -43,8 +43,8 @@ import torch
 from tqdm.auto import tqdm
 
 from mdc_core.config import RunConfig, SamplerConfig, apply_overrides
-from mdc_core.data.sources import iter_shard_records, resolve_source
 from mdc_core.registry import objective_spec
+from mdc_core.sources import iter_shard_records, resolve_source
 from mdc_core.tokenizer import EOT_ID, SOT_ID, CaptionTokenizer
 from mdc_workbench.eval.caption_metrics import ALL_METRICS, MeteorSession, score_captions
 from mdc_workbench.eval.composition_sets import image_pixels
@@ -90,7 +90,7 @@ def reference_lengths(items: Sequence[CaptionItem], tokenizer: CaptionTokenizer)
 def load_caption_set(path: str | Path, split: str = "test", limit: int | None = None,
                      images: str | Path | None = None) -> list[CaptionItem]:
     """The images of `split` (one item per image, all its captions as references), in storage order; `images`:
-    the image folder of a caption json or table (default: found, see :mod:`mdc_core.data.sources`)."""
+    the image folder of a caption json or table (default: found, see :mod:`mdc_core.sources`)."""
     source = resolve_source(str(path), "auto", split, str(images) if images else None)
     items: list[CaptionItem] = []
     if source.kind == "wds":
@@ -159,11 +159,11 @@ FINETUNE_SOURCE = "finetune_source.json"  # in a fine-tuned run folder: what it 
 def finetune_key(run: str | Path, ft: RunConfig) -> dict[str, Any]:
     """What a fine-tune of `run` with config `ft` is made from, and its short ``key``: the SHA-256 of the source
     checkpoint's weights (its ``meta.json`` digest, verified on loading), the fine-tuning data's fingerprint
-    (:func:`mdc_core.data.sources.data_fingerprint`) and `ft` without ``train.device`` (where it runs, not what)."""
+    (:func:`mdc_core.sources.data_fingerprint`) and `ft` without ``train.device`` (where it runs, not what)."""
     import hashlib
 
     from mdc_core.checkpoint import file_sha256, resolve_checkpoint
-    from mdc_core.data.sources import data_fingerprint
+    from mdc_core.sources import data_fingerprint
 
     ckpt = resolve_checkpoint(run)
     try:

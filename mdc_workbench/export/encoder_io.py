@@ -71,8 +71,8 @@ class TimmSpec:
 
 def data_config(image_size: int) -> dict[str, Any]:
     """The run's evaluation preprocessing in timm's terms: shorter side to `image_size` (bicubic), centre crop,
-    OpenAI CLIP mean/std (what :func:`mdc_core.data.transforms.eval_transform` does)."""
-    from mdc_core.data.transforms import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
+    OpenAI CLIP mean/std (what :func:`mdc_core.transforms.eval_transform` does)."""
+    from mdc_core.transforms import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
     return {"input_size": (3, image_size, image_size), "interpolation": "bicubic", "crop_pct": 1.0,
             "crop_mode": "center", "mean": tuple(OPENAI_DATASET_MEAN), "std": tuple(OPENAI_DATASET_STD)}
 
@@ -213,7 +213,7 @@ def create_timm_encoder(spec: TimmSpec, weights: str | Path) -> Any:
 
 def preprocess(image_size: int) -> Callable[[Any], Any]:
     """PIL RGB image -> normalised (3, S, S) tensor, as the run was evaluated (torchvision transforms)."""
-    from mdc_core.data.transforms import eval_transform
+    from mdc_core.transforms import eval_transform
     return eval_transform(image_size)
 
 

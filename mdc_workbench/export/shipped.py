@@ -72,7 +72,7 @@ def load_shipped(device: str = "cpu") -> tuple[Any, Any]:
 def single_object_scenes(limit: int = HELD_OUT["first"], image_size: int | None = None) -> list[dict[str, Any]]:
     """The held-out test scenes with one object among the first `limit` of the shipped model's data (drawn by the
     generator, nothing read from disk): ``{"image": PIL image, "colour", "shape", "caption"}`` each."""
-    from mdc_core.data.transforms import open_image
+    from mdc_core.transforms import open_image
     from mdc_workbench.data import make_example
 
     p = data_params()
@@ -93,9 +93,9 @@ def single_object_accuracy(model: Any, cfg: Any, scenes: list[dict[str, Any]], b
     (:func:`mdc_workbench.eval.report.names_object`, as ``mdc eval objects`` and notebook 01 count it)."""
     import torch
 
-    from mdc_core.data.transforms import eval_transform
     from mdc_core.sampler import sample
     from mdc_core.tokenizer import CaptionTokenizer
+    from mdc_core.transforms import eval_transform
     from mdc_workbench.eval.report import names_object
 
     tokenizer, to_tensor = CaptionTokenizer(cfg.model.context_length), eval_transform(cfg.model.image_size)

@@ -146,7 +146,7 @@ def config_key(cfg: RunConfig) -> str:
     embedded data set the generator's parameters (its manifest's ``params``) count too: the notebooks rewrite a
     data folder whose parameters changed, and a model trained on the old contents must not be reused. Other data
     (no manifest: a caption table, shards from elsewhere) count by their content fingerprint
-    (:func:`mdc_core.data.sources.data_fingerprint`) when readable. Paths inside the checkout count relative to it
+    (:func:`mdc_core.sources.data_fingerprint`) when readable. Paths inside the checkout count relative to it
     (:func:`checkout_relative`): the key does not depend on where it lives."""
     data = cfg.to_dict()
     data["model"]["output_vocab_size"] = 0
@@ -161,7 +161,7 @@ def config_key(cfg: RunConfig) -> str:
     if manifest.is_file():
         data["data_params"] = json.loads(manifest.read_text()).get("params")
     else:
-        from mdc_core.data.sources import data_fingerprint
+        from mdc_core.sources import data_fingerprint
 
         fingerprint = data_fingerprint(cfg.data)
         if fingerprint is not None:  # unreadable data keep the key they had (training will name the problem)

@@ -3,7 +3,7 @@
 Member k is the solo run of ``cfg`` with ``train.seed = seeds[k]`` (:func:`member_config`), and everything random
 about it is drawn as that run draws it: its initial weights (:func:`init_members`: ``seed_everything(seed)`` then
 the trainer's :func:`~mdc_core.train.init_model`), its data order (the caller reads each member's batches from
-its own :class:`~mdc_core.data.loaders.BatchStream` of :func:`member_config`), and the masks of its micro-batch ``a``
+its own :class:`~mdc_core.data.BatchStream` of :func:`member_config`), and the masks of its micro-batch ``a``
 at step ``n``, drawn on the host by the trainer's :class:`~mdc_core.loss_step.HostBatches` from
 ``step_seed(seeds[k], n, a)``. :meth:`SeedStack.step` then runs, in one of two modes:
 

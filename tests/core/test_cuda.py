@@ -17,8 +17,7 @@ from mdc_core import checkpoint as ck
 from mdc_core.config import ObjectiveConfig, SamplerConfig
 from mdc_core.distributed import setup as dist_setup
 from mdc_core.objectives import compute_loss
-from mdc_core.precision import bf16_enabled
-from mdc_core.sampler import sample
+from mdc_core.sampler import bf16_enabled, sample
 from mdc_core.scoring import score_tokens
 from mdc_core.tokenizer import CaptionTokenizer
 from mdc_core.train import train

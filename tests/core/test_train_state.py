@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 
 from mdc_core import checkpoint as ck
 from mdc_core.config import RunConfig, apply_overrides
-from mdc_core.data.sources import Source, resolve_source
 from mdc_core.run_state import Counters, TrainState, rng_state
+from mdc_core.sources import Source, resolve_source
 from mdc_core.train import init_from_weights, lr_lambda, param_groups, seed_everything, train
 from tests.train_helpers import (
     assert_same_metrics,

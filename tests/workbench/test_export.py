@@ -20,11 +20,11 @@ from safetensors.torch import load_file, save_file
 
 from mdc_core.checkpoint import CheckpointError, save_checkpoint
 from mdc_core.config import load_preset
-from mdc_core.data.transforms import load_image
 from mdc_core.factory import create_model, load_model
 from mdc_core.sampler import sample
 from mdc_core.tokenizer import CaptionTokenizer, build_output_vocab
 from mdc_core.train import train
+from mdc_core.transforms import load_image
 from mdc_workbench import export
 from mdc_workbench.cli import build_parser, main
 from mdc_workbench.cli.train import _train_config

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from mdc_core import checkpoint as ck
-from mdc_core.data.loaders import BatchStream
+from mdc_core.data import BatchStream
 from mdc_core.distributed import DistContext
 from mdc_core.loss_step import LossStep
 from mdc_core.run_folder import resolve_data_paths

@@ -1,6 +1,6 @@
 """Batches of (image, caption) pairs from shards, CSV/TSV or COCO json, for training and evaluation.
 
-One pipeline serves the synthetic data and real data (see :mod:`mdc_core.data.sources` for accepted paths)::
+One pipeline serves the synthetic data and real data (see :mod:`mdc_core.sources` for accepted paths)::
 
     shards (shuffled by (seed, epoch)) -> this worker's share -> webdataset tar reading -> shuffle buffer
     -> decode + check -> transform -> batches of exactly `batch_size` good samples
@@ -45,8 +45,9 @@ from torchvision.transforms import functional as TF
 
 from mdc_core import distributed as dist
 from mdc_core.config import DataConfig, RunConfig
-from mdc_core.data.sources import Source, iter_shard_records, resolve_source
-from mdc_core.data.transforms import (
+from mdc_core.sources import Source, iter_shard_records, resolve_source
+from mdc_core.tokenizer import CaptionTokenizer, caption_problem
+from mdc_core.transforms import (
     ImageError,
     SeededRandomResizedCrop,
     eval_geometry,
@@ -55,7 +56,6 @@ from mdc_core.data.transforms import (
     open_image,
     read_image_file,
 )
-from mdc_core.tokenizer import CaptionTokenizer, caption_problem
 
 SKIP_REASONS = ("bad_shard", "missing_image", "bad_image", "too_large", "missing_caption",
                 "bad_caption_encoding", "empty_caption", "caption_too_long")  # the last two: caption_problem
