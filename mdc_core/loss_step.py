@@ -136,6 +136,24 @@ class Objective(torch.nn.Module):
         return out.loss, out.metrics
 
 
+def compile_mode(tcfg: TrainConfig, device_type: str = "cpu", distributed: bool = False) -> str | None:
+    """torch.compile's mode for ``train.compile`` on a `device_type` device, or None when the step runs eagerly.
+    "auto" is "reduce-overhead" (CUDA graphs) for one CUDA process with grad_accum 1, where it measured 2.3x the
+    eager ViT-B/32 step on an H200 (benchmarks/README.md), and off elsewhere (on the CPU compiling does not pay,
+    CUDA graphs cannot accumulate gradients, DDP is not measured with them); "default" for off with compile_step."""
+    if tcfg.compile == "auto":
+        single = device_type == "cuda" and not distributed and tcfg.grad_accum == 1
+        return "reduce-overhead" if single else "default" if tcfg.compile_step else None
+    return "default" if tcfg.compile is True or (tcfg.compile_step and not tcfg.compile) else tcfg.compile or None
+
+
+def static_mode(tcfg: TrainConfig, mode: str | None) -> str:
+    """``train.static_shapes`` with "auto" resolved: padded when the step compiles (`mode`), else off."""
+    if tcfg.static_shapes != "auto":
+        return tcfg.static_shapes
+    return "off" if mode is None else "padded"
+
+
 def uses_cudagraphs(mode: str | None, device: torch.device) -> bool:
     """Whether torch.compile's `mode` replays the step as CUDA graphs on `device` (never on the CPU)."""
     return device.type == "cuda" and mode in ("reduce-overhead", "max-autotune")
@@ -147,7 +165,7 @@ class LossStep:
     ``step(images, tokens, seed)`` is :meth:`prepare` (the CPU `tokens` (B, L) on the host: :class:`HostBatches`,
     with the run's static shapes) then :meth:`forward` (:class:`Objective` under bf16 autocast when `bf16`), and
     returns (loss, metrics) on the device; the caller runs the backward. With a compile mode (``train.compile``,
-    "auto" resolved for the device by :meth:`~mdc_core.config.TrainConfig.compile_mode`) the :class:`Objective` is
+    "auto" resolved for the device by :func:`compile_mode`) the :class:`Objective` is
     compiled in place
     (``dynamic=False`` with static shapes: one graph per shape, never a dynamic one), and with CUDA graphs each
     call marks a new step for cudagraph trees (the loss and metrics of the last call stay readable until the next).
@@ -160,12 +178,12 @@ class LossStep:
         prepared = objective_spec(cfg.name).prepared  # an objective that draws its own noise is not compiled by auto
         self.device, self.bf16 = device, bf16
         compiles = prepared or tcfg.compile != "auto" or tcfg.compile_step
-        self.mode = tcfg.compile_mode(device.type, distributed) if compiles else None
+        self.mode = compile_mode(tcfg, device.type, distributed) if compiles else None
         if uses_cudagraphs(self.mode, device) and tcfg.grad_accum > 1:  # pytorch/pytorch#169545: silently wrong grads
             raise ValueError(f"train.compile={self.mode} replays the backward as a CUDA graph, and a second "
                              "micro-batch would overwrite the first one's gradients (CUDA graph trees hand .grad "
                              "their output buffers); use train.grad_accum=1 or train.compile=true")
-        static = tcfg.static_mode(self.mode) if prepared else "off"
+        static = static_mode(tcfg, self.mode) if prepared else "off"
         if static != "off" and tcfg.static_shapes == "auto" and getattr(getattr(model, "cfg", None), "attend_to_pads",
                                                                      False):
             static = "off"  # padding would be visible to such a model (explicit static shapes are refused by validate)

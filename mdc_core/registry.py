@@ -5,48 +5,27 @@ plug-in point extensions fill when they are imported.
 :class:`ObjectiveSpec` that says everything callers ask about an objective; its loss is its family's
 (:data:`mdc_core.objectives.LOSSES`) unless it brings its own function.
 
-**The noise process** (:class:`NoiseSchedule`, MDLM's ``noise_schedule.py`` is the model): which masking rate each
-caption of a training batch gets, and what follows from it. Each row names one schedule object, and every caller
-asks it instead of switching on the objective: the draw of the time ``t`` (:meth:`~NoiseSchedule.draw`), the
-probability that a caption token is masked at that time (:meth:`~NoiseSchedule.mask_rate`), the weight of a
-caption's loss (:meth:`~NoiseSchedule.weight`), the expected number of loss terms
-(:meth:`~NoiseSchedule.expected_loss_terms`) and the masking ratios a run was trained on
-(:meth:`~NoiseSchedule.scoring_ratios`).
-
-Convention (docs/design.md "Decisions", the noise schedule). At time ``t`` in [0, 1] each maskable caption token is kept
-with probability ``alpha_t`` and masked with probability ``1 - alpha_t``; ``alpha_0 = 1`` (clean), ``alpha_1 = 0``
-(all masked). The NELBO of masked diffusion (MDLM Eq. 10, the paper's Eq. 5) weights the masked tokens'
-cross-entropy at time ``t`` by ``w(t) = -alpha'_t / (1 - alpha_t)``:
-
-* linear (the paper's): ``alpha_t = 1 - t``, tokens masked with probability ``t``, ``w(t) = 1 / t``.
-* cosine (MDLM's ``CosineNoise`` with eps = 0; MaskGIT's mask ratio ``cos(pi r / 2)`` read with ``r = 1 - t``
-  would be another schedule): ``alpha_t = cos(pi t / 2)``, masked with probability
-  ``1 - cos(pi t / 2) = 2 sin^2(pi t / 4)``, and ``alpha'_t = -(pi / 2) sin(pi t / 2)``, so
-  ``w(t) = (pi / 2) sin(pi t / 2) / (1 - cos(pi t / 2)) = (pi / 2) / tan(pi t / 4)`` (half-angle:
-  ``sin x / (1 - cos x) = 1 / tan(x / 2)``); near 0 it is about ``2 / t``, twice the linear weight, because the
-  cosine masks about ``pi^2 t^2 / 8`` of the tokens where the linear schedule masks ``t``.
-
-``t`` is drawn uniformly from ``[objective.t_low, objective.t_high]`` (the paper's ``[w_l, w_u]``), i.i.d. or
-stratified (``objective.antithetic_t``), and clamped at :data:`T_MIN` so that every weight stays finite. Over the
-whole range [0, 1] every schedule's NELBO is the same number (substitute ``u = 1 - alpha_t``: ``int w(t) f(1 -
-alpha_t) dt = int f(u) / u du``), which is why likelihood scoring (:mod:`mdc_core.scoring`, Eq. 8) needs no
-schedule; on a narrower range the schedules differ in which masking rates training sees, which is what the
-paper's Table 5 and notebook 02 vary.
-
-The rows without a time are schedules too: :class:`FixedRatio` (BERT: every caption masked at
-``objective.mask_ratio``), :class:`AllMasked` (parallel decoding) and :class:`TeacherForcing` (ARC: nothing
-masked, every next token a target). CLIP's row has no schedule (None): it predicts no caption tokens.
+**The noise process** (:class:`NoiseSchedule`; MDLM's ``noise_schedule.py`` is the model). Each row names one
+schedule object and every caller asks it: the draw of the time ``t`` (:meth:`~NoiseSchedule.draw`), the probability
+``1 - alpha_t`` that a caption token is masked at that time (:meth:`~NoiseSchedule.mask_rate`), the weight of a
+caption's loss, the NELBO's ``w(t) = -alpha'_t / (1 - alpha_t)`` (:meth:`~NoiseSchedule.weight`: ``1 / t`` for the
+paper's linear ``alpha_t = 1 - t``, ``(pi / 2) / tan(pi t / 4)`` for MDLM's cosine ``alpha_t = cos(pi t / 2)``),
+the expected number of loss terms and the masking ratios a run was trained on. ``t`` is drawn uniformly from
+``[objective.t_low, objective.t_high]``, i.i.d. or stratified (``objective.antithetic_t``), and clamped at
+:data:`T_MIN`. Over the whole range [0, 1] every schedule's NELBO is the same number, which is why likelihood
+scoring (Eq. 8) needs no schedule; on a narrower range they differ in which masking rates training sees (the
+paper's Table 5, notebook 02). The derivations: docs/design.md, "The noise schedule". The rows without a time are
+schedules too: :class:`FixedRatio` (BERT), :class:`AllMasked` (parallel decoding) and :class:`TeacherForcing`
+(ARC: nothing masked, every next token a target). CLIP's row has no schedule (None).
 
 **The plug-in point.** The core never names an extension. An extension that adds a variant the core must be able
 to build (an objective, an image encoder, configuration keys, a transform of the image condition during training)
 registers it when its module is imported, and names that module under the entry-point group ``mdc_core.plugins``.
-The core imports them (:func:`load_plugins`) only when it meets a name it does not know: an objective, a config key
-or an image encoder that is no timm model. So an MDC run never loads an extension, and an old run folder whose
-``config.json`` carries an extension's keys still loads. A plug-in module stays light (no torch at import): the
-functions it registers import their own modules when called.
+The core imports them (:func:`load_plugins`) only when it meets a name it does not know, so an MDC run never loads
+an extension and an old run folder whose ``config.json`` carries an extension's keys still loads. A plug-in module
+stays light (no torch at import): the functions it registers import their own modules when called.
 
-This module imports no torch at the top, so the command line builds its choices from it; the schedules' methods
-take and return tensors, and the float ones (expected terms, ratios) plain numbers.
+This module imports no torch at the top, so the command line builds its choices from it.
 """
 
 from __future__ import annotations

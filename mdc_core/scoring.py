@@ -46,8 +46,19 @@ import torch.nn.functional as F
 from .config import SamplerConfig
 from .model import Captioner
 from .objectives import maskable_positions, trim_padding
-from .sampler import SampleOutput, allowed_rows, fill_prompt, inference_autocast, parse_prompt, sample, word_list
-from .tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID, CaptionTokenizer, padding_mask, unknown_ids
+from .sampler import SampleOutput, allowed_rows, inference_autocast, sample
+from .tokenizer import (
+    EOT_ID,
+    MASK_ID,
+    PAD_ID,
+    SOT_ID,
+    CaptionTokenizer,
+    fill_prompt,
+    padding_mask,
+    parse_prompt,
+    unknown_ids,
+    word_list,
+)
 
 
 @dataclass

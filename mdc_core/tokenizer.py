@@ -19,6 +19,7 @@ baseline (:mod:`mdc_core.factory`) still imports open_clip's text tower and loss
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from functools import cache, lru_cache
@@ -268,3 +269,58 @@ def lookup_rows(input_index: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor
         raise ValueError(f"token ids {unknown[:5]} are not in this model's corpus vocabulary (it was trained with "
                          "model.output_vocab='corpus'); such words cannot be represented by this model")
     return input_index[tokens]
+
+
+# -- infilling prompts: captions with some words fixed and [MASK] (or _) slots for the sampler to fill --------------
+
+SLOT = re.compile(r"\[mask\]|(?<!\S)_(?!\S)", re.IGNORECASE)  # "[MASK]" anywhere, "_" as a word of its own
+
+
+def word_list(words: list[str], limit: int = 8) -> str:
+    """`words` without repeats, comma separated, at most `limit` of them and how many more."""
+    unique = list(dict.fromkeys(words))
+    return ", ".join(unique[:limit]) + (f" and {len(unique) - limit} more" if len(unique) > limit else "")
+
+
+def parse_prompt(text: str, tokenizer: CaptionTokenizer, model: object = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids (N,) with ``[MASK]`` at the slots, and the fixed mask (N,) bool, of a prompt string.
+
+    With `model`, words outside a corpus-restricted model's vocabulary raise ValueError naming them.
+    Raises ValueError for an empty prompt, one without a slot, or one longer than the tokenizer's context."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("the prompt is empty; write a caption with [MASK] or _ where words should be filled in")
+    ids: list[int] = []
+    pieces = SLOT.split(text)
+    for i, piece in enumerate(pieces):
+        ids += tokenizer.encode_text(piece)
+        if i < len(pieces) - 1:
+            ids.append(MASK_ID)
+    if MASK_ID not in ids:
+        raise ValueError(f"the prompt {shown(text)} has no slot to fill: mark the words to generate with [MASK] or _")
+    if len(ids) > tokenizer.context_length - 2:
+        raise ValueError(f"the prompt has {len(ids)} tokens; the model's context holds {tokenizer.context_length - 2}")
+    prompt = torch.tensor(ids, dtype=torch.long)
+    fixed = prompt != MASK_ID
+    if model is not None and getattr(model, "restricted", False):
+        unknown = tokenizer.words_with(prompt, {int(t) for t in prompt[fixed] if int(model.output_index[t]) < 0})
+        if unknown:
+            raise ValueError(f"the prompt uses words this model never saw in training: {word_list(unknown)}")
+    return prompt, fixed
+
+
+def prompt_text(prompt: torch.Tensor, tokenizer: CaptionTokenizer) -> str:
+    """The prompt (N,) written back as text, ``_`` for each slot."""
+    words = [("_ " if int(t) == MASK_ID else tokenizer.token_string(int(t), keep_space=True)) for t in prompt]
+    return "".join(words).strip()
+
+
+def fill_prompt(prompt: torch.Tensor, fill: str, tokenizer: CaptionTokenizer) -> torch.Tensor:
+    """The prompt (N,) with its slots replaced, in order, by the tokens of `fill` (as many as there are slots)."""
+    slots = prompt == MASK_ID
+    ids = tokenizer.encode_text(fill)
+    if len(ids) != int(slots.sum()):
+        raise ValueError(f"the filling {shown(fill)} has {len(ids)} token(s) but the prompt has {int(slots.sum())} "
+                         "slot(s); give one word piece per [MASK]")
+    out = prompt.clone()
+    out[slots] = torch.tensor(ids, dtype=torch.long)
+    return out

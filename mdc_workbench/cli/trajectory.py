@@ -48,8 +48,8 @@ def sample_one(args: argparse.Namespace, model: Any, cfg: Any, pixels: Any, imag
     ``sampler``, ``run``, ``image``, ``prompt``, ``latency_s`` and the embedded image; writes ``--gif``."""
     import torch
 
-    from mdc_core.sampler import parse_prompt, sample, trajectory
-    from mdc_core.tokenizer import CaptionTokenizer
+    from mdc_core.sampler import sample, trajectory
+    from mdc_core.tokenizer import CaptionTokenizer, parse_prompt
     from mdc_workbench.masked_conditional.guidance import GuidedCaptioner
     from mdc_workbench.viz.animation import trajectory_gif, with_image
     tok = CaptionTokenizer(cfg.model.context_length)

@@ -48,7 +48,7 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
 from mdc_core.config import RunConfig
-from mdc_core.loss_step import HostBatches, ReadyBatch, use_bf16
+from mdc_core.loss_step import HostBatches, ReadyBatch, compile_mode, static_mode, use_bf16
 from mdc_core.objectives import PreparedBatch, bucket_length, trim_padding
 from mdc_core.train import (
     DeviceStep,
@@ -218,7 +218,7 @@ class SeedStack:
         solo_groups = param_groups(models[0], tcfg.weight_decay)  # the solo run's split, by parameter name
         # the members' masks, drawn on the host as their solo runs draw them: "each" prepares them as the solo run
         # (its static shapes, copied to the device), "vmap" pads them to one shape on the host (module docstring)
-        static = tcfg.static_mode(tcfg.compile_mode(self.device.type))
+        static = static_mode(tcfg, compile_mode(tcfg, self.device.type))
         self.round_width = static != "off"  # a compiled step's caption-length buckets
         if mode == "each":
             self.batches = HostBatches(models[0], cfg.objective, self.device, static, tcfg.length_bucket)
