@@ -1,26 +1,17 @@
-"""Checkpoints: written atomically, verified, found and loaded without executing pickles or trusting a file.
-
-A run folder's checkpoints (the rest of the folder is :mod:`mdc_core.run_folder`'s)::
+"""Checkpoints: written atomically, verified, found and read without executing pickles or trusting a file.
 
     RUN/checkpoints/step_00001500/  model.safetensors, ema.safetensors (optional), config.json (rebuilds the
-                                    model), state.pt (mdc_core.run_state.TrainState: optimizer, scheduler, RNG,
-                                    data position, world size, counters), meta.json
+                                    model), state.pt (mdc_core.run_state.TrainState), meta.json
     RUN/checkpoints/latest          name of the newest complete checkpoint
 
-**Written atomically.** A checkpoint is assembled in a hidden temporary folder and renamed into place, and
-``meta.json`` is written last, so a crash mid-write leaves either the previous checkpoint or a complete new one,
-and a ``step_*`` folder without a valid ``meta.json`` is damaged, never half-written. :func:`save_checkpoint` checks
-the free space first (pruning what the save would prune anyway), turns a full disk anywhere in the write into
-:class:`DiskFullError` after removing its temporary folder, and gives the weights the umask's permissions, not the
-safetensors writer's private 0600. :func:`remove_stale_temporaries` clears what a killed writer left.
+**Written atomically.** A checkpoint is assembled in a hidden temporary folder and renamed into place, ``meta.json``
+last, so a crash leaves the previous checkpoint or a complete new one, and a ``step_*`` folder without a valid
+``meta.json`` is damaged, never half-written. :func:`save_checkpoint` checks the free space first, turns a full disk
+into :class:`DiskFullError` after removing its temporary folder, and gives the weights the umask's permissions.
 
-**Verified.** ``meta.json`` records the size and SHA-256 of every file; loading verifies the files it reads
-(:func:`diagnose`), so a file damaged later (a full disk, a killed copy, a deleted file) raises
-:class:`CheckpointError` naming it instead of a decoder traceback or a silent fallback (``--resume`` sets damaged
-checkpoints aside: :func:`mdc_core.run_folder.resume_point`).
-
-**Loaded without trust.** Weights are decoded with one-line errors (:func:`load_weights`) after their header was
-checked against the model ``config.json`` builds (:func:`mdc_core.factory.load_model`); no pickle is executed.
+**Verified.** ``meta.json`` records the size and SHA-256 of every file; readers verify the files they read
+(:func:`diagnose`), so a file damaged later raises :class:`CheckpointError` naming it instead of a decoder
+traceback or a silent fallback. Weights are decoded with one-line errors (:func:`load_weights`); no pickle runs.
 """
 
 from __future__ import annotations

@@ -1,29 +1,22 @@
 """Batches of (image, caption) pairs from shards, CSV/TSV or COCO json, for training and evaluation.
 
-One pipeline serves the synthetic data and real data (see :mod:`mdc_core.sources` for accepted paths)::
+One pipeline serves the synthetic data and real data (accepted paths: :mod:`mdc_core.sources`)::
 
     shards (shuffled by (seed, epoch)) -> this worker's share -> webdataset tar reading -> shuffle buffer
     -> decode + check -> transform -> batches of exactly `batch_size` good samples
 
-Records that cannot be used never stop a run: they are dropped and counted by reason (:data:`SKIP_REASONS`) in
-the ``"skipped"`` dict of the batch being built when they were met (those met after a worker's last batch
-are added to that batch), so the counts cross DataLoader worker processes inside the batches. A worker that
-yields no batch at all cannot report its counts. :class:`BatchStream` feeds the trainer: one rank's micro-batches,
-epoch after epoch, from a saved data position.
+Records that cannot be used never stop a run: they are dropped and counted by reason (:data:`SKIP_REASONS`) in the
+``"skipped"`` dict of the batch being built, so the counts cross DataLoader worker processes inside the batches.
+:class:`BatchStream` feeds the trainer one rank's micro-batches, epoch after epoch, from a saved data position.
 
-Order is a function of (seed, epoch, readers). The shards (or rows) are dealt to ``readers = world x W``
-parts, W = max(1, num_workers): worker w of rank r reads part ``w * world + r``, i.e. every readers-th shard
-from that offset, so ranks and workers never read the same shard and together read all of them once per epoch.
-The DataLoader takes batches from a rank's workers in turn; ``skip_batches = n`` makes worker w play the part
-of worker (w + n) % W and pass over its share of the first n batches, so the batches that follow are exactly
-those the un-skipped epoch yields after its first n (as long as no worker ran dry within those n).
-
-Hence ``world`` ranks with W workers and ``grad_accum`` A see, at every optimizer step, exactly the samples
-one process with ``world * W`` workers and accumulation ``world * A`` sees (rank r's a-th micro-batch is that
-process's micro-batch ``a * world + r``), which is what makes a DDP run reproducible on one process.
-
-With ``data.in_memory`` a small set is decoded once per process and served from memory instead
-(:class:`MemoryBatches`, at the end of this module): the same samples, bitwise, in a full permutation per epoch.
+Order is a function of (seed, epoch, readers). The shards (or rows) are dealt to ``readers = world x W`` parts,
+W = max(1, num_workers): worker w of rank r reads part ``w * world + r``, so ranks and workers never read the same
+shard and together read all of them once per epoch. ``skip_batches = n`` makes worker w play the part of worker
+(w + n) % W and pass over its share of the first n batches, so a resumed epoch yields exactly the batches the
+un-skipped one yields after its first n. Hence ``world`` ranks with accumulation A see, at every optimizer step,
+exactly the samples one process with ``world * W`` workers and accumulation ``world * A`` sees, which makes a DDP
+run reproducible on one process. With ``data.in_memory`` a small set is decoded once and served from memory
+(:class:`MemoryBatches`): the same samples, bitwise, in a full permutation per epoch.
 """
 
 from __future__ import annotations
@@ -230,8 +223,7 @@ def build_loader(cfg: DataConfig, *, split: str | None = "train", image_size: in
     per process (:class:`MemoryBatches`; a full permutation per epoch instead of the shuffle buffer); with
     `context_length` its batches also carry their captions tokenized once per process: ``tokens`` (B,
     context_length) as :meth:`~mdc_core.tokenizer.CaptionTokenizer.tokenize_batch` gives them and ``truncated``,
-    how many of them were cut.
-    """
+    how many of them were cut."""
     cfg.validate()
     if image_size < 1 or batch_size < 1 or skip_batches < 0:
         raise ValueError(f"need image_size >= 1, batch_size >= 1, skip_batches >= 0; got {image_size}, "
@@ -406,8 +398,7 @@ class BatchStream:
     context_length), ``truncated``: how many were cut; the in-memory set serves them ready) or, when any rank cannot
     fill its n (the end of the epoch; ranks agree by one all-reduce), drops what it got, calls ``on_epoch_end`` and
     starts the next epoch.
-    Skipped-record counts met on this rank accumulate in `pending` until the trainer sums them over ranks.
-    """
+    Skipped-record counts met on this rank accumulate in `pending` until the trainer sums them over ranks."""
 
     def __init__(self, cfg: RunConfig, ctx: dist.DistContext, epoch: int, batch_in_epoch: int,
                  on_epoch_end: Any):

@@ -1,31 +1,16 @@
 """The models a config builds, and the one place that builds them: :func:`create_model` (the trainer) and
-:func:`load_model` (a run or checkpoint folder: ``config.json`` + safetensors), so every objective's run saves and
-loads the same way. The objective table (:data:`mdc_core.registry.OBJECTIVES`) names each objective's architecture
-(its spec's ``model``); the architectures are the rows of :data:`MODELS`: the captioner
-(:class:`mdc_core.model.Captioner`) and the CLIP baseline, :class:`CLIPModel`.
+:func:`load_model` (a run or checkpoint folder), so every objective's run saves and loads the same way. The
+objective table names each objective's architecture (its spec's ``model``), a row of :data:`MODELS`: the captioner
+(:class:`mdc_core.model.Captioner`) or the CLIP baseline, :class:`CLIPModel`. Sizes are checked before anything is
+built (:func:`check_model_size`), and :func:`load_model` checks the weights' header against the model its
+``config.json`` builds before allocating anything (:func:`check_fits`).
 
-**Loaded without trust.** :func:`load_model` checks the safetensors header of a weight file against the model its
-``config.json`` builds before anything is allocated (:func:`check_fits`), decodes it with one-line errors
-(:func:`~mdc_core.checkpoint.load_weights`) and refuses Hub encoder names in a local folder
-(:func:`~mdc_core.checkpoint.refuse_hub_encoder`).
-
-**The CLIP baseline** (paper Table 1): the captioner's ViT, a causal text encoder of the decoder's shape, and a
-symmetric contrastive loss with a learned temperature (Radford et al., 2021;
-:func:`mdc_core.objectives.clip_loss`).
-
-Built from open_clip's parts: the text tower is ``open_clip.transformer.TextTransformer`` (pre-LN blocks, causal
-mask, final LayerNorm, bias-free projection) configured with the decoder's width / layers / heads / MLP ratio /
-context length, and the loss is ``open_clip.loss.ClipLoss``. The image tower is the same
-:class:`~mdc_core.model.ImageEncoder` the captioners use; its CLS (pre-logits) token is both the probe feature
-and, through a linear projection, the image embedding. The joint space has ``text_width`` dimensions
-(512 for the paper's ViT-B presets, as OpenAI's CLIP ViT-B). open_clip is imported when a CLIP model is built
-or its loss computed, not with this module: importing the ``open_clip`` package pulls in its model zoo
-(``transformers``, scikit-learn), which the captioners never need.
-
-Vocabulary: with ``model.output_vocab="full"`` the text encoder embeds all 49408 CLIP BPE ids. With ``"corpus"``
-(the ``tiny`` preset) it embeds only the corpus ids, with the row mapping of :class:`~mdc_core.model.Captioner`
-(corpus ids in order, then ``<sot>``, ``[MASK]``, pad), so CLIP and the captioners of one preset see the same
-input vocabulary and the 49408-row table does not dominate a tiny model; a word outside the corpus is an error.
+**The CLIP baseline** (paper Table 1): the captioner's ViT, open_clip's causal ``TextTransformer`` of the decoder's
+shape, and open_clip's symmetric contrastive loss with a learned temperature (:func:`mdc_core.objectives.clip_loss`).
+The image tower's CLS token is both the probe feature and, projected, the image embedding; the joint space has
+``text_width`` dimensions. open_clip is imported when a CLIP model is built, not with this module (its package
+pulls in its model zoo). With ``model.output_vocab="corpus"`` the text tower embeds only the corpus ids, with the
+captioner's row mapping, so CLIP and the captioners of one preset see the same input vocabulary.
 """
 
 from __future__ import annotations
@@ -53,8 +38,7 @@ class CLIPModel(nn.Module):
     """Image tower + causal text tower + projections to a joint space + learned logit scale.
 
     `vocab_ids` (V,) are the token ids the text tower embeds when ``cfg.output_vocab == "corpus"`` (the same table
-    the captioners use as their output vocabulary); ignored for ``"full"``.
-    """
+    the captioners use as their output vocabulary); ignored for ``"full"``."""
 
     def __init__(self, cfg: ModelConfig, vocab_ids: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -116,8 +100,7 @@ class CLIPModel(nn.Module):
         The feature of the first ``<eot>`` after the causal transformer and final LayerNorm, projected (CLIP's
         text embedding). Pads follow ``<eot>``, so the causal mask already hides them from it. `rows`: the
         embedding rows of `tokens`, when the caller has looked them up and checked the rows (and their ``<eot>``)
-        already, as the training step does on the host (checking here reads the device: a sync on CUDA).
-        """
+        already, as the training step does on the host (checking here reads the device: a sync on CUDA)."""
         B, L = tokens.shape
         if L > self.cfg.context_length:
             raise ValueError(f"sequence of {L} tokens exceeds the model's context_length {self.cfg.context_length}")
@@ -201,8 +184,7 @@ def create_model(cfg: RunConfig | ModelConfig, objective: str, output_ids: torch
     """A freshly initialised model for `objective` (a row of the objective table).
 
     `output_ids` is the corpus token table when ``cfg.output_vocab == "corpus"`` (the captioners' output rows,
-    CLIP's input rows); None allocates it for a checkpoint to fill, or means the full vocabulary.
-    """
+    CLIP's input rows); None allocates it for a checkpoint to fill, or means the full vocabulary."""
     model_cfg = cfg.model if isinstance(cfg, RunConfig) else cfg
     check_model_size(model_cfg)  # before anything is built: a config inside each limit can still be too large
     spec = objective_spec(objective)

@@ -2,19 +2,13 @@
 
 :class:`LossStep` is :meth:`~LossStep.prepare` on the host, then :meth:`~LossStep.forward` on the device:
 
-* **Prepared on the host.** :class:`HostBatches` tokenizes nothing (the batch comes with its tokens) but trims,
-  masks, checks and maps the captions to embedding and head rows on the host
-  (:func:`mdc_core.objectives.prepare_batch`, its masks drawn once from the micro-batch's seed), counts the batch's
-  loss terms there (:func:`loss_denominator`), and copies it to the device without blocking, so the step never
-  waits for the device (``tests/core/test_step_parts.py`` counts the calls that would).
+* **Prepared on the host.** :class:`HostBatches` trims, masks, checks and maps the captions to embedding and head
+  rows (:func:`mdc_core.objectives.prepare_batch`, masks drawn from the micro-batch's seed), counts the loss terms
+  (:func:`loss_denominator`) and copies the batch without blocking, so the step never waits for the device.
 * **Compiled.** With ``train.compile`` the :class:`Objective` (:func:`~mdc_core.objectives.compute_loss` as a
-  module: what DistributedDataParallel's forward and ``nn.Module.compile`` see) compiles forward + loss as one graph
-  (the same test file checks it with ``torch._dynamo.explain``) and AOTAutograd the backward with it; with
-  ``train.static_shapes`` the shapes repeat, so the step compiles once per caption-length bucket and never after
-  (``tests/core/test_static_step.py`` counts the compiles), and ``compile="reduce-overhead"`` replays forward and
-  backward as CUDA graphs: a few launches per step instead of hundreds, which sets the speed of a small model.
-* **The whole step compiled** (``train.compile_step``, off by default): :class:`WholeStep` adds the gradient
-  clipping, the AdamW update and the EMA update to the compiled region (``tests/core/test_whole_step.py``).
+  module) compiles forward + loss as one graph and AOTAutograd the backward with it; with ``train.static_shapes``
+  the step compiles once per caption-length bucket and never after, and ``"reduce-overhead"`` replays it as CUDA
+  graphs. ``train.compile_step`` (:class:`WholeStep`) adds clipping, AdamW and the EMA to the compiled region.
 * **bf16 autocast** on CUDA by default (:func:`use_bf16`), fp32 on the CPU.
 """
 
@@ -81,8 +75,7 @@ class HostBatches:
     before the copy (a per-masked-token objective's from those masks); nothing prepared for an objective that draws
     its noise on the device itself. :meth:`generator` gives the draws a loss makes on the device (a condition
     transform's): on the CPU the host generator where that batch's preparation left it, on an accelerator a device
-    generator seeded alike.
-    """
+    generator seeded alike."""
 
     def __init__(self, model: torch.nn.Module, cfg: ObjectiveConfig, device: torch.device, static: str = "off",
                  length_bucket: int = 8) -> None:
@@ -170,8 +163,7 @@ class LossStep:
     (``dynamic=False`` with static shapes: one graph per shape, never a dynamic one), and with CUDA graphs each
     call marks a new step for cudagraph trees (the loss and metrics of the last call stay readable until the next).
     `module` is what the trainer wraps in DistributedDataParallel. `backend`: torch.compile's (tests use
-    ``aot_eager``, which traces forward and backward like inductor without generating code).
-    """
+    ``aot_eager``, which traces forward and backward like inductor without generating code)."""
 
     def __init__(self, model: torch.nn.Module, cfg: ObjectiveConfig, tcfg: TrainConfig, device: torch.device,
                  bf16: bool, backend: str = "inductor", distributed: bool = False) -> None:

@@ -1,12 +1,10 @@
 """The captioner: a timm image encoder and a cross-attention text decoder (paper Sec. 3.2, Fig. 2).
 
-Read top to bottom: the image encoder :class:`ImageEncoder`, a thin adapter around ``timm.create_model`` (as
-open_clip's ``TimmModel``: images (B, 3, H, W) -> tokens (B, M, D)) with the optional early-convolution stem
-:class:`ConvStem`; other encoders are rows plug-ins add to :data:`mdc_core.registry.ENCODERS`, chosen by
-``model.encoder`` like a timm name. Then the decoder: :class:`Attention`, :class:`DecoderLayer` (pre-LN
-self-attention -> cross-attention -> MLP), :class:`TextDecoder`, and :class:`Captioner` which ties them together.
-The decoder takes no time input (time-independent parameterization); MDC uses it bidirectionally, ARC causally:
-same class, one flag.
+Read top to bottom: :class:`ImageEncoder`, a thin adapter around ``timm.create_model`` (as open_clip's
+``TimmModel``) with the optional early-convolution stem :class:`ConvStem` (plug-ins add other encoders to
+:data:`mdc_core.registry.ENCODERS`); then :class:`Attention`, :class:`DecoderLayer` (pre-LN self-attention ->
+cross-attention -> MLP), :class:`TextDecoder` and :class:`Captioner`. The decoder takes no time input
+(time-independent parameterization); MDC uses it bidirectionally, ARC causally: same class, one flag.
 """
 
 from __future__ import annotations
@@ -255,8 +253,7 @@ class Attention(nn.Module):
         (batch 1, or expanded from batch 1) serve B query rows by folding the batch into the query axis:
         exact when there is no mask, and nothing is copied. With a list `weights`, the attention probabilities
         (B, h, L, S) are appended to it, computed explicitly instead of by the fused kernel (same output up to
-        rounding; the fused path, and its cost, is untouched when `weights` is None).
-        """
+        rounding; the fused path, and its cost, is untouched when `weights` is None)."""
         B, L, C = x.shape
         q = self.q(x).view(B, L, self.heads, C // self.heads).transpose(1, 2)  # (B, h, L, c)
         k, v = self.project_kv(context) if kv is None else kv  # (B|1, h, S, c)
@@ -302,8 +299,7 @@ class DecoderLayer(nn.Module):
 
         `image_kv`: this layer's cached image keys/values (see :class:`ImageCache`), used instead of `image`.
         `past`: self-attention cache for incremental causal decoding, ``[]`` or ``[k, v]`` (B, h, T, c); the keys
-        and values of `x` are appended to it in place and the queries attend over all of them.
-        """
+        and values of `x` are appended to it in place and the queries attend over all of them."""
         h = self.ln_self(x)
         self_kv = None
         if past is not None:
@@ -324,8 +320,7 @@ class TextDecoder(nn.Module):
     The output head has one row per entry of ``output_ids`` (the full 49408-way vocabulary, or the corpus
     table when ``output_vocab="corpus"``); logit j scores token ``output_ids[j]``. ``[MASK]`` has an input
     embedding but no output row, so it can never be predicted. With a corpus table the input embedding is
-    restricted too: rows ``output_ids`` then ``<sot>``, ``[MASK]``, pad (see ``Captioner.input_index``).
-    """
+    restricted too: rows ``output_ids`` then ``<sot>``, ``[MASK]``, pad (see ``Captioner.input_index``)."""
 
     def __init__(self, cfg: ModelConfig, image_width: int, n_in: int, n_out: int) -> None:
         super().__init__()
@@ -348,8 +343,7 @@ class TextDecoder(nn.Module):
         `cache` replaces `image_tokens` by their precomputed keys/values. `past` (one list per layer, see
         :class:`DecoderLayer`) continues a cached prefix of T tokens: `tokens` sit at positions T..T+L-1 and
         must hold no padding (incremental ARC decoding). `attention`: a list that receives each layer's
-        cross-attention weights (B, h, L, M), first layer first.
-        """
+        cross-attention weights (B, h, L, M), first layer first."""
         B, L = tokens.shape
         start = past[0][0].shape[2] if past and past[0] else 0  # T cached positions
         if start + L > self.pos_emb.shape[0]:
@@ -441,8 +435,7 @@ class Captioner(nn.Module):
         are those of the uncached call. `past`: incremental causal decoding, see :meth:`TextDecoder.hidden`.
         `attention`: a list that receives, per decoder layer (first layer first), the cross-attention weights over
         the M image tokens: (B, L, h, M), or (n, h, M) at the `select` positions; each sums to 1 over M.
-        Off (None) by default, and then nothing extra is computed.
-        """
+        Off (None) by default, and then nothing extra is computed."""
         if cache is None and image_tokens is None:
             raise ValueError("decode needs image_tokens or an image cache")
         if cache is not None and cache.batch not in (1, tokens.shape[0]):

@@ -371,8 +371,7 @@ def register_settings(section: str, settings: type) -> None:
     """Add the fields of dataclass `settings` as keys of config section `section` (only "objective" so far).
 
     Every field needs a default; an optional ``validate(self, section_config)`` raises on bad values. The keys are
-    read as attributes of the section (``cfg.objective.<key>``) and saved with it in ``config.json``.
-    """
+    read as attributes of the section (``cfg.objective.<key>``) and saved with it in ``config.json``."""
     rows = SETTINGS.setdefault(section, [])
     if settings not in rows:
         rows.append(settings)

@@ -133,8 +133,7 @@ def sample(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig, *, 
             positions not fixed are masked whatever `prompt` holds there.
         attention: also return the cross-attention weights of every revealed token (``step_attention``).
         precision: ``auto`` (bf16 autocast on CUDA, fp32 on the CPU), ``fp32`` or ``bf16``; None: the current
-            default (:func:`default_inference_precision`, normally ``auto``).
-    """
+            default (:func:`default_inference_precision`, normally ``auto``)."""
     x, fixed = _start(model, image_tokens, cfg, prompt, fixed)  # (B, N+2) canvas, (B, N) fixed positions
     B, N, device = fixed.shape[0], fixed.shape[1], image_tokens.device
     free = int((~fixed).sum(dim=1).max())  # most slots any row fills
@@ -372,8 +371,7 @@ def trajectory(out: SampleOutput, tokenizer: CaptionTokenizer, index: int = 0, *
     tokens from 0 (``<sot>`` excluded). ``fixed`` lists the positions a prompt fixed (never in a step). Only the
     steps this caption took are listed (other captions of the batch may have needed more). When the sampler ran
     with ``attention=True`` each reveal carries ``attention``: per decoder layer, per head, the weights over the
-    M image tokens (the first ``settings["attention_prefix_tokens"]`` are class tokens), rounded to `digits`.
-    """
+    M image tokens (the first ``settings["attention_prefix_tokens"]`` are class tokens), rounded to `digits`."""
     ids = out.tokens[index].tolist()
     fixed = [] if out.fixed is None else out.fixed[index].nonzero()[:, 0].tolist()
     current: dict[int, int] = {p: ids[p] for p in fixed}  # position -> token on the canvas, replayed step by step

@@ -1,19 +1,13 @@
 """Caption tokenizer: open_clip's CLIP BPE with a ``[MASK]`` id appended (docs/design.md "Decisions").
 
-Ids: 0..49407 are CLIP's BPE vocabulary (``<sot>`` = 49406, ``<eot>`` = 49407). Padding uses id 0, which is
-also the real token "!", so decoding always cuts at ``<eot>`` before turning ids into text. ``[MASK]`` =
-49408 lives only in the decoder's input embedding table; the output head never predicts it.
+Ids: 0..49407 are CLIP's BPE vocabulary (``<sot>`` = 49406, ``<eot>`` = 49407). Padding uses id 0, which is also
+the real token "!", so decoding always cuts at ``<eot>``. ``[MASK]`` = 49408 lives only in the decoder's input
+embedding table; the output head never predicts it. A head restricted to the token ids of the training corpus
+(``model.output_vocab = "corpus"``) uses the id table of :func:`build_output_vocab` and the helpers at the end.
 
-The output head may be restricted to the token ids that occur in the training corpus
-(``model.output_vocab = "corpus"``); :func:`build_output_vocab` makes that id table.
-
-The BPE comes from open_clip without importing the ``open_clip`` package (:func:`open_clip_module`):
-``import open_clip.tokenizer`` first runs ``open_clip/__init__``, which imports its whole model zoo (CoCa ->
-Hugging Face ``transformers`` -> scikit-learn when installed: seconds of start-up and a core that silently depends
-on the extensions' libraries). The two files the core needs, ``tokenizer.py`` (CLIP's BPE) and ``constants.py`` (the
-image mean / std, for :mod:`mdc_core.transforms`), import nothing from their package, so they are executed from
-the installed package's folder as stand-alone modules (open_clip's own when it is already imported). The CLIP
-baseline (:mod:`mdc_core.factory`) still imports open_clip's text tower and loss, when it is built.
+The BPE comes from open_clip without importing the ``open_clip`` package, whose ``__init__`` imports its model zoo
+(``transformers``, scikit-learn: seconds of start-up): its ``tokenizer.py`` and ``constants.py`` import nothing from
+their package, so :func:`open_clip_module` executes them from the installed folder as stand-alone modules.
 """
 
 from __future__ import annotations
@@ -122,8 +116,7 @@ class CaptionTokenizer:
 
         Over-long captions are cut to ``L - 2`` BPE tokens plus ``<eot>`` when `truncate` (what training
         does, as the paper's "padded or truncated to 77 tokens"); otherwise they raise ``ValueError``.
-        Empty captions (no BPE token after cleaning) always raise ``ValueError``.
-        """
+        Empty captions (no BPE token after cleaning) always raise ``ValueError``."""
         if isinstance(texts, str):
             texts = [texts]
         length = context_length or self.context_length
@@ -162,8 +155,7 @@ class CaptionTokenizer:
     def token_strings(self, ids: Sequence[int] | torch.Tensor, *, keep_space: bool = False) -> list[str]:
         """One display string per token (``<sot>`` dropped, cut at ``<eot>``); ``[MASK]`` for masks.
 
-        With `keep_space` a word-final token carries its trailing space, so ``"".join`` gives the text.
-        """
+        With `keep_space` a word-final token carries its trailing space, so ``"".join`` gives the text."""
         if isinstance(ids, torch.Tensor):
             ids = ids.tolist()
         pieces: list[str] = []
@@ -214,8 +206,7 @@ def build_output_vocab(captions: Iterable[str], tokenizer: CaptionTokenizer | No
     """Sorted ids that can be prediction targets for this corpus: every BPE id in `captions` plus ``<eot>``.
 
     ``<eot>`` is included because the autoregressive objective predicts it; the masked objectives never
-    target it (it is never masked) and the sampler never emits it inside the canvas.
-    """
+    target it (it is never masked) and the sampler never emits it inside the canvas."""
     tokenizer = tokenizer or CaptionTokenizer()
     seen: set[int] = {EOT_ID}
     n = 0
@@ -232,8 +223,7 @@ def build_output_vocab(captions: Iterable[str], tokenizer: CaptionTokenizer | No
 def padding_mask(tokens: torch.Tensor) -> torch.Tensor:
     """(B, L) bool, True at pads: every position after the first ``<eot>``.
 
-    Pads cannot be found by id because the pad id 0 is also the real token "!".
-    """
+    Pads cannot be found by id because the pad id 0 is also the real token "!"."""
     is_eot = tokens == EOT_ID
     return (torch.cumsum(is_eot.int(), dim=1) - is_eot.int()) > 0
 
