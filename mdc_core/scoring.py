@@ -400,22 +400,6 @@ class AutoLengthOutput:
         return self.candidates[int(self.choice[index])].tokens[index]
 
 
-def parse_range(text: str, context_length: int) -> list[int]:
-    """``"LO-HI"`` (inclusive) or a comma list ``"5,10,15"`` -> lengths, each within the model's context."""
-    try:
-        if "-" in text:
-            lo, hi = (int(v) for v in text.split("-", 1))
-            lengths = list(range(lo, hi + 1))
-        else:
-            lengths = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError as err:
-        raise ValueError(f"caption length range must look like 3-20 or 5,10,15, got {text!r}") from err
-    limit = context_length - 2
-    if not lengths or min(lengths) < 1 or max(lengths) > limit:
-        raise ValueError(f"caption lengths must lie in 1..{limit} (the model's context), got {text!r}")
-    return sorted(set(lengths))
-
-
 @torch.no_grad()
 def sample_auto_length(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig,
                        lengths: Sequence[int]) -> AutoLengthOutput:

@@ -132,8 +132,9 @@ def cmd_sample_auto(args: argparse.Namespace, model, cfg, image) -> None:
     import torch
 
     from mdc_core.sampler import trajectory
-    from mdc_core.scoring import parse_range, sample_auto_length
+    from mdc_core.scoring import sample_auto_length
     from mdc_core.tokenizer import CaptionTokenizer
+    from mdc_workbench.eval.captioning import parse_range
     lengths = parse_range(args.auto_range, cfg.model.context_length)
     tok = CaptionTokenizer(cfg.model.context_length)
     start = time.perf_counter()

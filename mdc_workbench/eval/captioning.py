@@ -289,7 +289,7 @@ def decode(model: torch.nn.Module, image_tokens: torch.Tensor, decoder: str, *, 
     if kind == "mdc":
         from mdc_core.sampler import sample
         if arg == "auto":
-            from mdc_core.scoring import parse_range, sample_auto_length
+            from mdc_core.scoring import sample_auto_length
             out = sample_auto_length(model, image_tokens, SamplerConfig(),
                                      parse_range(auto_range, model.cfg.context_length))
             return _pad_rows([out.tokens(i) for i in range(image_tokens.shape[0])], image_tokens.device)
@@ -537,3 +537,19 @@ def _caption_runs(plans: list[tuple[Any, list[str]]], items: list[CaptionItem], 
     for i in range(len(plans)):
         results.extend(per_plan[i])
     return median
+
+
+def parse_range(text: str, context_length: int) -> list[int]:
+    """``"LO-HI"`` (inclusive) or a comma list ``"5,10,15"`` -> lengths, each within the model's context."""
+    try:
+        if "-" in text:
+            lo, hi = (int(v) for v in text.split("-", 1))
+            lengths = list(range(lo, hi + 1))
+        else:
+            lengths = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError as err:
+        raise ValueError(f"caption length range must look like 3-20 or 5,10,15, got {text!r}") from err
+    limit = context_length - 2
+    if not lengths or min(lengths) < 1 or max(lengths) > limit:
+        raise ValueError(f"caption lengths must lie in 1..{limit} (the model's context), got {text!r}")
+    return sorted(set(lengths))
