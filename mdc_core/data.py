@@ -264,22 +264,14 @@ def _ignore_interrupts(worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# in memory (data.in_memory)
-#
-# A CPU training step of the ``tiny`` models costs a few hundred milliseconds, and decoding, resizing and
-# normalising a batch of 64 JPEGs costs tens of them, every epoch again. :class:`MemoryBatches` reads the split
-# once through the same records and decoders as the shard loader above, keeps each image
-# as uint8 ``(3, S, S)`` after the evaluation geometry (resize + centre crop), and normalises whole batches as
-# they are drawn; the images it yields are bitwise those of the shard loader. Meant for sets that fit in memory
-# (the embedded data set: 20,000 images of 64 px are 250 MB); the shard loader stays the path for real data.
-#
-# Order. Without shuffling, storage order (the shard loader's order without shuffling). With shuffling, a full
-# permutation drawn from (seed, epoch), cut into batches of `batch_size` (the last partial one dropped when
-# `drop_last`); rank r of `world` takes batches r, r + world, ..., so that world ranks x accumulation A see at each
-# step the micro-batches one process sees with accumulation world x A, as the shard loader guarantees.
-# Records that cannot be used are counted by reason once per epoch, in the first batch of rank 0 (not when the
-# epoch is resumed after its first batch, as the shard loader).
+# -- in memory (data.in_memory) ----------------------------------------------------------------------------------------
+# Decoding a batch of 64 JPEGs costs tens of milliseconds every epoch, a CPU step of the ``tiny`` models a few
+# hundred. :class:`MemoryBatches` reads the split once through the shard loader's records and decoders, keeps each
+# image as uint8 ``(3, S, S)`` after the evaluation geometry and normalises whole batches as they are drawn (bitwise
+# the shard loader's images). For sets that fit in memory (the embedded one: 20,000 images of 64 px, 250 MB).
+# Order: storage order, or with shuffling a full permutation drawn from (seed, epoch) cut into batches; rank r of
+# `world` takes batches r, r + world, ..., so world ranks x accumulation A see what one process with accumulation
+# world x A sees. Unusable records are counted once per epoch, in the first batch of rank 0.
 
 _CACHE: OrderedDict[tuple[str, str, int], dict[str, Any]] = OrderedDict()  # (location, kind, size) -> decoded split
 _CACHE_SIZE = 4  # splits kept decoded per process (train + the evaluation splits of one data set)

@@ -157,11 +157,9 @@ class LossStep:
 
     ``step(images, tokens, seed)`` is :meth:`prepare` (the CPU `tokens` (B, L) on the host: :class:`HostBatches`,
     with the run's static shapes) then :meth:`forward` (:class:`Objective` under bf16 autocast when `bf16`), and
-    returns (loss, metrics) on the device; the caller runs the backward. With a compile mode (``train.compile``,
-    "auto" resolved for the device by :func:`compile_mode`) the :class:`Objective` is
-    compiled in place
-    (``dynamic=False`` with static shapes: one graph per shape, never a dynamic one), and with CUDA graphs each
-    call marks a new step for cudagraph trees (the loss and metrics of the last call stay readable until the next).
+    returns (loss, metrics) on the device; the caller runs the backward. With a compile mode (:func:`compile_mode`)
+    the :class:`Objective` is compiled in place (``dynamic=False`` with static shapes: one graph per shape), and
+    with CUDA graphs each call marks a new step for cudagraph trees (the last call's loss and metrics stay readable).
     `module` is what the trainer wraps in DistributedDataParallel. `backend`: torch.compile's (tests use
     ``aot_eager``, which traces forward and backward like inductor without generating code)."""
 

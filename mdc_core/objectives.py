@@ -75,8 +75,7 @@ class PreparedBatch:
                                 getattr(self, f.name).to(device, non_blocking=non_blocking) for f in fields(self)})
 
 
-# ----------------------------------------------------------------------------------------------------------
-# pure tensor functions
+# -- pure tensor functions ---------------------------------------------------------------------------------------------
 
 
 def maskable_positions(tokens: torch.Tensor) -> torch.Tensor:
@@ -258,8 +257,7 @@ def prepare_batch(tokens: torch.Tensor, cfg: ObjectiveConfig, generator: torch.G
     return PreparedBatch(tokens, inputs, rows, loss_mask, index, index // loss_mask.shape[1], targets, t, valid)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# the loss of a batch
+# -- the loss of a batch -----------------------------------------------------------------------------------------------
 
 
 def loss_function(spec: ObjectiveSpec) -> Callable[..., LossOutput]:

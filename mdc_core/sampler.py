@@ -297,8 +297,7 @@ class Remasking:
         self.conf = torch.where(reveal, conf, self.conf)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# the record of what each step did, apart from the decisions
+# -- the record of what each step did, apart from the decisions --------------------------------------------------------
 
 
 class Recorder:

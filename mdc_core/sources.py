@@ -317,8 +317,7 @@ def _read_karpathy(p: Path, listed: list[dict[str, Any]], split: str | None, ima
     return rows
 
 
-# ----------------------------------------------------------------------------------------------------------
-# raw record streams (no decoding): dicts with "__key__" and members, or {"__skip__": reason}
+# -- raw record streams (no decoding): dicts with "__key__" and members, or {"__skip__": reason} -----------------------
 
 
 def iter_shard_records(shards: list[str], suffixes: set[str] | None = None) -> Iterator[dict[str, Any]]:
