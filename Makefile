@@ -10,7 +10,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 KERNEL := mdc# the Jupyter kernel the notebooks name (their metadata.kernelspec.name; mdc_workbench.runs.plans)
-EXTRAS := dev,app,notebooks,eval,bench,vqgan,tensorboard,cluster# everything but [lab] (pyproject.toml's optional-dependencies)
+EXTRAS := dev,app,notebooks,eval,export,bench,vqgan,tensorboard,cluster# everything but [lab] (pyproject.toml's optional-dependencies)
 
 GPU_PYTHON ?= 3.12# the offline GPU machine's Python (make wheelhouse)
 

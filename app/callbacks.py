@@ -28,9 +28,9 @@ from PIL import Image
 
 from mdc_core import config
 from mdc_core.config import SamplerConfig
-from mdc_core.data.transforms import eval_transform, open_image
 from mdc_core.sampler import trajectory
 from mdc_core.tokenizer import MASK_ID, CaptionTokenizer, shown
+from mdc_core.transforms import eval_transform, open_image
 from mdc_workbench.data import make_example
 from mdc_workbench.viz import trajectory_view
 
@@ -103,7 +103,7 @@ def new_scene(run: str, state: dict | None) -> tuple[int, dict, Image.Image, str
 def open_upload(path: str | None) -> Image.Image:
     """The image file `path` that a user or a script sent, opened the one way every entry point opens an image
     (the upload box, ``/upload``, ``/caption_json``; ``/replay``'s embedded image goes through the same
-    :func:`~mdc_core.data.transforms.open_image`): the file size first, then ``open_image``'s checks (empty, not an
+    :func:`~mdc_core.transforms.open_image`): the file size first, then ``open_image``'s checks (empty, not an
     image, over 10,000 px per side or a decompression bomb, refused before decoding; 16-bit and float images scaled
     to 8 bits, not saturated). Each refusal is one line naming the file (:func:`~mdc_app.runs.refuse`)."""
     path = uploaded_path(path)

@@ -23,7 +23,7 @@ import torch
 from PIL import Image
 
 from mdc_core.config import SamplerConfig, sampler_options
-from mdc_core.sampler import parse_prompt
+from mdc_core.tokenizer import parse_prompt
 from mdc_workbench.viz import animation, trajectory_view
 
 from .runs import LoadedRun, get_run, refuse, step_number, uploaded_path, user_errors

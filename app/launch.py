@@ -18,7 +18,7 @@ from typing import Any
 
 import gradio as gr
 
-from mdc_core.checkpoint import load_model
+from mdc_core.factory import load_model
 from mdc_workbench.export.shipped import SHIPPED_DIR, SHIPPED_LABEL, load_shipped
 
 from . import explore

@@ -1,6 +1,6 @@
 """Runs the app can show: a process-wide cache of loaded models keyed by run folder, and run discovery.
 
-A run is loaded once (``mdc_core.checkpoint.load_model``: config.json + safetensors, no pickle) and shared by
+A run is loaded once (``mdc_core.factory.load_model``: config.json + safetensors, no pickle) and shared by
 every user; :func:`user_errors` turns errors a user can fix into a readable ``gr.Error`` (:func:`refuse`: no
 traceback in the server log).
 """
@@ -23,8 +23,9 @@ from typing import Any
 import gradio as gr
 import torch
 
-from mdc_core.checkpoint import latest_checkpoint, load_model
+from mdc_core.checkpoint import latest_checkpoint
 from mdc_core.config import RunConfig
+from mdc_core.factory import load_model
 from mdc_core.model import Captioner
 from mdc_core.registry import objective_spec
 from mdc_core.tokenizer import CaptionTokenizer

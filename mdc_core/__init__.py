@@ -5,37 +5,17 @@ evaluation, evidence, notebooks and plans, benchmarks, export, MC-Diffusion, the
 ``open_clip`` imports nothing of ``open_clip_train``.
 
 **A reader's path.** Start with the lesson (``notebooks/00_masked_diffusion_captioning.ipynb``), then:
-:mod:`~mdc_core.registry` (the objective table: MDC, its baselines, ARC, CLIP), :mod:`~mdc_core.schedule` (their
-noise processes) and :mod:`~mdc_core.objectives` (their losses) -> :mod:`~mdc_core.model` (timm ViT encoder via
-:mod:`~mdc_core.encoders` + cross-attention text decoder) -> :mod:`~mdc_core.sampler` (unmasking, infilling
-prompts) and :mod:`~mdc_core.scoring` (likelihoods, ``--length auto``) -> :mod:`~mdc_core.train` (the loop, read
-top to bottom: start or resume, then read -> step -> log / checkpoint / stop), with the run's bookkeeping beside
-it: :mod:`~mdc_core.run_folder` (the folder: start or resume, the data fingerprint, restore) and
-:mod:`~mdc_core.run_state` (what the run knows about itself: its train state and records, and the hooks that log
-them). Around them: :mod:`~mdc_core.config` (typed sections), :mod:`~mdc_core.tokenizer`,
-:mod:`~mdc_core.factory` (objective -> model), :mod:`~mdc_core.clip_model` (the CLIP baseline),
-:mod:`~mdc_core.ar_decode` (ARC decoding), :mod:`mdc_core.data` (the readers), :mod:`~mdc_core.loss_step` (a
-micro-batch's forward as the step runs it), :mod:`~mdc_core.checkpoint` (written, verified, loaded without
-trusting a file), :mod:`~mdc_core.runlock` (one writer per folder), :mod:`~mdc_core.distributed`,
-:mod:`~mdc_core.precision`, :mod:`~mdc_core.hub` (``from_pretrained``).
-
-**Downstream code** takes a trained encoder with ``encoder, preprocess = mdc_core.load_encoder(path)``
-(:mod:`~mdc_core.encoder_io`; ``mdc export`` writes the folders it reads). It resolves on first use, so
-``import mdc_core`` imports no torch.
+:mod:`~mdc_core.registry` (the objective table and its noise schedules) and :mod:`~mdc_core.objectives` (the
+losses) -> :mod:`~mdc_core.model` (timm image encoder + cross-attention text decoder) and :mod:`~mdc_core.factory`
+(objective -> model, the CLIP baseline, ``load_model``) -> :mod:`~mdc_core.sampler` (unmasking, precision) and
+:mod:`~mdc_core.scoring` (likelihoods, ``--length auto``), :mod:`~mdc_core.ar_decode` (ARC decoding) ->
+:mod:`~mdc_core.train` (the loop, read top to bottom) with :mod:`~mdc_core.loss_step` (a micro-batch's forward)
+and the run's bookkeeping beside it: :mod:`~mdc_core.run_folder` (start or resume, the data fingerprint, restore),
+:mod:`~mdc_core.run_state` (train state, records, hooks), :mod:`~mdc_core.runlock` (one writer per folder),
+:mod:`~mdc_core.checkpoint` (written and verified without trusting a file), :mod:`~mdc_core.distributed`. Around
+them: :mod:`~mdc_core.config` (typed sections), :mod:`~mdc_core.tokenizer` (with infilling prompts) and the readers
+:mod:`~mdc_core.data`, :mod:`~mdc_core.sources`, :mod:`~mdc_core.transforms`. Export formats (a trained encoder for
+timm, ``from_pretrained``) are the workbench's (:mod:`mdc_workbench.export`).
 """
 
 __version__ = "0.1.0"
-# the public names, each resolved on first use from its module (PEP 562), so that `import mdc_core` stays light
-_LAZY = {"load_encoder": "encoder_io"}
-__all__ = list(_LAZY)
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module 'mdc_core' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:  # the lazy names too (dir() would otherwise show only what was imported)
-    return sorted({*globals(), *__all__})

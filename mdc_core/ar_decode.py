@@ -1,15 +1,11 @@
 """Autoregressive (ARC) caption decoding: greedy and beam search with key/value caches.
 
-An ARC :class:`Captioner` (causal decoder) writes a caption after ``<sot>`` one token at a time until it emits
-``<eot>`` or reaches the context (``context_length - 1`` generated tokens). Two caches make every step cost
-one token: the image cross-attention keys/values (:meth:`Captioner.image_cache`, computed once per image) and
-the self-attention keys/values of the prefix (``past``, extended in place by the decoder, see
-:class:`mdc_core.model.DecoderLayer`). Both are exact: the result equals recomputing the whole prefix.
-
-Log-probabilities are those of the full softmax over the output vocabulary (the distribution the training
-loss sees, so the sum over a caption equals its ``ar`` score in :mod:`mdc_core.scoring`); ``<sot>`` is never a
-candidate (``[MASK]`` has no output row). Beam search ranks hypotheses by their summed log-probability divided
-by ``length ** length_penalty`` (0 = raw sum, the default; 1 = mean per token), counting ``<eot>`` as a token.
+An ARC :class:`Captioner` (causal decoder) writes a caption after ``<sot>`` one token at a time until ``<eot>`` or
+the context is full. The image cross-attention keys/values (:meth:`Captioner.image_cache`) and the prefix's
+self-attention keys/values (``past``) are cached, exactly, so every step costs one token. Log-probabilities are
+those of the full output softmax (a caption's sum is its ``ar`` score in :mod:`mdc_core.scoring`); ``<sot>`` is
+never a candidate. Beam search ranks hypotheses by summed log-probability / ``length ** length_penalty``
+(0 = raw sum, the default; 1 = mean per token), counting ``<eot>`` as a token.
 """
 
 from __future__ import annotations
@@ -117,8 +113,7 @@ def beam_search(model: Captioner, image_tokens: torch.Tensor, *, beam_size: int 
     those ending in ``<eot>`` become finished hypotheses, the best W others live on. An image is done when it
     has W finished hypotheses and none of its live beams scores better than the worst of them (the usual
     heuristic; exact for ``length_penalty=0``, where scores only fall). Live beams at the length limit finish
-    without ``<eot>``. With W = 1 this is greedy decoding.
-    """
+    without ``<eot>``. With W = 1 this is greedy decoding."""
     max_tokens = _check(model, max_tokens)
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")

@@ -1,33 +1,21 @@
-"""Checkpoints: written atomically, verified, found and loaded without executing pickles or trusting a file.
-
-A run folder's checkpoints (the rest of the folder is :mod:`mdc_core.run_folder`'s)::
+"""Checkpoints: written atomically, verified, found and read without executing pickles or trusting a file.
 
     RUN/checkpoints/step_00001500/  model.safetensors, ema.safetensors (optional), config.json (rebuilds the
-                                    model), state.pt (mdc_core.run_state.TrainState: optimizer, scheduler, RNG,
-                                    data position, world size, counters), meta.json
+                                    model), state.pt (mdc_core.run_state.TrainState), meta.json
     RUN/checkpoints/latest          name of the newest complete checkpoint
 
-**Written atomically.** A checkpoint is assembled in a hidden temporary folder and renamed into place, and
-``meta.json`` is written last, so a crash mid-write leaves either the previous checkpoint or a complete new one,
-and a ``step_*`` folder without a valid ``meta.json`` is damaged, never half-written. :func:`save_checkpoint` checks
-the free space first (pruning what the save would prune anyway), turns a full disk anywhere in the write into
-:class:`DiskFullError` after removing its temporary folder, and gives the weights the umask's permissions, not the
-safetensors writer's private 0600. :func:`remove_stale_temporaries` clears what a killed writer left.
+**Written atomically.** A checkpoint is assembled in a hidden temporary folder and renamed into place, ``meta.json``
+last, so a crash leaves the previous checkpoint or a complete new one, and a ``step_*`` folder without a valid
+``meta.json`` is damaged, never half-written. :func:`save_checkpoint` checks the free space first, turns a full disk
+into :class:`DiskFullError` after removing its temporary folder, and gives the weights the umask's permissions.
 
-**Verified.** ``meta.json`` records the size and SHA-256 of every file; loading verifies the files it reads
-(:func:`diagnose`), so a file damaged later (a full disk, a killed copy, a deleted file) raises
-:class:`CheckpointError` naming it instead of a decoder traceback or a silent fallback (``--resume`` sets damaged
-checkpoints aside: :func:`mdc_core.run_folder.resume_point`).
-
-**Loaded without trust.** :func:`load_model` checks the safetensors header of a weight file against the model its
-``config.json`` builds before anything is allocated (:func:`check_fits`), decodes it with one-line errors
-(:func:`load_weights`) and refuses Hub encoder names in a local folder (:func:`refuse_hub_encoder`);
-:mod:`mdc_core.hub` reads a ``save_pretrained`` folder the same way.
+**Verified.** ``meta.json`` records the size and SHA-256 of every file; readers verify the files they read
+(:func:`diagnose`), so a file damaged later raises :class:`CheckpointError` naming it instead of a decoder
+traceback or a silent fallback. Weights are decoded with one-line errors (:func:`load_weights`); no pickle runs.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import hashlib
 import json
@@ -45,7 +33,6 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from .config import RunConfig
-from .factory import create_model
 
 CKPT_DIR = "checkpoints"
 FILES = ("model.safetensors", "config.json", "state.pt")
@@ -393,10 +380,9 @@ def _previous_hint(ckpt: Path) -> str:
 
 # -- loaded ------------------------------------------------------------------------------------------------------------
 
-def load_model(path: str | Path, *, device: str | torch.device = "cpu", ema: bool = False
-               ) -> tuple[torch.nn.Module, RunConfig]:
-    """Rebuild a model from a run or checkpoint folder: its ``config.json`` builds the architecture and the
-    safetensors weights fill it (no pickle is executed). ``ema=True`` loads the EMA weights if saved."""
+def weights_file(path: str | Path, ema: bool = False) -> Path:
+    """The weights file (``model.safetensors``, or ``ema.safetensors`` with `ema`) of a run or checkpoint folder's
+    checkpoint (:func:`resolve_checkpoint`), verified against its ``meta.json``; one-line errors otherwise."""
     ckpt = resolve_checkpoint(path)
     weights = ckpt / ("ema.safetensors" if ema else "model.safetensors")
     if not weights.is_file():
@@ -404,13 +390,7 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", ema: boo
     problem = diagnose(ckpt, (weights.name,))
     if problem:
         raise CheckpointError(problem + _previous_hint(ckpt))
-    cfg = RunConfig.load(ckpt / "config.json")
-    check_fits(cfg, weights)  # before building: a hostile config.json allocates nothing
-    state = load_weights(weights)
-    arch = dataclasses.replace(cfg.model, pretrained=False, pretrained_path="")  # weights come from the checkpoint
-    model = create_model(arch, cfg.objective.name)  # a Captioner, or a CLIPModel for objective "clip"
-    model.load_state_dict(state)
-    return model.to(device).eval(), cfg
+    return weights
 
 
 def unsafe_pickle(path: Path) -> str:
@@ -449,29 +429,6 @@ def weight_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
     except Exception as err:  # SafetensorError for a damaged header
         raise CheckpointError(f"checkpoint file {path} cannot be read ({type(err).__name__}: "
                               f"{str(err).splitlines()[0][:200]}): truncated or not a safetensors file") from err
-
-
-def check_fits(cfg: RunConfig, weights: str | Path) -> None:
-    """Raise :class:`CheckpointError` unless the model `cfg` builds has exactly the tensors, with the same shapes,
-    that the header of safetensors file `weights` lists: checked before anything is allocated (the model is built
-    on the meta device, whose tensors hold no memory; ``cfg`` passed validation, which bounds every size first), so
-    a config.json edited to other sizes is one line, never a model that fills the memory or is left half random."""
-    refuse_hub_encoder(cfg, Path(weights).parent)
-    arch = dataclasses.replace(cfg.model, pretrained=False, pretrained_path="")
-    with torch.device("meta"):
-        own = {k: tuple(v.shape) for k, v in create_model(arch, cfg.objective.name).state_dict().items()}
-    theirs = weight_shapes(weights)
-    bad = [k for k in own if k in theirs and own[k] != theirs[k]]
-    missing, unknown = sorted(set(own) - set(theirs)), sorted(set(theirs) - set(own))
-    parts = [f"{len(bad)} tensors have other shapes (e.g. {bad[0]}: file {theirs[bad[0]]}, config "
-             f"{own[bad[0]]})"] if bad else []
-    if missing:
-        parts.append(f"{len(missing)} tensors of the model are missing from the file (e.g. {missing[0]})")
-    if unknown:
-        parts.append(f"{len(unknown)} tensors of the file are unknown to the model (e.g. {unknown[0]})")
-    if parts:
-        raise CheckpointError(f"checkpoint file {weights} does not fit the config.json beside it: "
-                              f"{'; '.join(parts)}. The config or the weights were edited, or come from another run")
 
 
 def load_weights(path: str | Path) -> dict[str, torch.Tensor]:

@@ -1,16 +1,11 @@
 """Typed run configuration: one dataclass per concern, JSON presets, strict loading.
 
-A run is described by a :class:`RunConfig` holding a :class:`ModelConfig`, :class:`ObjectiveConfig`,
-:class:`DataConfig`, :class:`TrainConfig` and :class:`SamplerConfig`. Presets are JSON files in
-``mdc_core/presets/`` registered by file name (``tiny.json`` -> ``"tiny"``); keys a preset leaves out take
-the dataclass defaults, which are the paper's ViT-B/32 settings (appendix A, Table 6).
-
-Loading is strict: an unknown key, a value of the wrong type or a cross-field contradiction raises
-:class:`ConfigError` (a ``ValueError``) naming the key. Nothing is silently ignored.
-
-Plug-ins add keys to the objective section (:func:`mdc_core.registry.register_settings`): the loader knows them
-once the plug-ins are loaded (on first use), reads and writes them among the section's own keys, and a key no
-loaded plug-in owns is unknown like any other.
+A :class:`RunConfig` holds a :class:`ModelConfig`, :class:`ObjectiveConfig`, :class:`DataConfig`,
+:class:`TrainConfig` and :class:`SamplerConfig`. Presets are JSON files in ``mdc_core/presets/`` named by file
+(``tiny.json`` -> ``"tiny"``); keys a preset leaves out take the dataclass defaults, the paper's ViT-B/32 settings
+(appendix A, Table 6). Loading is strict: an unknown key, a value of the wrong type or a cross-field contradiction
+raises :class:`ConfigError` (a ``ValueError``) naming the key; nothing is silently ignored. Plug-ins add keys to the
+objective section (:func:`mdc_core.registry.register_settings`), read and written among the section's own keys.
 """
 
 from __future__ import annotations
@@ -33,15 +28,14 @@ PRESET_DIR = Path(__file__).parent / "presets"
 SCORE_METHODS = ("heuristic", "mc", "ar")  # caption likelihood scores: the rows of scoring.METHODS
 COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # train.compile
 STATIC_SHAPES = ("auto", "off", "padded", "dense")  # train.static_shapes
-PRECISIONS = ("auto", "fp32", "bf16")  # train.precision and inference --precision (mdc_core.precision)
+PRECISIONS = ("auto", "fp32", "bf16")  # train.precision and inference --precision (mdc_core.sampler)
 
 
 class ConfigError(ValueError):
     """A configuration key is unknown, mistyped, or contradicts another key."""
 
 
-# Upper bounds of the sizes a config builds (ModelConfig.validate): far above every preset (ViT-L/14's decoder is
-# 768 wide, 12 layers), so only a damaged or hostile config.json meets them, before it allocates anything
+# Upper bounds of the sizes a config builds: far above every preset, so only a damaged or hostile config.json meets them
 MODEL_LIMITS = {"image_size": 4096, "text_width": 16384, "text_layers": 256, "text_heads": 256,
                 "context_length": 4096, "output_vocab_size": 49408}  # 49408: the CLIP vocabulary (tokenizer)
 MAX_MLP_RATIO = 64.0
@@ -101,8 +95,7 @@ class ObjectiveConfig:
     normalization: str = "per_token"  # per_token (MDLM NELBO / all valid tokens) | per_sequence (CapPa-style)
     antithetic_t: bool = False  # stratified (low-discrepancy) t across the batch, as MDLM's _sample_t
     min_one_masked: bool = False  # force >= 1 masked token per caption (biased; default keeps the estimator unbiased)
-    # the keys plug-ins add to this section (registry.register_settings): one settings object per plug-in, read as
-    # attributes of the section (cfg.objective.<key>) and saved among its keys; not a key itself
+    # the keys plug-ins add (registry.register_settings), read as cfg.objective.<key>; one object per plug-in, no key
     plugins: dict[str, Any] = field(default_factory=lambda: _plugin_settings("objective"), repr=False,
                                     metadata={"plugin_settings": "objective"})
 
@@ -181,33 +174,15 @@ class TrainConfig:
     nonfinite: str = "stop"  # NaN/inf loss or grad norm: stop (keep the last good checkpoint) | skip the update
     max_skipped_steps: int = 20  # with nonfinite=skip: stop after this many consecutive skipped updates
     dist_timeout_s: int = 600  # torchrun: a collective waiting longer than this (a rank died or hangs) fails
-    # torch.compile of forward + loss + backward: "auto" (reduce-overhead on one CUDA device with grad_accum 1, else
-    # off) | false | true (= "default") | "reduce-overhead" (CUDA graphs replay the step on CUDA; on the CPU it
-    # compiles as "default") | "max-autotune" (measured: benchmarks/README.md)
+    # torch.compile of forward + loss + backward: "auto" (loss_step.compile_mode: reduce-overhead on one CUDA device
+    # with grad_accum 1, else off) | false | true (= "default") | "reduce-overhead" (CUDA graphs) | "max-autotune"
     compile: bool | str = "auto"
-    # shapes that do not change between steps (what a compiled step needs to never recompile): "auto" (padded when
-    # compiling, else off) | off | padded (captions trimmed to a multiple of length_bucket tokens, loss terms padded
-    # to one of 8 counts) | dense (logits at every position: for a small corpus head)
+    # shapes a compiled step never recompiles for: "auto" (padded when compiling, else off) | off | padded (captions
+    # trimmed to a multiple of length_bucket, loss terms padded to one of 8 counts) | dense (logits everywhere)
     static_shapes: str = "auto"
     compile_step: bool = False  # forward to AdamW and EMA as one compiled region (loss_step.WholeStep; compile's mode)
     length_bucket: int = 8  # with static shapes: caption lengths are rounded up to a multiple of this
     tensorboard: bool = False  # also write TensorBoard events into the run folder (rank 0; the run hook "tensorboard")
-
-    def compile_mode(self, device_type: str = "cpu", distributed: bool = False) -> str | None:
-        """torch.compile's mode for train.compile on a `device_type` device, or None when the step runs eagerly.
-        "auto" is "reduce-overhead" (CUDA graphs) for one CUDA process with grad_accum 1, where it measured 2.3x the
-        eager ViT-B/32 step on an H200 (benchmarks/README.md), and off elsewhere (on the CPU compiling does not pay,
-        CUDA graphs cannot accumulate gradients, DDP is not measured with them); "default" for off with compile_step."""
-        if self.compile == "auto":
-            single = device_type == "cuda" and not distributed and self.grad_accum == 1
-            return "reduce-overhead" if single else "default" if self.compile_step else None
-        return "default" if self.compile is True or (self.compile_step and not self.compile) else self.compile or None
-
-    def static_mode(self, compile_mode: str | None) -> str:
-        """train.static_shapes with "auto" resolved: padded when the step compiles (`compile_mode`), else off."""
-        if self.static_shapes != "auto":
-            return self.static_shapes
-        return "off" if compile_mode is None else "padded"
 
     def validate(self) -> None:
         _positive(self, "steps", "batch_size", "grad_accum", "log_every", "ckpt_every", "keep_last",
@@ -273,9 +248,8 @@ def options(section: type) -> tuple[Option, ...]:
 
 @dataclass
 class SamplerConfig:
-    """Greedy confidence unmasking (paper Eq. 6) and its options. Each field is an :func:`option`: ``mdc sample``'s
-    flags, their range checks and the app's controls are generated from these declarations
-    (:func:`sampler_options`), so a new option is its field here and its use in :mod:`mdc_core.sampler`."""
+    """Greedy confidence unmasking (paper Eq. 6) and its options, each an :func:`option` from which ``mdc sample``'s
+    flags, their checks and the app's controls are generated: a new option is its field and its use in the sampler."""
 
     length: int = option(15, "caption length N' in tokens", label="caption length N'", range=(1, 75))
     tokens_per_step: int = option(1, "tokens revealed per step k, 1 as the paper", label="tokens revealed per step k",
@@ -360,8 +334,7 @@ class RunConfig:
         return cls.from_dict(data)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# presets and overrides
+# -- presets and overrides ---------------------------------------------------------------------------------------------
 
 
 def list_presets() -> list[str]:
@@ -381,11 +354,8 @@ def load_preset(name: str, overrides: list[str] | None = None) -> RunConfig:
 
 
 def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
-    """Return a validated copy of `cfg` with ``section.key=value`` strings applied.
-
-    Values are parsed as JSON when possible (``train.betas=[0.9,0.95]``, ``model.pretrained=true``), else
-    taken as strings (``model.encoder=vit_small_patch16_224``), then type-checked like a config file.
-    """
+    """A validated copy of `cfg` with ``section.key=value`` strings applied: values parsed as JSON when possible
+    (``train.betas=[0.9,0.95]``, ``model.pretrained=true``), else taken as strings, then type-checked."""
     data = cfg.to_dict()
     for item in overrides:
         key, sep, raw = item.partition("=")
@@ -406,8 +376,7 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
     return RunConfig.from_dict(data)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# strict construction
+# -- strict construction -----------------------------------------------------------------------------------------------
 
 
 def _plugin_settings(section: str) -> dict[str, Any]:
@@ -513,9 +482,8 @@ def _positive(obj: Any, *names: str) -> None:
 
 
 def check_encoder_kwargs(kwargs: dict[str, Any], where: str = "model.encoder_kwargs") -> None:
-    """Every number in ``model.encoder_kwargs`` (lists included; `where` names them) finite and at most
-    :data:`ENCODER_KWARG_MAX` in size, a depth at most :data:`ENCODER_DEPTH_MAX`: timm builds what they say before
-    any weight is read. Raises :class:`ConfigError`."""
+    """:class:`ConfigError` unless every number in `kwargs` (lists included; `where` names them) is finite and at
+    most :data:`ENCODER_KWARG_MAX` in size, a depth at most :data:`ENCODER_DEPTH_MAX` (timm builds what they say)."""
     for key, value in kwargs.items():
         deep = key == "depth" or key.endswith(("_depth", "layers"))
         most = ENCODER_DEPTH_MAX if deep else ENCODER_KWARG_MAX

@@ -1,15 +1,11 @@
 """Process groups for ``torchrun``: setup/teardown, rank helpers and the few collectives the trainer needs.
 
-``torchrun --nproc_per_node=N -m mdc_workbench train ...`` sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and the
-rendezvous variables; :func:`setup` reads them and joins the default process group (NCCL when the run is on
-CUDA, gloo on CPU) with a timeout, so a collective that waits on a dead or hung rank fails instead of hanging.
-Without those variables (plain ``mdc train``) it returns a one-process context and every helper here is a
-no-op, so the trainer has a single code path.
-
-:class:`StopRequest` turns SIGINT/SIGTERM into a flag the trainer reads at a step boundary (it travels to every
-rank in the step's all-reduce). Every collective here, and the trainer's DDP forward/backward, runs under
-:func:`guard`, which turns a backend error or timeout into :class:`RankFailure` with a message that says what
-happened and what to look at.
+:func:`setup` reads the variables ``torchrun`` sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, the rendezvous) and
+joins the default process group (NCCL on CUDA, gloo on CPU) with a timeout, so a collective waiting on a dead or
+hung rank fails instead of hanging; without them (plain ``mdc train``) every helper is a no-op, one code path.
+:class:`StopRequest` turns SIGINT/SIGTERM into a flag the trainer reads at a step boundary. Every collective, and
+the trainer's DDP forward/backward, runs under :func:`guard`, which turns a backend error or timeout into
+:class:`RankFailure` saying what happened and what to look at.
 """
 
 from __future__ import annotations
@@ -61,8 +57,7 @@ def setup(device_name: str = "auto", timeout_s: int = 600) -> DistContext:
     """Join the process group torchrun describes (or return a one-process context) and pick this rank's device.
 
     `device_name` is ``TrainConfig.device``: ``auto`` takes ``cuda:LOCAL_RANK`` when CUDA is available, else the
-    CPU; ``cpu`` forces gloo even on a GPU machine; ``cuda`` means ``cuda:LOCAL_RANK`` under torchrun.
-    """
+    CPU; ``cpu`` forces gloo even on a GPU machine; ``cuda`` means ``cuda:LOCAL_RANK`` under torchrun."""
     cuda = torch.cuda.is_available()
     if device_name.startswith("cuda") and not cuda:
         raise RuntimeError(f"train.device={device_name!r} but CUDA is not available on this machine")
@@ -135,8 +130,7 @@ def all_reduce_named(ctx: DistContext, values: Mapping[str, torch.Tensor | float
     """Named scalars summed over ranks by one collective (in float64); returns the sums by name.
 
     Every rank must pass the same names. Used for the trainer's step metrics, so that each logged value has a
-    name instead of a position in a vector.
-    """
+    name instead of a position in a vector."""
     if not ctx.distributed and not any(isinstance(v, torch.Tensor) for v in values.values()):
         return {k: float(v) for k, v in values.items()}  # host numbers: nothing to reduce, no device round trip
     keys = list(values)

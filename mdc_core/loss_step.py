@@ -2,19 +2,13 @@
 
 :class:`LossStep` is :meth:`~LossStep.prepare` on the host, then :meth:`~LossStep.forward` on the device:
 
-* **Prepared on the host.** :class:`HostBatches` tokenizes nothing (the batch comes with its tokens) but trims,
-  masks, checks and maps the captions to embedding and head rows on the host
-  (:func:`mdc_core.objectives.prepare_batch`, its masks drawn once from the micro-batch's seed), counts the batch's
-  loss terms there (:func:`loss_denominator`), and copies it to the device without blocking, so the step never
-  waits for the device (``tests/core/test_step_parts.py`` counts the calls that would).
+* **Prepared on the host.** :class:`HostBatches` trims, masks, checks and maps the captions to embedding and head
+  rows (:func:`mdc_core.objectives.prepare_batch`, masks drawn from the micro-batch's seed), counts the loss terms
+  (:func:`loss_denominator`) and copies the batch without blocking, so the step never waits for the device.
 * **Compiled.** With ``train.compile`` the :class:`Objective` (:func:`~mdc_core.objectives.compute_loss` as a
-  module: what DistributedDataParallel's forward and ``nn.Module.compile`` see) compiles forward + loss as one graph
-  (the same test file checks it with ``torch._dynamo.explain``) and AOTAutograd the backward with it; with
-  ``train.static_shapes`` the shapes repeat, so the step compiles once per caption-length bucket and never after
-  (``tests/core/test_static_step.py`` counts the compiles), and ``compile="reduce-overhead"`` replays forward and
-  backward as CUDA graphs: a few launches per step instead of hundreds, which sets the speed of a small model.
-* **The whole step compiled** (``train.compile_step``, off by default): :class:`WholeStep` adds the gradient
-  clipping, the AdamW update and the EMA update to the compiled region (``tests/core/test_whole_step.py``).
+  module) compiles forward + loss as one graph and AOTAutograd the backward with it; with ``train.static_shapes``
+  the step compiles once per caption-length bucket and never after, and ``"reduce-overhead"`` replays it as CUDA
+  graphs. ``train.compile_step`` (:class:`WholeStep`) adds clipping, AdamW and the EMA to the compiled region.
 * **bf16 autocast** on CUDA by default (:func:`use_bf16`), fp32 on the CPU.
 """
 
@@ -81,8 +75,7 @@ class HostBatches:
     before the copy (a per-masked-token objective's from those masks); nothing prepared for an objective that draws
     its noise on the device itself. :meth:`generator` gives the draws a loss makes on the device (a condition
     transform's): on the CPU the host generator where that batch's preparation left it, on an accelerator a device
-    generator seeded alike.
-    """
+    generator seeded alike."""
 
     def __init__(self, model: torch.nn.Module, cfg: ObjectiveConfig, device: torch.device, static: str = "off",
                  length_bucket: int = 8) -> None:
@@ -136,6 +129,24 @@ class Objective(torch.nn.Module):
         return out.loss, out.metrics
 
 
+def compile_mode(tcfg: TrainConfig, device_type: str = "cpu", distributed: bool = False) -> str | None:
+    """torch.compile's mode for ``train.compile`` on a `device_type` device, or None when the step runs eagerly.
+    "auto" is "reduce-overhead" (CUDA graphs) for one CUDA process with grad_accum 1, where it measured 2.3x the
+    eager ViT-B/32 step on an H200 (benchmarks/README.md), and off elsewhere (on the CPU compiling does not pay,
+    CUDA graphs cannot accumulate gradients, DDP is not measured with them); "default" for off with compile_step."""
+    if tcfg.compile == "auto":
+        single = device_type == "cuda" and not distributed and tcfg.grad_accum == 1
+        return "reduce-overhead" if single else "default" if tcfg.compile_step else None
+    return "default" if tcfg.compile is True or (tcfg.compile_step and not tcfg.compile) else tcfg.compile or None
+
+
+def static_mode(tcfg: TrainConfig, mode: str | None) -> str:
+    """``train.static_shapes`` with "auto" resolved: padded when the step compiles (`mode`), else off."""
+    if tcfg.static_shapes != "auto":
+        return tcfg.static_shapes
+    return "off" if mode is None else "padded"
+
+
 def uses_cudagraphs(mode: str | None, device: torch.device) -> bool:
     """Whether torch.compile's `mode` replays the step as CUDA graphs on `device` (never on the CPU)."""
     return device.type == "cuda" and mode in ("reduce-overhead", "max-autotune")
@@ -146,26 +157,23 @@ class LossStep:
 
     ``step(images, tokens, seed)`` is :meth:`prepare` (the CPU `tokens` (B, L) on the host: :class:`HostBatches`,
     with the run's static shapes) then :meth:`forward` (:class:`Objective` under bf16 autocast when `bf16`), and
-    returns (loss, metrics) on the device; the caller runs the backward. With a compile mode (``train.compile``,
-    "auto" resolved for the device by :meth:`~mdc_core.config.TrainConfig.compile_mode`) the :class:`Objective` is
-    compiled in place
-    (``dynamic=False`` with static shapes: one graph per shape, never a dynamic one), and with CUDA graphs each
-    call marks a new step for cudagraph trees (the loss and metrics of the last call stay readable until the next).
+    returns (loss, metrics) on the device; the caller runs the backward. With a compile mode (:func:`compile_mode`)
+    the :class:`Objective` is compiled in place (``dynamic=False`` with static shapes: one graph per shape), and
+    with CUDA graphs each call marks a new step for cudagraph trees (the last call's loss and metrics stay readable).
     `module` is what the trainer wraps in DistributedDataParallel. `backend`: torch.compile's (tests use
-    ``aot_eager``, which traces forward and backward like inductor without generating code).
-    """
+    ``aot_eager``, which traces forward and backward like inductor without generating code)."""
 
     def __init__(self, model: torch.nn.Module, cfg: ObjectiveConfig, tcfg: TrainConfig, device: torch.device,
                  bf16: bool, backend: str = "inductor", distributed: bool = False) -> None:
         prepared = objective_spec(cfg.name).prepared  # an objective that draws its own noise is not compiled by auto
         self.device, self.bf16 = device, bf16
         compiles = prepared or tcfg.compile != "auto" or tcfg.compile_step
-        self.mode = tcfg.compile_mode(device.type, distributed) if compiles else None
+        self.mode = compile_mode(tcfg, device.type, distributed) if compiles else None
         if uses_cudagraphs(self.mode, device) and tcfg.grad_accum > 1:  # pytorch/pytorch#169545: silently wrong grads
             raise ValueError(f"train.compile={self.mode} replays the backward as a CUDA graph, and a second "
                              "micro-batch would overwrite the first one's gradients (CUDA graph trees hand .grad "
                              "their output buffers); use train.grad_accum=1 or train.compile=true")
-        static = tcfg.static_mode(self.mode) if prepared else "off"
+        static = static_mode(tcfg, self.mode) if prepared else "off"
         if static != "off" and tcfg.static_shapes == "auto" and getattr(getattr(model, "cfg", None), "attend_to_pads",
                                                                      False):
             static = "off"  # padding would be visible to such a model (explicit static shapes are refused by validate)

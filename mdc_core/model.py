@@ -1,34 +1,195 @@
 """The captioner: a timm image encoder and a cross-attention text decoder (paper Sec. 3.2, Fig. 2).
 
-Read top to bottom after :mod:`mdc_core.encoders` (the image encoder :class:`~mdc_core.encoders.ImageEncoder`, a
-thin adapter around ``timm.create_model``): :class:`Attention`, :class:`DecoderLayer` (pre-LN self-attention ->
-cross-attention -> MLP), :class:`TextDecoder`, and :class:`Captioner` which ties them together. The decoder
-takes no time input (time-independent parameterization); MDC uses it bidirectionally, ARC causally: same class,
-one flag.
+Read top to bottom: :class:`ImageEncoder`, a thin adapter around ``timm.create_model`` (as open_clip's
+``TimmModel``) with the optional early-convolution stem :class:`ConvStem` (plug-ins add other encoders to
+:data:`mdc_core.registry.ENCODERS`); then :class:`Attention`, :class:`DecoderLayer` (pre-LN self-attention ->
+cross-attention -> MLP), :class:`TextDecoder` and :class:`Captioner`. The decoder takes no time input
+(time-independent parameterization); MDC uses it bidirectionally, ARC causally: same class, one flag.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
 
+import timm
 import torch
 import torch.nn.functional as F
+from timm.models.vision_transformer_hybrid import HybridEmbed
 from torch import nn
 
-from .config import ModelConfig
-from .encoders import build_image_encoder
-from .tokenizer import EMBED_SIZE, EOT_ID, MASK_ID, PAD_ID, SOT_ID, VOCAB_SIZE
+from . import registry
+from .config import ConfigError, ModelConfig, check_encoder_kwargs
+from .tokenizer import (
+    EMBED_SIZE,
+    VOCAB_SIZE,
+    corpus_input_index,
+    lookup_rows,
+    padding_mask,
+    select_positions,
+)
+
+# -- the image encoder ------------------------------------------------------------------------------------------------
+
+class ConvStem(nn.Sequential):
+    """Early convolutions for a ViT (Xiao et al. 2021, "Early Convolutions Help Transformers See Better"):
+    per entry of `channels` one stage of `depth` 3x3 convolutions + norm + ReLU, the first with stride 2,
+    so the stem's stride is ``2 ** len(channels)``. `depth` is one count for every stage or a list, one per stage
+    (e.g. ``[1, 2, 2]``: a single convolution at the highest resolution, where a convolution costs most). `norm`
+    is "batch" (BatchNorm, as in the paper) or "group" (GroupNorm with one group, independent of the batch). The
+    ViT's patch projection then runs on the stem's feature map."""
+
+    NORMS = ("batch", "group")
+
+    def __init__(self, in_chans: int, channels: Sequence[int], depth: int | Sequence[int] = 1,
+                 norm: str = "batch") -> None:
+        if norm not in self.NORMS:
+            raise ValueError(f"conv stem norm must be one of {', '.join(self.NORMS)}, got {norm!r}")
+        depths = list(depth) if isinstance(depth, list | tuple) else [depth] * len(channels)
+        if len(depths) != len(channels) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1
+                                                   for d in depths):
+            raise ValueError(f"model.encoder_kwargs.conv_stem_depth must be an integer >= 1 or a list of "
+                             f"{len(channels)} (one per stage), got {depth!r}")
+        layers: list[nn.Module] = []
+        for c, stage_depth in zip(channels, depths, strict=True):
+            for i in range(stage_depth):
+                layers += [nn.Conv2d(in_chans, c, 3, stride=2 if i == 0 else 1, padding=1, bias=False),
+                           nn.BatchNorm2d(c) if norm == "batch" else nn.GroupNorm(1, c), nn.ReLU()]
+                in_chans = c
+        super().__init__(*layers)
+        self.stride = 2 ** len(channels)
 
 
-def padding_mask(tokens: torch.Tensor) -> torch.Tensor:
-    """(B, L) bool, True at pads: every position after the first ``<eot>``.
+def _conv_stem_embed(channels: Sequence[int], options: dict[str, Any], *, img_size: Any, patch_size: int,
+                     in_chans: int = 3, **kwargs: Any) -> HybridEmbed:
+    """timm ``embed_layer`` for ``encoder_kwargs["conv_stem"]``: tokens keep the stride `patch_size`
+    (the stem takes ``2 ** len(channels)`` of it, the patch projection the rest). `options`: ConvStem's
+    ``depth`` and ``norm``."""
+    stem = ConvStem(in_chans, channels, **options)
+    if patch_size % stem.stride:
+        raise ValueError(f"conv_stem {list(channels)} has stride {stem.stride}, which must divide the encoder's "
+                         f"patch_size {patch_size}")
+    return HybridEmbed(stem, img_size=img_size, patch_size=patch_size // stem.stride, in_chans=in_chans, **kwargs)
 
-    Pads cannot be found by id because the pad id 0 is also the real token "!".
-    """
-    is_eot = tokens == EOT_ID
-    return (torch.cumsum(is_eot.int(), dim=1) - is_eot.int()) > 0
 
+class ImageEncoder(nn.Module):
+    """Any timm model as a token-sequence encoder: images (B, 3, H, W) -> tokens (B, M, D).
+
+    ``encoder_kwargs`` go to ``timm.create_model``, except ``conv_stem`` (a list of channel widths), which gives
+    a ViT the early-convolution stem :class:`ConvStem` (a convolutional inductive bias for small images), with
+    ``conv_stem_depth`` convolutions per stage (default 1; a list gives one count per stage) and
+    ``conv_stem_norm`` "batch" (default) or "group"."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        kwargs = dict(cfg.encoder_kwargs)
+        kwargs.setdefault("img_size", cfg.image_size)
+        stem = kwargs.pop("conv_stem", None)
+        options = {k: kwargs.pop(k) for k in ("conv_stem_depth", "conv_stem_norm") if k in kwargs}
+        if options and not stem:
+            raise ValueError(f"model.encoder_kwargs.{next(iter(options))} needs model.encoder_kwargs.conv_stem")
+        if stem:
+            if not isinstance(stem, list | tuple) or not all(isinstance(c, int) and c > 0 for c in stem):
+                raise ValueError(f"model.encoder_kwargs.conv_stem must be a list of channel widths, got {stem!r}")
+            options = {k.removeprefix("conv_stem_"): v for k, v in options.items()}  # ConvStem's depth, norm
+            kwargs["embed_layer"] = partial(_conv_stem_embed, tuple(stem), options)
+        check_local_dir(cfg.encoder)
+        try:
+            self.trunk = timm.create_model(cfg.encoder, pretrained=cfg.pretrained, num_classes=0, **kwargs)
+        except (RuntimeError, TypeError) as err:
+            raise ValueError(f"timm could not build encoder {cfg.encoder!r} with {kwargs}: {err}") from err
+        if cfg.pretrained_path:
+            load_encoder_weights(self.trunk, cfg.pretrained_path)
+        self.num_prefix_tokens = int(getattr(self.trunk, "num_prefix_tokens", 0))
+        self.width = int(self.trunk.num_features)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        feats = self.trunk.forward_features(images)
+        if feats.ndim == 4:  # convolutional trunk: (B, C, H, W) -> (B, H*W, C)
+            feats = feats.flatten(2).transpose(1, 2)
+        return feats  # (B, M, D), final norm applied by timm
+
+    def pool(self, tokens: torch.Tensor, kind: str = "gap") -> torch.Tensor:
+        """Probe feature: global average of the patch tokens ("gap", the paper's choice for captioners) or
+        the first prefix token ("cls", CLIP's pre-logits feature)."""
+        if kind == "cls":
+            if self.num_prefix_tokens == 0:
+                raise ValueError("this encoder has no class token; use pool='gap'")
+            return tokens[:, 0]
+        return tokens[:, self.num_prefix_tokens:].mean(dim=1)
+
+
+# parameters a model may have, its decoder's or its encoder's (estimated from the widths and depths its config gives):
+# each size limit of ModelConfig alone still allows 16384 wide x 256 layers (800 billion); ViT-L/14 with its decoder
+# holds 0.4 billion. Checked by mdc_core.factory.create_model before anything is built.
+MAX_PARAMS = 2_000_000_000
+WIDTH_KEYS = ("dim", "width", "channels", "hidden")  # encoder arguments naming a width (embed_dim, dims, hidden_size)
+
+
+def encoder_params(kwargs: dict[str, Any]) -> float:
+    """An upper estimate of the parameters of the transformer `kwargs` describe: 12 w^2 per block, w the largest
+    width among them, times the sum of their depths (0 when they give no width or no depth)."""
+    widths, depth = [0.0], 0.0
+    for key, value in kwargs.items():
+        numbers = [abs(x) for x in (value if isinstance(value, (list, tuple)) else [value])
+                   if isinstance(x, (int, float)) and not isinstance(x, bool)]
+        if key == "depth" or key.endswith(("_depth", "layers")):
+            depth += sum(numbers)
+        elif any(k in key for k in WIDTH_KEYS):
+            widths += numbers
+    return 12 * max(widths) ** 2 * depth
+
+
+def check_local_dir(encoder: str) -> None:
+    """``local-dir:FOLDER``: the ``model_args`` timm reads from ``FOLDER/config.json`` pass the limits of
+    ``model.encoder_kwargs`` (:func:`~mdc_core.config.check_encoder_kwargs`) before timm builds anything; a folder
+    without a readable one is left to timm's own message."""
+    if not encoder.startswith("local-dir:"):
+        return
+    path = Path(encoder.removeprefix("local-dir:")).expanduser() / "config.json"
+    try:
+        args = json.loads(path.read_text()).get("model_args", {})
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return
+    if not isinstance(args, dict):
+        raise ConfigError(f"{path}: model_args must be a JSON object, got {type(args).__name__}")
+    check_encoder_kwargs(args, f"{path} model_args")
+    if encoder_params(args) > MAX_PARAMS:
+        raise ConfigError(f"{path} model_args describe an encoder of about {encoder_params(args) / 1e9:.0f} billion "
+                          f"parameters, more than the {MAX_PARAMS / 1e9:.0f} billion a model may have")
+
+
+def build_image_encoder(cfg: ModelConfig) -> nn.Module:
+    """The image encoder of `cfg`: a plug-in's encoder of that name, else the timm model named ``cfg.encoder``."""
+    build = registry.encoder_builder(cfg.encoder)
+    return ImageEncoder(cfg) if build is None else build(cfg)
+
+
+def load_encoder_weights(trunk: nn.Module, path: str | Path) -> None:
+    """Load a local weights file (safetensors or a torch state dict, loaded with weights_only) into `trunk`."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"encoder weights file not found: {path}")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+        state = load_file(str(path))
+    else:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = state.get("state_dict", state.get("model", state)) if isinstance(state, dict) else state
+    missing, unexpected = trunk.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith("head")]
+    if missing:
+        raise ValueError(f"{path} does not fit encoder: missing {len(missing)} keys, e.g. {missing[:3]}")
+    if unexpected and len(unexpected) == len(state):
+        raise ValueError(f"{path} shares no keys with the encoder (e.g. {unexpected[:3]})")
+
+
+# -- the text decoder -------------------------------------------------------------------------------------------------
 
 def vocabulary_ids(cfg: ModelConfig, ids: torch.Tensor | None, name: str) -> torch.Tensor:
     """The (V,) token ids a model's vocabulary table holds: `ids` as given, else every id (``output_vocab="full"``),
@@ -41,39 +202,6 @@ def vocabulary_ids(cfg: ModelConfig, ids: torch.Tensor | None, name: str) -> tor
         raise ValueError(f"model.output_vocab='corpus' needs {name} (or output_vocab_size to allocate them before "
                          "loading a checkpoint)")
     return torch.zeros(cfg.output_vocab_size, dtype=torch.long)  # filled by load_state_dict
-
-
-def corpus_input_index(ids: torch.Tensor) -> torch.Tensor:
-    """(EMBED_SIZE,) token id -> embedding row for a corpus-restricted table: rows ``ids`` in order, then
-    ``<sot>``, ``[MASK]``, pad; -1 for ids the model never saw."""
-    n = len(ids)
-    index = torch.full((EMBED_SIZE,), -1, dtype=torch.long, device=ids.device)
-    index[ids] = torch.arange(n, device=ids.device)
-    index[SOT_ID], index[MASK_ID], index[PAD_ID] = n, n + 1, n + 2
-    return index
-
-
-def select_positions(x: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
-    """x (B, L, ...) at the positions `select` -> (n, ...): a bool mask (B, L), or the n flat positions
-    ``b * L + i`` in row-major order (what ``select.flatten().nonzero()`` gives). The second form has an output
-    shape known without reading the device (a bool mask must be counted first: a host-device sync on CUDA)."""
-    return x[select] if select.dtype == torch.bool else x.flatten(0, 1).index_select(0, select)
-
-
-def unknown_ids(index: torch.Tensor, token_ids: torch.Tensor) -> list[int]:
-    """The distinct ids among `token_ids` (any shape) that the id table `index` (EMBED_SIZE,) has no row for (-1),
-    ascending: the one check behind every "word not in this model's vocabulary" error (inputs, targets, scores)."""
-    missing = index[token_ids] < 0
-    return token_ids[missing].unique().tolist() if bool(missing.any()) else []
-
-
-def lookup_rows(input_index: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """Embedding rows (B, L) of token ids `tokens` (B, L); ValueError naming ids outside the corpus table."""
-    unknown = unknown_ids(input_index, tokens)
-    if unknown:
-        raise ValueError(f"token ids {unknown[:5]} are not in this model's corpus vocabulary (it was trained with "
-                         "model.output_vocab='corpus'); such words cannot be represented by this model")
-    return input_index[tokens]
 
 
 @dataclass
@@ -125,8 +253,7 @@ class Attention(nn.Module):
         (batch 1, or expanded from batch 1) serve B query rows by folding the batch into the query axis:
         exact when there is no mask, and nothing is copied. With a list `weights`, the attention probabilities
         (B, h, L, S) are appended to it, computed explicitly instead of by the fused kernel (same output up to
-        rounding; the fused path, and its cost, is untouched when `weights` is None).
-        """
+        rounding; the fused path, and its cost, is untouched when `weights` is None)."""
         B, L, C = x.shape
         q = self.q(x).view(B, L, self.heads, C // self.heads).transpose(1, 2)  # (B, h, L, c)
         k, v = self.project_kv(context) if kv is None else kv  # (B|1, h, S, c)
@@ -172,8 +299,7 @@ class DecoderLayer(nn.Module):
 
         `image_kv`: this layer's cached image keys/values (see :class:`ImageCache`), used instead of `image`.
         `past`: self-attention cache for incremental causal decoding, ``[]`` or ``[k, v]`` (B, h, T, c); the keys
-        and values of `x` are appended to it in place and the queries attend over all of them.
-        """
+        and values of `x` are appended to it in place and the queries attend over all of them."""
         h = self.ln_self(x)
         self_kv = None
         if past is not None:
@@ -194,8 +320,7 @@ class TextDecoder(nn.Module):
     The output head has one row per entry of ``output_ids`` (the full 49408-way vocabulary, or the corpus
     table when ``output_vocab="corpus"``); logit j scores token ``output_ids[j]``. ``[MASK]`` has an input
     embedding but no output row, so it can never be predicted. With a corpus table the input embedding is
-    restricted too: rows ``output_ids`` then ``<sot>``, ``[MASK]``, pad (see ``Captioner.input_index``).
-    """
+    restricted too: rows ``output_ids`` then ``<sot>``, ``[MASK]``, pad (see ``Captioner.input_index``)."""
 
     def __init__(self, cfg: ModelConfig, image_width: int, n_in: int, n_out: int) -> None:
         super().__init__()
@@ -218,8 +343,7 @@ class TextDecoder(nn.Module):
         `cache` replaces `image_tokens` by their precomputed keys/values. `past` (one list per layer, see
         :class:`DecoderLayer`) continues a cached prefix of T tokens: `tokens` sit at positions T..T+L-1 and
         must hold no padding (incremental ARC decoding). `attention`: a list that receives each layer's
-        cross-attention weights (B, h, L, M), first layer first.
-        """
+        cross-attention weights (B, h, L, M), first layer first."""
         B, L = tokens.shape
         start = past[0][0].shape[2] if past and past[0] else 0  # T cached positions
         if start + L > self.pos_emb.shape[0]:
@@ -311,8 +435,7 @@ class Captioner(nn.Module):
         are those of the uncached call. `past`: incremental causal decoding, see :meth:`TextDecoder.hidden`.
         `attention`: a list that receives, per decoder layer (first layer first), the cross-attention weights over
         the M image tokens: (B, L, h, M), or (n, h, M) at the `select` positions; each sums to 1 over M.
-        Off (None) by default, and then nothing extra is computed.
-        """
+        Off (None) by default, and then nothing extra is computed."""
         if cache is None and image_tokens is None:
             raise ValueError("decode needs image_tokens or an image cache")
         if cache is not None and cache.batch not in (1, tokens.shape[0]):

@@ -1,46 +1,33 @@
 """Training objectives: MDC (paper Alg. 1 / Eq. 5) and its baselines, chosen from one table.
 
-Everything here except :func:`compute_loss` is a pure function of tensors, so the mathematics is tested
-directly against hand-computed values.
-
-Conventions (docs/design.md "Decisions"): caption tokens are ``<sot> c_0 .. c_{N-1} <eot> pad ...``. Only the
-caption tokens ``c_i`` are *maskable*: ``<sot>``, ``<eot>`` and pads are never masked and never in the loss,
-so the sampling canvas ``<sot> [MASK]*N' <eot>`` is in-distribution.
+Everything here except :func:`compute_loss` is a pure function of tensors, tested against hand-computed values.
+Caption tokens are ``<sot> c_0 .. c_{N-1} <eot> pad ...``; only the ``c_i`` are *maskable* (``<sot>``, ``<eot>``
+and pads are never masked and never in the loss), so the sampling canvas ``<sot> [MASK]*N' <eot>`` is
+in-distribution (docs/design.md "Decisions").
 
 MDC loss, per-token normalisation (default)::
 
     L = sum_b w_b * sum_{i masked in b} CE_bi  /  sum_b n_b        w_b = 1/t_b (mdc) or 1 (others)
 
 where n_b is the number of maskable tokens of caption b. Each token is masked with probability t_b, so the 1/t_b
-weight makes up for the fraction of tokens in the sum: this is the NELBO estimator of MDLM with the linear
-schedule alpha_t = 1 - t, for which -alpha'_t / (1 - alpha_t) = 1/t (Eq. 5), and its mean over t is the NELBO.
-The draw of t, the masking rate and w_b are those of the objective's noise schedule (:mod:`mdc_core.schedule`,
-which derives the weight -alpha'_t / (1 - alpha_t) of each schedule it holds).
-Given t, E[L | t] = sum_b sum_i E[CE_bi | t] / sum_b n_b, with CE_bi the cross-entropy of token i when masked: the
-mean per-token cross-entropy at that noise level. It does not make the loss the same at every t: a model that reads
-the caption's unmasked words has fewer of them at larger t, so its loss rises with t (notebook 00 plots it); only
-a predictor that ignores them (fixed CE_bi) has the same expected loss at every t.
-``per_sequence`` normalisation instead averages ``w_b * sum_i CE_bi / n_b`` over captions (CapPa-style).
+weight makes up for the fraction of tokens in the sum: MDLM's NELBO estimator for the linear schedule
+alpha_t = 1 - t (the draw of t, the masking rate and w_b are the objective's schedule's: :mod:`mdc_core.registry`).
+Given t the expected loss is the mean per-token cross-entropy at that noise level, which still rises with t for a
+model that reads the unmasked words (notebook 00 plots it). ``per_sequence`` instead averages
+``w_b * sum_i CE_bi / n_b`` over captions (CapPa-style).
 
-Without the weight there are two losses, and the paper's Table 4 row ("MDC (w/o t)") is the second:
+Without the weight there are two losses; the paper's Table 4 row ("MDC (w/o t)") is the second:
 
 * ``mdc_no_t``, Eq. 5 with ``w_b = 1``: the masked tokens' loss per *caption* token, ``sum_b sum_i CE_bi / sum_b
-  n_b``. Its mean over the masks is ``sum_b t_b n_b CE_b(t_b) / sum_b n_b``: each caption weighted by its t.
-* ``cmlm``, Alg. 1 without ``1/t`` (``cross_entropy(logits[p < t], caps[p < t])``, PyTorch's mean over the
-  masked tokens), Eq. 1's MLM loss, and CMLM's (Ghazvininejad et al. 2019), which the paper says the ablation
-  "essentially becomes": the loss per *masked* token, ``sum_b sum_i CE_bi / sum_b m_b`` (m_b masked tokens of
-  caption b; ``per_sequence``: the mean over captions of ``sum_i CE_bi / m_b``). The row's
-  ``per_masked_token`` says so (:func:`loss_terms`).
+  n_b`` (in expectation each caption weighted by its t).
+* ``cmlm``, Alg. 1 without ``1/t`` (PyTorch's mean over the masked tokens), Eq. 1's MLM loss and CMLM's
+  (Ghazvininejad et al. 2019), which the paper says the ablation "essentially becomes": the loss per *masked*
+  token, ``sum_b sum_i CE_bi / sum_b m_b`` (the row's ``per_masked_token``). The two differ per batch by
+  ``sum_b n_b / sum_b m_b`` (about ``1 / E[t]``), which AdamW is blind to up to its batch-to-batch variation.
 
-Per batch the two differ by the factor ``sum_b n_b / sum_b m_b`` (about ``1 / E[t]``), so under AdamW, which is
-blind to a constant scale of the loss, they train alike up to that factor's batch-to-batch variation; with
-``per_sequence`` they differ more (``cmlm`` gives each caption the same weight whatever its t).
-
-Host and device. Everything data-dependent about a batch (trimming the all-padding columns, the masking draws,
-which positions carry a loss term, their target rows, the embedding rows and the id checks) is decided by
-:func:`prepare_batch`, a pure function of the token ids. The trainer calls it on the host before the transfer
-(:class:`PreparedBatch`), so the device step runs on shapes it never has to compute and never waits for a
-host-device synchronisation; :func:`compute_loss` without a prepared batch calls it on the tokens' device.
+Host and device: everything data-dependent about a batch (trimming, the masking draws, the loss positions and their
+target rows, the embedding rows and the id checks) is decided by :func:`prepare_batch`, a pure function of the
+token ids that the trainer runs on the host (:class:`PreparedBatch`), so the device step never waits for a sync.
 """
 
 from __future__ import annotations
@@ -52,23 +39,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .clip_model import contrastive_loss
 from .config import ObjectiveConfig
-from .model import Captioner, lookup_rows, padding_mask, unknown_ids
+from .model import Captioner
 from .registry import ObjectiveSpec, condition_transforms, objective_spec
-from .tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID
-
-# the accuracy each loss logs, one name per meaning: of the masked tokens (the masked objectives, D3PM's x_0), of
-# the next token (ARC), of in-batch image-text retrieval (CLIP); runs logged before the split call all three
-# "acc_masked", which logged_accuracy still reads
-ACCURACY_KEYS = {"acc_masked": "masked-token accuracy", "acc_next": "next-token accuracy",
-                 "acc_retrieval": "retrieval accuracy"}
-
-
-def logged_accuracy(record: dict[str, Any]) -> tuple[str, float] | None:
-    """(what it measures, value) of the accuracy a metrics record carries (:data:`ACCURACY_KEYS`), or None."""
-    key = next((k for k in ACCURACY_KEYS if k in record), None)
-    return None if key is None else (ACCURACY_KEYS[key], float(record[key]))
+from .tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID, lookup_rows, padding_mask, unknown_ids
 
 
 @dataclass
@@ -83,8 +57,7 @@ class PreparedBatch:
 
     ``inputs`` is what the decoder reads: the noisy captions (masked objectives), the captions without their last
     column (ARC, teacher forcing) or the captions (CLIP). The n loss terms sit at the True positions of
-    ``loss_mask``, in row-major order, which ``index`` holds as flat positions; B captions, L tokens, L_in inputs.
-    """
+    ``loss_mask``, in row-major order, which ``index`` holds as flat positions; B captions, L tokens, L_in inputs."""
 
     tokens: torch.Tensor  # (B, L) the captions, all-padding columns trimmed
     inputs: torch.Tensor  # (B, L_in) decoder (or CLIP text tower) input ids
@@ -102,8 +75,7 @@ class PreparedBatch:
                                 getattr(self, f.name).to(device, non_blocking=non_blocking) for f in fields(self)})
 
 
-# ----------------------------------------------------------------------------------------------------------
-# pure tensor functions
+# -- pure tensor functions ---------------------------------------------------------------------------------------------
 
 
 def maskable_positions(tokens: torch.Tensor) -> torch.Tensor:
@@ -150,8 +122,7 @@ def apply_mask(tokens: torch.Tensor, t: torch.Tensor, *, generator: torch.Genera
     """Mask each maskable token of caption b independently with probability t_b (Alg. 1: ``p < t``).
 
     tokens (B, L), t (B,). Returns (noisy tokens (B, L) with ``[MASK]`` at masked positions, mask (B, L)).
-    With `min_one`, a caption that drew no masked token gets one, chosen uniformly among its maskable tokens.
-    """
+    With `min_one`, a caption that drew no masked token gets one, chosen uniformly among its maskable tokens."""
     maskable = maskable_positions(tokens)
     p = torch.rand(tokens.shape, generator=generator, device=tokens.device)
     mask = (p < t[:, None]) & maskable
@@ -171,8 +142,7 @@ def normalized_token_loss(ce: torch.Tensor, mask: torch.Tensor, weight: torch.Te
     ce: (n,) cross-entropy at the loss positions in row-major order of `mask` (B, L);
     weight: (B,) per-caption weight (1/t or 1); n_valid: (B,) what each caption's loss is divided by (the tokens
     that may carry a loss term, or the masked ones for a per-masked-token loss);
-    owner: (n,) the caption of each masked position when known (else found from `mask`, a sync on CUDA).
-    """
+    owner: (n,) the caption of each masked position when known (else found from `mask`, a sync on CUDA)."""
     row = mask.nonzero()[:, 0] if owner is None else owner  # (n,) caption index of each masked token
     per_caption = torch.zeros(mask.shape[0], dtype=ce.dtype, device=ce.device).index_add_(0, row, ce)  # (B,)
     per_caption = per_caption * weight
@@ -248,8 +218,7 @@ def prepare_batch(tokens: torch.Tensor, cfg: ObjectiveConfig, generator: torch.G
     The masks are drawn on the trimmed captions before padding, so the draws, and the loss up to summation
     order, are those of ``static="off"``.
 
-    On the host (the trainer) none of this waits for an accelerator; the draws are those the loss would make.
-    """
+    On the host (the trainer) none of this waits for an accelerator; the draws are those the loss would make."""
     spec = objective_spec(cfg.name)
     if not spec.prepared:
         raise ValueError(f"objective {cfg.name!r} draws its noise inside its own loss; it takes no prepared batch")
@@ -288,8 +257,7 @@ def prepare_batch(tokens: torch.Tensor, cfg: ObjectiveConfig, generator: torch.G
     return PreparedBatch(tokens, inputs, rows, loss_mask, index, index // loss_mask.shape[1], targets, t, valid)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# the loss of a batch
+# -- the loss of a batch -----------------------------------------------------------------------------------------------
 
 
 def loss_function(spec: ObjectiveSpec) -> Callable[..., LossOutput]:
@@ -327,8 +295,30 @@ def encode_condition(model: Captioner, images: torch.Tensor, cfg: ObjectiveConfi
 
 def clip_loss(model: Any, images: torch.Tensor, tokens: torch.Tensor, cfg: ObjectiveConfig,
               generator: torch.Generator | None = None, prepared: PreparedBatch | None = None) -> LossOutput:
-    """Symmetric InfoNCE of :func:`mdc_core.clip_model.contrastive_loss`; no token masking."""
-    return LossOutput(*contrastive_loss(model, images, tokens, rows=None if prepared is None else prepared.rows))
+    """Symmetric InfoNCE of a batch (open_clip's ClipLoss) of a :class:`~mdc_core.factory.CLIPModel`: images
+    (B, 3, H, W), tokens (B, L); no token masking.
+
+    Under torch.distributed the features of all ranks are gathered (with gradients; each rank scores its own
+    rows against all, open_clip's ``local_loss``), so the negatives are the global batch as in CLIP.
+    ``acc_retrieval`` is the in-batch retrieval accuracy (mean of image->text and text->image top-1). `prepared`
+    holds the tokens' embedding rows, checked on the host (see ``CLIPModel.encode_text``)."""
+    rows = None if prepared is None else prepared.rows
+    image_z, text_z, scale = model.embed_image(images), model.encode_text(tokens, rows=rows), model.scale()
+    image_z, text_z = image_z.float(), text_z.float()  # the softmax over the batch in fp32 under autocast
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if distributed else (0, 1)
+    from open_clip.loss import ClipLoss
+
+    loss_fn = ClipLoss(local_loss=world > 1, gather_with_grad=world > 1, rank=rank, world_size=world)
+    loss = loss_fn(image_z, text_z, scale)
+    with torch.no_grad():
+        logits = image_z @ text_z.T  # (B, B) local batch
+        target = torch.arange(len(logits), device=logits.device)
+        i2t = (logits.argmax(dim=1) == target).float().mean()
+        t2i = (logits.argmax(dim=0) == target).float().mean()
+    metrics = {"loss": loss.detach(), "acc_retrieval": (i2t + t2i) / 2, "acc_i2t": i2t, "acc_t2i": t2i,
+               "logit_scale": scale.detach()}
+    return LossOutput(loss, metrics)
 
 
 def _term_ce(logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:

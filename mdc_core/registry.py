@@ -1,28 +1,238 @@
-"""The plug-in point: the tables the core chooses variants from, which extensions fill when they are imported.
+"""The tables the core chooses variants from: the objective table, the noise processes its rows name, and the
+plug-in point extensions fill when they are imported.
 
-The core declares its own rows (the objectives MDC, its baselines, ARC and CLIP) and never names an extension. An
-extension that adds a variant the core must be able to build (an objective, an image encoder, configuration keys,
-a transform of the image condition during training) registers it when its module is imported, and names that
-module under the entry-point group ``mdc_core.plugins`` (the workbench names its MC-Diffusion plug-in there).
-The core imports them (:func:`load_plugins`) only when it meets a name it does not know: an objective, a config key
-or an image encoder that is no timm model. So an MDC run never loads MC-Diffusion, and an old run folder whose
-``config.json`` carries an extension's keys still loads. A plug-in module stays light (no torch at import): the
-functions it registers import their own modules when called.
+**The objective table** (:data:`OBJECTIVES`): the core's rows (MDC, its baselines, ARC and CLIP), each an
+:class:`ObjectiveSpec` that says everything callers ask about an objective; its loss is its family's
+(:data:`mdc_core.objectives.LOSSES`) unless it brings its own function.
 
-This module imports nothing heavy (the standard library and :mod:`mdc_core.schedule`, which imports no torch at
-the top), so the command line builds its choices from it. A row names its noise process as a schedule object; its
-loss is its family's (:data:`mdc_core.objectives.LOSSES`) unless it brings its own function.
+**The noise process** (:class:`NoiseSchedule`; MDLM's ``noise_schedule.py`` is the model). Each row names one
+schedule object and every caller asks it: the draw of the time ``t`` (:meth:`~NoiseSchedule.draw`), the probability
+``1 - alpha_t`` that a caption token is masked at that time (:meth:`~NoiseSchedule.mask_rate`), the weight of a
+caption's loss, the NELBO's ``w(t) = -alpha'_t / (1 - alpha_t)`` (:meth:`~NoiseSchedule.weight`: ``1 / t`` for the
+paper's linear ``alpha_t = 1 - t``, ``(pi / 2) / tan(pi t / 4)`` for MDLM's cosine ``alpha_t = cos(pi t / 2)``),
+the expected number of loss terms and the masking ratios a run was trained on. ``t`` is drawn uniformly from
+``[objective.t_low, objective.t_high]``, i.i.d. or stratified (``objective.antithetic_t``), and clamped at
+:data:`T_MIN`. Over the whole range [0, 1] every schedule's NELBO is the same number, which is why likelihood
+scoring (Eq. 8) needs no schedule; on a narrower range they differ in which masking rates training sees (the
+paper's Table 5, notebook 02). The derivations: docs/design.md, "The noise schedule". The rows without a time are
+schedules too: :class:`FixedRatio` (BERT), :class:`AllMasked` (parallel decoding) and :class:`TeacherForcing`
+(ARC: nothing masked, every next token a target). CLIP's row has no schedule (None).
+
+**The plug-in point.** The core never names an extension. An extension that adds a variant the core must be able
+to build (an objective, an image encoder, configuration keys, a transform of the image condition during training)
+registers it when its module is imported, and names that module under the entry-point group ``mdc_core.plugins``.
+The core imports them (:func:`load_plugins`) only when it meets a name it does not know, so an MDC run never loads
+an extension and an old run folder whose ``config.json`` carries an extension's keys still loads. A plug-in module
+stays light (no torch at import): the functions it registers import their own modules when called.
+
+This module imports no torch at the top, so the command line builds its choices from it.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from .schedule import AllMasked, CosineSchedule, FixedRatio, LinearSchedule, NoiseSchedule, TeacherForcing
+if TYPE_CHECKING:
+    import torch
+
+T_MIN = 1e-3  # t is clamped here so that every weight stays finite for a range starting at 0 (MDLM's eps=1e-3)
+
+
+def sample_t(batch: int, low: float, high: float, *, antithetic: bool = False,
+             generator: torch.Generator | None = None, device: torch.device | str = "cpu") -> torch.Tensor:
+    """(B,) times in [low, high): i.i.d. uniform, or stratified one per 1/B-bin (MDLM's low-discrepancy
+    sampler: u_b = (b + U) / B), which keeps the marginal uniform and lowers the batch loss variance."""
+    import torch  # on first draw: the command line reads this module without torch
+
+    u = torch.rand(batch, generator=generator, device=device)
+    if antithetic:
+        u = (torch.arange(batch, device=device) + u) / batch
+        u = u[torch.randperm(batch, generator=generator, device=device)]  # no order correlation with data
+    return low + (high - low) * u
+
+
+def _full(batch: int, value: float, device: torch.device | str) -> torch.Tensor:
+    """(B,) tensor of `value` (the same time for every caption)."""
+    import torch  # as in sample_t
+
+    return torch.full((batch,), value, device=device)
+
+
+def _sin(x: Any) -> Any:
+    return math.sin(x) if isinstance(x, (int, float)) else x.sin()
+
+
+def _tan(x: Any) -> Any:
+    return math.tan(x) if isinstance(x, (int, float)) else x.tan()
+
+
+class NoiseSchedule(ABC):
+    """What a training objective's noise process decides; each method is one question callers ask.
+
+    `cfg` is the run's :class:`~mdc_core.config.ObjectiveConfig` (``t_low``, ``t_high``, ``antithetic_t``,
+    ``mask_ratio``); `t` a (B,) tensor of the times :meth:`draw` returned (or a float)."""
+
+    masks: ClassVar[bool] = True  # tokens are masked and predicted (False: teacher forcing, nothing is masked)
+
+    @abstractmethod
+    def draw(self, cfg: Any, batch: int, generator: torch.Generator | None = None,
+             device: torch.device | str = "cpu") -> torch.Tensor:
+        """(B,) time of each caption's noise (drawn from `generator`, on `device`)."""
+
+    def mask_rate(self, t: Any) -> Any:
+        """Probability ``1 - alpha_t`` that each maskable token is masked at time `t` (here: t itself)."""
+        return t
+
+    def weight(self, t: Any) -> Any:
+        """The factor of each caption's masked-token loss: 1 unless the schedule is a weighted time schedule."""
+        return 1.0 if isinstance(t, (int, float)) else t.new_ones(t.shape)
+
+    @abstractmethod
+    def expected_rate(self, cfg: Any) -> float:
+        """The expected masking rate over the draws of `cfg`."""
+
+    def expected_loss_terms(self, lengths: Sequence[int], cfg: Any) -> float:
+        """Expected loss-carrying tokens of captions of `lengths` caption tokens (no ``<sot>``/``<eot>``)."""
+        return self.expected_rate(cfg) * float(sum(lengths))
+
+    @abstractmethod
+    def scoring_ratios(self, cfg: Any) -> tuple[float, ...]:
+        """Masking ratios inside the range a run of objective settings `cfg` was trained on (ratio 0 left out)."""
+
+    def label_suffix(self, cfg: Any) -> str:
+        """What a table adds after the objective's label to tell its runs apart ("" for most)."""
+        return ""
+
+
+@dataclass(frozen=True)
+class TimeSchedule(NoiseSchedule):
+    """A continuous-time schedule: t ~ U[t_low, t_high], masking rate ``1 - alpha_t``, weight
+    ``-alpha'_t / (1 - alpha_t)`` when `weighted` (the NELBO's), else 1. Subclasses give ``alpha_t`` through
+    :meth:`mask_rate`, the weight through :meth:`elbo_weight` and the rate's antiderivative
+    :meth:`rate_integral` (for the expected rate)."""
+
+    weighted: bool = True  # multiply each caption's loss by the NELBO weight (False: MDC without 1/t)
+
+    def draw(self, cfg: Any, batch: int, generator: torch.Generator | None = None,
+             device: torch.device | str = "cpu") -> torch.Tensor:
+        t = sample_t(batch, cfg.t_low, cfg.t_high, antithetic=cfg.antithetic_t, generator=generator, device=device)
+        return t.clamp(min=T_MIN)
+
+    @abstractmethod
+    def elbo_weight(self, t: Any) -> Any:
+        """``-alpha'_t / (1 - alpha_t)``."""
+
+    @abstractmethod
+    def rate_integral(self, t: float) -> float:
+        """An antiderivative of :meth:`mask_rate` at `t`."""
+
+    def weight(self, t: Any) -> Any:
+        return self.elbo_weight(t) if self.weighted else super().weight(t)
+
+    def expected_rate(self, cfg: Any) -> float:
+        """``1 / (t_high - t_low) * int_{t_low}^{t_high} (1 - alpha_t) dt`` (the clamp at T_MIN, which moves it by
+        less than 1e-6, left out)."""
+        return (self.rate_integral(cfg.t_high) - self.rate_integral(cfg.t_low)) / (cfg.t_high - cfg.t_low)
+
+    def scoring_ratios(self, cfg: Any) -> tuple[float, ...]:
+        """The masking rates at three evenly spaced times of [t_low, t_high]."""
+        times = [cfg.t_low + k * (cfg.t_high - cfg.t_low) / 2 for k in range(3)]
+        return tuple(round(float(self.mask_rate(t)), 4) for t in times if t > 0)
+
+
+@dataclass(frozen=True)
+class LinearSchedule(TimeSchedule):
+    """The paper's: ``alpha_t = 1 - t``, tokens masked with probability t, weight 1/t (Eq. 5)."""
+
+    def mask_rate(self, t: Any) -> Any:
+        return t  # 1 - alpha_t, exactly the drawn t
+
+    def elbo_weight(self, t: Any) -> Any:
+        return 1.0 / t
+
+    def rate_integral(self, t: float) -> float:
+        return t * t / 2
+
+
+@dataclass(frozen=True)
+class CosineSchedule(TimeSchedule):
+    """MDLM's cosine schedule: ``alpha_t = cos(pi t / 2)``, weight ``(pi / 2) / tan(pi t / 4)`` (module
+    docstring). Both are written with ``pi t / 4`` (``1 - cos(2x) = 2 sin^2 x``), which keeps small rates exact."""
+
+    def mask_rate(self, t: Any) -> Any:
+        return 2 * _sin(math.pi / 4 * t) ** 2
+
+    def elbo_weight(self, t: Any) -> Any:
+        return (math.pi / 2) / _tan(math.pi / 4 * t)
+
+    def rate_integral(self, t: float) -> float:
+        return t - 2 / math.pi * math.sin(math.pi / 2 * t)
+
+
+@dataclass(frozen=True)
+class FixedRatio(NoiseSchedule):
+    """Image-conditioned BERT: every caption masked with probability ``objective.mask_ratio``, no weight."""
+
+    def draw(self, cfg: Any, batch: int, generator: torch.Generator | None = None,
+             device: torch.device | str = "cpu") -> torch.Tensor:
+        return _full(batch, cfg.mask_ratio, device)
+
+    def expected_rate(self, cfg: Any) -> float:
+        return float(cfg.mask_ratio)
+
+    def scoring_ratios(self, cfg: Any) -> tuple[float, ...]:
+        return (float(cfg.mask_ratio),)
+
+    def label_suffix(self, cfg: Any) -> str:
+        return f" r={cfg.mask_ratio:g}"
+
+
+@dataclass(frozen=True)
+class AllMasked(NoiseSchedule):
+    """Parallel decoding (CapPa): every caption token masked (rate 1), no weight."""
+
+    def draw(self, cfg: Any, batch: int, generator: torch.Generator | None = None,
+             device: torch.device | str = "cpu") -> torch.Tensor:
+        return _full(batch, 1.0, device)
+
+    def expected_rate(self, cfg: Any) -> float:
+        return 1.0
+
+    def scoring_ratios(self, cfg: Any) -> tuple[float, ...]:
+        return (1.0,)
+
+
+@dataclass(frozen=True)
+class TeacherForcing(NoiseSchedule):
+    """Autoregressive captioning: nothing masked; token i + 1 predicted from tokens <= i, so every caption token
+    and ``<eot>`` is a target. Its "time" is 1 for every caption (what the loss logs as ``t_mean``)."""
+
+    masks: ClassVar[bool] = False
+
+    def draw(self, cfg: Any, batch: int, generator: torch.Generator | None = None,
+             device: torch.device | str = "cpu") -> torch.Tensor:
+        return _full(batch, 1.0, device)
+
+    def mask_rate(self, t: Any) -> Any:
+        return t * 0
+
+    def expected_rate(self, cfg: Any) -> float:
+        return 0.0
+
+    def expected_loss_terms(self, lengths: Sequence[int], cfg: Any) -> float:
+        return float(sum(lengths)) + len(lengths)  # every caption token and <eot>
+
+    def scoring_ratios(self, cfg: Any) -> tuple[float, ...]:
+        return ()
+
+
+# -- the objective table and the plug-in point ------------------------------------------------------------------
 
 ENTRY_POINT_GROUP = "mdc_core.plugins"  # [project.entry-points."mdc_core.plugins"] name = "module"
 
@@ -46,7 +256,7 @@ class ObjectiveSpec:
     its default decoder are all read from here, never from its name."""
 
     causal: bool  # decoder self-attention is causal (teacher forcing) instead of bidirectional
-    schedule: NoiseSchedule | None  # the noise process (mdc_core.schedule); None: no caption token is predicted
+    schedule: NoiseSchedule | None  # the noise process (above); None: no caption token is predicted
     loss: Callable[..., Any] | None = None  # the batch loss (model, images, tokens, cfg, generator) -> LossOutput;
     # None: its family's (mdc_core.objectives.LOSSES); a plug-in's row brings its own
     model: str = "captioner"  # architecture (mdc_core.factory.MODELS): "captioner" or "clip" (contrastive loss)
@@ -65,7 +275,7 @@ class ObjectiveSpec:
         if self.decoder not in DECODERS:
             raise ValueError(f"objective decoder {self.decoder!r}: choose one of {', '.join(DECODERS)}")
         if (self.schedule is None) != (self.family == "contrastive"):
-            raise ValueError("a captioner's objective names its noise schedule (mdc_core.schedule); a contrastive "
+            raise ValueError("a captioner's objective names its noise schedule (a NoiseSchedule); a contrastive "
                              "one has none")
 
     @property
@@ -103,7 +313,7 @@ OBJECTIVES: dict[str, ObjectiveSpec] = {
         label="CMLM (w/o 1/t, per masked token)",
         description="CMLM (the paper's MDC without the 1/t weight, Table 4): the mean cross-entropy of the masked "
                     "tokens, each caption token masked with probability t ~ U[{t_low}, {t_high}]"),
-    "mdc_cosine": ObjectiveSpec(  # MDC with MDLM's cosine schedule (mdc_core.schedule.CosineSchedule)
+    "mdc_cosine": ObjectiveSpec(  # MDC with MDLM's cosine schedule (CosineSchedule)
         causal=False, schedule=CosineSchedule(), label="MDC (cosine)",
         description="masked diffusion captioning with MDLM's cosine schedule: t ~ U[{t_low}, {t_high}], each caption "
                     "token masked with probability 1 - cos(pi t / 2), the loss weighted by -alpha'_t / (1 - alpha_t) "
@@ -161,8 +371,7 @@ def register_settings(section: str, settings: type) -> None:
     """Add the fields of dataclass `settings` as keys of config section `section` (only "objective" so far).
 
     Every field needs a default; an optional ``validate(self, section_config)`` raises on bad values. The keys are
-    read as attributes of the section (``cfg.objective.<key>``) and saved with it in ``config.json``.
-    """
+    read as attributes of the section (``cfg.objective.<key>``) and saved with it in ``config.json``."""
     rows = SETTINGS.setdefault(section, [])
     if settings not in rows:
         rows.append(settings)

@@ -1,26 +1,24 @@
 """The run folder, and how a run starts or resumes in it: what :func:`mdc_core.train.train` does before its first
 step. The folder, top to bottom as the trainer meets it::
 
-    RUN/.mdc.lock              the writer's lock (RunLock)
+    RUN/.mdc.lock              the writer's lock (mdc_core.runlock)
     RUN/data_fingerprint.json  what the training split holds (record_fingerprint)
     RUN/config.json            the run's RunConfig, written by the trainer
     RUN/metrics.jsonl          one record per logged step; epochs.jsonl: one per epoch (mdc_core.run_state)
     RUN/checkpoints/step_*/    weights, config.json, state.pt, meta.json (mdc_core.checkpoint)
 
-* **One writer.** Rank 0 holds the folder's lock (:class:`~mdc_core.runlock.RunLock`: an advisory ``flock`` on
-  ``.mdc.lock``, which the kernel drops when its process dies) from before anything is written; every rank stops at
-  once, naming the holder, when another process holds it (:func:`lock_run_folder`).
+* **One writer.** Rank 0 holds the folder's lock from before anything is written; every rank stops at once, naming
+  the holder, when another process holds it (:func:`lock_run_folder`).
 * **Start or resume.** :func:`prepare_run` checks the data and the folder and picks the checkpoint to continue from
-  (:func:`resume_point`: damaged ones set aside as ``corrupt_step_*`` with a warning); the config given must be the
-  saved one (only ``train.steps`` and the data's location may change). A run is started over only when it never
-  reached a checkpoint, and then its old logs are set aside, never rewritten (:func:`refuse_start_over`).
-* **Data fingerprint.** ``data_fingerprint.json`` records a digest of the training split's content and each shard's
-  digest with its size and modification time (a resume in place reads no shard again); ``--resume --data NEW``
-  accepts data that moved when its content is the same (:func:`accept_moved_data`). A refused resume writes nothing.
-* **Restore.** :func:`restore` puts the optimizer, schedule, EMA, RNG and counters back as a checkpoint's train
-  state (:class:`~mdc_core.run_state.TrainState`) holds them and cuts the logs back to its step. When no checkpoint
-  has intact train state but one has intact weights, the run goes on from those, with the step, the data position
-  and the counters rebuilt from the logs (:func:`weights_only_state`; AdamW's moments and the RNG are lost).
+  (:func:`resume_point`: damaged ones set aside as ``corrupt_step_*``); the config given must be the saved one
+  (only ``train.steps`` and the data's location may change). A run is started over only when it never reached a
+  checkpoint, and then its old logs are set aside, never rewritten (:func:`refuse_start_over`).
+* **Data fingerprint.** ``data_fingerprint.json`` records a digest of the training split's content and of each
+  shard (with its size and times, so a resume in place reads no shard again); ``--resume --data NEW`` accepts data
+  that moved when its content is the same (:func:`accept_moved_data`). A refused resume writes nothing.
+* **Restore.** :func:`restore` puts back what a checkpoint's train state holds and cuts the logs back to its step;
+  when only a checkpoint's weights are intact, the step, the data position and the counters come from the logs
+  (:func:`weights_only_state`; AdamW's moments and the RNG are lost).
 """
 
 from __future__ import annotations
@@ -41,9 +39,9 @@ import torch
 from . import checkpoint as ckpt_io
 from . import distributed as dist
 from .config import RunConfig
-from .data.sources import data_fingerprint, resolve_source
 from .run_state import Counters, TrainState, count, logged_step, read_jsonl, resume_problem, set_rng_state
 from .runlock import LinkRefused, RunFolderBusy, RunLock, refuse_links
+from .sources import data_fingerprint, resolve_source
 
 FINGERPRINT_FILE = "data_fingerprint.json"
 

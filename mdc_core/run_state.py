@@ -1,20 +1,15 @@
-"""What a run knows about itself: its train state (what a checkpoint's ``state.pt`` holds) and its records
-(``metrics.jsonl``: one record per logged step; ``epochs.jsonl``: one per finished epoch, with the corrupt records
-skipped, by reason; the progress bar; the run's hooks).
+"""What a run knows about itself: its train state (a checkpoint's ``state.pt``) and its records (``metrics.jsonl``:
+one record per logged step; ``epochs.jsonl``: one per epoch, with the corrupt records skipped, by reason).
 
-**Train state.** :class:`TrainState` is everything a resume needs besides the weights: the optimizer, the schedule
-and the RNG states (:func:`rng_state`), the data position and the run's :class:`Counters`.
-:meth:`TrainState.state_dict` is the only writer of ``state.pt``'s keys and :meth:`TrainState.from_state_dict`
-their only reader (keys an older checkpoint lacks take the defaults), so the trainer, the checkpoint writer
-(:mod:`mdc_core.checkpoint`) and a resume (:mod:`mdc_core.run_folder`) spell none of them.
+**Train state.** :class:`TrainState` is everything a resume needs besides the weights (optimizer, schedule and RNG
+states, the data position, the :class:`Counters`); :meth:`TrainState.state_dict` is the only writer of
+``state.pt``'s keys and :meth:`TrainState.from_state_dict` their only reader (missing keys take the defaults).
 
-**Records.** :class:`RunLog` writes them (rank 0) and keeps the counts summed over ranks (samples read, captions
-truncated, records skipped). Its :meth:`~RunLog.read` is where the host waits for the device: the step's loss,
-metrics, gradient norm and non-finite flag with the counts since the last read, summed over ranks in one
-collective; the trainer calls it at logging and checkpoint steps only (every step with ``train.nonfinite=skip``).
-A hook (:class:`RunHook`) is a logger beside ``metrics.jsonl`` that rank 0 tells each record, each checkpoint and
-the end: ``train(..., hooks=[factory])`` passes one, and ``train.tensorboard=true`` loads the one installed as
-``tensorboard`` in the entry-point group :data:`HOOK_GROUP` (the workbench's TensorBoard writer).
+**Records.** :class:`RunLog` writes them (rank 0) and keeps the counts summed over ranks. Its :meth:`~RunLog.read`
+is where the host waits for the device: the step's loss, metrics, gradient norm and non-finite flag, summed over
+ranks in one collective, at logging and checkpoint steps only. A hook (:class:`RunHook`) is a logger that rank 0
+tells each record, each checkpoint and the end: ``train(..., hooks=[factory])`` passes one, and
+``train.tensorboard=true`` loads the one installed as ``tensorboard`` in the entry-point group :data:`HOOK_GROUP`.
 """
 
 from __future__ import annotations
@@ -37,7 +32,19 @@ from tqdm.auto import tqdm
 from . import distributed as dist
 from .config import ConfigError, RunConfig
 from .data import SKIP_REASONS
-from .objectives import logged_accuracy
+
+# the accuracy each loss logs, one name per meaning: of the masked tokens (the masked objectives, D3PM's x_0), of
+# the next token (ARC), of in-batch image-text retrieval (CLIP); runs logged before the split call all three
+# "acc_masked", which logged_accuracy still reads
+ACCURACY_KEYS = {"acc_masked": "masked-token accuracy", "acc_next": "next-token accuracy",
+                 "acc_retrieval": "retrieval accuracy"}
+
+
+def logged_accuracy(record: dict[str, Any]) -> tuple[str, float] | None:
+    """(what it measures, value) of the accuracy a metrics record carries (:data:`ACCURACY_KEYS`), or None."""
+    key = next((k for k in ACCURACY_KEYS if k in record), None)
+    return None if key is None else (ACCURACY_KEYS[key], float(record[key]))
+
 
 # -- train state -------------------------------------------------------------------------------------------------------
 

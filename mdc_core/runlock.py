@@ -1,18 +1,13 @@
 """One writer per run folder: an exclusive lock taken before anything is written into the folder.
 
-``with RunLock(folder, "mdc train"):`` holds an advisory ``flock`` on ``folder/.mdc.lock`` for the block
-(``mdc train`` and ``train()`` on a run folder, ``mdc runs`` on a plan folder and on each run folder). The kernel
-grants the lock to one open file at a time, so two writers started at the same instant cannot both get it, and
-it drops the lock when its process dies: a lock file left by a crashed writer (``kill -9``, a power cut) is found
-unlocked and taken over, never waited on. The file records its holder (PID, host, command, start time), so a
-second writer fails at once with a one-line :class:`RunFolderBusy` naming the holder; the file is removed when the
-lock is released. (``filelock`` locks the same way but records no holder to name.) POSIX only (``fcntl``); on a
-network file system the lock is as good as its ``flock`` support (NFSv4 and Lustre with ``flock`` grant it
-across machines).
+``with RunLock(folder, "mdc train"):`` holds an advisory ``flock`` on ``folder/.mdc.lock`` (run folders, and plan
+folders in ``mdc runs``). The kernel grants it to one open file at a time and drops it when its process dies, so a
+lock left by a crashed writer is taken over, never waited on. The file records its holder (PID, host, command,
+start time), so a second writer fails at once with a one-line :class:`RunFolderBusy` naming it. (``filelock`` locks
+the same way but records no holder to name.) POSIX only (``fcntl``). No torch here: the command line takes it.
 
-**No links followed.** The lock file is opened with ``O_NOFOLLOW``, and :func:`refuse_links` (called by its users
-under the lock, before their first write) names any symbolic link among what they write in the folder: nothing a
-writer writes or deletes follows a link out of the folder it owns (:class:`LinkRefused`, one line, nothing written).
+**No links followed.** The lock file is opened with ``O_NOFOLLOW``, and :func:`refuse_links` (called under the lock,
+before the first write) names any symbolic link among what a writer writes (:class:`LinkRefused`, one line).
 """
 
 from __future__ import annotations
@@ -89,8 +84,7 @@ class RunLock:
 
     Args:
         folder: the run (or plan) folder to lock.
-        command: what the holder is doing, shown to a second writer (e.g. ``"mdc train"``).
-    """
+        command: what the holder is doing, shown to a second writer (e.g. ``"mdc train"``)."""
 
     def __init__(self, folder: str | Path, command: str = ""):
         self.folder, self.command = Path(folder), command

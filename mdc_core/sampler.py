@@ -1,69 +1,57 @@
 """Confidence-ordered unmasking sampler (paper Eq. 6) with its full trajectory.
 
 Start from the canvas ``<sot> [MASK]*N' <eot>``. At every step the decoder predicts all positions; each
-still-masked position's confidence is the highest probability it assigns to any allowed token, and the
-k most confident masked positions are revealed with their argmax tokens (k = 1 in the paper, so N' steps).
-Revealed tokens never change. ``<sot>``/``<eot>`` are excluded from the canvas vocabulary (and ``[MASK]``
-has no output row), so the caption is always N' real tokens. Confidences are probabilities under the
-softmax over the allowed tokens.
+still-masked position's confidence is the highest probability it assigns to any allowed token (softmax over the
+allowed tokens: ``<sot>``/``<eot>`` are excluded and ``[MASK]`` has no output row, so the caption is always N' real
+tokens), and the k most confident masked positions are revealed with their argmax tokens (k = 1 in the paper, so
+N' steps). Revealed tokens never change. The options (:class:`~mdc_core.config.SamplerConfig`: k, temperature and
+top-k, Fast-dLLM's confidence threshold) each say there what they change.
 
-Options: ``tokens_per_step`` (k), ``temperature`` > 0 with ``top_k`` to sample the candidate token instead of
-taking the argmax (its confidence is still its untempered probability), ``seed`` for that sampling, and
-``threshold`` > 0 for Fast-dLLM's parallel decoding: each step also reveals every other masked position whose
-confidence is >= threshold, so the number of steps depends on the data (at most ceil(N'/k)).
+Infilling (``prompt``): the canvas may start with some positions fixed (``[MASK]`` at the slots to fill); fixed
+tokens are never changed, revealed or remasked, and the trajectory covers only the slots.
+:func:`~mdc_core.tokenizer.parse_prompt` reads a prompt from text (``"a [MASK] square on the _"``); which filling
+the model prefers is :func:`mdc_core.scoring.score_fills`.
 
-Infilling (``prompt``): the canvas may start with some positions fixed (a prompt of token ids with ``[MASK]`` at
-the slots to fill); fixed tokens are never changed, never revealed and never remasked, and the trajectory covers
-only the slots. :func:`parse_prompt` reads such a prompt from text: ``"a [MASK] square on the _"`` is tokenised in
-place, each stretch of text between slots with the caption tokenizer (CLIP's BPE splits at word boundaries, so
-this equals tokenising the words in the full caption), each slot one ``[MASK]`` token; the prompt's token count is
-the caption length N'. Which filling the model prefers is :func:`mdc_core.scoring.score_fills`.
+Revisable tokens (opt-in, ``remask_threshold`` > 0 and ``remask_steps`` > 0): ReMDM-conf's confidence score in a
+ReMDM-loop phase (Wang et al., 2025, arXiv:2503.00307), made deterministic as Mask-Predict (Ghazvininejad et al.,
+2019) by remasking the least confident tokens. Once a caption has no mask left, each extra step masks again its k
+least confident revealed tokens among those revealed with confidence below ``remask_threshold`` and predicts them
+anew; a token that comes back unchanged is not picked again until another token of its caption changes. A caption
+stops when nothing qualifies or after ``remask_steps`` extra steps. With the defaults (0, 0) the sampler is Eq. 6.
 
-Attention (``attention=True``): each revealed token's cross-attention weights over the M image tokens, per
-decoder layer and head, at the step that revealed it (:attr:`SampleOutput.step_attention`). Off by default; the
-fused attention kernel then runs as before, at no extra cost.
+Every row of a batch follows its own trajectory: sampling a batch gives exactly the trajectories of sampling its
+images one by one (greedy; with temperature the random draws are shared by the batch). The image cross-attention
+keys/values are computed once per batch (:meth:`Captioner.image_cache`), exactly.
 
-Revisable tokens (opt-in, ``remask_threshold`` > 0 and ``remask_steps`` > 0): the variant is ReMDM-conf's
-confidence score used in a ReMDM-loop phase (Wang et al., 2025, "Remasking Discrete Diffusion Models with
-Inference-Time Scaling", arXiv:2503.00307), made deterministic by choosing the tokens to remask as Mask-Predict does
-(Ghazvininejad et al., 2019: the least confident ones). Once a caption has no mask left, each extra step masks
-again its k least confident revealed tokens among those whose confidence (the probability they had when last
-revealed) is below ``remask_threshold``, then predicts them with the usual rule from the whole rest of the caption;
-a token that comes back unchanged is not picked again until another token of its caption changes. A caption stops
-when nothing qualifies or after ``remask_steps`` extra steps, so it takes at most ceil(N'/k) + remask_steps
-steps. With the defaults (0, 0) nothing of this runs and the sampler is exactly Eq. 6.
-
-Every row of a batch follows its own trajectory: sampling a batch gives exactly the trajectories of sampling
-its images one by one (greedy; with temperature the random draws are shared by the batch).
-
-The image cross-attention keys/values are computed once per batch (:meth:`Captioner.image_cache`) and
-reused by every step; the result equals the uncached computation.
-
-Precision (``precision``): the decoder runs under bf16 autocast on CUDA and in fp32 on the CPU by default
-(:mod:`mdc_core.precision`); confidences and the softmax are always taken in fp32.
+**Precision** (``auto`` | ``fp32`` | ``bf16``, one rule for inference and training): ``auto`` is bf16 autocast on a
+CUDA device that supports it and fp32 elsewhere (a CPU without native bf16 runs bf16 matmuls hundreds of times
+slower); confidences, softmaxes and likelihoods are taken in fp32. ``precision=None`` means the current default,
+``auto`` unless a caller set another for a block with :func:`default_inference_precision` (how ``mdc ...
+--precision`` reaches the sampling and scoring inside the eval verbs).
 
 Reading order: :func:`sample` is the loop of Eq. 6 (remask, predict, propose, reveal, record); each decision is a
 small object chosen once from the settings: the proposed token (:func:`greedy` or :class:`TemperatureDraw`), which
 proposals to reveal (:class:`ConfidenceReveal`), which revealed tokens to revise (:class:`NoRemasking` or
-:class:`Remasking`); :class:`Recorder` keeps the trajectory apart from the decisions, and :func:`trajectory` turns it
-into the JSON record that the app, the notebooks and the GIFs replay; the prompt helpers close the module.
+:class:`Remasking`); :class:`Recorder` keeps the trajectory, which :func:`trajectory` turns into the JSON record the
+app, the notebooks and the GIFs replay; the precision follows.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
-import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from .config import SamplerConfig
+from .config import PRECISIONS, SamplerConfig
 from .model import Captioner
-from .precision import inference_autocast
-from .tokenizer import EOT_ID, MASK_ID, SOT_ID, CaptionTokenizer, shown
+from .tokenizer import EOT_ID, MASK_ID, SOT_ID, CaptionTokenizer
 
 
 @dataclass
@@ -145,8 +133,7 @@ def sample(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig, *, 
             positions not fixed are masked whatever `prompt` holds there.
         attention: also return the cross-attention weights of every revealed token (``step_attention``).
         precision: ``auto`` (bf16 autocast on CUDA, fp32 on the CPU), ``fp32`` or ``bf16``; None: the current
-            default (:func:`mdc_core.precision.default_inference_precision`, normally ``auto``).
-    """
+            default (:func:`default_inference_precision`, normally ``auto``)."""
     x, fixed = _start(model, image_tokens, cfg, prompt, fixed)  # (B, N+2) canvas, (B, N) fixed positions
     B, N, device = fixed.shape[0], fixed.shape[1], image_tokens.device
     free = int((~fixed).sum(dim=1).max())  # most slots any row fills
@@ -310,8 +297,7 @@ class Remasking:
         self.conf = torch.where(reveal, conf, self.conf)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# the record of what each step did, apart from the decisions
+# -- the record of what each step did, apart from the decisions --------------------------------------------------------
 
 
 class Recorder:
@@ -384,8 +370,7 @@ def trajectory(out: SampleOutput, tokenizer: CaptionTokenizer, index: int = 0, *
     tokens from 0 (``<sot>`` excluded). ``fixed`` lists the positions a prompt fixed (never in a step). Only the
     steps this caption took are listed (other captions of the batch may have needed more). When the sampler ran
     with ``attention=True`` each reveal carries ``attention``: per decoder layer, per head, the weights over the
-    M image tokens (the first ``settings["attention_prefix_tokens"]`` are class tokens), rounded to `digits`.
-    """
+    M image tokens (the first ``settings["attention_prefix_tokens"]`` are class tokens), rounded to `digits`."""
     ids = out.tokens[index].tolist()
     fixed = [] if out.fixed is None else out.fixed[index].nonzero()[:, 0].tolist()
     current: dict[int, int] = {p: ids[p] for p in fixed}  # position -> token on the canvas, replayed step by step
@@ -423,58 +408,44 @@ def trajectory(out: SampleOutput, tokenizer: CaptionTokenizer, index: int = 0, *
     }
 
 
-# ----------------------------------------------------------------------------------------------------------
-# infilling prompts: captions with some words fixed and [MASK] (or _) slots for the sampler to fill
+# -- precision -------------------------------------------------------------------------------------------------------
+
+_DEFAULT: contextvars.ContextVar[str] = contextvars.ContextVar("mdc_inference_precision", default="auto")
 
 
-SLOT = re.compile(r"\[mask\]|(?<!\S)_(?!\S)", re.IGNORECASE)  # "[MASK]" anywhere, "_" as a word of its own
+def check_precision(precision: str) -> str:
+    """`precision` if it is one of :data:`~mdc_core.config.PRECISIONS`; ValueError naming the choices otherwise."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    return precision
 
 
-def word_list(words: list[str], limit: int = 8) -> str:
-    """`words` without repeats, comma separated, at most `limit` of them and how many more."""
-    unique = list(dict.fromkeys(words))
-    return ", ".join(unique[:limit]) + (f" and {len(unique) - limit} more" if len(unique) > limit else "")
+def bf16_enabled(precision: str, device: torch.device | str) -> bool:
+    """Whether `precision` means bf16 autocast on `device` (``auto``: on CUDA with bf16 support only)."""
+    device = torch.device(device)
+    if check_precision(precision) == "auto":
+        return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return precision == "bf16"
 
 
-def parse_prompt(text: str, tokenizer: CaptionTokenizer, model: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids (N,) with ``[MASK]`` at the slots, and the fixed mask (N,) bool, of a prompt string.
-
-    With `model`, words outside a corpus-restricted model's vocabulary raise ValueError naming them.
-    Raises ValueError for an empty prompt, one without a slot, or one longer than the tokenizer's context."""
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError("the prompt is empty; write a caption with [MASK] or _ where words should be filled in")
-    ids: list[int] = []
-    pieces = SLOT.split(text)
-    for i, piece in enumerate(pieces):
-        ids += tokenizer.encode_text(piece)
-        if i < len(pieces) - 1:
-            ids.append(MASK_ID)
-    if MASK_ID not in ids:
-        raise ValueError(f"the prompt {shown(text)} has no slot to fill: mark the words to generate with [MASK] or _")
-    if len(ids) > tokenizer.context_length - 2:
-        raise ValueError(f"the prompt has {len(ids)} tokens; the model's context holds {tokenizer.context_length - 2}")
-    prompt = torch.tensor(ids, dtype=torch.long)
-    fixed = prompt != MASK_ID
-    if model is not None and getattr(model, "restricted", False):
-        unknown = tokenizer.words_with(prompt, {int(t) for t in prompt[fixed] if int(model.output_index[t]) < 0})
-        if unknown:
-            raise ValueError(f"the prompt uses words this model never saw in training: {word_list(unknown)}")
-    return prompt, fixed
+@contextlib.contextmanager
+def default_inference_precision(precision: str) -> Iterator[None]:
+    """Within the block, sampling and scoring called with ``precision=None`` use `precision`."""
+    token = _DEFAULT.set(check_precision(precision))
+    try:
+        yield
+    finally:
+        _DEFAULT.reset(token)
 
 
-def prompt_text(prompt: torch.Tensor, tokenizer: CaptionTokenizer) -> str:
-    """The prompt (N,) written back as text, ``_`` for each slot."""
-    words = [("_ " if int(t) == MASK_ID else tokenizer.token_string(int(t), keep_space=True)) for t in prompt]
-    return "".join(words).strip()
+def inference_precision(precision: str | None = None) -> str:
+    """`precision`, or the current default when None (see :func:`default_inference_precision`)."""
+    return _DEFAULT.get() if precision is None else check_precision(precision)
 
 
-def fill_prompt(prompt: torch.Tensor, fill: str, tokenizer: CaptionTokenizer) -> torch.Tensor:
-    """The prompt (N,) with its slots replaced, in order, by the tokens of `fill` (as many as there are slots)."""
-    slots = prompt == MASK_ID
-    ids = tokenizer.encode_text(fill)
-    if len(ids) != int(slots.sum()):
-        raise ValueError(f"the filling {shown(fill)} has {len(ids)} token(s) but the prompt has {int(slots.sum())} "
-                         "slot(s); give one word piece per [MASK]")
-    out = prompt.clone()
-    out[slots] = torch.tensor(ids, dtype=torch.long)
-    return out
+def inference_autocast(precision: str | None, device: torch.device | str) -> torch.autocast:
+    """The autocast context of inference in `precision` (None: the current default) on `device`. For fp32 it is
+    a disabled autocast, so that fp32 also holds inside a caller's bf16 region."""
+    device = torch.device(device)
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16_enabled(inference_precision(precision),
+                                                                                  device))

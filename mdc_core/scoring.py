@@ -1,36 +1,25 @@
 """Likelihood scores of captions given an image (paper Sec. 4.2): Monte Carlo ELBO, greedy-order heuristic, chain rule.
 
-Captions come as token rows ``<sot> c_1 .. c_n <eot> pad ...`` (n >= 1 caption tokens). Every method returns a
-log-likelihood score, higher = more likely, and is chosen from :data:`METHODS`:
+Captions come as token rows ``<sot> c_1 .. c_n <eot> pad ...`` (n >= 1). Every method returns a log-likelihood
+score, higher = more likely, and is chosen from :data:`METHODS`:
 
 - ``mc`` (MDC models): the ELBO of Eq. 8, ``sum_{l=1}^{n} (1/l) E_{|mask|=l}[sum_{i masked} log p(c_i | C_l)]``,
-  estimated as LLaDA's ``get_log_likelihood`` does (docs/design.md "Decisions"): sample j masks l_j tokens chosen
-  uniformly, with l_j stratified over 1..n (``l_j = floor((j + u) n / S) + 1``, one random offset u, so with S a
-  multiple of n every l gets S/n samples), and contributes ``(n / l_j) sum_{masked} log p``; the mean is unbiased
-  and its standard error is the stratified one. All captions use the same random numbers (seed), which lowers
-  the variance of score differences between captions. Identical masks are evaluated once (exact).
-- ``heuristic`` (MDC): start with every caption token masked; each step reveals the masked position whose
-  confidence is highest (the sampler's rule, Eq. 6: max probability over the canvas vocabulary), adds the
-  log-probability of the ground-truth token there and places it. ``order`` is the reveal step of each token.
-- ``ar``: ARC models, the exact chain rule of Eq. 7 by teacher forcing, *including* the ``<eot>`` term, as in
-  the training loss (``objectives.autoregressive_loss``), so the score is the log-probability of the caption as a
-  complete sentence. MDC models: a fixed left-to-right order (reveal position 1, 2, ..., n; ``<eot>`` is part of
-  the canvas and not scored, as MDC never predicts it).
+  estimated as LLaDA's ``get_log_likelihood`` (docs/design.md "Decisions"): sample j masks l_j tokens, l_j
+  stratified over 1..n (``l_j = floor((j + u) n / S) + 1``), and contributes ``(n / l_j) sum_{masked} log p``;
+  the mean is unbiased. All captions share the random numbers (seed), which lowers the variance of score
+  differences; identical masks are evaluated once.
+- ``heuristic`` (MDC): from the fully masked caption, each step reveals the masked position of highest confidence
+  (the sampler's rule, Eq. 6), adds the log-probability of the ground-truth token there and places it.
+- ``ar``: ARC models, the exact chain rule of Eq. 7 by teacher forcing, ``<eot>`` included (as in the training
+  loss); MDC models: a fixed left-to-right order (``<eot>`` not scored, as MDC never predicts it).
 
-Conditional scores (``fixed``, infilling): positions marked fixed are never masked and never scored, so each
-method scores only the free slots given the fixed tokens, e.g. ``log p(colour word | "a _ square", image)``: ``mc``
-estimates the ELBO of the slots (Eq. 8 with n = number of slots, masks drawn among the slots only), ``heuristic``
-reveals only the slots, ``ar`` (MDC) reveals the slots left to right. ARC models cannot condition on later words.
+Conditional scores (``fixed``, infilling): fixed positions are never masked nor scored, so each method scores only
+the free slots given the fixed tokens (``mc``: Eq. 8 with n = the slots). ARC cannot condition on later words.
+:func:`score_fills` ranks fillings of a prompt's slots by that score, and :func:`sample_auto_length` (``mdc sample
+--length auto``) samples every N' of a range and keeps the caption with the best heuristic score per token.
 
-Built on them: :func:`score_fills` ranks fillings of an infilling prompt's slots (:func:`mdc_core.sampler.parse_prompt`)
-by their conditional score, and :func:`sample_auto_length` (``mdc sample --length auto``) samples every N' of a
-range and keeps, per image, the caption with the best heuristic score per token.
-
-Log-probabilities are always under the model's full output softmax (the distribution its loss trains), taken in
-fp32; the decoder runs under bf16 autocast on CUDA and in fp32 on the CPU by default (``precision``,
-:mod:`mdc_core.precision`). The image cross-attention keys/values are computed once (:meth:`Captioner.image_cache`)
-and shared by all samples, steps and captions; ``use_cache=False`` recomputes them (same result, for tests and
-benchmarks).
+Log-probabilities are under the model's full output softmax, in fp32 (``precision``: :mod:`mdc_core.sampler`); the
+image cross-attention keys/values are computed once and shared (``use_cache=False`` recomputes them, for tests).
 """
 
 from __future__ import annotations
@@ -44,11 +33,21 @@ import torch
 import torch.nn.functional as F
 
 from .config import SamplerConfig
-from .model import Captioner, padding_mask, unknown_ids
+from .model import Captioner
 from .objectives import maskable_positions, trim_padding
-from .precision import inference_autocast
-from .sampler import SampleOutput, allowed_rows, fill_prompt, parse_prompt, sample, word_list
-from .tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID, CaptionTokenizer
+from .sampler import SampleOutput, allowed_rows, inference_autocast, sample
+from .tokenizer import (
+    EOT_ID,
+    MASK_ID,
+    PAD_ID,
+    SOT_ID,
+    CaptionTokenizer,
+    fill_prompt,
+    padding_mask,
+    parse_prompt,
+    unknown_ids,
+    word_list,
+)
 
 
 @dataclass
@@ -272,8 +271,7 @@ def score_tokens(model: Any, image_tokens: torch.Tensor, tokens: torch.Tensor, m
     forward pass (memory only: results do not depend on it). `fixed` (B, L) bool: caption positions given as
     context, neither masked nor scored (conditional likelihood of the others; MDC only). `precision`: ``auto``
     (bf16 autocast on CUDA, fp32 on the CPU), ``fp32`` or ``bf16``; None: the current default
-    (:func:`mdc_core.precision.default_inference_precision`). Returned tensors have the width L of `tokens`.
-    """
+    (:func:`mdc_core.sampler.default_inference_precision`). Returned tensors have the width L of `tokens`."""
     spec = _check(model, image_tokens, tokens, method)
     if samples < 1 or batch_size < 1:
         raise ValueError(f"samples and batch_size must be >= 1, got {samples} and {batch_size}")
@@ -307,8 +305,7 @@ def score_captions(model: Any, image_tokens: torch.Tensor, captions: Sequence[st
     """Score caption strings against one image, image_tokens (1, M, D) or (M, D); `kw` as :func:`score_tokens`.
 
     One dict per caption: ``caption``, ``score``, ``tokens`` (token strings), ``token_logprobs`` (one per token,
-    heuristic/ar), ``stderr`` (mc), ``order`` (reveal step per token, heuristic), ``eot_logprob`` (ARC ar).
-    """
+    heuristic/ar), ``stderr`` (mc), ``order`` (reveal step per token, heuristic), ``eot_logprob`` (ARC ar)."""
     model_kind(model)
     captions = list(captions)
     if not captions:
@@ -401,22 +398,6 @@ class AutoLengthOutput:
     def tokens(self, index: int) -> torch.Tensor:
         """Caption ids (N',) kept for image `index`."""
         return self.candidates[int(self.choice[index])].tokens[index]
-
-
-def parse_range(text: str, context_length: int) -> list[int]:
-    """``"LO-HI"`` (inclusive) or a comma list ``"5,10,15"`` -> lengths, each within the model's context."""
-    try:
-        if "-" in text:
-            lo, hi = (int(v) for v in text.split("-", 1))
-            lengths = list(range(lo, hi + 1))
-        else:
-            lengths = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError as err:
-        raise ValueError(f"caption length range must look like 3-20 or 5,10,15, got {text!r}") from err
-    limit = context_length - 2
-    if not lengths or min(lengths) < 1 or max(lengths) > limit:
-        raise ValueError(f"caption lengths must lie in 1..{limit} (the model's context), got {text!r}")
-    return sorted(set(lengths))
 
 
 @torch.no_grad()

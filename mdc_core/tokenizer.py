@@ -1,24 +1,19 @@
 """Caption tokenizer: open_clip's CLIP BPE with a ``[MASK]`` id appended (docs/design.md "Decisions").
 
-Ids: 0..49407 are CLIP's BPE vocabulary (``<sot>`` = 49406, ``<eot>`` = 49407). Padding uses id 0, which is
-also the real token "!", so decoding always cuts at ``<eot>`` before turning ids into text. ``[MASK]`` =
-49408 lives only in the decoder's input embedding table; the output head never predicts it.
+Ids: 0..49407 are CLIP's BPE vocabulary (``<sot>`` = 49406, ``<eot>`` = 49407). Padding uses id 0, which is also
+the real token "!", so decoding always cuts at ``<eot>``. ``[MASK]`` = 49408 lives only in the decoder's input
+embedding table; the output head never predicts it. A head restricted to the token ids of the training corpus
+(``model.output_vocab = "corpus"``) uses the id table of :func:`build_output_vocab` and the helpers at the end.
 
-The output head may be restricted to the token ids that occur in the training corpus
-(``model.output_vocab = "corpus"``); :func:`build_output_vocab` makes that id table.
-
-The BPE comes from open_clip without importing the ``open_clip`` package (:func:`open_clip_module`):
-``import open_clip.tokenizer`` first runs ``open_clip/__init__``, which imports its whole model zoo (CoCa ->
-Hugging Face ``transformers`` -> scikit-learn when installed: seconds of start-up and a core that silently depends
-on the extensions' libraries). The two files the core needs, ``tokenizer.py`` (CLIP's BPE) and ``constants.py`` (the
-image mean / std, for :mod:`mdc_core.data.transforms`), import nothing from their package, so they are executed from
-the installed package's folder as stand-alone modules (open_clip's own when it is already imported). The CLIP
-baseline (:mod:`mdc_core.clip_model`) still imports open_clip's text tower and loss, when it is built.
+The BPE comes from open_clip without importing the ``open_clip`` package, whose ``__init__`` imports its model zoo
+(``transformers``, scikit-learn: seconds of start-up): its ``tokenizer.py`` and ``constants.py`` import nothing from
+their package, so :func:`open_clip_module` executes them from the installed folder as stand-alone modules.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from functools import cache, lru_cache
@@ -121,8 +116,7 @@ class CaptionTokenizer:
 
         Over-long captions are cut to ``L - 2`` BPE tokens plus ``<eot>`` when `truncate` (what training
         does, as the paper's "padded or truncated to 77 tokens"); otherwise they raise ``ValueError``.
-        Empty captions (no BPE token after cleaning) always raise ``ValueError``.
-        """
+        Empty captions (no BPE token after cleaning) always raise ``ValueError``."""
         if isinstance(texts, str):
             texts = [texts]
         length = context_length or self.context_length
@@ -161,8 +155,7 @@ class CaptionTokenizer:
     def token_strings(self, ids: Sequence[int] | torch.Tensor, *, keep_space: bool = False) -> list[str]:
         """One display string per token (``<sot>`` dropped, cut at ``<eot>``); ``[MASK]`` for masks.
 
-        With `keep_space` a word-final token carries its trailing space, so ``"".join`` gives the text.
-        """
+        With `keep_space` a word-final token carries its trailing space, so ``"".join`` gives the text."""
         if isinstance(ids, torch.Tensor):
             ids = ids.tolist()
         pieces: list[str] = []
@@ -213,8 +206,7 @@ def build_output_vocab(captions: Iterable[str], tokenizer: CaptionTokenizer | No
     """Sorted ids that can be prediction targets for this corpus: every BPE id in `captions` plus ``<eot>``.
 
     ``<eot>`` is included because the autoregressive objective predicts it; the masked objectives never
-    target it (it is never masked) and the sampler never emits it inside the canvas.
-    """
+    target it (it is never masked) and the sampler never emits it inside the canvas."""
     tokenizer = tokenizer or CaptionTokenizer()
     seen: set[int] = {EOT_ID}
     n = 0
@@ -224,3 +216,101 @@ def build_output_vocab(captions: Iterable[str], tokenizer: CaptionTokenizer | No
     if n == 0:
         raise ValueError("cannot build an output vocabulary from an empty caption corpus")
     return torch.tensor(sorted(seen), dtype=torch.long)
+
+
+# -- token id tables --------------------------------------------------------------------------------------------------
+
+def padding_mask(tokens: torch.Tensor) -> torch.Tensor:
+    """(B, L) bool, True at pads: every position after the first ``<eot>``.
+
+    Pads cannot be found by id because the pad id 0 is also the real token "!"."""
+    is_eot = tokens == EOT_ID
+    return (torch.cumsum(is_eot.int(), dim=1) - is_eot.int()) > 0
+
+
+def corpus_input_index(ids: torch.Tensor) -> torch.Tensor:
+    """(EMBED_SIZE,) token id -> embedding row for a corpus-restricted table: rows ``ids`` in order, then
+    ``<sot>``, ``[MASK]``, pad; -1 for ids the model never saw."""
+    n = len(ids)
+    index = torch.full((EMBED_SIZE,), -1, dtype=torch.long, device=ids.device)
+    index[ids] = torch.arange(n, device=ids.device)
+    index[SOT_ID], index[MASK_ID], index[PAD_ID] = n, n + 1, n + 2
+    return index
+
+
+def select_positions(x: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
+    """x (B, L, ...) at the positions `select` -> (n, ...): a bool mask (B, L), or the n flat positions
+    ``b * L + i`` in row-major order (what ``select.flatten().nonzero()`` gives). The second form has an output
+    shape known without reading the device (a bool mask must be counted first: a host-device sync on CUDA)."""
+    return x[select] if select.dtype == torch.bool else x.flatten(0, 1).index_select(0, select)
+
+
+def unknown_ids(index: torch.Tensor, token_ids: torch.Tensor) -> list[int]:
+    """The distinct ids among `token_ids` (any shape) that the id table `index` (EMBED_SIZE,) has no row for (-1),
+    ascending: the one check behind every "word not in this model's vocabulary" error (inputs, targets, scores)."""
+    missing = index[token_ids] < 0
+    return token_ids[missing].unique().tolist() if bool(missing.any()) else []
+
+
+def lookup_rows(input_index: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Embedding rows (B, L) of token ids `tokens` (B, L); ValueError naming ids outside the corpus table."""
+    unknown = unknown_ids(input_index, tokens)
+    if unknown:
+        raise ValueError(f"token ids {unknown[:5]} are not in this model's corpus vocabulary (it was trained with "
+                         "model.output_vocab='corpus'); such words cannot be represented by this model")
+    return input_index[tokens]
+
+
+# -- infilling prompts: captions with some words fixed and [MASK] (or _) slots for the sampler to fill --------------
+
+SLOT = re.compile(r"\[mask\]|(?<!\S)_(?!\S)", re.IGNORECASE)  # "[MASK]" anywhere, "_" as a word of its own
+
+
+def word_list(words: list[str], limit: int = 8) -> str:
+    """`words` without repeats, comma separated, at most `limit` of them and how many more."""
+    unique = list(dict.fromkeys(words))
+    return ", ".join(unique[:limit]) + (f" and {len(unique) - limit} more" if len(unique) > limit else "")
+
+
+def parse_prompt(text: str, tokenizer: CaptionTokenizer, model: object = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids (N,) with ``[MASK]`` at the slots, and the fixed mask (N,) bool, of a prompt string.
+
+    With `model`, words outside a corpus-restricted model's vocabulary raise ValueError naming them.
+    Raises ValueError for an empty prompt, one without a slot, or one longer than the tokenizer's context."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("the prompt is empty; write a caption with [MASK] or _ where words should be filled in")
+    ids: list[int] = []
+    pieces = SLOT.split(text)
+    for i, piece in enumerate(pieces):
+        ids += tokenizer.encode_text(piece)
+        if i < len(pieces) - 1:
+            ids.append(MASK_ID)
+    if MASK_ID not in ids:
+        raise ValueError(f"the prompt {shown(text)} has no slot to fill: mark the words to generate with [MASK] or _")
+    if len(ids) > tokenizer.context_length - 2:
+        raise ValueError(f"the prompt has {len(ids)} tokens; the model's context holds {tokenizer.context_length - 2}")
+    prompt = torch.tensor(ids, dtype=torch.long)
+    fixed = prompt != MASK_ID
+    if model is not None and getattr(model, "restricted", False):
+        unknown = tokenizer.words_with(prompt, {int(t) for t in prompt[fixed] if int(model.output_index[t]) < 0})
+        if unknown:
+            raise ValueError(f"the prompt uses words this model never saw in training: {word_list(unknown)}")
+    return prompt, fixed
+
+
+def prompt_text(prompt: torch.Tensor, tokenizer: CaptionTokenizer) -> str:
+    """The prompt (N,) written back as text, ``_`` for each slot."""
+    words = [("_ " if int(t) == MASK_ID else tokenizer.token_string(int(t), keep_space=True)) for t in prompt]
+    return "".join(words).strip()
+
+
+def fill_prompt(prompt: torch.Tensor, fill: str, tokenizer: CaptionTokenizer) -> torch.Tensor:
+    """The prompt (N,) with its slots replaced, in order, by the tokens of `fill` (as many as there are slots)."""
+    slots = prompt == MASK_ID
+    ids = tokenizer.encode_text(fill)
+    if len(ids) != int(slots.sum()):
+        raise ValueError(f"the filling {shown(fill)} has {len(ids)} token(s) but the prompt has {int(slots.sum())} "
+                         "slot(s); give one word piece per [MASK]")
+    out = prompt.clone()
+    out[slots] = torch.tensor(ids, dtype=torch.long)
+    return out

@@ -1,32 +1,25 @@
 """The training loop: AdamW, warm-up + cosine, accumulation, clipping, EMA, bf16 on CUDA, DDP, atomic checkpoints.
 
 ``train(cfg, out)`` reads as nanoGPT's ``train.py``: start or resume in the run folder `out`
-(:mod:`mdc_core.run_folder`: the lock, the data fingerprint, the checkpoint to continue from), build or restore the
-run's state (:class:`Trainer`), then :meth:`Trainer.run`'s loop of read -> :meth:`Trainer.step` -> maybe log
-(:mod:`mdc_core.run_state`) / checkpoint (:mod:`mdc_core.checkpoint`) / stop. Under ``torchrun`` it runs
-DistributedDataParallel (NCCL on CUDA, gloo on CPU; :mod:`mdc_core.distributed`): each rank reads its own shards,
-the global batch is ``batch_size x world x grad_accum``, only rank 0 writes.
+(:mod:`mdc_core.run_folder`), build or restore the run's state (:class:`Trainer`), then :meth:`Trainer.run`'s loop of
+read -> :meth:`Trainer.step` -> maybe log (:mod:`mdc_core.run_state`) / checkpoint / stop. Under ``torchrun`` it
+runs DistributedDataParallel (:mod:`mdc_core.distributed`): each rank reads its own shards, the global batch is
+``batch_size x world x grad_accum``, only rank 0 writes.
 
-**Exactness.** The loss of a step is normalised by the GLOBAL count of its loss terms
-(:func:`~mdc_core.loss_step.loss_denominator` summed over micro-batches and ranks), and every random draw of
+**Exactness.** A step's loss is normalised by the GLOBAL count of its loss terms, and every random draw of
 micro-batch ``a`` on rank ``r`` is seeded by ``(seed, step, a * world + r)`` (:func:`step_seed`); with the data
-split of :mod:`mdc_core.data.loaders` this makes ``world`` ranks with accumulation A compute the same updates as one
-process with ``world x`` the workers and accumulation ``world * A`` (up to floating-point summation order), and
-accumulation equal to one bigger batch. A resumed run restores model, optimizer, schedule, EMA, RNG states,
-counters and the data position, so it continues as if never stopped.
+split of :mod:`mdc_core.data` this makes ``world`` ranks with accumulation A compute the same updates as one
+process with accumulation ``world * A`` (up to summation order). A resumed run restores model, optimizer,
+schedule, EMA, RNG states, counters and the data position, so it continues as if never stopped.
 
-**Stopping.** SIGINT (Ctrl-C) and SIGTERM (a pre-empted job) stop the run at the next step boundary with a
-checkpoint (:class:`TrainingInterrupted`; the ranks agree by a tiny all-reduce each step);
-``train.ckpt_every_minutes`` adds time-based checkpoints. A non-finite loss or gradient norm either stops the run
-with :class:`TrainingDiverged` before anything is written (``train.nonfinite=stop``) or skips that update
-(``skip``; at most ``train.max_skipped_steps`` in a row).
+**Stopping.** SIGINT and SIGTERM stop the run at the next step boundary with a checkpoint
+(:class:`TrainingInterrupted`); a non-finite loss or gradient norm stops it with :class:`TrainingDiverged`
+before anything is written (``train.nonfinite=stop``) or skips that update (``skip``).
 
-**The step never waits for the device** between logging steps (on CUDA the host runs ahead of the GPU until it
-needs a value from it): each micro-batch is prepared on the host and copied without blocking
-(:class:`~mdc_core.loss_step.LossStep`); the loss, metrics and gradient norm stay on the device until a logging or
-checkpoint step reads them at once (:meth:`~mdc_core.run_state.RunLog.read`); a non-finite step is noted on the
-device (:class:`NonFiniteWatch`) and raised at that read; the EMA update never reads its count (:func:`ema_update`);
-AdamW is the fused kernel on CUDA (the default on the CPU, so CPU runs keep their numbers to the bit).
+**The step never waits for the device** between logging steps: micro-batches are prepared on the host and copied
+without blocking (:class:`~mdc_core.loss_step.LossStep`); loss, metrics, gradient norm and the non-finite flag
+(:class:`NonFiniteWatch`) stay on the device until a logging or checkpoint step reads them at once; AdamW is the
+fused kernel on CUDA (the default on the CPU, so CPU runs keep their numbers to the bit).
 """
 
 from __future__ import annotations
@@ -53,9 +46,8 @@ from . import checkpoint as ckpt_io
 from . import distributed as dist
 from . import run_folder
 from .config import RunConfig, TrainConfig
-from .data import iter_captions
-from .data.loaders import BatchStream
-from .factory import create_model
+from .data import BatchStream, iter_captions
+from .factory import create_model, load_model
 from .loss_step import LossStep, WholeStep, use_bf16
 from .run_state import (  # TrainingDiverged: what train raises when the loss is not finite
     Counters,
@@ -102,8 +94,7 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, init_from: s
     holding the run folder's lock from before its first write to the end (a second writer raises
     :class:`~mdc_core.runlock.RunFolderBusy` naming it). `clock` marks the phases of each step
     (:class:`StepClock`; ``mdc bench step`` times them). `hooks` are factories of loggers that rank 0 tells each
-    record and checkpoint (:class:`~mdc_core.run_state.RunHook`), besides those the config asks for.
-    """
+    record and checkpoint (:class:`~mdc_core.run_state.RunHook`), besides those the config asks for."""
     cfg.validate()
     ctx = dist.setup(cfg.train.device, cfg.train.dist_timeout_s)
     out = Path(out)
@@ -136,7 +127,7 @@ class Trainer:
         self.device, self.main = ctx.device, ctx.is_main
         seed_everything(tcfg.seed)  # the same initial weights on every rank
         if start_ckpt is not None:
-            model = ckpt_io.load_model(start_ckpt)[0]
+            model = load_model(start_ckpt)[0]
         elif init_from is not None:
             model, self.cfg = init_from_weights(cfg, init_from)  # cfg: with the source's corpus vocabulary size
         else:
@@ -321,7 +312,7 @@ def init_from_weights(cfg: RunConfig, source: str | Path) -> tuple[torch.nn.Modu
     run's config as it must be saved (a corpus head's size taken from `source` when `cfg` leaves it 0). Raises
     ``ValueError`` when `source`'s model differs from ``cfg.model`` (the encoder's ``pretrained`` settings aside:
     the weights replace them) or its weights do not fit `cfg`'s objective."""
-    source_model, saved = ckpt_io.load_model(source)
+    source_model, saved = load_model(source)
     arch = cfg.model
     if arch.output_vocab == "corpus" and arch.output_vocab_size == 0:
         arch = dataclasses.replace(arch, output_vocab_size=saved.model.output_vocab_size)

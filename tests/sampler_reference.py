@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from mdc_core.config import SamplerConfig
-from mdc_core.precision import inference_autocast
+from mdc_core.sampler import inference_autocast
 from mdc_core.sampler import SampleOutput
 from mdc_core.tokenizer import EOT_ID, MASK_ID, SOT_ID
 
@@ -65,7 +65,7 @@ def sample(model: Any, image_tokens: torch.Tensor, cfg: SamplerConfig, *, cache:
             positions not fixed are masked whatever `prompt` holds there.
         attention: also return the cross-attention weights of every revealed token (``step_attention``).
         precision: ``auto`` (bf16 autocast on CUDA, fp32 on the CPU), ``fp32`` or ``bf16``; None: the current
-            default (:func:`mdc_core.precision.default_inference_precision`, normally ``auto``).
+            default (:func:`mdc_core.sampler.default_inference_precision`, normally ``auto``).
     """
     cfg.validate()
     if model.causal:

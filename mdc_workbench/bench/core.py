@@ -136,7 +136,7 @@ def bench_inputs(cfg: RunConfig, batch: int, vocab_examples: int = 500) -> dict[
     """The payload every measurement shares: images (B, 3, H, W) and tokens (B, L) of the first `batch`
     training examples of the embedded generator (seed 0), the corpus output vocabulary built from the short
     and long captions of `vocab_examples` examples, and the run config as a dict."""
-    from mdc_core.data import load_image
+    from mdc_core.transforms import load_image
     from mdc_workbench.data import make_example
 
     tokenizer = CaptionTokenizer(cfg.model.context_length)

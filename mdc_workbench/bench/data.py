@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from mdc_core.config import DataConfig
-from mdc_core.data.loaders import build_loader
+from mdc_core.data import build_loader
 
 
 def measure(cfg: DataConfig, *, image_size: int, batch_size: int = 64, batches: int = 20, warmup: int = 2,

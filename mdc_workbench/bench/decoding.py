@@ -186,8 +186,8 @@ def quality_comparison(bench: BenchConfig, device: torch.device,
         return _unavailable("mdc_core.ar_decode.greedy is missing")
     import time
 
-    from mdc_core.checkpoint import load_model
     from mdc_core.data import build_loader
+    from mdc_core.factory import load_model
     from mdc_core.tokenizer import CaptionTokenizer
 
     from ..eval.report import names_object

@@ -93,7 +93,8 @@ def evaluate(run: Path, limit: int, threads: int) -> dict[str, Any]:
     merged with its timings into ``RUN/recipe_curve.json``."""
     import torch
 
-    from mdc_core.checkpoint import list_checkpoints, load_model
+    from mdc_core.checkpoint import list_checkpoints
+    from mdc_core.factory import load_model
     from mdc_workbench.eval.report import caption_report
 
     torch.set_num_threads(threads)
@@ -211,8 +212,9 @@ def cmd_probe(args: argparse.Namespace) -> None:
 
     import torch
 
-    from mdc_core.checkpoint import list_checkpoints, load_model
+    from mdc_core.checkpoint import list_checkpoints
     from mdc_core.config import RunConfig
+    from mdc_core.factory import load_model
     from mdc_core.train import init_model
     from mdc_workbench.eval.probe_data import extract_features, open_probe_dataset
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from mdc_core.config import load_preset
-from mdc_core.precision import bf16_enabled, default_inference_precision, inference_autocast
+from mdc_core.sampler import bf16_enabled, default_inference_precision, inference_autocast
 
 from .core import BenchConfig, bench_inputs, datasheet_peak, machine_info, matmul_peak, resolve_device
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 
-from mdc_core.encoder_io import EXPORT_FORMATS
 from mdc_workbench.cli.common import flags
+from mdc_workbench.export.encoder_io import EXPORT_FORMATS
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     export = sub.add_parser("export", help="export a run's encoder: a timm model (plain timm loads it) or a Hugging "
-                            "Face-style folder with a model card (mdc_core.load_encoder loads it)",
+                            "Face-style folder with a model card (mdc_workbench.export.load_encoder loads it)",
                             parents=[flags(out="folder to write (an earlier export is replaced only with --force)")])
     export.add_argument("run", help="run folder (its latest checkpoint, or --step's) or checkpoint folder")
     # checked by the library (one-line error), not by argparse choices, which would print the usage as well

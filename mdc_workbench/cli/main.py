@@ -240,7 +240,7 @@ def _run(argv: list[str] | None, use: Callable[[Callable[[int, object], None]], 
         if getattr(args, "precision", None) is None:
             handler(args)
         else:  # --precision: the default of every sampling and scoring call the verb makes
-            from mdc_core.precision import default_inference_precision
+            from mdc_core.sampler import default_inference_precision
             with default_inference_precision(args.precision):
                 handler(args)
     except USER_ERRORS as err:

@@ -94,8 +94,8 @@ def add_guidance_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_sample(args: argparse.Namespace) -> None:
-    from mdc_core.checkpoint import load_model
-    from mdc_core.data import load_image
+    from mdc_core.factory import load_model
+    from mdc_core.transforms import load_image
     model, cfg = load_model(args.run, device=args.device, ema=args.ema)
     spec = objective_spec(cfg.objective.name)
     if spec.decoder == "none":
@@ -132,8 +132,9 @@ def cmd_sample_auto(args: argparse.Namespace, model, cfg, image) -> None:
     import torch
 
     from mdc_core.sampler import trajectory
-    from mdc_core.scoring import parse_range, sample_auto_length
+    from mdc_core.scoring import sample_auto_length
     from mdc_core.tokenizer import CaptionTokenizer
+    from mdc_workbench.eval.captioning import parse_range
     lengths = parse_range(args.auto_range, cfg.model.context_length)
     tok = CaptionTokenizer(cfg.model.context_length)
     start = time.perf_counter()
@@ -248,9 +249,9 @@ def cmd_sample_d3pm(args: argparse.Namespace, model: Any, cfg: Any, image: Any, 
 def cmd_score(args: argparse.Namespace) -> None:
     import torch
 
-    from mdc_core.checkpoint import load_model
-    from mdc_core.data import load_image
+    from mdc_core.factory import load_model
     from mdc_core.scoring import model_kind, score_captions
+    from mdc_core.transforms import load_image
     model, cfg = load_model(args.run, device=args.device, ema=args.ema)
     model_kind(model)  # a CLIP run fails here, before any work
     image = load_image(args.image, cfg.model.image_size)[None].to(args.device)

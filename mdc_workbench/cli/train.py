@@ -189,7 +189,7 @@ def truncation_note(truncated: int, seen: int, context: int) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from mdc_core.checkpoint import load_model
+    from mdc_core.factory import load_model
     from mdc_core.train import train
     from mdc_workbench.data import read_manifest, write_synthetic_dataset
     from mdc_workbench.eval.report import caption_report

@@ -48,8 +48,8 @@ def sample_one(args: argparse.Namespace, model: Any, cfg: Any, pixels: Any, imag
     ``sampler``, ``run``, ``image``, ``prompt``, ``latency_s`` and the embedded image; writes ``--gif``."""
     import torch
 
-    from mdc_core.sampler import parse_prompt, sample, trajectory
-    from mdc_core.tokenizer import CaptionTokenizer
+    from mdc_core.sampler import sample, trajectory
+    from mdc_core.tokenizer import CaptionTokenizer, parse_prompt
     from mdc_workbench.masked_conditional.guidance import GuidedCaptioner
     from mdc_workbench.viz.animation import trajectory_gif, with_image
     tok = CaptionTokenizer(cfg.model.context_length)
@@ -78,7 +78,7 @@ def model_view(image_path: str | Path, image_size: int) -> Any:
     """The image as the model sees it (shorter side resized, centre crop; not normalised), as a PIL image."""
     import torchvision.transforms as T
 
-    from mdc_core.data.transforms import open_image
+    from mdc_core.transforms import open_image
     img = open_image(Path(image_path).read_bytes(), str(image_path))
     return T.CenterCrop(image_size)(T.Resize(image_size, interpolation=T.InterpolationMode.BICUBIC)(img))
 

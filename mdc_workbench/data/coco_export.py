@@ -7,15 +7,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mdc_core.data.loaders import IMAGE_EXTS
-from mdc_core.data.sources import iter_shard_records, resolve_source
+from mdc_core.data import IMAGE_EXTS
+from mdc_core.sources import iter_shard_records, resolve_source
 
 
 def export_coco(dataset: str | Path, split: str | None = "test", out_dir: str | Path | None = None) -> Path:
     """Write ``out_dir/captions.json`` (``{"images": [{"id", "file_name"}], "annotations": [{"image_id",
     "caption", "id"}]}``, one annotation per image from KEY.txt) and ``out_dir/images/KEY.<ext>``, byte copies.
 
-    `dataset` is anything :func:`~mdc_core.data.sources.resolve_source` accepts as shards; `out_dir` defaults to
+    `dataset` is anything :func:`~mdc_core.sources.resolve_source` accepts as shards; `out_dir` defaults to
     ``<dataset>/coco/<split>``. Records without an image or a UTF-8 caption are left out. Image ids are the
     keys as integers when all keys are digits, else 0..N-1. Returns the json path, written last (atomically).
     """

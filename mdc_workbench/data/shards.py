@@ -3,7 +3,7 @@
 Inputs (``mdc data shards --from SRC``):
 
 * a caption table: a ``.csv``/``.tsv`` with an image column and a caption column, a COCO caption ``.json`` or
-  a Karpathy json (anything :func:`mdc_core.data.sources.resolve_source` accepts, e.g. an img2dataset
+  a Karpathy json (anything :func:`mdc_core.sources.resolve_source` accepts, e.g. an img2dataset
   ``--output_format files`` folder's parquet converted to CSV, or CC3M/CC12M ``.tsv`` files with local paths);
 * an image folder: every image below it (``.jpg``/``.jpeg``/``.png``/``.webp``, recursively) whose caption is in
   a text file of the same name (``cat.jpg`` + ``cat.txt``), the img2dataset ``files`` layout.
@@ -29,9 +29,9 @@ from typing import Any
 import webdataset as wds
 from tqdm.auto import tqdm
 
-from mdc_core.data.loaders import IMAGE_EXTS
-from mdc_core.data.sources import resolve_source
-from mdc_core.data.transforms import ImageError, open_image, read_image_file
+from mdc_core.data import IMAGE_EXTS
+from mdc_core.sources import resolve_source
+from mdc_core.transforms import ImageError, open_image, read_image_file
 
 STATS_FILE = "shards_stats.json"
 
@@ -65,7 +65,7 @@ def _has_images(path: Path) -> bool:
 def write_shards(source: str | Path, out: str | Path, *, shard_size: int = 10_000, check_images: bool = True,
                  progress: bool = True, images: str | Path | None = None) -> dict[str, Any]:
     """Write the pairs of `source` (table file or image folder, see the module docstring) as shards in `out`;
-    `images` is a caption table's image folder (default: found, see :mod:`mdc_core.data.sources`).
+    `images` is a caption table's image folder (default: found, see :mod:`mdc_core.sources`).
 
     `check_images` decodes every image once (the cost of one epoch's decoding) so that broken files are dropped
     here rather than on every epoch. Returns the stats also written to ``out/shards_stats.json``:

@@ -44,8 +44,8 @@ import torch
 from tqdm.auto import tqdm
 
 from mdc_core.config import RunConfig, SamplerConfig
-from mdc_core.data.sources import iter_shard_records, resolve_source
 from mdc_core.registry import objective_spec
+from mdc_core.sources import iter_shard_records, resolve_source
 from mdc_core.tokenizer import EOT_ID, SOT_ID, CaptionTokenizer
 from mdc_workbench.eval.caption_metrics import ALL_METRICS, MeteorSession, score_captions
 from mdc_workbench.eval.composition_sets import image_pixels
@@ -92,7 +92,7 @@ def reference_lengths(items: Sequence[CaptionItem], tokenizer: CaptionTokenizer)
 def load_caption_set(path: str | Path, split: str = "test", limit: int | None = None,
                      images: str | Path | None = None) -> list[CaptionItem]:
     """The images of `split` (one item per image, all its captions as references), in storage order; `images`:
-    the image folder of a caption json or table (default: found, see :mod:`mdc_core.data.sources`)."""
+    the image folder of a caption json or table (default: found, see :mod:`mdc_core.sources`)."""
     source = resolve_source(str(path), "auto", split, str(images) if images else None)
     items: list[CaptionItem] = []
     if source.kind == "wds":
@@ -139,6 +139,22 @@ def parse_lengths(values: Sequence[int | str]) -> list[int | str]:
     return out
 
 
+def parse_range(text: str, context_length: int) -> list[int]:
+    """``"LO-HI"`` (inclusive) or a comma list ``"5,10,15"`` -> lengths, each within the model's context."""
+    try:
+        if "-" in text:
+            lo, hi = (int(v) for v in text.split("-", 1))
+            lengths = list(range(lo, hi + 1))
+        else:
+            lengths = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError as err:
+        raise ValueError(f"caption length range must look like 3-20 or 5,10,15, got {text!r}") from err
+    limit = context_length - 2
+    if not lengths or min(lengths) < 1 or max(lengths) > limit:
+        raise ValueError(f"caption lengths must lie in 1..{limit} (the model's context), got {text!r}")
+    return sorted(set(lengths))
+
+
 def decoders_for(objective: str, lengths: Sequence[int | str] = PAPER_LENGTHS, beam: int = PAPER_BEAM
                  ) -> list[str]:
     """Decoder names for a run: ``mdc-N`` per length (``mdc-median``, ``mdc-oracle``, ``mdc-auto``, ``mdc-arc``
@@ -177,7 +193,7 @@ def decode(model: torch.nn.Module, image_tokens: torch.Tensor, decoder: str, *, 
     if kind == "mdc":
         from mdc_core.sampler import sample
         if arg == "auto":
-            from mdc_core.scoring import parse_range, sample_auto_length
+            from mdc_core.scoring import sample_auto_length
             out = sample_auto_length(model, image_tokens, SamplerConfig(),
                                      parse_range(auto_range, model.cfg.context_length))
             return _pad_rows([out.tokens(i) for i in range(image_tokens.shape[0])], image_tokens.device)
@@ -378,7 +394,7 @@ def captioning(runs: Sequence[str | Path], data: str | Path, *, lengths: Sequenc
 def plan_runs(runs: Sequence[str | Path], lengths: Sequence[int | str], beam: int) -> list[tuple[Any, list[str]]]:
     """(run, its decoders) of every run; ValueError for a length beyond a run's context, or the length ``arc``
     without an ARC run."""
-    from mdc_core.checkpoint import load_model
+    from mdc_core.factory import load_model
     plans = []
     for run in runs:
         _, cfg = load_model(run)
@@ -431,7 +447,7 @@ def _caption_runs(plans: list[tuple[Any, list[str]]], items: list[CaptionItem], 
                   batch_size: int, max_length: int | None, metrics: Sequence[str], auto_range: str) -> int | None:
     """Fine-tune, decode and score every (run, decoders) of `plans` into `results` (in the order of `plans`; ARC
     runs are decoded first, so that ``mdc-arc`` knows ARC's lengths); returns the median length."""
-    from mdc_core.checkpoint import load_model
+    from mdc_core.factory import load_model
     median, arc_lengths = None, None
     per_plan: dict[int, list[dict[str, Any]]] = {}
     for i in arc_first(plans):

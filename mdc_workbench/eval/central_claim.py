@@ -4,7 +4,7 @@ The paper (abstract, Sec. 1): in autoregressive captioning "later text tokens ca
 earlier ones that the image becomes decreasingly important", while "the strength of the visual learning signal in
 MDC does not depend on each token's position". Two per-token measures, each under the model's *own training
 conditions* (ARC: teacher forcing, weight 1; a masked objective: per caption a ratio t from its training
-distribution, drawn by its noise schedule (:mod:`mdc_core.schedule`), its masked tokens scored, weighted as it
+distribution, drawn by its noise schedule (:mod:`mdc_core.registry`), its masked tokens scored, weighted as it
 trains (1/t for MDC);
 `draws` seeded draws, a token's value the mean over the draws that masked it):
 
@@ -319,7 +319,7 @@ def check_kind(kind: str, data: dict[str, str | Path]) -> None:
 
 def claim_model(run: str | Path, device: str, labels: dict[str, str] | None = None) -> tuple[Any, Any, str]:
     """(model, run config, row name) of run folder `run`; ValueError unless it is a captioner."""
-    from mdc_core.checkpoint import load_model
+    from mdc_core.factory import load_model
 
     model, cfg = load_model(run, device=device)
     if objective_spec(cfg.objective.name).model != "captioner":

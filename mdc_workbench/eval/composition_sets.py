@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
-from mdc_core.data.sources import iter_shard_records, resolve_source
-from mdc_core.data.transforms import eval_transform, open_image, read_image_file
+from mdc_core.sources import iter_shard_records, resolve_source
+from mdc_core.transforms import eval_transform, open_image, read_image_file
 
 # synthetic negative category -> task name (the task names the Table 2 column, see COLUMNS)
 SYNTH_TASKS: dict[str, str] = {"relation_swap": "relation", "attribute_swap": "attribute",

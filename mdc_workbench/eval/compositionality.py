@@ -242,7 +242,7 @@ def compositionality(runs: Sequence[str | Path], benchmark: str, data: str | Pat
     Returns ``{"benchmark", "data", "n_examples", "results": [per run and method, see evaluate_model],
     "blind": [the same with the mean image], "table": markdown (results, then blind rows)}``.
     """
-    from mdc_core.checkpoint import load_model
+    from mdc_core.factory import load_model
     if not runs:
         raise ValueError("no run given: pass at least one --run RUN")
     if samples < 1:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from mdc_core.config import RunConfig, apply_overrides
-from mdc_core.data.sources import resolve_source
+from mdc_core.sources import resolve_source
 from mdc_core.tokenizer import CaptionTokenizer
 
 
@@ -57,11 +57,11 @@ FINETUNE_SOURCE = "finetune_source.json"  # in a fine-tuned run folder: what it 
 def finetune_key(run: str | Path, ft: RunConfig) -> dict[str, Any]:
     """What a fine-tune of `run` with config `ft` is made from, and its short ``key``: the SHA-256 of the source
     checkpoint's weights (its ``meta.json`` digest, verified on loading), the fine-tuning data's fingerprint
-    (:func:`mdc_core.data.sources.data_fingerprint`) and `ft` without ``train.device`` (where it runs, not what)."""
+    (:func:`mdc_core.sources.data_fingerprint`) and `ft` without ``train.device`` (where it runs, not what)."""
     import hashlib
 
     from mdc_core.checkpoint import file_sha256, resolve_checkpoint
-    from mdc_core.data.sources import data_fingerprint
+    from mdc_core.sources import data_fingerprint
 
     ckpt = resolve_checkpoint(run)
     try:
@@ -87,7 +87,7 @@ def finetune(run: str | Path, data: str | Path, out: str | Path, steps: int, *, 
     folder is ``<out>_<key>`` (what ``mdc eval captioning`` uses: each source gets its own folder).
     """
     from mdc_core import checkpoint as ckpt_io
-    from mdc_core.checkpoint import load_model
+    from mdc_core.factory import load_model
     from mdc_core.train import train
     if steps < 1:
         raise ValueError(f"fine-tuning steps must be >= 1, got {steps}")

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mdc_core.checkpoint import list_checkpoints, load_model
+from mdc_core.checkpoint import list_checkpoints
+from mdc_core.factory import load_model
 from mdc_core.objectives import objective_spec
 from mdc_workbench.eval.figures import save_png
 from mdc_workbench.eval.report import caption_report

@@ -25,10 +25,10 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from mdc_core.checkpoint import load_model
 from mdc_core.config import DataConfig, SamplerConfig
 from mdc_core.data import build_loader
 from mdc_core.distributed import sync
+from mdc_core.factory import load_model
 from mdc_core.objectives import objective_spec
 from mdc_core.sampler import sample
 from mdc_core.tokenizer import CaptionTokenizer

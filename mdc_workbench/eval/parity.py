@@ -91,8 +91,8 @@ def parity_row(model: torch.nn.Module, cfg: Any, images: torch.Tensor, captions:
 def parity_table(runs: dict[str, Any], *, batch_size: int, split: str = "val", seed: int = 0) -> dict[str, Any]:
     """The parity table of trained runs ({label: run folder}) on one batch of `batch_size` images and captions of
     each run's data `split`: a ``metrics.json`` table (values only, no verdict)."""
-    from mdc_core.checkpoint import load_model
-    from mdc_core.data.loaders import build_loader
+    from mdc_core.data import build_loader
+    from mdc_core.factory import load_model
 
     values: dict[str, dict[str, float]] = {}
     batch = None

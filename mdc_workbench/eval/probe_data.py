@@ -40,11 +40,11 @@ from torch import Tensor
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 from tqdm.auto import tqdm
 
-from mdc_core.checkpoint import CKPT_DIR, load_model, resolve_checkpoint
+from mdc_core.checkpoint import CKPT_DIR, resolve_checkpoint
 from mdc_core.config import DataConfig
-from mdc_core.data import build_loader, load_image
-from mdc_core.data.transforms import eval_transform
-from mdc_core.factory import probe_pool
+from mdc_core.data import build_loader
+from mdc_core.factory import load_model, probe_pool
+from mdc_core.transforms import eval_transform, load_image
 from mdc_workbench.data import LABEL_NAMES, read_manifest
 from mdc_workbench.eval.probe import cached_features, linear_probe
 from mdc_workbench.eval.probe_baselines import INITS, PixelFeatures, random_init_model

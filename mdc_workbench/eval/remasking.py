@@ -126,7 +126,7 @@ def default_samplers(base: SamplerConfig, thresholds: list[float], steps: int) -
 
 
 def main(argv: list[str] | None = None) -> None:
-    from mdc_core.checkpoint import load_model
+    from mdc_core.factory import load_model
     p = argparse.ArgumentParser(prog="python -m mdc_workbench.eval.remasking", description=__doc__.splitlines()[0])
     p.add_argument("--run", required=True, help="run or checkpoint folder (its data.path is the embedded data)")
     p.add_argument("--limit", type=int, default=256, help="test images")

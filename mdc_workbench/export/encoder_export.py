@@ -1,6 +1,6 @@
 """``mdc export``: a trained run's encoder for code outside the workbench, as a timm folder or a Hugging Face-style one.
 
-:func:`export_run` writes one of two folders (the formats: :mod:`mdc_core.encoder_io`)::
+:func:`export_run` writes one of two folders (the formats: :mod:`mdc_workbench.export.encoder_io`)::
 
     OUT/ (--format timm)            OUT/ (--format hf)
       model.safetensors  encoder,     model.safetensors  the whole captioner
@@ -13,11 +13,11 @@ Both hold the EMA weights when the run kept them (``ema=False``: the raw ones) o
 
 Nothing half-written: the folder is assembled in a hidden temporary folder beside `out` and renamed into place only
 when complete and verified (the timm folder is loaded back by plain timm and its features compared with the run's,
-the hf folder by :func:`~mdc_core.checkpoint.load_model`); an existing non-empty `out` is replaced only with `force`
+the hf folder by :func:`~mdc_core.factory.load_model`); an existing non-empty `out` is replaced only with `force`
 and only when it is an earlier export, and an `out` inside a run's checkpoints folder is refused: ``--force`` never
 destroys a run or someone's files.
 This is an extension (its card, :mod:`mdc_workbench.export.model_card`, reads the evaluation results runs wrote); the
-loader downstream code needs, :func:`mdc_core.load_encoder`, lives in the core.
+loader downstream code needs is :func:`mdc_workbench.export.load_encoder`.
 """
 
 from __future__ import annotations
@@ -38,14 +38,15 @@ from mdc_core.checkpoint import (
     CKPT_DIR,
     file_sha256,
     list_checkpoints,
-    load_model,
     load_weights,
     resolve_checkpoint,
     run_holding,
     verify_checkpoint,
 )
 from mdc_core.config import RunConfig
-from mdc_core.encoder_io import (
+from mdc_core.factory import load_model, model_architecture, probe_pool
+from mdc_core.model import ImageEncoder
+from mdc_workbench.export.encoder_io import (
     EXPORT_FORMATS,
     WEIGHTS,
     TimmSpec,
@@ -55,9 +56,7 @@ from mdc_core.encoder_io import (
     timm_spec,
     timm_state_dict,
 )
-from mdc_core.encoders import ImageEncoder
-from mdc_core.factory import model_architecture, probe_pool
-from mdc_core.hub import MDCCaptioner, hub_captioner
+from mdc_workbench.export.hub import MDCCaptioner, hub_captioner
 from mdc_workbench.export.model_card import candidate_files, encoder_title, find_measurements, render_card
 
 FORMATS = EXPORT_FORMATS
@@ -224,7 +223,7 @@ def _probe_image(cfg: RunConfig) -> torch.Tensor:
 
 def _write_hf(source: Source, tmp: Path) -> str:
     """The whole captioner as a checkpoint folder (config.json, model.safetensors, meta.json); returns the usage.
-    A captioner is written by huggingface_hub's ``save_pretrained`` (:class:`mdc_core.hub.MDCCaptioner`), so the
+    A captioner is written by huggingface_hub's ``save_pretrained`` (:class:`~.hub.MDCCaptioner`), so the
     Hub's ``from_pretrained`` opens the folder; another architecture (CLIP) as a checkpoint folder."""
     state = {k: v.detach().to("cpu").contiguous() for k, v in source.model.state_dict().items()}
     hub = model_architecture(source.cfg.objective.name) == "captioner"
@@ -342,11 +341,11 @@ def _usage_hf(source: Source, token_shape: tuple[int, ...], hub: bool) -> str:
     whole = "model, cfg = load_model(folder)  # the whole captioner (sampling, scoring)"
     hub_lines = ("""
 # the whole captioner with Hugging Face's own call (huggingface_hub's PyTorchModelHubMixin):
-# from mdc_core.hub import MDCCaptioner
+# from mdc_workbench.export import MDCCaptioner
 # captioner = MDCCaptioner.from_pretrained(folder)
 """ if hub else "")
     if not isinstance(source.model.encoder, ImageEncoder):  # a frozen VQ tokenizer: no timm encoder to hand out
-        return f"from mdc_core.checkpoint import load_model  # this project\n\n{FOLDER_LINE}{whole}\n{hub_lines}"
+        return f"from mdc_core.factory import load_model  # this project\n\n{FOLDER_LINE}{whole}\n{hub_lines}"
     pool = probe_pool(source.cfg.objective.name)
     m, d = token_shape
     feature = (f"# (1, {d}): the probe feature ({'mean of the patch tokens' if pool == 'gap' else 'class token'})"
@@ -354,7 +353,7 @@ def _usage_hf(source: Source, token_shape: tuple[int, ...], hub: bool) -> str:
                "# timm's own pooling; the run's probe feature is the mean of the tokens")
     return f"""import torch
 from PIL import Image
-from mdc_core import load_encoder  # this project (pip install -e . in its repository)
+from mdc_workbench.export import load_encoder  # this project (pip install -e . in its repository)
 
 {FOLDER_LINE}encoder, preprocess = load_encoder(folder)  # a timm model and a torchvision transform
 image = preprocess(Image.open("image.jpg").convert("RGB")).unsqueeze(0)
@@ -362,4 +361,4 @@ with torch.no_grad():
     feature = encoder(image)  {feature}
     tokens = encoder.forward_features(image)  # (1, {m}, {d}): the tokens the caption decoder attended to
 
-# {whole.replace("load_model(", "mdc_core.checkpoint.load_model(")}{hub_lines}"""
+# {whole.replace("load_model(", "mdc_core.factory.load_model(")}{hub_lines}"""

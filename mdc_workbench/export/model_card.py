@@ -279,7 +279,7 @@ def render_card(*, cfg: RunConfig, run_dir: Path, step: int, ema: bool, fmt: str
         except (json.JSONDecodeError, AttributeError):
             pass
     record = training_record(run_dir, step)
-    from mdc_core.objectives import logged_accuracy
+    from mdc_core.run_state import logged_accuracy
     accuracy = logged_accuracy(record)
     logged = ", ".join(([f"loss {_number(record['loss'])}"] if "loss" in record else []) +
                        ([f"{accuracy[0]} {_number(accuracy[1])}"] if accuracy else []))

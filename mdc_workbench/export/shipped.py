@@ -1,7 +1,7 @@
 """The small trained captioner shipped with the repository: the app and the notebooks open on it at once.
 
 ``mdc_core/pretrained/mdc_tiny_lean_easy/`` is a checkpoint folder (``model.safetensors``, ``config.json``,
-``meta.json`` with the SHA-256 of the weights, which :func:`mdc_core.checkpoint.load_model` verifies on every load)
+``meta.json`` with the SHA-256 of the weights, which :func:`mdc_core.factory.load_model` verifies on every load)
 plus ``data_manifest.json`` (the parameters of the embedded data set it was trained on: which scenes it knows) and
 ``README.md`` (what it is, the command and seed that reproduce it, its accuracy). It is the `tiny_lean` preset
 trained by the fast CPU recipe (docs/fast_recipe.md) on the `easy` embedded data; see :data:`SHIPPED_COMMAND`.
@@ -58,7 +58,8 @@ def knows_data(*, difficulty: str, captions: str, image_size: int, seed: int) ->
 
 def load_shipped(device: str = "cpu") -> tuple[Any, Any]:
     """``(model, cfg)`` of the shipped captioner in eval mode, after checking its weights' SHA-256."""
-    from mdc_core.checkpoint import CheckpointError, load_model
+    from mdc_core.checkpoint import CheckpointError
+    from mdc_core.factory import load_model
 
     folder = shipped_model_dir()
     found = sha256(folder / "model.safetensors")
@@ -71,7 +72,7 @@ def load_shipped(device: str = "cpu") -> tuple[Any, Any]:
 def single_object_scenes(limit: int = HELD_OUT["first"], image_size: int | None = None) -> list[dict[str, Any]]:
     """The held-out test scenes with one object among the first `limit` of the shipped model's data (drawn by the
     generator, nothing read from disk): ``{"image": PIL image, "colour", "shape", "caption"}`` each."""
-    from mdc_core.data.transforms import open_image
+    from mdc_core.transforms import open_image
     from mdc_workbench.data import make_example
 
     p = data_params()
@@ -92,9 +93,9 @@ def single_object_accuracy(model: Any, cfg: Any, scenes: list[dict[str, Any]], b
     (:func:`mdc_workbench.eval.report.names_object`, as ``mdc eval objects`` and notebook 01 count it)."""
     import torch
 
-    from mdc_core.data.transforms import eval_transform
     from mdc_core.sampler import sample
     from mdc_core.tokenizer import CaptionTokenizer
+    from mdc_core.transforms import eval_transform
     from mdc_workbench.eval.report import names_object
 
     tokenizer, to_tensor = CaptionTokenizer(cfg.model.context_length), eval_transform(cfg.model.image_size)

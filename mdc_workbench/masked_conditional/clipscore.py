@@ -1,7 +1,7 @@
 """CLIPScore (Hessel et al., 2021): ``2.5 * max(cos(image, caption), 0)``, reference-free.
 
 No pretrained CLIP can be downloaded here, so the scorer is either the workbench's own CLIP baseline (a run
-trained with ``objective.name = "clip"``, :class:`~mdc_core.clip_model.CLIPModel`) or a local open_clip
+trained with ``objective.name = "clip"``, :class:`~mdc_core.factory.CLIPModel`) or a local open_clip
 checkpoint file (``open_clip.create_model_and_transforms(name, pretrained=PATH)``). Scores from different
 scorers are not comparable with each other, nor with the paper's ViT-B/32 numbers.
 """
@@ -101,7 +101,7 @@ def load_clip_scorer(path: str | Path, open_clip_model: str = "", device: str = 
     """A workbench CLIP run folder (or checkpoint folder), or with `open_clip_model` a local open_clip file."""
     if open_clip_model:
         return OpenCLIPScorer(open_clip_model, path, device)
-    from mdc_core.checkpoint import load_model
+    from mdc_core.factory import load_model
 
     model, cfg = load_model(path, device=device)
     if cfg.objective.name != "clip":

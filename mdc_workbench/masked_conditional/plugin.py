@@ -16,7 +16,7 @@ from typing import Any
 
 from mdc_core import registry
 from mdc_core.config import ConfigError
-from mdc_core.schedule import NoiseSchedule
+from mdc_core.registry import NoiseSchedule
 
 GUIDANCE_TRAINING_MODES = ("none", "cfg", "mcs")  # objective.guidance: condition corruption while training
 GUIDANCE_MODES = ("none", "cfg", "mcs", "mcs_cfg")  # mdc sample --guidance: "none" + guidance.GUIDANCE_FORMS

@@ -11,7 +11,7 @@ Configuration:
 * ``model.pretrained_path``: the folder (``config.json`` + weights, as ``VQModel.save_pretrained`` writes it; a
   pipeline folder holding a ``vqvae/`` subfolder also works);
 * ``model.encoder_kwargs``: ``{"token_width": D, "vq_config": <the VQModel's config>}``. The config rebuilds the
-  architecture when :func:`mdc_core.checkpoint.load_model` restores a run from its folder alone (the frozen VQ
+  architecture when :func:`mdc_core.factory.load_model` restores a run from its folder alone (the frozen VQ
   weights are saved in every checkpoint, like the VQ-VAE's); :func:`vqgan_encoder_kwargs` reads it from the
   folder and ``mdc vqvae show --path DIR`` prints the ``mdc train`` flags.
 

@@ -231,7 +231,7 @@ class VQImageEncoder(nn.Module):
     """``model.encoder = "vqvae"``: images (B, 3, S, S) -> code embeddings (B, M, token_width).
 
     The VQ-VAE is frozen (the paper uses a pre-trained one); the code embedding, the position table and the
-    ``[MASK]`` image token are trained with the captioner. Same interface as :class:`~mdc_core.encoders.ImageEncoder`.
+    ``[MASK]`` image token are trained with the captioner. Same interface as :class:`~mdc_core.model.ImageEncoder`.
     """
 
     num_prefix_tokens = 0

@@ -146,7 +146,7 @@ def config_key(cfg: RunConfig) -> str:
     embedded data set the generator's parameters (its manifest's ``params``) count too: the notebooks rewrite a
     data folder whose parameters changed, and a model trained on the old contents must not be reused. Other data
     (no manifest: a caption table, shards from elsewhere) count by their content fingerprint
-    (:func:`mdc_core.data.sources.data_fingerprint`) when readable. Paths inside the checkout count relative to it
+    (:func:`mdc_core.sources.data_fingerprint`) when readable. Paths inside the checkout count relative to it
     (:func:`checkout_relative`): the key does not depend on where it lives."""
     data = cfg.to_dict()
     data["model"]["output_vocab_size"] = 0
@@ -161,7 +161,7 @@ def config_key(cfg: RunConfig) -> str:
     if manifest.is_file():
         data["data_params"] = json.loads(manifest.read_text()).get("params")
     else:
-        from mdc_core.data.sources import data_fingerprint
+        from mdc_core.sources import data_fingerprint
 
         fingerprint = data_fingerprint(cfg.data)
         if fingerprint is not None:  # unreadable data keep the key they had (training will name the problem)
@@ -189,7 +189,8 @@ def train_cached(cfg: RunConfig, models_dir: str | Path, *, live: bool = False, 
     against its step: :func:`mdc_core.run_folder.resume_point`) and set aside as ``corrupt_step_*`` (kept as
     found), and the model goes on from the newest intact checkpoint; when none is intact, it is trained again
     from step 0 in the same folder, its old logs kept beside the new ones. Each case is printed."""
-    from mdc_core.checkpoint import CheckpointError, latest_checkpoint, load_model
+    from mdc_core.checkpoint import CheckpointError, latest_checkpoint
+    from mdc_core.factory import load_model
     from mdc_core.train import train
 
     run_dir = cached_run_dir(models_dir, cfg)
@@ -371,7 +372,7 @@ def loss_figure(rows: list[dict[str, Any]], title: str = "training loss"):
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax2 = ax.twinx()
-    from mdc_core.objectives import logged_accuracy
+    from mdc_core.run_state import logged_accuracy
     accuracy = [logged_accuracy(r) for r in rows]
     if all(accuracy):
         ax2.plot(steps, [a[1] for a in accuracy], color="tab:orange", label=accuracy[-1][0])

@@ -41,7 +41,7 @@ def to_pixels(images: Any) -> Any:
     """Normalised image tensors (B, 3, S, S) back to displayable (B, S, S, 3) floats in [0, 1]."""
     import torch
 
-    from mdc_core.data.transforms import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
+    from mdc_core.transforms import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 
     mean = torch.tensor(OPENAI_DATASET_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(OPENAI_DATASET_STD).view(1, 3, 1, 1)

@@ -21,7 +21,7 @@ def validation_loss(model: Any, cfg: Any, *, split: str = "val", limit: int = 51
     corpus-vocabulary model's tables are left out (models of one objective trained on one data set share them)."""
     import torch
 
-    from mdc_core.data.loaders import build_loader
+    from mdc_core.data import build_loader
     from mdc_core.objectives import compute_loss
     from mdc_core.tokenizer import CaptionTokenizer
 

@@ -105,7 +105,7 @@ def captioning_members(stacks: Sequence[Sequence[str | Path]], data: str | Path,
 
 def load_stack(runs: Sequence[str | Path], device: str) -> tuple[list[torch.nn.Module], list[RunConfig]]:
     """The members' models (eval mode) and configs; ValueError unless they share one architecture and objective."""
-    from mdc_core.checkpoint import load_model
+    from mdc_core.factory import load_model
 
     loaded = [load_model(run, device=device) for run in runs]
     models, cfgs = [m.eval() for m, _ in loaded], [c for _, c in loaded]

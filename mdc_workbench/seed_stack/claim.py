@@ -33,9 +33,8 @@ from torch import Tensor, nn
 from torch.func import vjp
 
 from mdc_core.config import ObjectiveConfig
-from mdc_core.model import lookup_rows
 from mdc_core.objectives import maskable_positions
-from mdc_core.tokenizer import MASK_ID
+from mdc_core.tokenizer import MASK_ID, lookup_rows
 from mdc_workbench.eval.central_claim import (
     MEASURES,
     ClaimScores,

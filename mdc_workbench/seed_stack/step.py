@@ -3,7 +3,7 @@
 Member k is the solo run of ``cfg`` with ``train.seed = seeds[k]`` (:func:`member_config`), and everything random
 about it is drawn as that run draws it: its initial weights (:func:`init_members`: ``seed_everything(seed)`` then
 the trainer's :func:`~mdc_core.train.init_model`), its data order (the caller reads each member's batches from
-its own :class:`~mdc_core.data.loaders.BatchStream` of :func:`member_config`), and the masks of its micro-batch ``a``
+its own :class:`~mdc_core.data.BatchStream` of :func:`member_config`), and the masks of its micro-batch ``a``
 at step ``n``, drawn on the host by the trainer's :class:`~mdc_core.loss_step.HostBatches` from
 ``step_seed(seeds[k], n, a)``. :meth:`SeedStack.step` then runs, in one of two modes:
 
@@ -48,7 +48,7 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
 from mdc_core.config import RunConfig
-from mdc_core.loss_step import HostBatches, ReadyBatch, use_bf16
+from mdc_core.loss_step import HostBatches, ReadyBatch, compile_mode, static_mode, use_bf16
 from mdc_core.objectives import PreparedBatch, bucket_length, trim_padding
 from mdc_core.train import (
     DeviceStep,
@@ -218,7 +218,7 @@ class SeedStack:
         solo_groups = param_groups(models[0], tcfg.weight_decay)  # the solo run's split, by parameter name
         # the members' masks, drawn on the host as their solo runs draw them: "each" prepares them as the solo run
         # (its static shapes, copied to the device), "vmap" pads them to one shape on the host (module docstring)
-        static = tcfg.static_mode(tcfg.compile_mode(self.device.type))
+        static = static_mode(tcfg, compile_mode(tcfg, self.device.type))
         self.round_width = static != "off"  # a compiled step's caption-length buckets
         if mode == "each":
             self.batches = HostBatches(models[0], cfg.objective, self.device, static, tcfg.length_bucket)

@@ -11,7 +11,7 @@ out/seed_<seed>`` continues it alone as if it had been trained alone.
 
 Everything around the step is the core's: each member's folder is locked and checked, its data fingerprinted and
 its resume point chosen by :func:`mdc_core.run_folder.prepare_run`; its data read by its own
-:class:`~mdc_core.data.loaders.BatchStream`; its records written by its own :class:`~mdc_core.run_state.RunLog` at
+:class:`~mdc_core.data.BatchStream`; its records written by its own :class:`~mdc_core.run_state.RunLog` at
 the solo run's log steps (so its ``metrics.jsonl`` is the solo run's, ``samples_per_s`` aside); its checkpoints by
 :func:`mdc_core.checkpoint.save_checkpoint` with a :class:`~mdc_core.run_state.TrainState`, at the solo run's
 checkpoint steps. SIGINT or SIGTERM stops every member at the next step boundary with a checkpoint
@@ -46,7 +46,8 @@ from mdc_core import checkpoint as ckpt_io
 from mdc_core import distributed as dist
 from mdc_core import run_folder
 from mdc_core.config import RunConfig
-from mdc_core.data.loaders import BatchStream
+from mdc_core.data import BatchStream
+from mdc_core.factory import load_model
 from mdc_core.run_state import Counters, HookFactory, RunLog, TrainState, diverged, logged_loss, rng_state
 from mdc_core.runlock import RunLock
 from mdc_core.train import NonFiniteWatch, TrainingInterrupted, TrainResult, lr_lambda
@@ -180,7 +181,7 @@ class StackTrainer:
                 built, saved = init_members(m.cfg, [m.seed], progress=progress and not models)
                 model, m.cfg, m.rng = built[0], member_config(saved, m.seed), rng_state()
             else:
-                model = ckpt_io.load_model(m.start_ckpt)[0]
+                model = load_model(m.start_ckpt)[0]
             models.append(model)
             m.out.mkdir(parents=True, exist_ok=True)
             m.cfg.save(m.out / "config.json")

@@ -246,12 +246,12 @@ def with_image(record: dict[str, Any], image: Image.Image, max_size: int = 256) 
 
 def record_image(record: dict[str, Any]) -> Image.Image | None:
     """The image embedded by :func:`with_image`, or None; opened as an upload is
-    (:func:`mdc_core.data.transforms.open_image`: too large or a decompression bomb refused before decoding,
+    (:func:`mdc_core.transforms.open_image`: too large or a decompression bomb refused before decoding,
     16-bit scaled, not saturated), since a record file may come from anyone. ValueError (one line) otherwise."""
     data = record.get("image_png")
     if not data:
         return None
-    from mdc_core.data.transforms import open_image  # torchvision: only when a record holds an image
+    from mdc_core.transforms import open_image  # torchvision: only when a record holds an image
     try:
         raw = base64.b64decode(data, validate=True)
     except (ValueError, TypeError) as err:  # binascii.Error is a ValueError; a number or a list is a TypeError

@@ -223,7 +223,7 @@ def counter_rates(previous: dict[str, float] | None, record: dict[str, Any]) -> 
 
 def validation_problem(cfg: RunConfig) -> str:
     """Why the run's data has no validation split of its own to log val/* from, or "" when it has one."""
-    from mdc_core.data.sources import resolve_source
+    from mdc_core.sources import resolve_source
     data = cfg.data
     try:
         val = resolve_source(data.path, data.format, "val", data.images or None)
@@ -246,7 +246,7 @@ class ValidationImages:
 
     @classmethod
     def load(cls, cfg: RunConfig, model: torch.nn.Module) -> ValidationImages:
-        from mdc_core.data.loaders import build_loader
+        from mdc_core.data import build_loader
         from mdc_core.tokenizer import CaptionTokenizer
         device = next(model.parameters()).device
         data = dataclasses.replace(cfg.data, num_workers=0)

@@ -23,10 +23,10 @@ from PIL import Image
 
 from mdc_core.checkpoint import save_checkpoint
 from mdc_core.config import RunConfig, SamplerConfig, sampler_options
-from mdc_core.data.transforms import eval_transform
 from mdc_core.model import Captioner
 from mdc_core.sampler import sample, trajectory
 from mdc_core.tokenizer import CaptionTokenizer, build_output_vocab
+from mdc_core.transforms import eval_transform
 from mdc_workbench.export.shipped import SHIPPED_DIR
 from mdc_workbench.viz import animation, trajectory_view
 from tests.conftest import micro_config

@@ -7,6 +7,7 @@ import torch
 
 from mdc_core import checkpoint as ck
 from mdc_core.config import RunConfig
+from mdc_core.factory import load_model
 from mdc_core.sampler import sample
 from mdc_core.tokenizer import build_output_vocab
 from tests.conftest import micro_config
@@ -24,7 +25,7 @@ def test_round_trip_rebuilds_same_model_and_samples(tmp_path, tiny_model):
     cfg = _cfg(output_vocab="corpus", output_vocab_size=len(ids))
     path = ck.save_checkpoint(tmp_path, 7, cfg, model, train_state={"step": 7})
     assert path.name == "step_00000007" and (tmp_path / "checkpoints" / "latest").read_text().strip() == path.name
-    loaded, cfg2 = ck.load_model(tmp_path)
+    loaded, cfg2 = load_model(tmp_path)
     assert cfg2 == cfg
     for k, v in model.state_dict().items():
         assert torch.equal(v, loaded.state_dict()[k]), k
@@ -59,11 +60,11 @@ def test_checkpoint_of_another_architecture(tmp_path, tiny_model):
     other = _cfg(text_width=64)
     other.save(cfg_path)  # config now describes a wider decoder than the saved weights
     with pytest.raises(ValueError, match="does not fit the config.json beside it: .* tensors have other shapes"):
-        ck.load_model(tmp_path)  # found in the weights' header, before the model is built
+        load_model(tmp_path)  # found in the weights' header, before the model is built
 
 
 def test_missing_run_folder(tmp_path):
     with pytest.raises(FileNotFoundError, match="not found"):
-        ck.load_model(tmp_path / "nope")
+        load_model(tmp_path / "nope")
     with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
-        ck.load_model(tmp_path)
+        load_model(tmp_path)

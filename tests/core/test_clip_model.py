@@ -6,11 +6,10 @@ import math
 import pytest
 import torch
 
-from mdc_core.checkpoint import load_model, save_checkpoint
-from mdc_core.clip_model import CLIPModel, contrastive_loss
+from mdc_core.checkpoint import save_checkpoint
 from mdc_core.config import ObjectiveConfig, RunConfig
-from mdc_core.factory import create_model, probe_pool
-from mdc_core.objectives import compute_loss
+from mdc_core.factory import CLIPModel, create_model, load_model, probe_pool
+from mdc_core.objectives import clip_loss, compute_loss
 from mdc_core.tokenizer import EOT_ID, CaptionTokenizer, build_output_vocab
 from mdc_workbench.cli import main
 from mdc_workbench.data import write_synthetic_dataset
@@ -75,10 +74,11 @@ def test_logit_scale_clamped_at_100():
     assert math.isclose(float(model.scale().detach()), 100.0, rel_tol=1e-5)
 
 
-def test_contrastive_loss_matches_hand_computation_and_trains_every_part():
+def test_clip_loss_matches_hand_computation_and_trains_every_part():
     model = make_clip().train()
     images, tokens = batch()
-    loss, metrics = contrastive_loss(model, images, tokens)
+    out = clip_loss(model, images, tokens, ObjectiveConfig(name="clip"))
+    loss, metrics = out.loss, out.metrics
     with torch.no_grad():
         img, txt, s = model(images, tokens)
         logits = s * img @ txt.T  # (B, B)

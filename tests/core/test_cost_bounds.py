@@ -14,9 +14,9 @@ import pytest
 from PIL import Image
 
 from mdc_core.config import ConfigError, ModelConfig, RunConfig, load_preset
-from mdc_core.data.transforms import ImageError, load_image, open_image
-from mdc_core.encoders import MAX_PARAMS, decoder_params
-from mdc_core.factory import create_model
+from mdc_core.factory import create_model, decoder_params
+from mdc_core.model import MAX_PARAMS
+from mdc_core.transforms import ImageError, load_image, open_image
 from mdc_workbench.cli import main
 
 
@@ -92,7 +92,7 @@ def test_the_thin_png_path_peaks_low(tmp_path: Path) -> None:
     imports cost (the figure in docs/reliability.md)."""
     png = tmp_path / "thin.png"
     png.write_bytes(_png(1, 10_000))
-    code = ("import resource, sys\nfrom mdc_core.data.transforms import load_image\n"
+    code = ("import resource, sys\nfrom mdc_core.transforms import load_image\n"
             "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
             "try:\n    load_image(sys.argv[1], 448)\nexcept ValueError as err:\n    print('refused', err)\n"
             "print(base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")

@@ -16,9 +16,9 @@ import torch
 from mdc_core import checkpoint as ck
 from mdc_core.config import ObjectiveConfig, SamplerConfig
 from mdc_core.distributed import setup as dist_setup
+from mdc_core.factory import load_model
 from mdc_core.objectives import compute_loss
-from mdc_core.precision import bf16_enabled
-from mdc_core.sampler import sample
+from mdc_core.sampler import bf16_enabled, sample
 from mdc_core.scoring import score_tokens
 from mdc_core.tokenizer import CaptionTokenizer
 from mdc_core.train import train
@@ -104,13 +104,13 @@ def test_bf16_training_on_cuda_learns_and_reloads_on_cpu(data, tmp_path):
     assert rows and all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
     first, last = sum(r["loss"] for r in rows[:5]) / 5, sum(r["loss"] for r in rows[-5:]) / 5
     assert last < 0.8 * first, (first, last)  # bf16 autocast trains, it does not just run
-    model, saved = ck.load_model(result.run_dir)
+    model, saved = load_model(result.run_dir)
     assert next(model.parameters()).device.type == "cpu" and saved.train.device == "cuda"
     images, _ = _batch()
     out = sample(model, model.encode_image(images), saved.sampler)
     assert out.tokens.shape == (4, saved.sampler.length)
     # the CUDA-trained weights caption identically on the GPU (fp32) and the CPU
-    gpu = ck.load_model(tmp_path / "run", device="cuda")[0]
+    gpu = load_model(tmp_path / "run", device="cuda")[0]
     gpu_out = sample(gpu, gpu.encode_image(images.cuda()), saved.sampler, precision="fp32")
     assert torch.equal(gpu_out.tokens.cpu(), out.tokens)
 

@@ -14,7 +14,8 @@ from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 from PIL import Image
 
 from mdc_core.config import DataConfig
-from mdc_core.data import build_loader, iter_captions, load_image
+from mdc_core.data import build_loader, iter_captions
+from mdc_core.transforms import load_image
 from mdc_workbench.data import export_coco, make_example, write_synthetic_dataset
 
 

@@ -9,10 +9,9 @@ import pytest
 import torch
 
 from mdc_core.config import ConfigError, DataConfig
-from mdc_core.data import build_loader
-from mdc_core.data.loaders import MemoryBatches, decode_split
-from mdc_core.data.sources import resolve_source
-from mdc_core.data.transforms import eval_transform, normalise_batch
+from mdc_core.data import MemoryBatches, build_loader, decode_split
+from mdc_core.sources import resolve_source
+from mdc_core.transforms import eval_transform, normalise_batch
 from mdc_workbench.data import write_synthetic_dataset
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from mdc_core.data.loaders import build_loader
+from mdc_core.data import build_loader
 from mdc_core.train import train
 from tests.train_helpers import micro_run, one_thread  # noqa: F401  (a fixture)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from mdc_core.data.transforms import ImageError, read_image_file
+from mdc_core.transforms import ImageError, read_image_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,8 +61,8 @@ def test_read_image_file_names_what_the_path_is(hostile_table: Path) -> None:
 DECODE = """
 import json, resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (12 * 2**30, 12 * 2**30))
-from mdc_core.data.loaders import _decode_row
-from mdc_core.data.sources import resolve_source
+from mdc_core.data import _decode_row
+from mdc_core.sources import resolve_source
 rows = resolve_source(sys.argv[1], "auto", "train").rows
 print(json.dumps([_decode_row(row).get("__skip__", "ok") for row in rows]))
 """

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mdc_core.data.transforms import BACKGROUND, ImageError, open_image
+from mdc_core.transforms import BACKGROUND, ImageError, open_image
 
 RED, BLUE = (255, 0, 0), (0, 0, 255)
 

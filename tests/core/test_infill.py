@@ -3,9 +3,8 @@
 import pytest
 import torch
 
-from mdc_core.sampler import fill_prompt, parse_prompt, prompt_text
 from mdc_core.scoring import score_fills, score_tokens
-from mdc_core.tokenizer import EOT_ID, MASK_ID, SOT_ID, CaptionTokenizer
+from mdc_core.tokenizer import EOT_ID, MASK_ID, SOT_ID, CaptionTokenizer, fill_prompt, parse_prompt, prompt_text
 
 TOK = CaptionTokenizer(24)
 

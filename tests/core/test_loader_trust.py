@@ -16,10 +16,11 @@ from safetensors.torch import load_file, save_file
 
 import mdc_core
 from mdc_core import config as config_module
-from mdc_core.checkpoint import CheckpointError, check_fits, load_model
+from mdc_core.checkpoint import CheckpointError
 from mdc_core.config import ConfigError, RunConfig
-from mdc_core.hub import MDCCaptioner
+from mdc_core.factory import check_fits, load_model
 from mdc_workbench.cli import main
+from mdc_workbench.export import MDCCaptioner, load_encoder
 
 SHIPPED = Path(mdc_core.__file__).parent / "pretrained" / "mdc_tiny_lean_easy"
 
@@ -122,7 +123,7 @@ def test_a_hub_encoder_is_never_resolved_from_a_local_folder(export, tmp_path, m
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_network)
     monkeypatch.setattr(timm_hub, "hf_hub_download", no_network, raising=False)
     _edit_config(export, "model", encoder="hf-hub:timm/vit_base_patch32_224.augreg_in21k")
-    for load in (MDCCaptioner.from_pretrained, load_model, mdc_core.load_encoder):
+    for load in (MDCCaptioner.from_pretrained, load_model, load_encoder):
         with pytest.raises(ValueError, match="model.encoder 'hf-hub:timm/.*is a Hugging Face Hub name") as err:
             load(export)
         assert "\n" not in str(err.value)
@@ -151,8 +152,8 @@ def test_a_timm_export_config_with_a_hub_name_or_huge_model_args_is_refused_befo
            "pretrained_cfg": {"input_size": [3, 224, 224]}}
     (folder / "config.json").write_text(json.dumps(hub))
     with pytest.raises(ValueError, match="architecture 'hf-hub:timm/.*is not a timm model name here"):
-        mdc_core.load_encoder(folder)
+        load_encoder(folder)
     (folder / "config.json").write_text(json.dumps({**hub, "architecture": "vit_base_patch32_224",
                                                     "model_args": {"depth": 100000}}))
     with pytest.raises(ConfigError, match="model_args.depth must be a finite number of at most 256"):
-        mdc_core.load_encoder(folder)
+        load_encoder(folder)

@@ -4,9 +4,8 @@ import pytest
 import torch
 
 from mdc_core.config import load_preset
-from mdc_core.encoders import build_image_encoder
-from mdc_core.model import Captioner, padding_mask
-from mdc_core.tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID, CaptionTokenizer, build_output_vocab
+from mdc_core.model import Captioner, build_image_encoder
+from mdc_core.tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID, CaptionTokenizer, build_output_vocab, padding_mask
 
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny_lean", "tiny_fast", "tiny_vit", "vit_b32", "vit_b16", "vit_l14"])
@@ -106,7 +105,7 @@ def test_tokenizer_round_trip_and_errors():
 
 
 def test_conv_stem_keeps_token_grid_and_checks_stride():
-    from mdc_core.encoders import build_image_encoder
+    from mdc_core.model import build_image_encoder
     kwargs = '{"patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 2, "conv_stem": [8, 16]}'
     cfg = load_preset("tiny", [f"model.encoder_kwargs={kwargs}"])
     enc = build_image_encoder(cfg.model)
@@ -123,7 +122,7 @@ def test_conv_stem_keeps_token_grid_and_checks_stride():
 
 
 def test_conv_stem_depth_and_norm():
-    from mdc_core.encoders import build_image_encoder
+    from mdc_core.model import build_image_encoder
 
     def stem(extra: str) -> torch.nn.Module:
         kwargs = '{"patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 2, "conv_stem": [8, 16]' + extra + "}"

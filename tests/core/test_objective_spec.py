@@ -10,8 +10,7 @@ from mdc_core import registry
 from mdc_core.config import ObjectiveConfig, RunConfig
 from mdc_core.loss_step import loss_denominator
 from mdc_core.objectives import draw_masks, loss_terms
-from mdc_core.registry import OBJECTIVES, ObjectiveSpec, objective_spec
-from mdc_core.schedule import FixedRatio, LinearSchedule, TeacherForcing
+from mdc_core.registry import OBJECTIVES, FixedRatio, LinearSchedule, ObjectiveSpec, TeacherForcing, objective_spec
 from mdc_core.tokenizer import EOT_ID, PAD_ID, SOT_ID
 from mdc_workbench.cli import trajectory
 from mdc_workbench.eval import captioning as cap

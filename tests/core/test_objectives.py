@@ -11,15 +11,14 @@ from mdc_core.objectives import (
     LOSSES,
     apply_mask,
     compute_loss,
-    logged_accuracy,
     loss_function,
     maskable_positions,
     normalized_token_loss,
     prepare_batch,
     trim_padding,
 )
-from mdc_core.registry import CORE_OBJECTIVES, OBJECTIVES, objective_names
-from mdc_core.schedule import T_MIN, sample_t
+from mdc_core.registry import CORE_OBJECTIVES, OBJECTIVES, T_MIN, objective_names, sample_t
+from mdc_core.run_state import logged_accuracy
 from mdc_core.tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID
 
 

@@ -102,7 +102,7 @@ def test_the_truncation_share_after_a_resume_is_of_the_whole_run(finished, tmp_p
 
 
 def test_from_pretrained_of_a_folder_without_meta_json_says_so(finished, tmp_path):  # noqa: F811
-    from mdc_core.hub import MDCCaptioner
+    from mdc_workbench.export import MDCCaptioner
     model = MDCCaptioner.from_pretrained(str(finished[1] / "checkpoints" / "step_00000004"))
     folder = tmp_path / "export"
     model.save_pretrained(folder)

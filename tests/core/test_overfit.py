@@ -5,9 +5,9 @@ import dataclasses
 
 import torch
 
-from mdc_core.checkpoint import load_model
 from mdc_core.config import load_preset
 from mdc_core.data import build_loader
+from mdc_core.factory import load_model
 from mdc_core.sampler import sample
 from mdc_core.tokenizer import CaptionTokenizer
 from mdc_core.train import train

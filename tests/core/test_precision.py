@@ -17,8 +17,7 @@ from mdc_core.checkpoint import save_checkpoint
 from mdc_core.config import ObjectiveConfig, RunConfig, SamplerConfig
 from mdc_core.model import Captioner
 from mdc_core.objectives import compute_loss
-from mdc_core.precision import bf16_enabled, default_inference_precision, inference_autocast, inference_precision
-from mdc_core.sampler import sample
+from mdc_core.sampler import bf16_enabled, default_inference_precision, inference_autocast, inference_precision, sample
 from mdc_core.scoring import score_tokens
 from mdc_core.tokenizer import CaptionTokenizer, build_output_vocab
 from mdc_workbench.cli.main import main

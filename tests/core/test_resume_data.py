@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from mdc_core.data import sources
-from mdc_core.data.sources import resolve_source
+from mdc_core import sources
 from mdc_core.run_folder import FINGERPRINT_FILE, known_digests
+from mdc_core.sources import resolve_source
 from mdc_workbench.cli import main
 
 

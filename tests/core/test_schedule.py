@@ -1,4 +1,4 @@
-"""The noise schedules (mdc_core.schedule) against their definitions: each loss weight is -alpha'_t / (1 - alpha_t)
+"""The noise schedules (mdc_core.registry) against their definitions: each loss weight is -alpha'_t / (1 - alpha_t)
 of its own alpha_t (a finite difference), each expected loss-term count is what the masking draws give (Monte
 Carlo), scoring needs no schedule (Eq. 8's weight 1/l for every schedule), the linear one is the paper's to the
 bit, and a micro run trains with the cosine schedule (objective mdc_cosine)."""
@@ -9,11 +9,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mdc_core.checkpoint import load_model
 from mdc_core.config import ConfigError, ObjectiveConfig, RunConfig
+from mdc_core.factory import load_model
 from mdc_core.objectives import apply_mask, compute_loss, maskable_positions, prepare_batch, trim_padding
-from mdc_core.registry import OBJECTIVES
-from mdc_core.schedule import T_MIN, AllMasked, CosineSchedule, FixedRatio, LinearSchedule, TeacherForcing, sample_t
+from mdc_core.registry import (
+    OBJECTIVES,
+    T_MIN,
+    AllMasked,
+    CosineSchedule,
+    FixedRatio,
+    LinearSchedule,
+    TeacherForcing,
+    sample_t,
+)
 from mdc_core.tokenizer import EOT_ID, MASK_ID, PAD_ID, SOT_ID
 from mdc_core.train import train
 from tests.train_helpers import micro_run, one_thread, read_metrics, write_micro_data  # noqa: F401 - a fixture

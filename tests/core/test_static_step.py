@@ -14,7 +14,7 @@ from torch._dynamo.utils import counters
 
 from mdc_core.config import ConfigError
 from mdc_core.factory import create_model
-from mdc_core.loss_step import LossStep
+from mdc_core.loss_step import LossStep, compile_mode, static_mode
 from mdc_core.objectives import (
     bucket_length,
     compute_loss,
@@ -118,15 +118,15 @@ def test_static_shapes_refuse_visible_pads(data):
 
 def test_compile_accepts_auto_false_true_and_modes_only(data):
     t = micro_run(data).train
-    assert t.compile == "auto" and t.compile_mode("cpu") is None and t.static_mode(None) == "off"  # CPU: eager
-    assert t.compile_mode("cuda") == "reduce-overhead" and t.static_mode("reduce-overhead") == "padded"
-    assert t.compile_mode("cuda", distributed=True) is None  # DDP is not measured with CUDA graphs
-    assert micro_run(data, "train.grad_accum=2").train.compile_mode("cuda") is None  # graphs cannot accumulate
-    assert micro_run(data, "train.compile=false").train.compile_mode("cuda") is None
-    assert micro_run(data, "train.compile=true").train.compile_mode("cuda") == "default"
+    assert t.compile == "auto" and compile_mode(t, "cpu") is None and static_mode(t, None) == "off"  # CPU: eager
+    assert compile_mode(t, "cuda") == "reduce-overhead" and static_mode(t, "reduce-overhead") == "padded"
+    assert compile_mode(t, "cuda", distributed=True) is None  # DDP is not measured with CUDA graphs
+    assert compile_mode(micro_run(data, "train.grad_accum=2").train, "cuda") is None  # graphs cannot accumulate
+    assert compile_mode(micro_run(data, "train.compile=false").train, "cuda") is None
+    assert compile_mode(micro_run(data, "train.compile=true").train, "cuda") == "default"
     cfg = micro_run(data, "train.compile=reduce-overhead")
-    assert cfg.train.compile_mode("cpu") == "reduce-overhead"  # on the CPU inductor compiles it without graphs
-    assert micro_run(data, "train.static_shapes=dense").train.static_mode("default") == "dense"
+    assert compile_mode(cfg.train, "cpu") == "reduce-overhead"  # on the CPU inductor compiles it without graphs
+    assert static_mode(micro_run(data, "train.static_shapes=dense").train, "default") == "dense"
     for bad in ("train.compile=fast", "train.compile=1", "train.static_shapes=yes", "train.length_bucket=0"):
         with pytest.raises(ConfigError, match=bad.split("=")[0]):
             micro_run(data, bad)

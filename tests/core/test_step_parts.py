@@ -19,7 +19,7 @@ import torch
 import torch._dynamo
 
 import mdc_core.train as train_mod
-from mdc_core.data.loaders import BatchStream
+from mdc_core.data import BatchStream
 from mdc_workbench.bench.step_phases import SyncCounter
 from tests.train_helpers import micro_run, write_micro_data
 

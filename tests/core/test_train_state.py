@@ -15,8 +15,9 @@ from safetensors.torch import load_file
 
 from mdc_core import checkpoint as ck
 from mdc_core.config import RunConfig, apply_overrides
-from mdc_core.data.sources import Source, resolve_source
+from mdc_core.factory import load_model
 from mdc_core.run_state import Counters, TrainState, rng_state
+from mdc_core.sources import Source, resolve_source
 from mdc_core.train import init_from_weights, lr_lambda, param_groups, seed_everything, train
 from tests.train_helpers import (
     assert_same_metrics,
@@ -69,7 +70,7 @@ def test_an_older_partial_state_takes_defaults_and_one_without_a_step_fails():
 def _hand_built_step_0(out: Path, cfg: RunConfig, source: Path) -> None:
     """What eval/captioning._seed_run did before train() had init_from: a step-0 checkpoint holding the source's
     weights, a fresh AdamW and schedule and the seed's RNG state, for ``train(resume=True)`` to continue."""
-    model = ck.load_model(source)[0]
+    model = load_model(source)[0]
     tcfg = cfg.train
     opt = torch.optim.AdamW(param_groups(model, tcfg.weight_decay), lr=tcfg.lr, betas=tcfg.betas)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -133,7 +134,7 @@ def test_init_from_fills_a_corpus_head_size_left_unset(source_run):
     unset = dataclasses.replace(saved, model=dataclasses.replace(saved.model, output_vocab_size=0))
     model, cfg = init_from_weights(unset, src)
     assert cfg.model.output_vocab_size == saved.model.output_vocab_size > 0
-    assert torch.equal(model.output_ids, ck.load_model(src)[0].output_ids)
+    assert torch.equal(model.output_ids, load_model(src)[0].output_ids)
 
 
 # ----------------------------------------------------------------------------------------------------------

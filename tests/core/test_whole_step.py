@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from mdc_core import checkpoint as ck
 from mdc_core import train as train_module
 from mdc_core.config import ConfigError
-from mdc_core.loss_step import LossStep, WholeStep
+from mdc_core.loss_step import LossStep, WholeStep, compile_mode
 from mdc_core.train import train
 from tests.numerics import assert_close_to_scale
 from tests.train_helpers import (  # noqa: F401 - one_thread: a fixture
@@ -54,9 +54,9 @@ def test_compile_step_needs_one_micro_batch_and_the_stop_policy(data):
     with pytest.raises(ConfigError, match="train.compile_step needs train.grad_accum=1 and train.nonfinite=stop"):
         micro_run(data, compile_step=True, nonfinite="skip")
     cfg = micro_run(data, compile_step=True).train
-    assert cfg.compile_mode("cpu") == "default"  # compiles even where train.compile=auto would not
-    assert micro_run(data, compile_step=True, compile="max-autotune").train.compile_mode("cpu") == "max-autotune"
-    assert micro_run(data).train.compile_mode("cpu") is None and not micro_run(data).train.compile_step
+    assert compile_mode(cfg, "cpu") == "default"  # compiles even where train.compile=auto would not
+    assert compile_mode(micro_run(data, compile_step=True, compile="max-autotune").train, "cpu") == "max-autotune"
+    assert compile_mode(micro_run(data).train, "cpu") is None and not micro_run(data).train.compile_step
 
 
 def test_the_lr_is_a_tensor_only_for_the_compiled_step(data):

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from mdc_core.checkpoint import load_model
+from mdc_core.factory import load_model
 from mdc_core.tokenizer import CaptionTokenizer
 from mdc_workbench.cli import main
 from mdc_workbench.eval import compositionality as comp

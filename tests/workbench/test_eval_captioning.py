@@ -8,8 +8,9 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from mdc_core.checkpoint import latest_checkpoint, load_model
+from mdc_core.checkpoint import latest_checkpoint
 from mdc_core.config import RunConfig
+from mdc_core.factory import load_model
 from mdc_core.tokenizer import CaptionTokenizer
 from mdc_workbench.data import write_synthetic_dataset
 from mdc_workbench.eval import captioning as cap

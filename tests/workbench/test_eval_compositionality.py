@@ -9,8 +9,8 @@ import torch
 from PIL import Image
 
 from mdc_core.checkpoint import save_checkpoint
-from mdc_core.clip_model import CLIPModel
 from mdc_core.config import ObjectiveConfig, RunConfig
+from mdc_core.factory import CLIPModel
 from mdc_core.model import Captioner
 from mdc_core.tokenizer import CaptionTokenizer
 from mdc_workbench.data import write_synthetic_dataset
@@ -149,7 +149,7 @@ def test_accuracy_is_strictly_true_beats_every_negative_and_image_encoded_once(t
     calls = []
     monkeypatch.setitem(comp.SCORERS, "heuristic", _fake_scorer(calls))
     run = make_run(tmp_path)
-    from mdc_core.checkpoint import load_model
+    from mdc_core.factory import load_model
     model, cfg = load_model(run)
     encoded = []
     original = model.encode_image
@@ -167,7 +167,7 @@ def test_accuracy_is_strictly_true_beats_every_negative_and_image_encoded_once(t
 
 @pytest.mark.parametrize("objective,methods", [("mdc", ["heuristic", "mc", "ar"]), ("arc", ["ar"])])
 def test_real_scorers_decide_as_score_captions_does(tmp_path, aro_dir, objective, methods):
-    from mdc_core.checkpoint import load_model
+    from mdc_core.factory import load_model
     from mdc_core.scoring import score_captions
     ex = load_benchmark("aro-relation", aro_dir)
     tok = CaptionTokenizer(24)
@@ -208,7 +208,7 @@ def test_unscorable_examples_are_skipped_and_counted(tmp_path, aro_dir, monkeypa
     tok = CaptionTokenizer(24)
     vocab = torch.tensor(sorted(set(tok.encode_text("the cat is on mat")) | {49407}))
     run = make_run(tmp_path, output_ids=vocab)
-    from mdc_core.checkpoint import load_model
+    from mdc_core.factory import load_model
     model, cfg = load_model(run)
     ex = load_benchmark("aro-relation", aro_dir)
     ex.append(Example("long", ex[1].image, "the cat " * 20, {"relation": ("the mat",)}))

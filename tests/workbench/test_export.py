@@ -1,4 +1,4 @@
-"""``mdc export`` and ``mdc_core.load_encoder``: the timm folder loads in plain timm (a fresh interpreter, no project
+"""``mdc export`` and ``load_encoder``: the timm folder loads in plain timm (a fresh interpreter, no project
 code) with the run's features, the hf folder reloads to the same captions, the model card says what it should, and
 bad input gives one line and writes nothing."""
 
@@ -18,17 +18,17 @@ from huggingface_hub import ModelCard
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
-import mdc_core
-from mdc_core.checkpoint import CheckpointError, load_model, save_checkpoint
+from mdc_core.checkpoint import CheckpointError, save_checkpoint
 from mdc_core.config import load_preset
-from mdc_core.data.transforms import load_image
-from mdc_core.factory import create_model
-from mdc_core.hub import MDCCaptioner
+from mdc_core.factory import create_model, load_model
 from mdc_core.sampler import sample
 from mdc_core.tokenizer import CaptionTokenizer, build_output_vocab
 from mdc_core.train import train
+from mdc_core.transforms import load_image
+from mdc_workbench import export
 from mdc_workbench.cli import build_parser, main
 from mdc_workbench.cli.train import _train_config
+from mdc_workbench.export import MDCCaptioner, load_encoder
 from mdc_workbench.export.encoder_export import export_run
 from mdc_workbench.export.model_card import rebuild_command
 from tests.train_helpers import micro_run, one_thread, write_micro_data  # noqa: F401 - one_thread is a fixture
@@ -129,7 +129,7 @@ def test_timm_export_of_the_paper_presets_at_reduced_size(preset, objective, poo
         tokens = ours.encode_image(x)
         assert float((model.forward_features(x) - tokens).abs().max()) <= 1e-5
         assert float((model(x) - ours.pooled_features(x, pool)).abs().max()) <= 1e-5
-    encoder, preprocess = mdc_core.load_encoder(out)  # load_encoder reads a timm export as well
+    encoder, preprocess = load_encoder(out)  # load_encoder reads a timm export as well
     with torch.no_grad():
         assert float((encoder.forward_features(x) - tokens).abs().max()) <= 1e-5
 
@@ -155,7 +155,7 @@ def _card_matches_load_encoder(out: Path, cwd: Path, image: Path) -> None:
 
     got = _run_snippet(out / "README.md", cwd, SAVE_ALL)
     assert got["stdout"].strip() == "[]"  # no module of this project was imported
-    encoder, preprocess = mdc_core.load_encoder(out)
+    encoder, preprocess = load_encoder(out)
     x = preprocess(Image.open(image).convert("RGB")).unsqueeze(0)
     assert _close(got["image"], x)
     with torch.no_grad():
@@ -210,8 +210,8 @@ def test_the_shipped_model_exports_to_plain_timm_with_its_features_and_preproces
     _refused_saying_what_to_do(out)
     image = _image(tmp_path / "image.jpg")
     _card_matches_load_encoder(out, tmp_path, image)
-    shipped, preprocess = mdc_core.load_encoder(SHIPPED)  # the checkpoint itself, not the export
-    exported, _ = mdc_core.load_encoder(out)
+    shipped, preprocess = load_encoder(SHIPPED)  # the checkpoint itself, not the export
+    exported, _ = load_encoder(out)
     x = preprocess(Image.open(image).convert("RGB")).unsqueeze(0)
     with torch.no_grad():
         assert _close(exported.forward_features(x), shipped.forward_features(x))
@@ -221,7 +221,7 @@ def test_the_shipped_model_exports_to_plain_timm_with_its_features_and_preproces
 def test_the_stem_key_map_moves_every_tensor_and_a_wrong_stem_does_not_load(tmp_path):
     from timm.models.vision_transformer_hybrid import ConvStem
 
-    from mdc_core.encoder_io import timm_conv_stem, timm_state_dict
+    from mdc_workbench.export.encoder_io import timm_conv_stem, timm_state_dict
     spec = timm_conv_stem({"patch_size": 16, "conv_stem": [8, 16], "conv_stem_depth": [1, 2]}, 32)
     assert spec == {"depth": 4, "channels": [8, 16, 16, 32], "stride": [2, 2, 1, 4], "kernel_size": [3, 3, 3, 4],
                     "padding": [1, 1, 1, 0], "norm": "batch"}
@@ -242,12 +242,12 @@ def test_the_stem_key_map_moves_every_tensor_and_a_wrong_stem_does_not_load(tmp_
     hub["conv_stem"]["channels"][0] = 16  # a stem of other widths cannot take these weights
     (out / "config.json").write_text(json.dumps(hub))
     with pytest.raises(RuntimeError, match="size mismatch"):
-        mdc_core.load_encoder(out)
+        load_encoder(out)
     del hub["conv_stem"]  # nor can a patch-1 ViT without the stem (what timm's local-dir: reading builds)
     hub["architecture"] = hub["pretrained_cfg"]["architecture"]  # the timm name, not stem_architecture's sentence
     (out / "config.json").write_text(json.dumps(hub))
     with pytest.raises(RuntimeError):
-        mdc_core.load_encoder(out)
+        load_encoder(out)
 
 
 @pytest.fixture(scope="module")
@@ -313,17 +313,17 @@ def test_hf_export_reloads_to_identical_captions_and_one_line_loader(trained, tm
         again = MDCCaptioner.from_pretrained(tmp_path / "again").encode_image(images)
         assert torch.equal(again, hub.encode_image(images))
     original = reference
-    # a fresh interpreter that imports only mdc_core.load_encoder, running the card's snippet
+    # a fresh interpreter that imports only load_encoder, running the card's snippet
     (tmp_path / "image.jpg").write_bytes(_test_images(data, tmp_path)[0].read_bytes())
     got = _run_snippet(out / "README.md", tmp_path, "torch.save({'feature': feature, 'tokens': tokens}, 'out.pt')")
     with torch.no_grad():
         x = load_image(tmp_path / "image.jpg", cfg.model.image_size).unsqueeze(0)
         assert float((got["tokens"] - original.encode_image(x)).abs().max()) <= 1e-5
         assert float((got["feature"] - original.pooled_features(x, "gap")).abs().max()) <= 1e-5
-    encoder, preprocess = mdc_core.load_encoder(run)  # a run folder: the EMA weights, as exported
+    encoder, preprocess = load_encoder(run)  # a run folder: the EMA weights, as exported
     with torch.no_grad():
         assert torch.equal(encoder(x), original.pooled_features(x, "gap"))
-    for loaded in (encoder, mdc_core.load_encoder(out)[0]):  # timm's ImageNet entries are not these weights'
+    for loaded in (encoder, load_encoder(out)[0]):  # timm's ImageNet entries are not these weights'
         assert not {"hf_hub_id", "license", "url", "tag"} & set(loaded.pretrained_cfg)
         assert loaded.pretrained_cfg["input_size"] == (3, 32, 32)  # the run's image size
 
@@ -449,16 +449,18 @@ def test_existing_out_needs_force_and_a_corrupt_run_is_refused(trained, tmp_path
         export_run(broken, tmp_path / "o")
 
 
-def test_load_encoder_is_lazy_and_import_mdc_core_stays_light():
-    code = ("import sys, mdc_core\nassert 'torch' not in sys.modules\nf = mdc_core.load_encoder\n"
-            "assert callable(f) and 'torch' not in sys.modules\nfrom mdc_core import load_encoder\n"
-            "assert set(mdc_core.__all__) <= set(dir(mdc_core)) and 'load_encoder' in dir(mdc_core)\n"
-            "from mdc_core import *\nassert all(callable(globals()[n]) for n in mdc_core.__all__)\n"
-            "assert 'torch' not in sys.modules\nprint('ok')")
+def test_load_encoder_is_lazy_and_importing_the_export_package_stays_light():
+    code = ("import sys\nfrom mdc_workbench import export\nassert 'torch' not in sys.modules\n"
+            "f = export.load_encoder\nassert callable(f) and 'torch' not in sys.modules\n"
+            "from mdc_workbench.export import load_encoder\n"
+            "assert set(export.__all__) <= set(dir(export)) and 'load_encoder' in dir(export)\n"
+            "assert 'torch' not in sys.modules\n"
+            "from mdc_workbench.export import *\nassert all(callable(globals()[n]) for n in export.__all__)\n"
+            "print('ok')")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "ok"
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        mdc_core.nope  # noqa: B018
+        export.nope  # noqa: B018
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
@@ -534,7 +536,7 @@ def test_timm_users_calls_give_load_encoders_features_and_preprocessing_or_say_w
     hub = json.loads((out / "config.json").read_text())
     assert "num_classes" not in hub["model_args"] and hub["num_classes"] == 0
     assert set(hub) >= {"architecture", "num_classes", "num_features", "model_args", "pretrained_cfg"}
-    encoder, _ = mdc_core.load_encoder(out)
+    encoder, _ = load_encoder(out)
     want = _data_config(timm.data.resolve_model_data_config(encoder))
     ours, cfg = load_model(run, ema=True)
     size = cfg.model.image_size
@@ -571,8 +573,8 @@ def test_an_export_written_before_issue_64_still_loads(trained, tmp_path):
     hub["architecture"] = hub["pretrained_cfg"]["architecture"]
     hub["model_args"]["num_classes"] = 0
     (out / "config.json").write_text(json.dumps(hub))
-    encoder, _ = mdc_core.load_encoder(out)
-    fresh, _ = mdc_core.load_encoder(export_run(run, tmp_path / "new", fmt="timm"))
+    encoder, _ = load_encoder(out)
+    fresh, _ = load_encoder(export_run(run, tmp_path / "new", fmt="timm"))
     x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         assert _close(encoder(x), fresh(x))
@@ -598,7 +600,7 @@ def test_save_pretrained_folder_loads_everywhere_an_export_does_and_keeps_its_ca
     with torch.no_grad():
         tokens = hub.encode_image(x)
         assert torch.equal(load_model(copy)[0].encode_image(x), tokens)
-        assert torch.equal(mdc_core.load_encoder(copy)[0].forward_features(x), tokens)
+        assert torch.equal(load_encoder(copy)[0].forward_features(x), tokens)
         assert torch.equal(MDCCaptioner.from_pretrained(copy).encode_image(x), tokens)
     weights = copy / "model.safetensors"  # the digests it recorded are checked: a damaged copy is refused
     damaged = bytearray(weights.read_bytes())

@@ -232,7 +232,7 @@ def test_d3pm_sampler_with_guidance_on_a_vq_captioner(tiny_model):
 
 def test_d3pm_run_trains_saves_and_loads(tmp_path):
     """`mdc train` path: d3pm objective + MCS + VQ-VAE encoder, two steps, checkpoint reload."""
-    from mdc_core.checkpoint import load_model
+    from mdc_core.factory import load_model
     from mdc_core.train import train
     from mdc_workbench.data import write_synthetic_dataset
 

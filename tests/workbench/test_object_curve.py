@@ -7,10 +7,10 @@ import pytest
 import torch
 from PIL import Image
 
-from mdc_core.checkpoint import load_model, save_checkpoint
+from mdc_core.checkpoint import save_checkpoint
 from mdc_core.config import DataConfig, ObjectiveConfig, RunConfig, SamplerConfig
 from mdc_core.data import build_loader, iter_captions
-from mdc_core.factory import create_model
+from mdc_core.factory import create_model, load_model
 from mdc_core.tokenizer import build_output_vocab
 from mdc_workbench.cli import main
 from mdc_workbench.data import write_synthetic_dataset

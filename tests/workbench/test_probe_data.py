@@ -10,11 +10,10 @@ import torch
 from PIL import Image
 
 from mdc_core.checkpoint import save_checkpoint
-from mdc_core.clip_model import CLIPModel
 from mdc_core.config import DataConfig, ObjectiveConfig, RunConfig
-from mdc_core.data import build_loader, load_image
-from mdc_core.data.transforms import eval_transform
-from mdc_core.factory import create_model
+from mdc_core.data import build_loader
+from mdc_core.factory import CLIPModel, create_model
+from mdc_core.transforms import eval_transform, load_image
 from mdc_workbench.cli import main
 from mdc_workbench.data import vocabularies, write_synthetic_dataset
 from mdc_workbench.eval import probe_data

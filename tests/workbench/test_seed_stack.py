@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from mdc_core import checkpoint as ck
-from mdc_core.data.loaders import BatchStream
+from mdc_core.data import BatchStream
 from mdc_core.distributed import DistContext
+from mdc_core.factory import load_model
 from mdc_core.loss_step import LossStep
 from mdc_core.run_folder import resolve_data_paths
 from mdc_core.train import build_optimizer, lr_lambda, param_groups, step_seed, train
@@ -331,7 +332,7 @@ def test_a_stack_of_three_trains_as_its_three_solo_runs(solo_runs, mode):
         ckpt = ck.latest_checkpoint(run)
         solo_state = ck.load_train_state(ckpt)
         state = stack.member_state(k)
-        weights = {"model": ck.load_model(ckpt)[0].state_dict(), "ema": ck.load_model(ckpt, ema=True)[0].state_dict()}
+        weights = {"model": load_model(ckpt)[0].state_dict(), "ema": load_model(ckpt, ema=True)[0].state_dict()}
         moments = [solo_state["optimizer"]["state"][i][m] for i in sorted(solo_state["optimizer"]["state"])
                    for m in ("exp_avg", "exp_avg_sq")]
         ours = [state["optimizer"]["state"][i][m] for i in sorted(state["optimizer"]["state"])

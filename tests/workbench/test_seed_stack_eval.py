@@ -113,7 +113,7 @@ def test_one_seed_for_all_members_still_draws_each_members_own_masks(stack):
     """One seed given: every member draws from its own generator seeded with it (as K solo measures with that seed),
     not the members one after another from one stream: members 1 and 2 would then score other positions."""
     data, runs = stack
-    from mdc_core.checkpoint import load_model
+    from mdc_core.factory import load_model
 
     models = [load_model(r)[0].eval() for r in runs["mdc"]]
     batches = list(caption_batches(data["short"], 32, 32, limit=8, batch_size=4))
@@ -174,7 +174,7 @@ def test_vmapped_captioning_encodes_each_member_as_its_solo_run(stack):
     own within rounding, and the captions follow (equal here; a near tie could flip an argmax on another CPU, so
     the test holds what does not depend on one: the images, decoders, lengths and references)."""
     data, runs = stack
-    from mdc_core.checkpoint import load_model
+    from mdc_core.factory import load_model
     from mdc_workbench.eval.captioning import chunk_pixels, load_caption_set
     from mdc_workbench.seed_stack.stacked import Encode, stack_models, vmap_members
 
@@ -213,7 +213,7 @@ def test_the_eval_bench_times_every_row_against_the_solo_measures():
 
 def test_a_stack_refuses_bad_input_in_one_line(stack, tmp_path):
     data, runs = stack
-    from mdc_core.checkpoint import load_model
+    from mdc_core.factory import load_model
 
     models = [load_model(r)[0].eval() for r in runs["mdc"]]
     batches = list(caption_batches(data["short"], 32, 32, limit=4, batch_size=4))

@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 
 from mdc_core import checkpoint as ck
+from mdc_core.factory import load_model
 from mdc_core.run_folder import resolve_data_paths
 from mdc_core.train import TrainingInterrupted, train
 from mdc_workbench.seed_stack import member_config
@@ -241,7 +242,7 @@ def test_the_tools_open_a_member_as_a_run(solo, data, tmp_path, capsys):
                  "--quiet", "--baselines", "--protocol", "clip_benchmark", "--weight-decay", "0"]) == 0
     probed = json.loads(capsys.readouterr().out)["runs"][0]
     assert probed["run"] == str(member) and probed["step"] == 2 and 0.0 <= probed["tasks"]["shape"]["top1"] <= 1.0
-    model, saved = ck.load_model(member, ema=True)
+    model, saved = load_model(member, ema=True)
     assert saved.train.seed == 1 and sum(p.numel() for p in model.parameters()) > 0
     pytest.importorskip("gradio")
     from mdc_app.runs import discover_runs
@@ -340,7 +341,7 @@ def test_stacked_probe_features_are_each_members_own(solo, data, mode):
     from mdc_workbench.seed_stack.features import stacked_features
 
     _, root = solo[0.1]
-    models = [ck.load_model(member_dir(root, s))[0] for s in SEEDS]
+    models = [load_model(member_dir(root, s))[0] for s in SEEDS]
     split = open_probe_dataset(data, "test", limit=8)
     feats, labels = stacked_features(models, split, pool="gap", image_size=32, batch_size=3, mode=mode)
     assert feats.shape[:2] == (len(SEEDS), 8)

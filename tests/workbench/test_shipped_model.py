@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mdc_core.checkpoint import CheckpointError, load_model
+from mdc_core.checkpoint import CheckpointError
+from mdc_core.factory import load_model
 from mdc_workbench.export import shipped
 
 

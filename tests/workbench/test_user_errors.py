@@ -53,7 +53,7 @@ def test_a_misspelt_config_key_suggests_the_right_one():
 
 
 def test_a_non_image_and_an_oversized_image_say_so_in_the_workbenchs_words(tmp_path):
-    from mdc_core.data.transforms import ImageError, load_image, open_image
+    from mdc_core.transforms import ImageError, load_image, open_image
 
     notes = tmp_path / "notes.png"
     notes.write_text("a text file, not a picture\n")

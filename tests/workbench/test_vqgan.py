@@ -5,8 +5,7 @@ import json
 import pytest
 import torch
 
-from mdc_core.encoders import build_image_encoder
-from mdc_core.model import Captioner
+from mdc_core.model import Captioner, build_image_encoder
 from mdc_workbench.cli import main
 from mdc_workbench.masked_conditional.vqgan import DiffusersVQEncoder, vqgan_encoder_kwargs
 from tests.conftest import micro_config

@@ -1,29 +1,22 @@
 """Batches of (image, caption) pairs from shards, CSV/TSV or COCO json, for training and evaluation.
 
-One pipeline serves the synthetic data and real data (see :mod:`mdc_core.data.sources` for accepted paths)::
+One pipeline serves the synthetic data and real data (accepted paths: :mod:`mdc_core.sources`)::
 
     shards (shuffled by (seed, epoch)) -> this worker's share -> webdataset tar reading -> shuffle buffer
     -> decode + check -> transform -> batches of exactly `batch_size` good samples
 
-Records that cannot be used never stop a run: they are dropped and counted by reason (:data:`SKIP_REASONS`) in
-the ``"skipped"`` dict of the batch being built when they were met (those met after a worker's last batch
-are added to that batch), so the counts cross DataLoader worker processes inside the batches. A worker that
-yields no batch at all cannot report its counts. :class:`BatchStream` feeds the trainer: one rank's micro-batches,
-epoch after epoch, from a saved data position.
+Records that cannot be used never stop a run: they are dropped and counted by reason (:data:`SKIP_REASONS`) in the
+``"skipped"`` dict of the batch being built, so the counts cross DataLoader worker processes inside the batches.
+:class:`BatchStream` feeds the trainer one rank's micro-batches, epoch after epoch, from a saved data position.
 
-Order is a function of (seed, epoch, readers). The shards (or rows) are dealt to ``readers = world x W``
-parts, W = max(1, num_workers): worker w of rank r reads part ``w * world + r``, i.e. every readers-th shard
-from that offset, so ranks and workers never read the same shard and together read all of them once per epoch.
-The DataLoader takes batches from a rank's workers in turn; ``skip_batches = n`` makes worker w play the part
-of worker (w + n) % W and pass over its share of the first n batches, so the batches that follow are exactly
-those the un-skipped epoch yields after its first n (as long as no worker ran dry within those n).
-
-Hence ``world`` ranks with W workers and ``grad_accum`` A see, at every optimizer step, exactly the samples
-one process with ``world * W`` workers and accumulation ``world * A`` sees (rank r's a-th micro-batch is that
-process's micro-batch ``a * world + r``), which is what makes a DDP run reproducible on one process.
-
-With ``data.in_memory`` a small set is decoded once per process and served from memory instead
-(:class:`MemoryBatches`, at the end of this module): the same samples, bitwise, in a full permutation per epoch.
+Order is a function of (seed, epoch, readers). The shards (or rows) are dealt to ``readers = world x W`` parts,
+W = max(1, num_workers): worker w of rank r reads part ``w * world + r``, so ranks and workers never read the same
+shard and together read all of them once per epoch. ``skip_batches = n`` makes worker w play the part of worker
+(w + n) % W and pass over its share of the first n batches, so a resumed epoch yields exactly the batches the
+un-skipped one yields after its first n. Hence ``world`` ranks with accumulation A see, at every optimizer step,
+exactly the samples one process with ``world * W`` workers and accumulation ``world * A`` sees, which makes a DDP
+run reproducible on one process. With ``data.in_memory`` a small set is decoded once and served from memory
+(:class:`MemoryBatches`): the same samples, bitwise, in a full permutation per epoch.
 """
 
 from __future__ import annotations
@@ -45,8 +38,9 @@ from torchvision.transforms import functional as TF
 
 from mdc_core import distributed as dist
 from mdc_core.config import DataConfig, RunConfig
-from mdc_core.data.sources import Source, iter_shard_records, resolve_source
-from mdc_core.data.transforms import (
+from mdc_core.sources import Source, iter_shard_records, resolve_source
+from mdc_core.tokenizer import CaptionTokenizer, caption_problem
+from mdc_core.transforms import (
     ImageError,
     SeededRandomResizedCrop,
     eval_geometry,
@@ -55,7 +49,6 @@ from mdc_core.data.transforms import (
     open_image,
     read_image_file,
 )
-from mdc_core.tokenizer import CaptionTokenizer, caption_problem
 
 SKIP_REASONS = ("bad_shard", "missing_image", "bad_image", "too_large", "missing_caption",
                 "bad_caption_encoding", "empty_caption", "caption_too_long")  # the last two: caption_problem
@@ -230,8 +223,7 @@ def build_loader(cfg: DataConfig, *, split: str | None = "train", image_size: in
     per process (:class:`MemoryBatches`; a full permutation per epoch instead of the shuffle buffer); with
     `context_length` its batches also carry their captions tokenized once per process: ``tokens`` (B,
     context_length) as :meth:`~mdc_core.tokenizer.CaptionTokenizer.tokenize_batch` gives them and ``truncated``,
-    how many of them were cut.
-    """
+    how many of them were cut."""
     cfg.validate()
     if image_size < 1 or batch_size < 1 or skip_batches < 0:
         raise ValueError(f"need image_size >= 1, batch_size >= 1, skip_batches >= 0; got {image_size}, "
@@ -272,22 +264,14 @@ def _ignore_interrupts(worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# in memory (data.in_memory)
-#
-# A CPU training step of the ``tiny`` models costs a few hundred milliseconds, and decoding, resizing and
-# normalising a batch of 64 JPEGs costs tens of them, every epoch again. :class:`MemoryBatches` reads the split
-# once through the same records and decoders as the shard loader above, keeps each image
-# as uint8 ``(3, S, S)`` after the evaluation geometry (resize + centre crop), and normalises whole batches as
-# they are drawn; the images it yields are bitwise those of the shard loader. Meant for sets that fit in memory
-# (the embedded data set: 20,000 images of 64 px are 250 MB); the shard loader stays the path for real data.
-#
-# Order. Without shuffling, storage order (the shard loader's order without shuffling). With shuffling, a full
-# permutation drawn from (seed, epoch), cut into batches of `batch_size` (the last partial one dropped when
-# `drop_last`); rank r of `world` takes batches r, r + world, ..., so that world ranks x accumulation A see at each
-# step the micro-batches one process sees with accumulation world x A, as the shard loader guarantees.
-# Records that cannot be used are counted by reason once per epoch, in the first batch of rank 0 (not when the
-# epoch is resumed after its first batch, as the shard loader).
+# -- in memory (data.in_memory) ----------------------------------------------------------------------------------------
+# Decoding a batch of 64 JPEGs costs tens of milliseconds every epoch, a CPU step of the ``tiny`` models a few
+# hundred. :class:`MemoryBatches` reads the split once through the shard loader's records and decoders, keeps each
+# image as uint8 ``(3, S, S)`` after the evaluation geometry and normalises whole batches as they are drawn (bitwise
+# the shard loader's images). For sets that fit in memory (the embedded one: 20,000 images of 64 px, 250 MB).
+# Order: storage order, or with shuffling a full permutation drawn from (seed, epoch) cut into batches; rank r of
+# `world` takes batches r, r + world, ..., so world ranks x accumulation A see what one process with accumulation
+# world x A sees. Unusable records are counted once per epoch, in the first batch of rank 0.
 
 _CACHE: OrderedDict[tuple[str, str, int], dict[str, Any]] = OrderedDict()  # (location, kind, size) -> decoded split
 _CACHE_SIZE = 4  # splits kept decoded per process (train + the evaluation splits of one data set)
@@ -406,8 +390,7 @@ class BatchStream:
     context_length), ``truncated``: how many were cut; the in-memory set serves them ready) or, when any rank cannot
     fill its n (the end of the epoch; ranks agree by one all-reduce), drops what it got, calls ``on_epoch_end`` and
     starts the next epoch.
-    Skipped-record counts met on this rank accumulate in `pending` until the trainer sums them over ranks.
-    """
+    Skipped-record counts met on this rank accumulate in `pending` until the trainer sums them over ranks."""
 
     def __init__(self, cfg: RunConfig, ctx: dist.DistContext, epoch: int, batch_in_epoch: int,
                  on_epoch_end: Any):

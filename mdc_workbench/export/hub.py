@@ -4,18 +4,18 @@ with huggingface_hub's ``PyTorchModelHubMixin``.
 ``mdc export --format hf`` writes the folder this class reads (``config.json`` = the run's config, ``model.safetensors``
 = the captioner), so a user types the Hub's usual call::
 
-    from mdc_core.hub import MDCCaptioner
+    from mdc_workbench.export import MDCCaptioner
     model = MDCCaptioner.from_pretrained("exported/")   # a local folder; a Hub repo id once uploaded
     model.save_pretrained("copy/")                      # the same layout back, card and meta.json included
 
-The folder is also a checkpoint folder (``meta.json`` beside it), so :func:`mdc_core.checkpoint.load_model` and every
+The folder is also a checkpoint folder (``meta.json`` beside it), so :func:`mdc_core.factory.load_model` and every
 ``mdc`` verb read it too; ``save_pretrained`` writes ``meta.json`` as well (sizes, SHA-256, and the step of the folder
 the model came from), and keeps the model card (``README.md``) of the local folder the model was loaded from, where
 the mixin would write its "[More Information Needed]" template. Loading checks what it opens as ``load_model`` does,
 before building anything: a local folder's ``model.safetensors`` must match the size and SHA-256 its ``meta.json``
 records (a folder without one is checked from here on); ``config.json`` passes validation (every size bounded) and
 must build exactly the tensors and shapes of the weights file's header
-(:func:`~mdc_core.checkpoint.check_fits`); an encoder named by a Hub name (``hf-hub:...``) is refused. Loading is
+(:func:`~mdc_core.factory.check_fits`); an encoder named by a Hub name (``hf-hub:...``) is refused. Loading is
 strict, unlike the mixin's default: a weights file that does not fit is a one-line ValueError, never a
 half-initialised model. Nothing is downloaded unless a Hub repo id is given.
 """
@@ -30,10 +30,11 @@ from typing import Any
 
 from huggingface_hub import PyTorchModelHubMixin
 
-from .checkpoint import check_fits, file_sha256, load_weights, verify_checkpoint
-from .config import RunConfig
-from .model import Captioner
-from .registry import objective_spec
+from mdc_core.checkpoint import file_sha256, load_weights, verify_checkpoint
+from mdc_core.config import RunConfig
+from mdc_core.factory import check_fits
+from mdc_core.model import Captioner
+from mdc_core.registry import objective_spec
 
 WEIGHTS = "model.safetensors"  # huggingface_hub's constants.SAFETENSORS_SINGLE_FILE
 
@@ -48,7 +49,7 @@ class MDCCaptioner(Captioner, PyTorchModelHubMixin, library_name="mdc-workbench"
         spec = objective_spec(run.objective.name)
         if spec.model != "captioner":
             raise ValueError(f"objective {run.objective.name!r} trains a {spec.model} model, not a captioner; load it "
-                             "with mdc_core.checkpoint.load_model")
+                             "with mdc_core.factory.load_model")
         # the weights come from model.safetensors, never from the run's pretrained encoder file
         super().__init__(dataclasses.replace(run.model, pretrained=False, pretrained_path=""), causal=spec.causal)
         self.run_config = run

@@ -196,8 +196,7 @@ def load_image(source: str | Path | bytes, image_size: int) -> torch.Tensor:
     """One image file (or its bytes) -> (3, image_size, image_size) float tensor, preprocessed as for evaluation.
 
     Raises ``FileNotFoundError`` for a missing path and ``ValueError`` naming the file for an empty, unreadable,
-    non-image or too large (> 10,000 px per side or > 50 MP) file.
-    """
+    non-image or too large (> 10,000 px per side or > 50 MP) file."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         name, data = "image bytes", bytes(source)
     else:

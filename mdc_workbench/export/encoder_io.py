@@ -21,15 +21,15 @@ carry it out (``mdc export`` writes them):
   ``config.json`` alone fail with "Unknown model (...)" saying what to do instead of loading a random patch
   projection with a warning. Every timm encoder but a plug-in's (:func:`timm_spec` says which).
 * **hf** (``--format hf``): the whole captioner as a checkpoint folder (``config.json`` = the run's config,
-  ``model.safetensors``, ``meta.json``) plus a model card, loadable by :func:`mdc_core.checkpoint.load_model`; works
+  ``model.safetensors``, ``meta.json``) plus a model card, loadable by :func:`mdc_core.factory.load_model`; works
   for every encoder, the early-convolution stem included.
 
 :func:`load_encoder` reads either, or a run / checkpoint folder, and returns the encoder as a timm model (``model(x)``
 is the run's probe feature, ``model.forward_features(x)`` the tokens the decoder attended to) with its preprocessing.
 
-Why here, in the core: ``mdc_core.load_encoder`` is what downstream code imports, and the core may not import an
-extension, not even lazily; this module imports only the core, and torch/timm only inside its functions, so
-``import mdc_core`` stays as light as before (``mdc_core.load_encoder`` resolves on first use).
+It lives in the workbench beside ``mdc export`` (the core trains and samples; export formats are not its
+business); torch and timm are imported inside its functions, so ``from mdc_workbench.export import load_encoder``
+stays light until the first call.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import ModelConfig
+from mdc_core.config import ModelConfig
 
 EXPORT_FORMATS = ("timm", "hf")  # the folder formats above (mdc export --format)
 TIMM_CONFIG = "config.json"  # timm's hub config in a timm export; the run's RunConfig in an hf export
@@ -71,8 +71,8 @@ class TimmSpec:
 
 def data_config(image_size: int) -> dict[str, Any]:
     """The run's evaluation preprocessing in timm's terms: shorter side to `image_size` (bicubic), centre crop,
-    OpenAI CLIP mean/std (what :func:`mdc_core.data.transforms.eval_transform` does)."""
-    from .data.transforms import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
+    OpenAI CLIP mean/std (what :func:`mdc_core.transforms.eval_transform` does)."""
+    from mdc_core.transforms import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
     return {"input_size": (3, image_size, image_size), "interpolation": "bicubic", "crop_pct": 1.0,
             "crop_mode": "center", "mean": tuple(OPENAI_DATASET_MEAN), "std": tuple(OPENAI_DATASET_STD)}
 
@@ -84,10 +84,10 @@ def timm_spec(cfg: ModelConfig, pool: str, trunk: Any) -> TimmSpec:
     Raises ValueError (one line, pointing to ``--format hf``) for a plug-in's encoder
     (:data:`mdc_core.registry.ENCODERS`), which is not a timm model.
     """
-    from .registry import encoder_builder
+    from mdc_core.registry import encoder_builder
     if encoder_builder(cfg.encoder) is not None:
         raise ValueError(f"encoder {cfg.encoder!r} is not a timm model, so plain timm cannot load it; export with "
-                         "--format hf instead (loads with mdc_core.load_encoder)")
+                         "--format hf instead (loads with mdc_workbench.export.load_encoder)")
     pooling = pool_args(trunk, pool)
     kwargs = {k: v for k, v in cfg.encoder_kwargs.items() if k not in STEM_KEYS}
     stem = None
@@ -101,7 +101,7 @@ def timm_spec(cfg: ModelConfig, pool: str, trunk: Any) -> TimmSpec:
 
 def timm_conv_stem(encoder_kwargs: dict[str, Any], embed_dim: int) -> dict[str, Any]:
     """Keywords of timm's ``ConvStem`` (``timm.models.vision_transformer_hybrid``) that build the same layers as
-    :class:`mdc_core.encoders.ConvStem` followed by the ViT's patch projection: per stage of ``conv_stem`` one 3x3
+    :class:`mdc_core.model.ConvStem` followed by the ViT's patch projection: per stage of ``conv_stem`` one 3x3
     convolution of stride 2 and ``depth - 1`` of stride 1 (each + norm + ReLU), then the projection to `embed_dim`
     (kernel = stride = ``patch_size / 2 ** stages``, with bias, no norm: timm's last ConvStem layer). ``norm`` is
     ``"batch"`` or ``"group"`` (timm's ``GroupNorm1``); :func:`timm_norm_layer` turns it into the layer."""
@@ -213,14 +213,14 @@ def create_timm_encoder(spec: TimmSpec, weights: str | Path) -> Any:
 
 def preprocess(image_size: int) -> Callable[[Any], Any]:
     """PIL RGB image -> normalised (3, S, S) tensor, as the run was evaluated (torchvision transforms)."""
-    from .data.transforms import eval_transform
+    from mdc_core.transforms import eval_transform
     return eval_transform(image_size)
 
 
 def load_encoder(path: str | Path, *, device: str = "cpu", ema: bool | None = None) -> tuple[Any, Callable]:
     """The trained image encoder of an export, run or checkpoint folder, and its preprocessing, in one line::
 
-        encoder, preprocess = mdc_core.load_encoder("exported/")
+        encoder, preprocess = load_encoder("exported/")
         features = encoder(preprocess(image).unsqueeze(0))        # (1, D): the run's probe feature
         tokens = encoder.forward_features(preprocess(image)[None])  # (1, M, D): what the decoder attended to
 
@@ -248,8 +248,8 @@ def load_encoder(path: str | Path, *, device: str = "cpu", ema: bool | None = No
             cfg = data.get("pretrained_cfg", {})
             stem = data.get("conv_stem")
             name = cfg.get("architecture") or data["architecture"]  # the timm name (see OWN_TAG, stem_architecture)
-            from .checkpoint import HUB_PREFIXES
-            from .config import check_encoder_kwargs
+            from mdc_core.checkpoint import HUB_PREFIXES
+            from mdc_core.config import check_encoder_kwargs
             if not isinstance(name, str) or name.lower().startswith(HUB_PREFIXES):
                 raise ValueError(f"{config}: architecture {name!r} is not a timm model name here (a Hugging Face Hub "
                                  "name would be resolved on the network; a local folder never is)")
@@ -259,9 +259,9 @@ def load_encoder(path: str | Path, *, device: str = "cpu", ema: bool | None = No
             spec = TimmSpec(name, data.get("model_args", {}), {k: tuple(v) if isinstance(v, list) else v
                             for k, v in cfg.items() if k in DATA_KEYS}, "", False, stem)
             return create_timm_encoder(spec, path / WEIGHTS).to(device), preprocess(spec.data_config["input_size"][-1])
-    from .checkpoint import load_model, resolve_checkpoint
-    from .encoders import ImageEncoder
-    from .factory import probe_pool
+    from mdc_core.checkpoint import resolve_checkpoint
+    from mdc_core.factory import load_model, probe_pool
+    from mdc_core.model import ImageEncoder
     if ema is None:
         ema = (resolve_checkpoint(path) / "ema.safetensors").is_file()
     model, run = load_model(path, device=device, ema=ema)

@@ -53,8 +53,7 @@ _EXPECTED = ("a directory of .tar shards (or with a <split> subdirectory), a bra
 class Source:
     """A resolved data source: `shards` (kind ``wds``) or `rows` (kinds ``csv``, ``tsv``, ``coco``).
 
-    A row is ``{"key": str, "image": str (absolute path), "caption": str, "meta": dict}``.
-    """
+    A row is ``{"key": str, "image": str (absolute path), "caption": str, "meta": dict}``."""
 
     kind: str
     location: str
@@ -137,8 +136,7 @@ def resolve_source(path: str, fmt: str = "auto", split: str | None = None, image
     `images` is the folder a caption table's image paths are relative to (``DataConfig.images``; default: found).
 
     Raises ``FileNotFoundError`` (nothing there, or none of a caption json's images found) or ``ValueError``
-    (wrong kind / unusable content) naming the path and what was expected.
-    """
+    (wrong kind / unusable content) naming the path and what was expected."""
     if images and not Path(images).expanduser().is_dir():
         raise FileNotFoundError(f"image folder {images} (--images / data.images) does not exist")
     if not path:
@@ -319,8 +317,7 @@ def _read_karpathy(p: Path, listed: list[dict[str, Any]], split: str | None, ima
     return rows
 
 
-# ----------------------------------------------------------------------------------------------------------
-# raw record streams (no decoding): dicts with "__key__" and members, or {"__skip__": reason}
+# -- raw record streams (no decoding): dicts with "__key__" and members, or {"__skip__": reason} -----------------------
 
 
 def iter_shard_records(shards: list[str], suffixes: set[str] | None = None) -> Iterator[dict[str, Any]]:
@@ -328,8 +325,7 @@ def iter_shard_records(shards: list[str], suffixes: set[str] | None = None) -> I
 
     A shard that cannot be opened or read is reported on the ``mdc_core.data`` logger (stderr by default) and
     yields ``{"__skip__": "bad_shard", "__url__": shard}``; the stream goes on with the next shard (samples read
-    before the error are kept). `suffixes` keeps only those members.
-    """
+    before the error are kept). `suffixes` keeps only those members."""
     select = (lambda fname: fname.rsplit(".", 1)[-1].lower() in suffixes) if suffixes else None
     for shard in shards:
         try:
