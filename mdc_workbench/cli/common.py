@@ -100,11 +100,12 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "ipywidgets": ("notebooks",), "nbconvert": ("notebooks",), "latex2mathml": ("notebooks",),
     "yaml": ("notebooks",), "filelock": ("notebooks",),
     "sklearn": ("eval",), "scipy": ("eval",), "threadpoolctl": ("eval",), "pycocoevalcap": ("eval",),
-    "transformers": ("bench",), "diffusers": ("vqgan",), "tensorboard": ("tensorboard",), "submitit": ("cluster",),
+    "huggingface_hub": ("export",), "transformers": ("bench",), "diffusers": ("vqgan",),
+    "tensorboard": ("tensorboard",), "submitit": ("cluster",),
     "jupyterlab": ("lab",), "pytest": ("dev",), "ruff": ("dev",), "statsmodels": ("dev",),
 }
 VERB_EXTRAS = {"app": "app", "runs": "notebooks", "eval": "eval", "probe": "eval", "bench": "bench",
-               "vqvae": "vqgan"}
+               "vqvae": "vqgan", "export": "export"}
 
 
 def missing_extra(err: ImportError, verb: str) -> str | None:
