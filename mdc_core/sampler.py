@@ -32,8 +32,8 @@ slower); confidences, softmaxes and likelihoods are taken in fp32. ``precision=N
 Reading order: :func:`sample` is the loop of Eq. 6 (remask, predict, propose, reveal, record); each decision is a
 small object chosen once from the settings: the proposed token (:func:`greedy` or :class:`TemperatureDraw`), which
 proposals to reveal (:class:`ConfidenceReveal`), which revealed tokens to revise (:class:`NoRemasking` or
-:class:`Remasking`); :class:`Recorder` keeps the trajectory, which :func:`trajectory` turns into the JSON record the
-app, the notebooks and the GIFs replay; the precision follows.
+:class:`Remasking`); :class:`Recorder` keeps the trajectory (the JSON record the app, the notebooks and the GIFs
+replay is :func:`mdc_workbench.viz.animation.trajectory`'s); the precision follows.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ import torch.nn.functional as F
 
 from .config import PRECISIONS, SamplerConfig
 from .model import Captioner
-from .tokenizer import EOT_ID, MASK_ID, SOT_ID, CaptionTokenizer
+from .tokenizer import EOT_ID, MASK_ID, SOT_ID
 
 
 @dataclass
@@ -358,54 +358,6 @@ def _sample_rows(logits: torch.Tensor, temperature: float, top_k: int, gen: torc
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     flat = scaled.softmax(dim=-1).reshape(-1, scaled.shape[-1])
     return torch.multinomial(flat, 1, generator=gen).view(logits.shape[:-1])
-
-
-def trajectory(out: SampleOutput, tokenizer: CaptionTokenizer, index: int = 0, *, digits: int = 4) -> dict[str, Any]:
-    """JSON-ready record of caption `index`: text, tokens, and one entry per step.
-
-    Each step lists every token it revealed (``revealed``, most confident first), every position that was
-    masked when it began with the model's top guess there (``masked``), and the tokens it masked again first
-    (``remasked``, with the token each held; empty unless remasking is on); ``position``, ``token`` and
-    ``confidence`` repeat the step's most confident reveal (the only one when k = 1). Positions count caption
-    tokens from 0 (``<sot>`` excluded). ``fixed`` lists the positions a prompt fixed (never in a step). Only the
-    steps this caption took are listed (other captions of the batch may have needed more). When the sampler ran
-    with ``attention=True`` each reveal carries ``attention``: per decoder layer, per head, the weights over the
-    M image tokens (the first ``settings["attention_prefix_tokens"]`` are class tokens), rounded to `digits`."""
-    ids = out.tokens[index].tolist()
-    fixed = [] if out.fixed is None else out.fixed[index].nonzero()[:, 0].tolist()
-    current: dict[int, int] = {p: ids[p] for p in fixed}  # position -> token on the canvas, replayed step by step
-    steps = []
-    for s in range(int(out.row_steps[index])):
-        remasked = [{"position": p, "token": tokenizer.token_string(current[p]), "token_id": current.pop(p)}
-                    for p in out.step_remasked[s, index].nonzero()[:, 0].tolist()]
-        revealed = []
-        for p in out.step_revealed[s, index].nonzero()[:, 0].tolist():
-            tok = int(out.step_token[s, index, p])
-            current[p] = tok
-            rec = {"position": p, "token": tokenizer.token_string(tok), "token_id": tok,
-                   "confidence": float(out.step_confidence[s, index, p])}
-            if out.step_attention is not None:
-                rec["attention"] = out.step_attention[s, index, p].round(decimals=digits).tolist()
-            revealed.append(rec)
-        revealed.sort(key=lambda r: -r["confidence"])
-        masked = [
-            {"position": p, "top_token": tokenizer.token_string(int(out.step_top_token[s, index, p])),
-             "top_token_id": int(out.step_top_token[s, index, p]),
-             "top_confidence": float(out.step_top_confidence[s, index, p])}
-            for p in out.step_masked[s, index].nonzero()[:, 0].tolist()
-        ]
-        first = revealed[0]
-        steps.append({"step": s, "position": first["position"], "token": first["token"],
-                      "confidence": first["confidence"], "revealed": revealed, "masked": masked,
-                      "remasked": remasked})
-    return {
-        "caption": tokenizer.decode(ids),
-        "tokens": [tokenizer.token_string(i) for i in ids],
-        "token_ids": ids,
-        "fixed": fixed,
-        "steps": steps,
-        "settings": dict(out.settings),
-    }
 
 
 # -- precision -------------------------------------------------------------------------------------------------------

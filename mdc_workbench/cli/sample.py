@@ -131,10 +131,10 @@ def cmd_sample_auto(args: argparse.Namespace, model, cfg, image) -> None:
     """``mdc sample --length auto``: the best candidate of each N' in ``--auto-range`` by heuristic score per token."""
     import torch
 
-    from mdc_core.sampler import trajectory
     from mdc_core.scoring import sample_auto_length
     from mdc_core.tokenizer import CaptionTokenizer
     from mdc_workbench.eval.captioning import parse_range
+    from mdc_workbench.viz.animation import trajectory
     lengths = parse_range(args.auto_range, cfg.model.context_length)
     tok = CaptionTokenizer(cfg.model.context_length)
     start = time.perf_counter()

@@ -24,11 +24,12 @@ from PIL import Image
 from mdc_core.checkpoint import save_checkpoint
 from mdc_core.config import RunConfig, SamplerConfig, sampler_options
 from mdc_core.model import Captioner
-from mdc_core.sampler import sample, trajectory
+from mdc_core.sampler import sample
 from mdc_core.tokenizer import CaptionTokenizer, build_output_vocab
 from mdc_core.transforms import eval_transform
 from mdc_workbench.export.shipped import SHIPPED_DIR
 from mdc_workbench.viz import animation, trajectory_view
+from mdc_workbench.viz.animation import trajectory
 from tests.conftest import micro_config
 
 CHIP = re.compile(r'data-pos="(\d+)" data-state="(\w+)" data-token="([^"]*)"')
