@@ -400,9 +400,9 @@ def score_own(run: str, state: dict | None, captions: str, methods: list[str] | 
     "tokens", "scores": {method: {"score", "stderr" (mc), "token_logprobs", "order" (heuristic)}}}]}``, best
     first."""
     text, run_key = captions, run
-    scoring = optional_module("mdc_core.scoring")
+    scoring = optional_module("mdc_workbench.cli.scores")
     if scoring is None:
-        raise refuse("caption scoring needs mdc_core/scoring.py, which is not in this checkout yet")
+        raise refuse("caption scoring needs mdc_workbench/cli/scores.py, which is not in this checkout yet")
     run = get_run(run_key)
     captions = [line.strip() for line in (text or "").splitlines() if line.strip()]
     if not captions:

@@ -10,7 +10,7 @@ top-k, Fast-dLLM's confidence threshold) each say there what they change.
 Infilling (``prompt``): the canvas may start with some positions fixed (``[MASK]`` at the slots to fill); fixed
 tokens are never changed, revealed or remasked, and the trajectory covers only the slots.
 :func:`~mdc_core.tokenizer.parse_prompt` reads a prompt from text (``"a [MASK] square on the _"``); which filling
-the model prefers is :func:`mdc_core.scoring.score_fills`.
+the model prefers is :func:`mdc_workbench.cli.scores.score_fills`.
 
 Revisable tokens (opt-in, ``remask_threshold`` > 0 and ``remask_steps`` > 0): ReMDM-conf's confidence score in a
 ReMDM-loop phase (Wang et al., 2025, arXiv:2503.00307), made deterministic as Mask-Predict (Ghazvininejad et al.,

@@ -226,7 +226,7 @@ def test_runs_under_root_are_found_and_loaded_once(app):
 
 
 def test_score_own_captions_ranked_as_the_scorer_says(app):
-    scoring = pytest.importorskip("mdc_core.scoring")
+    scoring = pytest.importorskip("mdc_workbench.cli.scores")
     tok = CaptionTokenizer()
     ids = torch.tensor(sorted({*tok.encode_text("a red circle square"), 49407}))
     torch.manual_seed(0)
