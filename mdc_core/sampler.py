@@ -1,16 +1,13 @@
 """Confidence-ordered unmasking sampler (paper Eq. 6) with its full trajectory.
 
-Start from the canvas ``<sot> [MASK]*N' <eot>``. At every step the decoder predicts all positions; each
-still-masked position's confidence is the highest probability it assigns to any allowed token (softmax over the
-allowed tokens: ``<sot>``/``<eot>`` are excluded and ``[MASK]`` has no output row, so the caption is always N' real
-tokens), and the k most confident masked positions are revealed with their argmax tokens (k = 1 in the paper, so
-N' steps). Revealed tokens never change. The options (:class:`~mdc_core.config.SamplerConfig`: k, temperature and
-top-k, Fast-dLLM's confidence threshold) each say there what they change.
+Start from the canvas ``<sot> [MASK]*N' <eot>``. At every step the decoder predicts all positions; a masked
+position's confidence is its top probability over the allowed tokens (``<sot>``/``<eot>`` excluded, ``[MASK]`` has no
+output row, so the caption is always N' real tokens), and the k most confident masked positions are revealed with
+their argmax tokens (k = 1 in the paper: N' steps). Revealed tokens never change. Each option of
+:class:`~mdc_core.config.SamplerConfig` (k, temperature and top-k, Fast-dLLM's threshold) says there what it changes.
 
-Infilling (``prompt``): the canvas may start with some positions fixed (``[MASK]`` at the slots to fill); fixed
-tokens are never changed, revealed or remasked, and the trajectory covers only the slots.
-:func:`~mdc_core.tokenizer.parse_prompt` reads a prompt from text (``"a [MASK] square on the _"``); which filling
-the model prefers is :func:`mdc_workbench.cli.scores.score_fills`.
+Infilling (``prompt``, read from text by :func:`~mdc_core.tokenizer.parse_prompt`): the canvas may start with some
+positions fixed (``[MASK]`` at the slots); fixed tokens are never changed, revealed or remasked, nor in the record.
 
 Revisable tokens (opt-in, ``remask_threshold`` > 0 and ``remask_steps`` > 0): ReMDM-conf's confidence score in a
 ReMDM-loop phase (Wang et al., 2025, arXiv:2503.00307), made deterministic as Mask-Predict (Ghazvininejad et al.,
@@ -19,15 +16,13 @@ least confident revealed tokens among those revealed with confidence below ``rem
 anew; a token that comes back unchanged is not picked again until another token of its caption changes. A caption
 stops when nothing qualifies or after ``remask_steps`` extra steps. With the defaults (0, 0) the sampler is Eq. 6.
 
-Every row of a batch follows its own trajectory: sampling a batch gives exactly the trajectories of sampling its
-images one by one (greedy; with temperature the random draws are shared by the batch). The image cross-attention
-keys/values are computed once per batch (:meth:`Captioner.image_cache`), exactly.
+Sampling a batch gives exactly the trajectories of sampling its images one by one (greedy; with temperature the
+batch shares the random draws). The image cross-attention keys/values are computed once per batch, exactly.
 
-**Precision** (``auto`` | ``fp32`` | ``bf16``, one rule for inference and training): ``auto`` is bf16 autocast on a
-CUDA device that supports it and fp32 elsewhere (a CPU without native bf16 runs bf16 matmuls hundreds of times
-slower); confidences, softmaxes and likelihoods are taken in fp32. ``precision=None`` means the current default,
-``auto`` unless a caller set another for a block with :func:`default_inference_precision` (how ``mdc ...
---precision`` reaches the sampling and scoring inside the eval verbs).
+**Precision** (``auto`` | ``fp32`` | ``bf16``): ``auto`` is bf16 autocast on a CUDA device that supports it, fp32
+elsewhere (a CPU runs bf16 matmuls hundreds of times slower); confidences, softmaxes and likelihoods are fp32.
+``precision=None`` (sampling and scoring) means the current default: ``auto``, or what a caller set for a block with
+:func:`default_inference_precision` (how ``mdc ... --precision`` reaches the eval verbs).
 
 Reading order: :func:`sample` is the loop of Eq. 6 (remask, predict, propose, reveal, record); each decision is a
 small object chosen once from the settings: the proposed token (:func:`greedy` or :class:`TemperatureDraw`), which
@@ -132,8 +127,7 @@ def sample(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig, *, 
         fixed: (N,) or (B, N) bool, the fixed positions of `prompt` (default: its non-``[MASK]`` positions);
             positions not fixed are masked whatever `prompt` holds there.
         attention: also return the cross-attention weights of every revealed token (``step_attention``).
-        precision: ``auto`` (bf16 autocast on CUDA, fp32 on the CPU), ``fp32`` or ``bf16``; None: the current
-            default (:func:`default_inference_precision`, normally ``auto``)."""
+        precision: ``auto``, ``fp32`` or ``bf16``; None: the current default (module docstring, "Precision")."""
     x, fixed = _start(model, image_tokens, cfg, prompt, fixed)  # (B, N+2) canvas, (B, N) fixed positions
     B, N, device = fixed.shape[0], fixed.shape[1], image_tokens.device
     free = int((~fixed).sum(dim=1).max())  # most slots any row fills

@@ -268,9 +268,8 @@ def score_tokens(model: Any, image_tokens: torch.Tensor, tokens: torch.Tensor, m
 
     `samples`, `seed`: Monte Carlo samples per caption and their seed (``mc``); `batch_size`: decoder rows per
     forward pass (memory only: results do not depend on it). `fixed` (B, L) bool: caption positions given as
-    context, neither masked nor scored (conditional likelihood of the others; MDC only). `precision`: ``auto``
-    (bf16 autocast on CUDA, fp32 on the CPU), ``fp32`` or ``bf16``; None: the current default
-    (:func:`mdc_core.sampler.default_inference_precision`). Returned tensors have the width L of `tokens`."""
+    context, neither masked nor scored (conditional likelihood of the others; MDC only). `precision`: as
+    :func:`mdc_core.sampler.sample`'s. Returned tensors have the width L of `tokens`."""
     spec = _check(model, image_tokens, tokens, method)
     if samples < 1 or batch_size < 1:
         raise ValueError(f"samples and batch_size must be >= 1, got {samples} and {batch_size}")

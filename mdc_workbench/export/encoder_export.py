@@ -44,8 +44,9 @@ from mdc_core.checkpoint import (
     verify_checkpoint,
 )
 from mdc_core.config import RunConfig
-from mdc_core.factory import load_model, model_architecture, probe_pool
+from mdc_core.factory import load_model, model_architecture
 from mdc_core.model import ImageEncoder
+from mdc_workbench.eval.probe import probe_pool
 from mdc_workbench.export.encoder_io import (
     EXPORT_FORMATS,
     WEIGHTS,
