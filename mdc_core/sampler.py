@@ -27,8 +27,8 @@ elsewhere (a CPU runs bf16 matmuls hundreds of times slower); confidences, softm
 Reading order: :func:`sample` is the loop of Eq. 6 (remask, predict, propose, reveal, record); each decision is a
 small object chosen once from the settings: the proposed token (:func:`greedy` or :class:`TemperatureDraw`), which
 proposals to reveal (:class:`ConfidenceReveal`), which revealed tokens to revise (:class:`NoRemasking` or
-:class:`Remasking`); :class:`Recorder` keeps the trajectory (the JSON record the app, the notebooks and the GIFs
-replay is :func:`mdc_workbench.viz.animation.trajectory`'s); the precision follows.
+:class:`Remasking`); :class:`Recorder` keeps the trajectory (what the app, the notebooks and the GIFs replay); the
+precision follows.
 """
 
 from __future__ import annotations

@@ -15,10 +15,8 @@ score, higher = more likely, and is chosen from :data:`METHODS`:
 
 Conditional scores (``fixed``, infilling): fixed positions are never masked nor scored, so each method scores only
 the free slots given the fixed tokens (``mc``: Eq. 8 with n = the slots). ARC cannot condition on later words.
-(:func:`mdc_workbench.cli.scores.score_fills` ranks fillings of a prompt's slots by that score), and
 :func:`sample_auto_length` (``mdc sample --length auto``) samples every N' of a range and keeps the caption with the
-best heuristic score per token. Caption strings in and JSON records out (``mdc score``, the app) are
-:mod:`mdc_workbench.cli.scores`'.
+best heuristic score per token.
 
 Log-probabilities are under the model's full output softmax, in fp32 (``precision``: :mod:`mdc_core.sampler`); the
 image cross-attention keys/values are computed once and shared (``use_cache=False`` recomputes them, for tests).
