@@ -222,7 +222,12 @@ class TemperatureDraw:
 
     def __call__(self, logits: torch.Tensor, probs: torch.Tensor, best: torch.Tensor,
                  conf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cand = _sample_rows(logits, self.temperature, self.top_k, self.generator)  # (n,)
+        scaled = logits / self.temperature  # (n, V)
+        if self.top_k > 0:
+            kth = scaled.topk(min(self.top_k, scaled.shape[-1]), dim=-1).values[..., -1:]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        flat = scaled.softmax(dim=-1).reshape(-1, scaled.shape[-1])
+        cand = torch.multinomial(flat, 1, generator=self.generator).view(logits.shape[:-1])  # (n,)
         return cand, probs.gather(-1, cand[..., None])[..., 0]
 
 
@@ -236,7 +241,12 @@ class ConfidenceReveal:
 
     def __call__(self, conf: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
         """conf, masked: (B, N) -> (B, N) bool."""
-        return _reveal_mask(conf, masked, self.k, self.threshold)
+        score = conf.masked_fill(~masked, float("-inf"))
+        top = score.topk(min(self.k, score.shape[1]), dim=-1).indices  # (B, k) most confident first
+        reveal = torch.zeros_like(masked).scatter_(1, top, True) & masked
+        if self.threshold > 0:
+            reveal |= masked & (conf >= self.threshold)
+        return reveal
 
 
 class NoRemasking:
@@ -331,27 +341,6 @@ class Recorder:
             step_token=self.token[:steps], step_confidence=self.confidence[:steps],
             step_remasked=self.remasked[:steps],
             step_attention=torch.stack(self.attention) if self.attention else None)
-
-
-def _reveal_mask(conf: torch.Tensor, masked: torch.Tensor, k: int, threshold: float) -> torch.Tensor:
-    """(B, N) bool: the k most confident masked positions of each row (fewer if fewer are masked), plus,
-    with threshold > 0, every masked position whose confidence is >= threshold. conf, masked: (B, N)."""
-    score = conf.masked_fill(~masked, float("-inf"))
-    top = score.topk(min(k, score.shape[1]), dim=-1).indices  # (B, k) most confident first
-    reveal = torch.zeros_like(masked).scatter_(1, top, True) & masked
-    if threshold > 0:
-        reveal |= masked & (conf >= threshold)
-    return reveal
-
-
-def _sample_rows(logits: torch.Tensor, temperature: float, top_k: int, gen: torch.Generator) -> torch.Tensor:
-    """Draw one head row per position from softmax(logits / T), optionally among the top_k. (..., V) -> (...)."""
-    scaled = logits / temperature
-    if top_k > 0:
-        kth = scaled.topk(min(top_k, scaled.shape[-1]), dim=-1).values[..., -1:]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    flat = scaled.softmax(dim=-1).reshape(-1, scaled.shape[-1])
-    return torch.multinomial(flat, 1, generator=gen).view(logits.shape[:-1])
 
 
 # -- precision -------------------------------------------------------------------------------------------------------
