@@ -188,11 +188,6 @@ def create_model(cfg: RunConfig | ModelConfig, objective: str, output_ids: torch
     return MODELS[spec.model](model_cfg, spec, output_ids)
 
 
-def model_architecture(objective: str) -> str:
-    """The architecture ("captioner" or "clip") an objective trains: a row of :data:`MODELS`."""
-    return objective_spec(objective).model
-
-
 def load_model(path: str | Path, *, device: str | torch.device = "cpu", ema: bool = False
                ) -> tuple[nn.Module, RunConfig]:
     """Rebuild a model from a run or checkpoint folder: its ``config.json`` builds the architecture and the

@@ -136,7 +136,8 @@ def sample(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig, *, 
     if cache is None:
         with autocast:
             cache = model.image_cache(image_tokens)  # cross-attention keys/values, once for all steps
-    choose = candidate_rule(cfg, device)  # the token proposed at each masked position: argmax or a draw
+    choose = (TemperatureDraw(cfg.temperature, cfg.top_k, torch.Generator(device=device).manual_seed(cfg.seed))
+              if cfg.temperature > 0 else greedy)  # the token proposed at each masked position: a draw or the argmax
     reveal_rule = ConfidenceReveal(cfg.tokens_per_step, cfg.threshold)  # which proposals to place (Eq. 6)
     remask = Remasking(cfg, fixed) if cfg.remasking else NoRemasking(fixed)  # which revealed tokens to revise
     record = Recorder(max_steps, B, N, device)
@@ -196,13 +197,6 @@ def _predict(model: Captioner, x: torch.Tensor, cache: Any, masked: torch.Tensor
 
 # ----------------------------------------------------------------------------------------------------------
 # the decisions of a step: the proposed token, which proposals to reveal, which revealed tokens to revise
-
-
-def candidate_rule(cfg: SamplerConfig, device: torch.device | str) -> Any:
-    """The token proposed at each masked position: the argmax (temperature 0) or a seeded draw."""
-    if cfg.temperature > 0:
-        return TemperatureDraw(cfg.temperature, cfg.top_k, torch.Generator(device=device).manual_seed(cfg.seed))
-    return greedy
 
 
 def greedy(logits: torch.Tensor, probs: torch.Tensor, best: torch.Tensor,

@@ -49,7 +49,7 @@ from sklearn.metrics import balanced_accuracy_score
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from mdc_core.factory import model_architecture
+from mdc_core.registry import objective_spec
 from mdc_workbench.eval.probe_lbfgs import C_GRID, lbfgs_probe
 
 CLIP_BENCHMARK_WD_GRID: tuple[float, ...] = tuple(np.logspace(-6, 2, num=97).tolist())  # its `wd_list`
@@ -62,7 +62,7 @@ PROBE_POOL: dict[str, str] = {"captioner": "gap", "clip": "cls"}
 
 def probe_pool(objective: str) -> str:
     """The pooling (``"gap"`` or ``"cls"``) that gives the probe feature of a run with this objective."""
-    return PROBE_POOL[model_architecture(objective)]
+    return PROBE_POOL[objective_spec(objective).model]
 
 
 @dataclass
