@@ -28,11 +28,11 @@ from PIL import Image
 
 from mdc_core import config
 from mdc_core.config import SamplerConfig
-from mdc_core.sampler import trajectory
 from mdc_core.tokenizer import MASK_ID, CaptionTokenizer, shown
 from mdc_core.transforms import eval_transform, open_image
 from mdc_workbench.data import make_example
 from mdc_workbench.viz import trajectory_view
+from mdc_workbench.viz.animation import trajectory
 
 from . import explore, render
 from .runs import LoadedRun, get_run, optional_module, refuse, run_choices, step_number, uploaded_path, user_errors
@@ -237,10 +237,10 @@ def show_step(step: float | None, state: dict | None) -> str:
 
 
 def trajectory_json(record: dict[str, Any], tokenizer: CaptionTokenizer) -> dict[str, Any]:
-    """A :func:`mdc_core.sampler.trajectory` record as plain JSON for scripts (the ``/caption_json`` API): the
-    caption, its tokens, the sampler settings, and per step the tokens it revealed with their confidences (most
-    confident first), the tokens it masked again (remasking) and the canvas after it (``[MASK]`` where masked)
-    with its text; the last step's text is the caption. Attention weights and top guesses are left out."""
+    """A :func:`~mdc_workbench.viz.animation.trajectory` record as plain JSON for scripts (the ``/caption_json``
+    API): the caption, its tokens, the sampler settings, and per step the tokens it revealed with their confidences
+    (most confident first), the tokens it masked again (remasking) and the canvas after it (``[MASK]`` where
+    masked) with its text; the last step's text is the caption. Attention weights and top guesses are left out."""
     ids = [MASK_ID] * len(record["token_ids"])
     for p in record["fixed"]:
         ids[p] = record["token_ids"][p]
@@ -400,9 +400,9 @@ def score_own(run: str, state: dict | None, captions: str, methods: list[str] | 
     "tokens", "scores": {method: {"score", "stderr" (mc), "token_logprobs", "order" (heuristic)}}}]}``, best
     first."""
     text, run_key = captions, run
-    scoring = optional_module("mdc_core.scoring")
+    scoring = optional_module("mdc_workbench.cli.scores")
     if scoring is None:
-        raise refuse("caption scoring needs mdc_core/scoring.py, which is not in this checkout yet")
+        raise refuse("caption scoring needs mdc_workbench/cli/scores.py, which is not in this checkout yet")
     run = get_run(run_key)
     captions = [line.strip() for line in (text or "").splitlines() if line.strip()]
     if not captions:

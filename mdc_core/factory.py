@@ -157,9 +157,6 @@ MODELS: dict[str, Callable[[ModelConfig, ObjectiveSpec, torch.Tensor | None], nn
     "clip": lambda cfg, spec, ids: CLIPModel(cfg, vocab_ids=ids),
 }
 
-# probe feature of each architecture: GAP over patch tokens for captioners (the paper's choice), CLS for CLIP
-PROBE_POOL: dict[str, str] = {"captioner": "gap", "clip": "cls"}
-
 
 def decoder_params(m: ModelConfig) -> int:
     """About how many parameters the decoder of `m` holds: per layer attention (4 w^2) and MLP (2 w^2 mlp_ratio),
@@ -189,16 +186,6 @@ def create_model(cfg: RunConfig | ModelConfig, objective: str, output_ids: torch
     check_model_size(model_cfg)  # before anything is built: a config inside each limit can still be too large
     spec = objective_spec(objective)
     return MODELS[spec.model](model_cfg, spec, output_ids)
-
-
-def model_architecture(objective: str) -> str:
-    """The architecture ("captioner" or "clip") an objective trains: a row of :data:`MODELS`."""
-    return objective_spec(objective).model
-
-
-def probe_pool(objective: str) -> str:
-    """The pooling (``"gap"`` or ``"cls"``) that gives the probe feature of a run with this objective."""
-    return PROBE_POOL[model_architecture(objective)]
 
 
 def load_model(path: str | Path, *, device: str | torch.device = "cpu", ema: bool = False

@@ -239,12 +239,6 @@ ENTRY_POINT_GROUP = "mdc_core.plugins"  # [project.entry-points."mdc_core.plugin
 
 FAMILIES = ("masked", "causal", "contrastive")  # how a captioner's tokens are predicted, or no captioner at all
 DECODERS = ("unmask", "left_to_right", "ancestral", "none")  # how a run's captions are produced (sample, eval)
-# family -> (caption scores the compositionality evaluation allows for it, the ones it runs by default)
-SCORING: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "masked": (("mc", "heuristic", "ar"), ("mc", "heuristic")),
-    "causal": (("ar",), ("ar",)),
-    "contrastive": (("cosine",), ("cosine",)),
-}
 
 
 @dataclass(frozen=True)
@@ -282,11 +276,6 @@ class ObjectiveSpec:
     def family(self) -> str:
         """"contrastive" (no caption decoder), "causal" (left to right) or "masked" (tokens masked and predicted)."""
         return "contrastive" if self.model != "captioner" else "causal" if self.causal else "masked"
-
-    @property
-    def scoring(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """(compositionality scores that apply, the default ones) for this objective's family."""
-        return SCORING[self.family]
 
     def expected_loss_terms(self, lengths: Sequence[int], cfg: Any) -> float:
         """Expected loss-carrying tokens of captions of `lengths` caption tokens (no ``<sot>``/``<eot>``) under

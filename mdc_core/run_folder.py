@@ -189,9 +189,6 @@ def check_steps(saved: RunConfig, given: RunConfig, done: int, lr_at: Any) -> No
                       stacklevel=3)
 
 
-WEIGHTS_ONLY = ("state.pt",)  # what a checkpoint can lack and still give its weights (a weights-only resume)
-
-
 def resume_point(run_dir: str | Path, *, set_aside_damaged: bool = False) -> tuple[Path | None, str]:
     """The checkpoint ``--resume`` continues from, and what is wrong with its train state ('' for a full resume).
 
@@ -209,7 +206,7 @@ def resume_point(run_dir: str | Path, *, set_aside_damaged: bool = False) -> tup
         if not problem:
             start = ckpt
             break
-        rest = ckpt_io.listed_files(ckpt, WEIGHTS_ONLY)
+        rest = ckpt_io.listed_files(ckpt, ckpt_io.WEIGHTS_ONLY)
         if weights_only is None and rest is not None and not ckpt_io.diagnose(ckpt, rest) and \
                 not ckpt_io.config_problem(ckpt) and not ckpt_io.step_problem(ckpt):
             weights_only = (ckpt, problem)

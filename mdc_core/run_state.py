@@ -304,8 +304,7 @@ class RunLog:
 def logged_step(record: Any) -> int | None:
     """The step of a ``metrics.jsonl``/``epochs.jsonl`` record; None when it is not a JSON object with an integer
     ``step`` (a damaged line: ``null``, a list, ``"step": "abc"``)."""
-    step = record.get("step") if isinstance(record, dict) else None
-    return step if isinstance(step, int) and not isinstance(step, bool) else None
+    return count(record.get("step"), None) if isinstance(record, dict) else None
 
 
 def read_jsonl(path: Path, step: float, keys: tuple[str, ...] = ()) -> list[dict[str, Any]]:

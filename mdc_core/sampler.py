@@ -1,16 +1,13 @@
 """Confidence-ordered unmasking sampler (paper Eq. 6) with its full trajectory.
 
-Start from the canvas ``<sot> [MASK]*N' <eot>``. At every step the decoder predicts all positions; each
-still-masked position's confidence is the highest probability it assigns to any allowed token (softmax over the
-allowed tokens: ``<sot>``/``<eot>`` are excluded and ``[MASK]`` has no output row, so the caption is always N' real
-tokens), and the k most confident masked positions are revealed with their argmax tokens (k = 1 in the paper, so
-N' steps). Revealed tokens never change. The options (:class:`~mdc_core.config.SamplerConfig`: k, temperature and
-top-k, Fast-dLLM's confidence threshold) each say there what they change.
+Start from the canvas ``<sot> [MASK]*N' <eot>``. At every step the decoder predicts all positions; a masked
+position's confidence is its top probability over the allowed tokens (``<sot>``/``<eot>`` excluded, ``[MASK]`` has no
+output row, so the caption is always N' real tokens), and the k most confident masked positions are revealed with
+their argmax tokens (k = 1 in the paper: N' steps). Revealed tokens never change. Each option of
+:class:`~mdc_core.config.SamplerConfig` (k, temperature and top-k, Fast-dLLM's threshold) says there what it changes.
 
-Infilling (``prompt``): the canvas may start with some positions fixed (``[MASK]`` at the slots to fill); fixed
-tokens are never changed, revealed or remasked, and the trajectory covers only the slots.
-:func:`~mdc_core.tokenizer.parse_prompt` reads a prompt from text (``"a [MASK] square on the _"``); which filling
-the model prefers is :func:`mdc_core.scoring.score_fills`.
+Infilling (``prompt``, read from text by :func:`~mdc_core.tokenizer.parse_prompt`): the canvas may start with some
+positions fixed (``[MASK]`` at the slots); fixed tokens are never changed, revealed or remasked, nor in the record.
 
 Revisable tokens (opt-in, ``remask_threshold`` > 0 and ``remask_steps`` > 0): ReMDM-conf's confidence score in a
 ReMDM-loop phase (Wang et al., 2025, arXiv:2503.00307), made deterministic as Mask-Predict (Ghazvininejad et al.,
@@ -19,21 +16,19 @@ least confident revealed tokens among those revealed with confidence below ``rem
 anew; a token that comes back unchanged is not picked again until another token of its caption changes. A caption
 stops when nothing qualifies or after ``remask_steps`` extra steps. With the defaults (0, 0) the sampler is Eq. 6.
 
-Every row of a batch follows its own trajectory: sampling a batch gives exactly the trajectories of sampling its
-images one by one (greedy; with temperature the random draws are shared by the batch). The image cross-attention
-keys/values are computed once per batch (:meth:`Captioner.image_cache`), exactly.
+Sampling a batch gives exactly the trajectories of sampling its images one by one (greedy; with temperature the
+batch shares the random draws). The image cross-attention keys/values are computed once per batch, exactly.
 
-**Precision** (``auto`` | ``fp32`` | ``bf16``, one rule for inference and training): ``auto`` is bf16 autocast on a
-CUDA device that supports it and fp32 elsewhere (a CPU without native bf16 runs bf16 matmuls hundreds of times
-slower); confidences, softmaxes and likelihoods are taken in fp32. ``precision=None`` means the current default,
-``auto`` unless a caller set another for a block with :func:`default_inference_precision` (how ``mdc ...
---precision`` reaches the sampling and scoring inside the eval verbs).
+**Precision** (``auto`` | ``fp32`` | ``bf16``): ``auto`` is bf16 autocast on a CUDA device that supports it, fp32
+elsewhere (a CPU runs bf16 matmuls hundreds of times slower); confidences, softmaxes and likelihoods are fp32.
+``precision=None`` (sampling and scoring) means the current default: ``auto``, or what a caller set for a block with
+:func:`default_inference_precision` (how ``mdc ... --precision`` reaches the eval verbs).
 
 Reading order: :func:`sample` is the loop of Eq. 6 (remask, predict, propose, reveal, record); each decision is a
 small object chosen once from the settings: the proposed token (:func:`greedy` or :class:`TemperatureDraw`), which
 proposals to reveal (:class:`ConfidenceReveal`), which revealed tokens to revise (:class:`NoRemasking` or
-:class:`Remasking`); :class:`Recorder` keeps the trajectory, which :func:`trajectory` turns into the JSON record the
-app, the notebooks and the GIFs replay; the precision follows.
+:class:`Remasking`); :class:`Recorder` keeps the trajectory (what the app, the notebooks and the GIFs replay); the
+precision follows.
 """
 
 from __future__ import annotations
@@ -51,7 +46,7 @@ import torch.nn.functional as F
 
 from .config import PRECISIONS, SamplerConfig
 from .model import Captioner
-from .tokenizer import EOT_ID, MASK_ID, SOT_ID, CaptionTokenizer
+from .tokenizer import EOT_ID, MASK_ID, SOT_ID
 
 
 @dataclass
@@ -132,8 +127,7 @@ def sample(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig, *, 
         fixed: (N,) or (B, N) bool, the fixed positions of `prompt` (default: its non-``[MASK]`` positions);
             positions not fixed are masked whatever `prompt` holds there.
         attention: also return the cross-attention weights of every revealed token (``step_attention``).
-        precision: ``auto`` (bf16 autocast on CUDA, fp32 on the CPU), ``fp32`` or ``bf16``; None: the current
-            default (:func:`default_inference_precision`, normally ``auto``)."""
+        precision: ``auto``, ``fp32`` or ``bf16``; None: the current default (module docstring, "Precision")."""
     x, fixed = _start(model, image_tokens, cfg, prompt, fixed)  # (B, N+2) canvas, (B, N) fixed positions
     B, N, device = fixed.shape[0], fixed.shape[1], image_tokens.device
     free = int((~fixed).sum(dim=1).max())  # most slots any row fills
@@ -142,7 +136,8 @@ def sample(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig, *, 
     if cache is None:
         with autocast:
             cache = model.image_cache(image_tokens)  # cross-attention keys/values, once for all steps
-    choose = candidate_rule(cfg, device)  # the token proposed at each masked position: argmax or a draw
+    choose = (TemperatureDraw(cfg.temperature, cfg.top_k, torch.Generator(device=device).manual_seed(cfg.seed))
+              if cfg.temperature > 0 else greedy)  # the token proposed at each masked position: a draw or the argmax
     reveal_rule = ConfidenceReveal(cfg.tokens_per_step, cfg.threshold)  # which proposals to place (Eq. 6)
     remask = Remasking(cfg, fixed) if cfg.remasking else NoRemasking(fixed)  # which revealed tokens to revise
     record = Recorder(max_steps, B, N, device)
@@ -204,13 +199,6 @@ def _predict(model: Captioner, x: torch.Tensor, cache: Any, masked: torch.Tensor
 # the decisions of a step: the proposed token, which proposals to reveal, which revealed tokens to revise
 
 
-def candidate_rule(cfg: SamplerConfig, device: torch.device | str) -> Any:
-    """The token proposed at each masked position: the argmax (temperature 0) or a seeded draw."""
-    if cfg.temperature > 0:
-        return TemperatureDraw(cfg.temperature, cfg.top_k, torch.Generator(device=device).manual_seed(cfg.seed))
-    return greedy
-
-
 def greedy(logits: torch.Tensor, probs: torch.Tensor, best: torch.Tensor,
            conf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Propose the most probable row, with its probability (paper Eq. 6): (n,), (n,)."""
@@ -228,7 +216,12 @@ class TemperatureDraw:
 
     def __call__(self, logits: torch.Tensor, probs: torch.Tensor, best: torch.Tensor,
                  conf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cand = _sample_rows(logits, self.temperature, self.top_k, self.generator)  # (n,)
+        scaled = logits / self.temperature  # (n, V)
+        if self.top_k > 0:
+            kth = scaled.topk(min(self.top_k, scaled.shape[-1]), dim=-1).values[..., -1:]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        flat = scaled.softmax(dim=-1).reshape(-1, scaled.shape[-1])
+        cand = torch.multinomial(flat, 1, generator=self.generator).view(logits.shape[:-1])  # (n,)
         return cand, probs.gather(-1, cand[..., None])[..., 0]
 
 
@@ -242,7 +235,12 @@ class ConfidenceReveal:
 
     def __call__(self, conf: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
         """conf, masked: (B, N) -> (B, N) bool."""
-        return _reveal_mask(conf, masked, self.k, self.threshold)
+        score = conf.masked_fill(~masked, float("-inf"))
+        top = score.topk(min(self.k, score.shape[1]), dim=-1).indices  # (B, k) most confident first
+        reveal = torch.zeros_like(masked).scatter_(1, top, True) & masked
+        if self.threshold > 0:
+            reveal |= masked & (conf >= self.threshold)
+        return reveal
 
 
 class NoRemasking:
@@ -337,75 +335,6 @@ class Recorder:
             step_token=self.token[:steps], step_confidence=self.confidence[:steps],
             step_remasked=self.remasked[:steps],
             step_attention=torch.stack(self.attention) if self.attention else None)
-
-
-def _reveal_mask(conf: torch.Tensor, masked: torch.Tensor, k: int, threshold: float) -> torch.Tensor:
-    """(B, N) bool: the k most confident masked positions of each row (fewer if fewer are masked), plus,
-    with threshold > 0, every masked position whose confidence is >= threshold. conf, masked: (B, N)."""
-    score = conf.masked_fill(~masked, float("-inf"))
-    top = score.topk(min(k, score.shape[1]), dim=-1).indices  # (B, k) most confident first
-    reveal = torch.zeros_like(masked).scatter_(1, top, True) & masked
-    if threshold > 0:
-        reveal |= masked & (conf >= threshold)
-    return reveal
-
-
-def _sample_rows(logits: torch.Tensor, temperature: float, top_k: int, gen: torch.Generator) -> torch.Tensor:
-    """Draw one head row per position from softmax(logits / T), optionally among the top_k. (..., V) -> (...)."""
-    scaled = logits / temperature
-    if top_k > 0:
-        kth = scaled.topk(min(top_k, scaled.shape[-1]), dim=-1).values[..., -1:]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    flat = scaled.softmax(dim=-1).reshape(-1, scaled.shape[-1])
-    return torch.multinomial(flat, 1, generator=gen).view(logits.shape[:-1])
-
-
-def trajectory(out: SampleOutput, tokenizer: CaptionTokenizer, index: int = 0, *, digits: int = 4) -> dict[str, Any]:
-    """JSON-ready record of caption `index`: text, tokens, and one entry per step.
-
-    Each step lists every token it revealed (``revealed``, most confident first), every position that was
-    masked when it began with the model's top guess there (``masked``), and the tokens it masked again first
-    (``remasked``, with the token each held; empty unless remasking is on); ``position``, ``token`` and
-    ``confidence`` repeat the step's most confident reveal (the only one when k = 1). Positions count caption
-    tokens from 0 (``<sot>`` excluded). ``fixed`` lists the positions a prompt fixed (never in a step). Only the
-    steps this caption took are listed (other captions of the batch may have needed more). When the sampler ran
-    with ``attention=True`` each reveal carries ``attention``: per decoder layer, per head, the weights over the
-    M image tokens (the first ``settings["attention_prefix_tokens"]`` are class tokens), rounded to `digits`."""
-    ids = out.tokens[index].tolist()
-    fixed = [] if out.fixed is None else out.fixed[index].nonzero()[:, 0].tolist()
-    current: dict[int, int] = {p: ids[p] for p in fixed}  # position -> token on the canvas, replayed step by step
-    steps = []
-    for s in range(int(out.row_steps[index])):
-        remasked = [{"position": p, "token": tokenizer.token_string(current[p]), "token_id": current.pop(p)}
-                    for p in out.step_remasked[s, index].nonzero()[:, 0].tolist()]
-        revealed = []
-        for p in out.step_revealed[s, index].nonzero()[:, 0].tolist():
-            tok = int(out.step_token[s, index, p])
-            current[p] = tok
-            rec = {"position": p, "token": tokenizer.token_string(tok), "token_id": tok,
-                   "confidence": float(out.step_confidence[s, index, p])}
-            if out.step_attention is not None:
-                rec["attention"] = out.step_attention[s, index, p].round(decimals=digits).tolist()
-            revealed.append(rec)
-        revealed.sort(key=lambda r: -r["confidence"])
-        masked = [
-            {"position": p, "top_token": tokenizer.token_string(int(out.step_top_token[s, index, p])),
-             "top_token_id": int(out.step_top_token[s, index, p]),
-             "top_confidence": float(out.step_top_confidence[s, index, p])}
-            for p in out.step_masked[s, index].nonzero()[:, 0].tolist()
-        ]
-        first = revealed[0]
-        steps.append({"step": s, "position": first["position"], "token": first["token"],
-                      "confidence": first["confidence"], "revealed": revealed, "masked": masked,
-                      "remasked": remasked})
-    return {
-        "caption": tokenizer.decode(ids),
-        "tokens": [tokenizer.token_string(i) for i in ids],
-        "token_ids": ids,
-        "fixed": fixed,
-        "steps": steps,
-        "settings": dict(out.settings),
-    }
 
 
 # -- precision -------------------------------------------------------------------------------------------------------

@@ -15,8 +15,8 @@ score, higher = more likely, and is chosen from :data:`METHODS`:
 
 Conditional scores (``fixed``, infilling): fixed positions are never masked nor scored, so each method scores only
 the free slots given the fixed tokens (``mc``: Eq. 8 with n = the slots). ARC cannot condition on later words.
-:func:`score_fills` ranks fillings of a prompt's slots by that score, and :func:`sample_auto_length` (``mdc sample
---length auto``) samples every N' of a range and keeps the caption with the best heuristic score per token.
+:func:`sample_auto_length` (``mdc sample --length auto``) samples every N' of a range and keeps the caption with the
+best heuristic score per token.
 
 Log-probabilities are under the model's full output softmax, in fp32 (``precision``: :mod:`mdc_core.sampler`); the
 image cross-attention keys/values are computed once and shared (``use_cache=False`` recomputes them, for tests).
@@ -42,11 +42,8 @@ from .tokenizer import (
     PAD_ID,
     SOT_ID,
     CaptionTokenizer,
-    fill_prompt,
     padding_mask,
-    parse_prompt,
     unknown_ids,
-    word_list,
 )
 
 
@@ -269,9 +266,8 @@ def score_tokens(model: Any, image_tokens: torch.Tensor, tokens: torch.Tensor, m
 
     `samples`, `seed`: Monte Carlo samples per caption and their seed (``mc``); `batch_size`: decoder rows per
     forward pass (memory only: results do not depend on it). `fixed` (B, L) bool: caption positions given as
-    context, neither masked nor scored (conditional likelihood of the others; MDC only). `precision`: ``auto``
-    (bf16 autocast on CUDA, fp32 on the CPU), ``fp32`` or ``bf16``; None: the current default
-    (:func:`mdc_core.sampler.default_inference_precision`). Returned tensors have the width L of `tokens`."""
+    context, neither masked nor scored (conditional likelihood of the others; MDC only). `precision`: as
+    :func:`mdc_core.sampler.sample`'s. Returned tensors have the width L of `tokens`."""
     spec = _check(model, image_tokens, tokens, method)
     if samples < 1 or batch_size < 1:
         raise ValueError(f"samples and batch_size must be >= 1, got {samples} and {batch_size}")
@@ -298,85 +294,6 @@ def score_tokens(model: Any, image_tokens: torch.Tensor, tokens: torch.Tensor, m
         if out.order is not None:
             out.order = F.pad(out.order, (0, pad), value=-1)
     return out
-
-
-def score_captions(model: Any, image_tokens: torch.Tensor, captions: Sequence[str], method: str,
-                   **kw: Any) -> list[dict[str, Any]]:
-    """Score caption strings against one image, image_tokens (1, M, D) or (M, D); `kw` as :func:`score_tokens`.
-
-    One dict per caption: ``caption``, ``score``, ``tokens`` (token strings), ``token_logprobs`` (one per token,
-    heuristic/ar), ``stderr`` (mc), ``order`` (reveal step per token, heuristic), ``eot_logprob`` (ARC ar)."""
-    model_kind(model)
-    captions = list(captions)
-    if not captions:
-        raise ValueError("no captions to score (the caption list is empty)")
-    if image_tokens.ndim == 2:
-        image_tokens = image_tokens[None]
-    if image_tokens.ndim != 3 or image_tokens.shape[0] != 1:
-        raise ValueError(f"score_captions takes one image, got image_tokens of shape {tuple(image_tokens.shape)}")
-    tok = CaptionTokenizer(model.cfg.context_length)
-    tokens = tok(captions, truncate=False)  # over-long captions raise ValueError
-    out = score_tokens(model, image_tokens, tokens, method, **kw)
-    records = []
-    for i, text in enumerate(captions):
-        n = int(maskable_positions(tokens[i: i + 1]).sum())
-        ids = tokens[i, 1:n + 1].tolist()
-        rec: dict[str, Any] = {"caption": text, "score": float(out.score[i]),
-                               "tokens": [tok.token_string(t) for t in ids]}
-        if out.stderr is not None:
-            rec["stderr"] = float(out.stderr[i])
-        if out.token_logprobs is not None:
-            rec["token_logprobs"] = out.token_logprobs[i, 1:n + 1].tolist()
-            if method == "ar" and model.causal:
-                rec["eot_logprob"] = float(out.token_logprobs[i, n + 1])
-        if out.order is not None and method == "heuristic":
-            rec["order"] = out.order[i, 1:n + 1].tolist()
-        records.append(rec)
-    return records
-
-
-# ----------------------------------------------------------------------------------------------------------
-# scores of prompt fillings (infilling): which words the model prefers in the slots, given the fixed ones
-
-
-@torch.no_grad()
-def score_fills(model: Any, image_tokens: torch.Tensor, prompt: str, fills: Sequence[str], method: str = "heuristic",
-                **kw: Any) -> list[dict[str, Any]]:
-    """Rank fillings of a prompt's slots for one image (image_tokens (1, M, D) or (M, D)).
-
-    Each filling is scored by the conditional log-likelihood of its slot tokens given the fixed words and the
-    image (`method` and `kw` as :func:`score_tokens`: ``heuristic``, ``mc`` or ``ar``). Returns
-    one dict per filling, best first: ``fill``, ``caption``, ``score``, ``slot_tokens``, ``stderr`` (mc),
-    ``slot_logprobs`` (heuristic, ar)."""
-    fills = [f for f in fills if f.strip()]
-    if not fills:
-        raise ValueError("no fillings to score: give at least one word for the slots")
-    tokenizer = CaptionTokenizer(model.cfg.context_length)
-    ids, _ = parse_prompt(prompt, tokenizer, model)
-    rows = torch.stack([fill_prompt(ids, f, tokenizer) for f in fills])  # (F, N)
-    if getattr(model, "restricted", False):
-        wanted = {int(t) for t in rows.flatten() if int(model.output_index[t]) < 0}
-        unknown = sorted({w for row in rows for w in tokenizer.words_with(row, wanted)})
-        if unknown:
-            raise ValueError(f"the fillings use words this model never saw in training: {word_list(unknown)}")
-    F, N = rows.shape
-    tokens = torch.cat([torch.full((F, 1), SOT_ID), rows, torch.full((F, 1), EOT_ID)], dim=1)  # (F, N+2)
-    fixed = torch.zeros_like(tokens, dtype=torch.bool)
-    fixed[:, 1:-1] = ids != MASK_ID
-    image_tokens = image_tokens[None] if image_tokens.ndim == 2 else image_tokens
-    out = score_tokens(model, image_tokens, tokens.to(image_tokens.device), method, fixed=fixed.to(image_tokens.device),
-                       **kw)
-    slots = (ids == MASK_ID).nonzero()[:, 0] + 1  # token columns of the slots
-    records = []
-    for i, fill in enumerate(fills):
-        rec: dict[str, Any] = {"fill": fill, "caption": tokenizer.decode(rows[i]), "score": float(out.score[i]),
-                               "slot_tokens": [tokenizer.token_string(int(t)) for t in tokens[i, slots]]}
-        if out.stderr is not None:
-            rec["stderr"] = float(out.stderr[i])
-        if out.token_logprobs is not None:
-            rec["slot_logprobs"] = out.token_logprobs[i, slots].tolist()
-        records.append(rec)
-    return sorted(records, key=lambda r: -r["score"])
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -296,21 +296,3 @@ def parse_prompt(text: str, tokenizer: CaptionTokenizer, model: object = None) -
         if unknown:
             raise ValueError(f"the prompt uses words this model never saw in training: {word_list(unknown)}")
     return prompt, fixed
-
-
-def prompt_text(prompt: torch.Tensor, tokenizer: CaptionTokenizer) -> str:
-    """The prompt (N,) written back as text, ``_`` for each slot."""
-    words = [("_ " if int(t) == MASK_ID else tokenizer.token_string(int(t), keep_space=True)) for t in prompt]
-    return "".join(words).strip()
-
-
-def fill_prompt(prompt: torch.Tensor, fill: str, tokenizer: CaptionTokenizer) -> torch.Tensor:
-    """The prompt (N,) with its slots replaced, in order, by the tokens of `fill` (as many as there are slots)."""
-    slots = prompt == MASK_ID
-    ids = tokenizer.encode_text(fill)
-    if len(ids) != int(slots.sum()):
-        raise ValueError(f"the filling {shown(fill)} has {len(ids)} token(s) but the prompt has {int(slots.sum())} "
-                         "slot(s); give one word piece per [MASK]")
-    out = prompt.clone()
-    out[slots] = torch.tensor(ids, dtype=torch.long)
-    return out

@@ -466,15 +466,12 @@ class NonFiniteWatch:
 
 
 class StepClock:
-    """The phases of the trainer's step, as the trainer marks them (``with clock.phase("read"): ...``). This clock
-    does nothing, which is how the trainer runs; ``mdc bench step`` passes one that times each phase, waiting for
-    the device at every boundary, and counts host synchronisations.
-
-    A step is the phases from one ``read`` to the next: ``read`` (take the micro-batches with their tokens),
-    ``prepare`` (masking seeds, :func:`~mdc_core.objectives.prepare_batch`, loss denominators, the copy of the
-    prepared batch), ``forward_backward``, ``clip_optimizer`` (gradient clipping, AdamW, zero_grad, schedule),
-    ``ema``, ``metrics_logging`` (the step's device values, the non-finite watch, the logging step's read and
-    record) and ``checkpoint``."""
+    """The phases the trainer marks (``with clock.phase("read"): ...``); this clock does nothing (``mdc bench step``
+    passes one that times them). A step is the phases from one ``read`` to the next: ``read`` (the micro-batches
+    with their tokens), ``prepare`` (masking seeds, :func:`~mdc_core.objectives.prepare_batch`, loss denominators,
+    the copy of the prepared batch), ``forward_backward``, ``clip_optimizer`` (gradient clipping, AdamW, zero_grad,
+    schedule), ``ema``, ``metrics_logging`` (the step's device values, the non-finite watch, the logging step's read
+    and record) and ``checkpoint``."""
 
     PHASES = ("read", "prepare", "forward_backward", "clip_optimizer", "ema", "metrics_logging", "checkpoint")
 

@@ -131,10 +131,10 @@ def cmd_sample_auto(args: argparse.Namespace, model, cfg, image) -> None:
     """``mdc sample --length auto``: the best candidate of each N' in ``--auto-range`` by heuristic score per token."""
     import torch
 
-    from mdc_core.sampler import trajectory
     from mdc_core.scoring import sample_auto_length
     from mdc_core.tokenizer import CaptionTokenizer
     from mdc_workbench.eval.captioning import parse_range
+    from mdc_workbench.viz.animation import trajectory
     lengths = parse_range(args.auto_range, cfg.model.context_length)
     tok = CaptionTokenizer(cfg.model.context_length)
     start = time.perf_counter()
@@ -250,8 +250,9 @@ def cmd_score(args: argparse.Namespace) -> None:
     import torch
 
     from mdc_core.factory import load_model
-    from mdc_core.scoring import model_kind, score_captions
+    from mdc_core.scoring import model_kind
     from mdc_core.transforms import load_image
+    from mdc_workbench.cli.scores import score_captions
     model, cfg = load_model(args.run, device=args.device, ema=args.ema)
     model_kind(model)  # a CLIP run fails here, before any work
     image = load_image(args.image, cfg.model.image_size)[None].to(args.device)
@@ -259,7 +260,7 @@ def cmd_score(args: argparse.Namespace) -> None:
     with torch.no_grad():
         image_tokens = model.encode_image(image)  # encoded once for all captions
     if args.prompt is not None:  # conditional: only the slots are scored
-        from mdc_core.scoring import score_fills
+        from mdc_workbench.cli.scores import score_fills
         rows = score_fills(model, image_tokens, args.prompt, args.caption, args.method, samples=args.samples,
                            seed=args.seed, batch_size=args.batch_size)
         rows = [{**r, "tokens": r["slot_tokens"]} for r in rows]

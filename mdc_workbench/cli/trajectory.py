@@ -48,10 +48,10 @@ def sample_one(args: argparse.Namespace, model: Any, cfg: Any, pixels: Any, imag
     ``sampler``, ``run``, ``image``, ``prompt``, ``latency_s`` and the embedded image; writes ``--gif``."""
     import torch
 
-    from mdc_core.sampler import sample, trajectory
+    from mdc_core.sampler import sample
     from mdc_core.tokenizer import CaptionTokenizer, parse_prompt
     from mdc_workbench.masked_conditional.guidance import GuidedCaptioner
-    from mdc_workbench.viz.animation import trajectory_gif, with_image
+    from mdc_workbench.viz.animation import trajectory, trajectory_gif, with_image
     tok = CaptionTokenizer(cfg.model.context_length)
     prompt = parse_prompt(args.prompt, tok, model)[0].to(pixels.device) if args.prompt is not None else None
     want_attention = bool(args.attention or args.gif)

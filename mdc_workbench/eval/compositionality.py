@@ -4,7 +4,7 @@ For every example (:class:`~mdc_workbench.eval.composition_sets.Example`) the im
 candidate captions (the true one and every false one) are scored in one batch; the example is correct for a task when
 the true caption scores strictly higher than each false caption of that task (ties count as wrong).
 
-Scores by objective family (:data:`mdc_core.registry.SCORING`, read through the objective's spec):
+Scores by objective family (:data:`SCORING`, read through the objective's spec's ``family``):
 
 * captioners trained with a masked objective (MDC, MDC w/o 1/t, BERT, parallel): ``mc`` (Monte Carlo ELBO of
   Eq. 8) and ``heuristic`` (the paper's greedy-order score) by default; ``ar`` (fixed left-to-right order) on
@@ -37,10 +37,16 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from mdc_core.config import RunConfig
-from mdc_core.registry import SCORING, objective_spec
+from mdc_core.registry import objective_spec
 from mdc_core.tokenizer import CaptionTokenizer
 from mdc_workbench.eval.composition_sets import COLUMN_ORDER, COLUMNS, Example, example_pixels, load_benchmark
 
+# objective family -> (the caption scores that apply to it, the ones run by default)
+SCORING: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "masked": (("mc", "heuristic", "ar"), ("mc", "heuristic")),
+    "causal": (("ar",), ("ar",)),
+    "contrastive": (("cosine",), ("cosine",)),
+}
 MASKED_METHODS = SCORING["masked"][0]  # the likelihood scores ("mc", "heuristic", "ar")
 METHOD_LABELS = {"mc": "Monte Carlo", "heuristic": "Heuristic", "ar": "left-to-right", "cosine": ""}
 
@@ -49,7 +55,7 @@ def check_methods(objective: str, methods: Sequence[str] | None) -> tuple[str, .
     """The methods to run for a model of `objective`: its defaults when `methods` is None or empty; a method
     that does not apply to the objective (e.g. ``ar`` on a CLIP run) is a ValueError."""
     spec = objective_spec(objective)
-    allowed, default = spec.scoring
+    allowed, default = SCORING[spec.family]
     if not methods:
         return default
     bad = [m for m in methods if m not in allowed]

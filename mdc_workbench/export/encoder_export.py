@@ -44,8 +44,10 @@ from mdc_core.checkpoint import (
     verify_checkpoint,
 )
 from mdc_core.config import RunConfig
-from mdc_core.factory import load_model, model_architecture, probe_pool
+from mdc_core.factory import load_model
 from mdc_core.model import ImageEncoder
+from mdc_core.registry import objective_spec
+from mdc_workbench.eval.probe import probe_pool
 from mdc_workbench.export.encoder_io import (
     EXPORT_FORMATS,
     WEIGHTS,
@@ -226,7 +228,7 @@ def _write_hf(source: Source, tmp: Path) -> str:
     A captioner is written by huggingface_hub's ``save_pretrained`` (:class:`~.hub.MDCCaptioner`), so the
     Hub's ``from_pretrained`` opens the folder; another architecture (CLIP) as a checkpoint folder."""
     state = {k: v.detach().to("cpu").contiguous() for k, v in source.model.state_dict().items()}
-    hub = model_architecture(source.cfg.objective.name) == "captioner"
+    hub = objective_spec(source.cfg.objective.name).model == "captioner"
     if hub:
         hub_captioner(source.cfg, state).save_pretrained(tmp)  # config.json (the run's config), model.safetensors
         (tmp / "README.md").unlink(missing_ok=True)  # the mixin's stub card; render_card writes the real one

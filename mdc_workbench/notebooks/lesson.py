@@ -17,10 +17,10 @@ from mdc_workbench.viz.animation import canvas_at, confidence_colour
 
 
 def unmasking_figure(record: dict[str, Any], image: Any = None, title: str = "") -> Any:
-    """One row per step of a :func:`mdc_core.sampler.trajectory` record (row 0: all masked, row S: the caption),
-    one column per caption position. A revealed token is coloured by its confidence when revealed (viridis, as the
-    app) and framed in orange at the step that reveals it; a masked position is grey with the model's current top
-    guess in small italics. `image` (a PIL image) is drawn on the left."""
+    """One row per step of a :func:`~mdc_workbench.viz.animation.trajectory` record (row 0: all masked, row S: the
+    caption), one column per caption position. A revealed token is coloured by its confidence when revealed
+    (viridis, as the app) and framed in orange at the step that reveals it; a masked position is grey with the
+    model's current top guess in small italics. `image` (a PIL image) is drawn on the left."""
     from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
 

@@ -143,8 +143,8 @@ def markdown_table(rows: dict[str, dict[str, Any]], first: str = "", digits: int
 
 
 def trajectory_html(record: dict[str, Any], step: int) -> str:
-    """The canvas of one :func:`mdc_core.sampler.trajectory` record after `step` denoising steps, as the app's
-    HTML token chips (:func:`mdc_workbench.viz.trajectory_view.chips_html`: one drawing for the app and the
+    """The canvas of one :func:`~mdc_workbench.viz.animation.trajectory` record after `step` denoising steps, as the
+    app's HTML token chips (:func:`mdc_workbench.viz.trajectory_view.chips_html`: one drawing for the app and the
     notebooks)."""
     from mdc_workbench.viz.trajectory_view import chips_html
 

@@ -1,5 +1,7 @@
-"""Shareable trajectories: replay a :func:`mdc_core.sampler.trajectory` record, its attention maps, a GIF, a JSON file.
+"""Shareable trajectories: the JSON record of a sampler's run, its replay, its attention maps, a GIF, a JSON file.
 
+* :func:`trajectory` turns a :func:`mdc_core.sampler.sample` output into the record the app, the notebooks and the
+  GIFs replay (plain JSON data).
 * :func:`canvas_at` replays a record to the canvas after any step (fixed prompt words, reveals, remasks).
 * :func:`attention_map` turns a revealed token's cross-attention (layers x heads x M image tokens) into a patch
   grid (mean over heads of the last layer by default); :func:`overlay` lays it over the image.
@@ -8,7 +10,7 @@
 * :func:`with_image` / :func:`load_record` store the image the model saw inside the record and read a saved
   record back (``mdc sample --json`` output, the app's download), with one-line errors for files that are not.
 
-Everything works on plain JSON data; nothing here runs a model.
+Everything but :func:`trajectory` works on plain JSON data; nothing here runs a model.
 """
 
 from __future__ import annotations
@@ -18,10 +20,14 @@ import io
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
+
+if TYPE_CHECKING:
+    from mdc_core.sampler import SampleOutput
+    from mdc_core.tokenizer import CaptionTokenizer
 
 # matplotlib's colour maps, imported where a colour is drawn: `mdc sample` records and embeds without it (a core
 # install); CONFIDENCE_CMAP (confidence 0..1 in the app's chips, the heatmaps, the GIFs) and ATTENTION_CMAP
@@ -47,6 +53,54 @@ def confidence_colour(p: float) -> tuple[tuple[float, float, float], bool]:
     on it; by perceived luminance). Every drawing of a confidence takes its colour from here."""
     r, g, b, _ = colormap("CONFIDENCE_CMAP")(min(max(p, 0.0), 1.0))
     return (r, g, b), 0.299 * r + 0.587 * g + 0.114 * b > 0.55
+
+
+def trajectory(out: SampleOutput, tokenizer: CaptionTokenizer, index: int = 0, *, digits: int = 4) -> dict[str, Any]:
+    """JSON-ready record of caption `index`: text, tokens, and one entry per step.
+
+    Each step lists every token it revealed (``revealed``, most confident first), every position that was
+    masked when it began with the model's top guess there (``masked``), and the tokens it masked again first
+    (``remasked``, with the token each held; empty unless remasking is on); ``position``, ``token`` and
+    ``confidence`` repeat the step's most confident reveal (the only one when k = 1). Positions count caption
+    tokens from 0 (``<sot>`` excluded). ``fixed`` lists the positions a prompt fixed (never in a step). Only the
+    steps this caption took are listed (other captions of the batch may have needed more). When the sampler ran
+    with ``attention=True`` each reveal carries ``attention``: per decoder layer, per head, the weights over the
+    M image tokens (the first ``settings["attention_prefix_tokens"]`` are class tokens), rounded to `digits`."""
+    ids = out.tokens[index].tolist()
+    fixed = [] if out.fixed is None else out.fixed[index].nonzero()[:, 0].tolist()
+    current: dict[int, int] = {p: ids[p] for p in fixed}  # position -> token on the canvas, replayed step by step
+    steps = []
+    for s in range(int(out.row_steps[index])):
+        remasked = [{"position": p, "token": tokenizer.token_string(current[p]), "token_id": current.pop(p)}
+                    for p in out.step_remasked[s, index].nonzero()[:, 0].tolist()]
+        revealed = []
+        for p in out.step_revealed[s, index].nonzero()[:, 0].tolist():
+            tok = int(out.step_token[s, index, p])
+            current[p] = tok
+            rec = {"position": p, "token": tokenizer.token_string(tok), "token_id": tok,
+                   "confidence": float(out.step_confidence[s, index, p])}
+            if out.step_attention is not None:
+                rec["attention"] = out.step_attention[s, index, p].round(decimals=digits).tolist()
+            revealed.append(rec)
+        revealed.sort(key=lambda r: -r["confidence"])
+        masked = [
+            {"position": p, "top_token": tokenizer.token_string(int(out.step_top_token[s, index, p])),
+             "top_token_id": int(out.step_top_token[s, index, p]),
+             "top_confidence": float(out.step_top_confidence[s, index, p])}
+            for p in out.step_masked[s, index].nonzero()[:, 0].tolist()
+        ]
+        first = revealed[0]
+        steps.append({"step": s, "position": first["position"], "token": first["token"],
+                      "confidence": first["confidence"], "revealed": revealed, "masked": masked,
+                      "remasked": remasked})
+    return {
+        "caption": tokenizer.decode(ids),
+        "tokens": [tokenizer.token_string(i) for i in ids],
+        "token_ids": ids,
+        "fixed": fixed,
+        "steps": steps,
+        "settings": dict(out.settings),
+    }
 
 
 def canvas_at(record: dict[str, Any], step: int) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """The trajectory as the app and the notebooks show it: HTML token chips after any step and a confidence heatmap.
 
-Everything here is a function of a :func:`mdc_core.sampler.trajectory` record (plain JSON data) replayed by
+Everything here is a function of a :func:`~mdc_workbench.viz.animation.trajectory` record (plain JSON data) replayed by
 :func:`mdc_workbench.viz.animation.canvas_at`, and returns data, an HTML string or a matplotlib ``Figure``;
 nothing touches gradio or a model, so tests check what is shown against the sampler's own tensors. Colours: one
 confidence colour map (:func:`~mdc_workbench.viz.animation.confidence_colour`, viridis 0..1) for the chips, the

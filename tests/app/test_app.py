@@ -24,11 +24,12 @@ from PIL import Image
 from mdc_core.checkpoint import save_checkpoint
 from mdc_core.config import RunConfig, SamplerConfig, sampler_options
 from mdc_core.model import Captioner
-from mdc_core.sampler import sample, trajectory
+from mdc_core.sampler import sample
 from mdc_core.tokenizer import CaptionTokenizer, build_output_vocab
 from mdc_core.transforms import eval_transform
 from mdc_workbench.export.shipped import SHIPPED_DIR
 from mdc_workbench.viz import animation, trajectory_view
+from mdc_workbench.viz.animation import trajectory
 from tests.conftest import micro_config
 
 CHIP = re.compile(r'data-pos="(\d+)" data-state="(\w+)" data-token="([^"]*)"')
@@ -225,7 +226,7 @@ def test_runs_under_root_are_found_and_loaded_once(app):
 
 
 def test_score_own_captions_ranked_as_the_scorer_says(app):
-    scoring = pytest.importorskip("mdc_core.scoring")
+    scoring = pytest.importorskip("mdc_workbench.cli.scores")
     tok = CaptionTokenizer()
     ids = torch.tensor(sorted({*tok.encode_text("a red circle square"), 49407}))
     torch.manual_seed(0)

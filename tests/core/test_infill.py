@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from mdc_core.scoring import score_fills, score_tokens
-from mdc_core.tokenizer import EOT_ID, MASK_ID, SOT_ID, CaptionTokenizer, fill_prompt, parse_prompt, prompt_text
+from mdc_core.scoring import score_tokens
+from mdc_core.tokenizer import EOT_ID, MASK_ID, SOT_ID, CaptionTokenizer, parse_prompt
+from mdc_workbench.cli.scores import fill_prompt, prompt_text, score_fills
 
 TOK = CaptionTokenizer(24)
 

@@ -9,8 +9,9 @@ import torch
 from torch import nn
 
 from mdc_core.config import ConfigError, SamplerConfig
-from mdc_core.sampler import canvas, sample, trajectory
+from mdc_core.sampler import canvas, sample
 from mdc_core.tokenizer import EOT_ID, MASK_ID, SOT_ID, CaptionTokenizer
+from mdc_workbench.viz.animation import trajectory
 
 
 class TableModel(nn.Module):

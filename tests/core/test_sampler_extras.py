@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from mdc_core.config import ConfigError, SamplerConfig
-from mdc_core.sampler import sample, trajectory
+from mdc_core.sampler import sample
 from mdc_core.tokenizer import EOT_ID, MASK_ID, SOT_ID, CaptionTokenizer
+from mdc_workbench.viz.animation import trajectory
 from tests.core.test_sampler import TableModel
 
 TOK = CaptionTokenizer(24)

@@ -8,8 +8,9 @@ import torch
 
 from mdc_core.config import SCORE_METHODS, SamplerConfig
 from mdc_core.sampler import allowed_rows, sample
-from mdc_core.scoring import METHODS, methods_for, score_captions, score_tokens
+from mdc_core.scoring import METHODS, methods_for, score_tokens
 from mdc_core.tokenizer import EOT_ID, MASK_ID, CaptionTokenizer, build_output_vocab
+from mdc_workbench.cli.scores import score_captions
 
 CAPTIONS = ["a red circle", "two blue squares", "a small green star left of a circle", "star"]
 

@@ -8,9 +8,10 @@ import torch
 from PIL import Image
 
 from mdc_core.config import SamplerConfig
-from mdc_core.sampler import sample, trajectory
+from mdc_core.sampler import sample
 from mdc_core.tokenizer import MASK_ID, CaptionTokenizer
 from mdc_workbench.viz import animation
+from mdc_workbench.viz.animation import trajectory
 
 TOK = CaptionTokenizer(24)
 

@@ -168,7 +168,7 @@ def test_accuracy_is_strictly_true_beats_every_negative_and_image_encoded_once(t
 @pytest.mark.parametrize("objective,methods", [("mdc", ["heuristic", "mc", "ar"]), ("arc", ["ar"])])
 def test_real_scorers_decide_as_score_captions_does(tmp_path, aro_dir, objective, methods):
     from mdc_core.factory import load_model
-    from mdc_core.scoring import score_captions
+    from mdc_workbench.cli.scores import score_captions
     ex = load_benchmark("aro-relation", aro_dir)
     tok = CaptionTokenizer(24)
     vocab = torch.tensor(sorted({i for e in ex for c in e.candidates()[0] for i in tok.encode_text(c)} | {49407}))
