@@ -39,15 +39,13 @@ from typing import Any
 
 from mdc_core.runlock import LOCK_NAME, RunLock
 from mdc_workbench.runs.declared import record_start
+from mdc_workbench.runs.outputs import DONE, FAILED, check_run_folder
 from mdc_workbench.runs.plans import Plan, RunSpec, ensure_kernel
 from mdc_workbench.runs.resources import Resources
 from mdc_workbench.runs.runner import (
     DEADLINE_STOP,
-    DONE,
-    FAILED,
     INTERRUPTED,
     THREAD_ENV,
-    check_run_folder,
     execute_run,
     mark_failed,
     result_from_markers,
