@@ -49,22 +49,12 @@ from sklearn.metrics import balanced_accuracy_score
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from mdc_core.registry import objective_spec
 from mdc_workbench.eval.probe_lbfgs import C_GRID, lbfgs_probe
 
 CLIP_BENCHMARK_WD_GRID: tuple[float, ...] = tuple(np.logspace(-6, 2, num=97).tolist())  # its `wd_list`
 _INIT_POINTS = 7  # coarse pass: logspace(-6, 2, 7) = every 16th grid point
 _EVAL_BATCH = 4096  # rows per forward pass when scoring (memory only; no effect on results)
 PROTOCOLS = ("lbfgs", "clip_benchmark")  # the first is the default
-# probe feature of each architecture: GAP over patch tokens for captioners (the paper's choice), CLS for CLIP
-PROBE_POOL: dict[str, str] = {"captioner": "gap", "clip": "cls"}
-
-
-def probe_pool(objective: str) -> str:
-    """The pooling (``"gap"`` or ``"cls"``) that gives the probe feature of a run with this objective."""
-    return PROBE_POOL[objective_spec(objective).model]
-
-
 @dataclass
 class ProbeResult:
     """Outcome of :func:`linear_probe`. Accuracies are fractions in [0, 1]."""

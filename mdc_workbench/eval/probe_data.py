@@ -13,7 +13,7 @@ Data formats (``fmt``; ``"auto"`` picks by what the folder holds):
   containers and numpy arrays, so a crafted file cannot run code; they are still assumed to be the genuine files.
 
 Features: the run's encoder, frozen, in eval mode; GAP over patch tokens for captioners and the CLS token for
-CLIP (:data:`~mdc_workbench.eval.probe.PROBE_POOL`); images preprocessed as for evaluation at the run's image size.
+CLIP (:data:`~mdc_workbench.eval.probe_pool.PROBE_POOL`); images preprocessed as for evaluation at the run's image size.
 They are extracted once per (run, data, split, task) and cached with
 :func:`~mdc_workbench.eval.probe.cached_features` in ``<run>/probe_features/`` (the fingerprint holds the checkpoint,
 its weights' size and mtime, the data files' sizes and mtimes, pooling and image size, so any change recomputes).
@@ -46,8 +46,9 @@ from mdc_core.data import build_loader
 from mdc_core.factory import load_model
 from mdc_core.transforms import eval_transform, load_image
 from mdc_workbench.data import LABEL_NAMES, read_manifest
-from mdc_workbench.eval.probe import cached_features, linear_probe, probe_pool
+from mdc_workbench.eval.probe import cached_features, linear_probe
 from mdc_workbench.eval.probe_baselines import INITS, PixelFeatures, random_init_model
+from mdc_workbench.eval.probe_pool import probe_pool
 
 PROBE_FORMATS = ("synth", "folder", "cifar")
 FOLDER_TEST_SPLITS = ("val", "test")  # ImageNet's held-out folder is "val"

@@ -47,7 +47,7 @@ from mdc_core.config import RunConfig
 from mdc_core.factory import load_model
 from mdc_core.model import ImageEncoder
 from mdc_core.registry import objective_spec
-from mdc_workbench.eval.probe import probe_pool
+from mdc_workbench.eval.probe_pool import probe_pool
 from mdc_workbench.export.encoder_io import (
     EXPORT_FORMATS,
     WEIGHTS,

@@ -46,7 +46,7 @@ EXPORT_FORMATS = ("timm", "hf")  # the folder formats above (mdc export --format
 TIMM_CONFIG = "config.json"  # timm's hub config in a timm export; the run's RunConfig in an hf export
 WEIGHTS = "model.safetensors"
 STEM_KEYS = ("conv_stem", "conv_stem_depth", "conv_stem_norm")  # encoder_kwargs that timm does not know
-# timm's pooling that equals the probe feature of each pooling kind of mdc_workbench.eval.probe.PROBE_POOL
+# timm's pooling that equals the probe feature of each pooling kind of mdc_workbench.eval.probe_pool.PROBE_POOL
 TIMM_POOL = {"gap": "avg", "cls": "token"}
 # the pretrained tag of a plain timm export's `architecture`: unknown to timm's registry, so a call that would take
 # the registry's preprocessing for the name fails saying what to do (see the module docstring); no ':' or '/', which
@@ -262,7 +262,7 @@ def load_encoder(path: str | Path, *, device: str = "cpu", ema: bool | None = No
     from mdc_core.checkpoint import resolve_checkpoint
     from mdc_core.factory import load_model
     from mdc_core.model import ImageEncoder
-    from mdc_workbench.eval.probe import probe_pool
+    from mdc_workbench.eval.probe_pool import probe_pool
     if ema is None:
         ema = (resolve_checkpoint(path) / "ema.safetensors").is_file()
     model, run = load_model(path, device=device, ema=ema)

@@ -89,8 +89,8 @@ def member_features(runs: Sequence[str | Path], data: str | Path, *, limit: int 
     of one stack: one objective (one pooling) and one image size, else ValueError."""
     from mdc_core.checkpoint import resolve_checkpoint
     from mdc_core.factory import load_model
-    from mdc_workbench.eval.probe import probe_pool
     from mdc_workbench.eval.probe_data import open_probe_dataset
+    from mdc_workbench.eval.probe_pool import probe_pool
     from mdc_workbench.seed_stack.features import stacked_features
 
     loaded = [load_model(resolve_checkpoint(run), device=device) for run in runs]  # as probe_run loads them

@@ -35,8 +35,8 @@ GROUP_TEXT = {"claims": "the claims table", "paper": "the paper's numbers",
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: the paths below are relative to it
 # the code that turns a trained model into the numbers a verdict reads (beside the deciding functions' source)
 MEASUREMENT = tuple(f"mdc_workbench/eval/{m}.py" for m in (
-    "central_claim", "claim_stats", "content_words", "stats", "decision", "cells", "claims", "probe", "probe_lbfgs",
-    "probe_baselines", "probe_data", "probe_tables", "items", "recompute")) + (
+    "central_claim", "claim_stats", "content_words", "stats", "decision", "cells", "claims", "probe", "probe_pool",
+    "probe_lbfgs", "probe_baselines", "probe_data", "probe_tables", "items", "recompute")) + (
     "mdc_workbench/notebooks/probe_report.py",
     *(f"mdc_workbench/seed_stack/{m}.py" for m in ("features", "claim", "items")))  # a seed stack's members' measures
 DATA = "mdc_workbench/data"  # every module in it: the synthetic scenes, the caption generators, the shards

@@ -465,7 +465,10 @@ def _run_id(prefix: str, combo: dict[str, Any]) -> str:
 
 def ensure_kernel(name: str = KERNEL_NAME, display_name: str = KERNEL_DISPLAY_NAME) -> str:
     """Register this environment's python as Jupyter kernel `name` (``--sys-prefix``) unless a kernel of that
-    name exists whose python is present. Returns the kernel name."""
+    name exists whose python is present. Returns the kernel name. Two ``mdc runs`` started at once register it one
+    after the other (a file lock beside the environment's kernels; ``ipykernel install`` replaces the folder, and
+    two at once can leave it half copied), so the second finds the first's."""
+    from filelock import FileLock
     from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 
     def registered() -> bool:
@@ -477,14 +480,14 @@ def ensure_kernel(name: str = KERNEL_NAME, display_name: str = KERNEL_DISPLAY_NA
 
     if registered():
         return name
-    cmd = [sys.executable, "-m", "ipykernel", "install", "--sys-prefix", "--name", name,
-           "--display-name", display_name]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:  # a second mdc runs started at once may be registering it: wait up to 5 s for it
-        import time
-        for _ in range(50):
-            if registered():
-                return name
-            time.sleep(0.1)
-        raise RuntimeError(f"could not register the Jupyter kernel {name!r}: {done.stderr.strip()}")
+    share = Path(sys.prefix) / "share" / "jupyter"
+    share.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(share / f".kernel-{name}.lock"), timeout=120):
+        if registered():  # the other `mdc runs` registered it while this one waited
+            return name
+        cmd = [sys.executable, "-m", "ipykernel", "install", "--sys-prefix", "--name", name,
+               "--display-name", display_name]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0 or not registered():
+            raise RuntimeError(f"could not register the Jupyter kernel {name!r}: {done.stderr.strip()}")
     return name

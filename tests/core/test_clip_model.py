@@ -13,7 +13,7 @@ from mdc_core.objectives import clip_loss, compute_loss
 from mdc_core.tokenizer import EOT_ID, CaptionTokenizer, build_output_vocab
 from mdc_workbench.cli import main
 from mdc_workbench.data import write_synthetic_dataset
-from mdc_workbench.eval.probe import probe_pool
+from mdc_workbench.eval.probe_pool import probe_pool
 from tests.conftest import MICRO, micro_config
 
 CAPTIONS = ["a red circle", "a blue square on the left", "two green stars", "a small yellow triangle"]

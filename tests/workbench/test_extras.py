@@ -19,7 +19,7 @@ from mdc_workbench.cli.common import EXTRA_MODULES, VERB_EXTRAS
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "mdc_core" / "pretrained" / "mdc_tiny_lean_easy"
-CORE_PULLS = {"yaml", "filelock"}  # listed by an extra, but the core's own dependencies install them (timm, torch)
+CORE_PULLS = {"yaml", "filelock", "huggingface_hub"}  # in an extra, but the core's dependencies pull them too
 
 
 def _norm(name: str) -> str:

@@ -228,6 +228,7 @@ def test_the_wheelhouse_leaves_out_the_torch_stack_and_what_the_image_has():
     assert "numpy" in have and "papermill" not in have
 
 
+@pytest.mark.slow  # about 3 minutes: every phase of make gpu-check at toy size (make test-all runs it)
 def test_gpu_check_runs_end_to_end_at_its_tiny_budget_on_the_cpu(tmp_path):
     """`make gpu-check` (scripts/gpu_check.sh) on a machine without CUDA: every phase at a budget of seconds (about 3
     minutes on 2 cores), the summary and the plan's summary in one folder."""
