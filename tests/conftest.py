@@ -12,6 +12,7 @@ execution: its kernel's trainings are not seen, so a notebook counts once whethe
 import functools
 import hashlib
 import os
+import signal
 import subprocess
 from collections import Counter
 from collections.abc import Iterator
@@ -124,6 +125,11 @@ def _counted(log: str, kind: str, real):
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # A suite started in the background of a non-interactive shell (`make test &`, `nohup ... &`) inherits SIGINT
+    # ignored, and python then installs no KeyboardInterrupt handler: the tests that press Ctrl-C on a plan (and the
+    # processes they start, which inherit the disposition) would wait out their sleeping notebooks instead.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     log = os.environ.get(COUNT_ENV)
     if not log:
         return
