@@ -31,17 +31,12 @@ from mdc_workbench.eval.central_claim import (
 from mdc_workbench.eval.claims import evaluate_claims, gather_tables
 from mdc_workbench.eval.paper import CENTRAL_TABLE, FLAT_MARGIN
 from mdc_workbench.eval.stats import EQUIVALENT, HOLDS, NOT_EQUIVALENT, REVERSED, UNMEASURED
+from tests.train_helpers import one_thread  # noqa: F401 - a fixture
 
 V = 8  # logits per position (token ids 1..7 are their own output rows)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one thread (a busy shared CPU makes the thread pool cost 1000x the arithmetic)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread
 
 
 def caption(words, length=6):

@@ -28,18 +28,14 @@ from mdc_workbench.seed_stack.items import write_member_items
 from mdc_workbench.seed_stack.train import member_dir
 from tests.conftest import micro_config
 from tests.numerics import assert_close_to_scale
+from tests.train_helpers import one_thread  # noqa: F401 - a fixture
 
 SEEDS = [3, 5, 8]  # the members' training seeds (here: their initialisations)
 KINDS = ("short", "clauses")
 SETTINGS = dict(limit=8, batch_size=4, draws=2, pool=3)  # the measure at toy size
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread
 
 
 @pytest.fixture(scope="module")
