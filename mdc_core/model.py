@@ -81,9 +81,8 @@ class ImageEncoder(nn.Module):
     """Any timm model as a token-sequence encoder: images (B, 3, H, W) -> tokens (B, M, D).
 
     ``encoder_kwargs`` go to ``timm.create_model``, except ``conv_stem`` (a list of channel widths), which gives
-    a ViT the early-convolution stem :class:`ConvStem` (a convolutional inductive bias for small images), with
-    ``conv_stem_depth`` convolutions per stage (default 1; a list gives one count per stage) and
-    ``conv_stem_norm`` "batch" (default) or "group"."""
+    a ViT the early-convolution stem :class:`ConvStem` (a convolutional inductive bias for small images);
+    ``conv_stem_depth`` and ``conv_stem_norm`` are its ``depth`` and ``norm``."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -242,8 +241,7 @@ class Attention(nn.Module):
     def project_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """context (B, S, C) -> keys, values (B, h, S, c) each."""
         B, S, C = context.shape
-        k, v = self.kv(context).view(B, S, 2, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
-        return k, v
+        return self.kv(context).view(B, S, 2, self.heads, C // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
 
     def forward(self, x: torch.Tensor, context: torch.Tensor | None, mask: torch.Tensor | None = None,
                 kv: tuple[torch.Tensor, torch.Tensor] | None = None, weights: list | None = None) -> torch.Tensor:
@@ -315,7 +313,7 @@ class DecoderLayer(nn.Module):
 
 
 class TextDecoder(nn.Module):
-    """Token + position embeddings, N decoder layers, final norm and the output head.
+    """Token + position embeddings, N decoder layers, final norm and the output head, with GPT-2-style initialisation.
 
     The output head has one row per entry of ``output_ids`` (the full 49408-way vocabulary, or the corpus
     table when ``output_vocab="corpus"``); logit j scores token ``output_ids[j]``. ``[MASK]`` has an input
@@ -333,6 +331,15 @@ class TextDecoder(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.text_width)
         self.head = nn.Linear(cfg.text_width, n_out)
         self.attend_to_pads = cfg.attend_to_pads
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.trunc_normal_(module.weight, std=0.02)
+                if isinstance(module, nn.Linear) and module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        nn.init.trunc_normal_(self.pos_emb, std=0.01)
+        for layer in self.layers:  # GPT-2 style scaled init of residual projections
+            for proj in (layer.self_attn.proj, layer.cross_attn.proj, layer.mlp[2]):
+                nn.init.trunc_normal_(proj.weight, std=0.02 / math.sqrt(2 * len(self.layers)))
 
     def hidden(self, tokens: torch.Tensor, image_tokens: torch.Tensor | None, causal: bool,
                rows: torch.Tensor | None = None, cache: ImageCache | None = None,
@@ -378,18 +385,6 @@ class Captioner(nn.Module):
         self.encoder = build_image_encoder(cfg)
         n_in = len(output_ids) + 3 if self.restricted else EMBED_SIZE
         self.decoder = TextDecoder(cfg, self.encoder.width, n_in, len(output_ids))
-        self._init_decoder()
-
-    def _init_decoder(self) -> None:
-        for module in self.decoder.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.trunc_normal_(module.weight, std=0.02)
-                if isinstance(module, nn.Linear) and module.bias is not None:
-                    nn.init.zeros_(module.bias)
-        nn.init.trunc_normal_(self.decoder.pos_emb, std=0.01)
-        for layer in self.decoder.layers:  # GPT-2 style scaled init of residual projections
-            for proj in (layer.self_attn.proj, layer.cross_attn.proj, layer.mlp[2]):
-                nn.init.trunc_normal_(proj.weight, std=0.02 / math.sqrt(2 * len(self.decoder.layers)))
 
     def _refresh_output_index(self) -> None:
         """Build ``output_index`` (EMBED_SIZE,): token id -> head row (-1 where the head has no row), and for a
@@ -476,8 +471,3 @@ class Captioner(nn.Module):
         result = super().load_state_dict(state_dict, strict=strict, assign=assign)
         self._refresh_output_index()
         return result
-
-    def num_params(self) -> dict[str, int]:
-        enc = sum(p.numel() for p in self.encoder.parameters())
-        dec = sum(p.numel() for p in self.decoder.parameters())
-        return {"encoder": enc, "decoder": dec, "total": enc + dec}
