@@ -66,19 +66,13 @@ class CLIPModel(nn.Module):
 
     def _refresh_input_index(self) -> None:
         """``input_index`` (EMBED_SIZE,): token id -> embedding row (-1 for ids outside a corpus table)."""
-        device = self.vocab_ids.device
-        if not self.restricted:
-            index = torch.arange(EMBED_SIZE, device=device)
-        else:
-            index = corpus_input_index(self.vocab_ids)  # the same table as Captioner.input_index
+        index = (corpus_input_index(self.vocab_ids) if self.restricted  # the same table as Captioner.input_index
+                 else torch.arange(EMBED_SIZE, device=self.vocab_ids.device))
         self.register_buffer("input_index", index, persistent=False)
 
     def embedding_rows(self, tokens: torch.Tensor) -> torch.Tensor:
         """Embedding rows (B, L) of token ids `tokens` (B, L); ValueError for ids outside a corpus table."""
         return lookup_rows(self.input_index, tokens)
-
-    # ------------------------------------------------------------------------------------------------------
-    # towers
 
     def encode_image(self, images: torch.Tensor) -> torch.Tensor:
         """images (B, 3, H, W) normalised -> image tokens (B, M, D_img) (final norm applied), as the captioners."""
@@ -135,8 +129,6 @@ class CLIPModel(nn.Module):
         raise ValueError("this is a CLIP run (objective 'clip'): it has no caption decoder, so it cannot sample "
                          "or score captions token by token; use its similarity() instead")
 
-    # ------------------------------------------------------------------------------------------------------
-
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):  # noqa: D102
         try:
             result = super().load_state_dict(state_dict, strict=strict, assign=assign)
@@ -145,11 +137,6 @@ class CLIPModel(nn.Module):
                              f"another config?): {err}") from err
         self._refresh_input_index()
         return result
-
-    def num_params(self) -> dict[str, int]:
-        enc = sum(p.numel() for p in self.encoder.parameters())
-        rest = sum(p.numel() for p in self.parameters()) - enc
-        return {"encoder": enc, "text": rest, "total": enc + rest}
 
 
 MODELS: dict[str, Callable[[ModelConfig, ObjectiveSpec, torch.Tensor | None], nn.Module]] = {
