@@ -6,24 +6,19 @@ plug-in point extensions fill when they are imported.
 (:data:`mdc_core.objectives.LOSSES`) unless it brings its own function.
 
 **The noise process** (:class:`NoiseSchedule`; MDLM's ``noise_schedule.py`` is the model). Each row names one
-schedule object and every caller asks it: the draw of the time ``t`` (:meth:`~NoiseSchedule.draw`), the probability
-``1 - alpha_t`` that a caption token is masked at that time (:meth:`~NoiseSchedule.mask_rate`), the weight of a
-caption's loss, the NELBO's ``w(t) = -alpha'_t / (1 - alpha_t)`` (:meth:`~NoiseSchedule.weight`: ``1 / t`` for the
-paper's linear ``alpha_t = 1 - t``, ``(pi / 2) / tan(pi t / 4)`` for MDLM's cosine ``alpha_t = cos(pi t / 2)``),
-the expected number of loss terms and the masking ratios a run was trained on. ``t`` is drawn uniformly from
-``[objective.t_low, objective.t_high]``, i.i.d. or stratified (``objective.antithetic_t``), and clamped at
-:data:`T_MIN`. Over the whole range [0, 1] every schedule's NELBO is the same number, which is why likelihood
-scoring (Eq. 8) needs no schedule; on a narrower range they differ in which masking rates training sees (the
-paper's Table 5, notebook 02). The derivations: docs/design.md, "The noise schedule". The rows without a time are
-schedules too: :class:`FixedRatio` (BERT), :class:`AllMasked` (parallel decoding) and :class:`TeacherForcing`
-(ARC: nothing masked, every next token a target). CLIP's row has no schedule (None).
+schedule object, which every caller asks: the time ``t`` (uniform on ``[objective.t_low, objective.t_high]``, i.i.d.
+or stratified by ``objective.antithetic_t``, clamped at :data:`T_MIN`), the probability ``1 - alpha_t`` that a
+caption token is masked, the loss weight ``w(t) = -alpha'_t / (1 - alpha_t)`` (``1 / t`` for the paper's linear
+``alpha_t = 1 - t``, ``(pi / 2) / tan(pi t / 4)`` for MDLM's cosine ``alpha_t = cos(pi t / 2)``), the expected loss
+terms and the masking ratios a run was trained on. The derivations, and why likelihood scoring (Eq. 8) needs no
+schedule: docs/design.md, "The noise schedule". :class:`FixedRatio` (BERT), :class:`AllMasked` (parallel decoding)
+and :class:`TeacherForcing` (ARC) have no time; CLIP's row has no schedule.
 
-**The plug-in point.** The core never names an extension. An extension that adds a variant the core must be able
-to build (an objective, an image encoder, configuration keys, a transform of the image condition during training)
-registers it when its module is imported, and names that module under the entry-point group ``mdc_core.plugins``.
-The core imports them (:func:`load_plugins`) only when it meets a name it does not know, so an MDC run never loads
-an extension and an old run folder whose ``config.json`` carries an extension's keys still loads. A plug-in module
-stays light (no torch at import): the functions it registers import their own modules when called.
+**The plug-in point** (docs/design.md "Core and workbench"). The core never names an extension. An extension
+registers its variants (an objective, an image encoder, configuration keys, a transform of the image condition
+during training) when its module is imported, and names that module under :data:`ENTRY_POINT_GROUP`; the core
+imports them (:func:`load_plugins`) only when it meets a name it does not know. A plug-in module stays light (no
+torch at import): the functions it registers import their own modules when called.
 
 This module imports no torch at the top, so the command line builds its choices from it.
 """
@@ -34,7 +29,7 @@ import importlib
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -148,10 +143,8 @@ class TimeSchedule(NoiseSchedule):
 
 @dataclass(frozen=True)
 class LinearSchedule(TimeSchedule):
-    """The paper's: ``alpha_t = 1 - t``, tokens masked with probability t, weight 1/t (Eq. 5)."""
-
-    def mask_rate(self, t: Any) -> Any:
-        return t  # 1 - alpha_t, exactly the drawn t
+    """The paper's: ``alpha_t = 1 - t``, tokens masked with probability t (the base class's rate), weight 1/t
+    (Eq. 5)."""
 
     def elbo_weight(self, t: Any) -> Any:
         return 1.0 / t
@@ -235,9 +228,6 @@ class TeacherForcing(NoiseSchedule):
 # -- the objective table and the plug-in point ------------------------------------------------------------------
 
 ENTRY_POINT_GROUP = "mdc_core.plugins"  # [project.entry-points."mdc_core.plugins"] name = "module"
-
-
-FAMILIES = ("masked", "causal", "contrastive")  # how a captioner's tokens are predicted, or no captioner at all
 DECODERS = ("unmask", "left_to_right", "ancestral", "none")  # how a run's captions are produced (sample, eval)
 
 
@@ -278,8 +268,7 @@ class ObjectiveSpec:
         return "contrastive" if self.model != "captioner" else "causal" if self.causal else "masked"
 
     def expected_loss_terms(self, lengths: Sequence[int], cfg: Any) -> float:
-        """Expected loss-carrying tokens of captions of `lengths` caption tokens (no ``<sot>``/``<eot>``) under
-        objective settings `cfg` (an ObjectiveConfig): its schedule's; 0 for a contrastive objective."""
+        """Its schedule's :meth:`NoiseSchedule.expected_loss_terms` under objective settings `cfg`; 0 if it has none."""
         return 0.0 if self.schedule is None else self.schedule.expected_loss_terms(lengths, cfg)
 
     def display(self, name: str) -> str:
@@ -329,15 +318,7 @@ SETTINGS: dict[str, list[type]] = {}
 # transforms of the image tokens during training, in registration order: (model, image_tokens, objective config,
 # generator) -> image_tokens; each returns its input unchanged, drawing nothing, when its settings leave it off
 CONDITION_TRANSFORMS: list[Callable[..., Any]] = []
-
-
-@dataclass
-class _Plugins:
-    loaded: list[str] = field(default_factory=list)  # modules imported by load_plugins, in order
-    done: bool = False
-
-
-_PLUGINS = _Plugins()
+_loaded_plugins: list[str] | None = None  # the modules load_plugins imported, in order (None: not called yet)
 
 
 def _register(table: dict[str, Any], kind: str, name: str, row: Any) -> None:
@@ -372,19 +353,16 @@ def register_condition_transform(transform: Callable[..., Any]) -> None:
         CONDITION_TRANSFORMS.append(transform)
 
 
-def plugin_modules() -> list[str]:
-    """The modules :func:`load_plugins` imports: the entry points of :data:`ENTRY_POINT_GROUP`."""
-    return [ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)]
-
-
 def load_plugins() -> list[str]:
-    """Import every plug-in module once (they register their rows); returns the modules imported."""
-    if not _PLUGINS.done:
-        _PLUGINS.done = True  # set first: a plug-in that reads a table while importing must not recurse
-        for module in plugin_modules():
-            importlib.import_module(module)
-            _PLUGINS.loaded.append(module)
-    return list(_PLUGINS.loaded)
+    """Import every plug-in module (the entry points of :data:`ENTRY_POINT_GROUP`) once; they register their rows.
+    Returns the modules imported."""
+    global _loaded_plugins
+    if _loaded_plugins is None:
+        _loaded_plugins = []  # set first: a plug-in that reads a table while importing must not recurse
+        for entry in entry_points(group=ENTRY_POINT_GROUP):
+            importlib.import_module(entry.value)
+            _loaded_plugins.append(entry.value)
+    return list(_loaded_plugins)
 
 
 def objective_names() -> tuple[str, ...]:
@@ -406,15 +384,12 @@ def objective_spec(name: str) -> ObjectiveSpec:
 def encoder_builder(name: str) -> Callable[..., Any] | None:
     """The builder of a registered encoder `name`, or None (then ``name`` is a timm model). The plug-ins are loaded
     only for a name that is neither registered nor a timm model."""
-    if name not in ENCODERS and not _is_timm_model(name):
-        load_plugins()
+    if name not in ENCODERS:
+        import timm  # the encoder is about to be built: timm is imported anyway
+
+        if not timm.is_model(name.split(".")[0]):
+            load_plugins()
     return ENCODERS.get(name)
-
-
-def _is_timm_model(name: str) -> bool:
-    import timm  # the encoder is about to be built: timm is imported anyway
-
-    return bool(timm.is_model(name.split(".")[0]))
 
 
 def settings_for(section: str) -> list[type]:
