@@ -16,14 +16,10 @@ Given t the expected loss is the mean per-token cross-entropy at that noise leve
 model that reads the unmasked words (notebook 00 plots it). ``per_sequence`` instead averages
 ``w_b * sum_i CE_bi / n_b`` over captions (CapPa-style).
 
-Without the weight there are two losses; the paper's Table 4 row ("MDC (w/o t)") is the second:
-
-* ``mdc_no_t``, Eq. 5 with ``w_b = 1``: the masked tokens' loss per *caption* token, ``sum_b sum_i CE_bi / sum_b
-  n_b`` (in expectation each caption weighted by its t).
-* ``cmlm``, Alg. 1 without ``1/t`` (PyTorch's mean over the masked tokens), Eq. 1's MLM loss and CMLM's
-  (Ghazvininejad et al. 2019), which the paper says the ablation "essentially becomes": the loss per *masked*
-  token, ``sum_b sum_i CE_bi / sum_b m_b`` (the row's ``per_masked_token``). The two differ per batch by
-  ``sum_b n_b / sum_b m_b`` (about ``1 / E[t]``), which AdamW is blind to up to its batch-to-batch variation.
+Without the weight there are two losses (docs/design.md "The method in one page"): ``mdc_no_t`` (Eq. 5 with
+``w_b = 1``) per *caption* token, ``sum_b sum_i CE_bi / sum_b n_b``, and ``cmlm`` (Alg. 1 without ``1/t``, Eq. 1,
+CMLM; the paper's Table 4 row "MDC (w/o t)") per *masked* token, ``sum_b sum_i CE_bi / sum_b m_b`` (the row's
+``per_masked_token``). Per batch they differ by ``sum_b n_b / sum_b m_b`` (about ``1 / E[t]``).
 
 Host and device: everything data-dependent about a batch (trimming, the masking draws, the loss positions and their
 target rows, the embedding rows and the id checks) is decided by :func:`prepare_batch`, a pure function of the
@@ -187,16 +183,6 @@ def loss_terms(spec: ObjectiveSpec, tokens: torch.Tensor, normalization: str, ma
     return int(per_caption.sum()) if normalization == "per_token" else int((per_caption > 0).sum())
 
 
-def output_rows(output_index: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """Output-head rows (n,) of target ids (n,) by the table `output_index` (EMBED_SIZE,); ValueError naming ids
-    the head has no row for."""
-    missing = unknown_ids(output_index, token_ids)
-    if missing:
-        raise ValueError(f"target token ids {missing[:5]} have no row in the model's output vocabulary; the "
-                         "corpus vocabulary was built from other captions (rebuild it, or use output_vocab=full)")
-    return output_index[token_ids]
-
-
 def id_tables(model: Any) -> dict[str, torch.Tensor | None]:
     """The id tables :func:`prepare_batch` needs from `model`: ``input_index`` (a corpus-restricted embedding,
     and CLIP's) and ``output_index`` (captioners). The trainer keeps host copies of them."""
@@ -216,9 +202,7 @@ def prepare_batch(tokens: torch.Tensor, cfg: ObjectiveConfig, generator: torch.G
     `length_bucket` tokens instead of their longest caption (pads are invisible to attention and never in the
     loss), and the loss terms are padded to :func:`term_capacity` entries that carry no loss (``valid`` False).
     The masks are drawn on the trimmed captions before padding, so the draws, and the loss up to summation
-    order, are those of ``static="off"``.
-
-    On the host (the trainer) none of this waits for an accelerator; the draws are those the loss would make."""
+    order, are those of ``static="off"``."""
     spec = objective_spec(cfg.name)
     if not spec.prepared:
         raise ValueError(f"objective {cfg.name!r} draws its noise inside its own loss; it takes no prepared batch")
@@ -242,8 +226,12 @@ def prepare_batch(tokens: torch.Tensor, cfg: ObjectiveConfig, generator: torch.G
         inputs, loss_mask = tokens[:, :-1], ~padding_mask(tokens)[:, 1:]  # (B, L-1) caption tokens and <eot>
         t = spec.schedule.draw(cfg, tokens.shape[0], generator, tokens.device)  # ones: nothing is drawn
         target_ids = tokens[:, 1:][loss_mask]  # (n,)
+    missing = unknown_ids(output_index, target_ids)
+    if missing:
+        raise ValueError(f"target token ids {missing[:5]} have no row in the model's output vocabulary; the "
+                         "corpus vocabulary was built from other captions (rebuild it, or use output_vocab=full)")
     index = loss_mask.flatten().nonzero()[:, 0]  # (n,) row-major, as loss_mask's True positions
-    targets, valid = output_rows(output_index, target_ids), None
+    targets, valid = output_index[target_ids], None  # (n,) output-head rows
     if static != "off":
         positions = loss_mask.numel()
         capacity = term_capacity(len(index), positions, static)
