@@ -148,8 +148,10 @@ def sample(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig, *, 
         if not bool(masked.any()):  # every row finished early
             steps = s
             break
-        with autocast:
-            logits, att = _predict(model, x, cache, masked, attention)  # (n, V_out) at the masked positions
+        select = F.pad(masked, (1, 1))  # (B, N+2): the output head runs at the n masked positions only
+        att: list[torch.Tensor] | None = [] if attention else None  # per layer (n, h, M) cross-attention weights
+        with autocast:  # `attention=` only when asked, so that any model with a ``decode`` samples
+            logits = model.decode(x, None, cache=cache, select=select, **({} if att is None else {"attention": att}))
         logits = logits.float().masked_fill(~allowed_rows(model), float("-inf"))
         probs = logits.softmax(dim=-1)
         conf, best = probs.max(dim=-1)  # (n,) Eq. 6: a position's confidence is its top-1 probability
@@ -182,17 +184,6 @@ def _start(model: Captioner, image_tokens: torch.Tensor, cfg: SamplerConfig, pro
         raise ValueError(f"caption length {x.shape[1] - 2} exceeds the model's context "
                          f"({model.cfg.context_length - 2} tokens)")
     return x, fixed
-
-
-def _predict(model: Captioner, x: torch.Tensor, cache: Any, masked: torch.Tensor,
-             attention: bool) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
-    """Decoder logits (n, V_out) at the n masked positions of canvas x (B, N+2), and with `attention` the
-    cross-attention weights per layer (each (n, h, M)); the plain call otherwise (any model with ``decode``)."""
-    select = F.pad(masked, (1, 1))  # (B, N+2): the output head runs at masked positions only
-    if not attention:
-        return model.decode(x, None, cache=cache, select=select), None
-    att: list[torch.Tensor] = []
-    return model.decode(x, None, cache=cache, select=select, attention=att), att
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -271,16 +262,16 @@ class Remasking:
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """Mask again in canvas x (B, N+2) the tokens :meth:`pick` chooses; returns them, (B, N) bool."""
         self.before = x[:, 1:-1].clone()
-        again = self.pick(self.before == MASK_ID, self.k)
+        again = self.pick(self.before == MASK_ID)
         x[:, 1:-1] = self.before.masked_fill(again, MASK_ID)
         return again
 
-    def pick(self, masked: torch.Tensor, k: int) -> torch.Tensor:
+    def pick(self, masked: torch.Tensor) -> torch.Tensor:
         """(B, N) bool: the tokens to mask again this step, in rows that have no mask left and budget to spend."""
         rows = ~masked.any(dim=1) & (self.used < self.budget)  # (B,)
         cand = rows[:, None] & ~self.fixed & ~masked & (self.conf < self.threshold) & ~self.checked  # (B, N)
         score = self.conf.masked_fill(~cand, float("inf"))
-        low = (-score).topk(min(k, score.shape[1]), dim=-1).indices  # (B, k) least confident first
+        low = (-score).topk(min(self.k, score.shape[1]), dim=-1).indices  # (B, k) least confident first
         again = torch.zeros_like(cand).scatter_(1, low, True) & cand
         self.used += again.any(dim=1).long()
         return again
@@ -305,8 +296,7 @@ class Recorder:
         shape = (steps, batch, length)
         self.reveal_step = torch.full((batch, length), -1, dtype=torch.long, device=device)
         self.reveal_confidence = torch.zeros(batch, length, device=device)
-        self.top_token = torch.zeros(shape, dtype=torch.long, device=device)
-        self.token = torch.zeros(shape, dtype=torch.long, device=device)
+        self.top_token, self.token = (torch.zeros(shape, dtype=torch.long, device=device) for _ in range(2))
         self.top_confidence, self.confidence = torch.zeros(shape, device=device), torch.zeros(shape, device=device)
         self.masked, self.revealed, self.remasked = (torch.zeros(shape, dtype=torch.bool, device=device)
                                                      for _ in range(3))

@@ -11,8 +11,8 @@ its solo run's to the token.
 
 What vmap cannot carry, so the decoding runs per member: the unmasking loop of :func:`mdc_core.sampler.sample`
 reads the host to size and stop itself (``free = int((~fixed).sum(dim=1).max())`` for its number of steps, ``if not
-bool(masked.any()): break`` when every row is finished), and each step scores only the masked positions (``_predict``:
-``model.decode(..., select=masked)``, a boolean mask whose count differs per member, then ``masked_scatter``):
+bool(masked.any()): break`` when every row is finished), and each step scores only the masked positions
+(``model.decode(..., select=masked)``, a boolean mask whose count differs per member, then ``masked_scatter``):
 data-dependent shapes and control flow; ARC's :func:`mdc_core.ar_decode.greedy` stops when every row has written
 ``<eot>`` (``if bool(done.all())``) and its beam search reads its candidates on the host (``.tolist()``). A
 vmapped sampler would be a second copy of those loops with fixed step counts and full-length logits.
