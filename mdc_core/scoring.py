@@ -136,13 +136,13 @@ def _score_heuristic(model: Any, images: _Images, tokens: torch.Tensor, free: to
                      **_: Any) -> ScoreOutput:
     B, L = tokens.shape
     device = tokens.device
-    n, caption = free.sum(dim=1), free  # (B,), (B, L) the tokens revealed and scored
+    n = free.sum(dim=1)  # (B,) tokens revealed and scored (those of `free`)
     allowed = allowed_rows(model)  # (V_out,) rows the canvas may take: the sampler's confidence
     token_lp = torch.zeros(B, L, device=device)
     order = torch.full((B, L), -1, dtype=torch.long, device=device)
     for start in range(0, B, batch_size):
         idx = torch.arange(start, min(start + batch_size, B), device=device)  # captions of this chunk
-        x = tokens[idx].masked_fill(caption[idx], MASK_ID)  # (r, L) every caption token masked
+        x = tokens[idx].masked_fill(free[idx], MASK_ID)  # (r, L) every free token masked
         for s in range(int(n[idx].max())):
             masked = x == MASK_ID  # (r, L)
             act = masked.any(dim=1).nonzero()[:, 0]  # (a,) captions with tokens left
@@ -168,8 +168,7 @@ def _score_left_to_right(model: Any, images: _Images, tokens: torch.Tensor, free
     B, L = tokens.shape
     device = tokens.device
     token_lp = torch.zeros(B, L, device=device)
-    caption = free  # (B, L) scored positions
-    order = torch.where(caption, caption.long().cumsum(dim=1) - 1, -1)  # left to right
+    order = torch.where(free, free.long().cumsum(dim=1) - 1, -1)  # left to right
     if model.causal:  # teacher forcing: predict token i from tokens < i, <eot> included
         valid = ~padding_mask(tokens)
         valid[:, 0] = False  # (B, L) positions predicted: caption tokens and <eot>
@@ -181,11 +180,11 @@ def _score_left_to_right(model: Any, images: _Images, tokens: torch.Tensor, free
             token_lp[idx, 1:] = torch.zeros(v.shape, device=device).masked_scatter(v, lp)
         return ScoreOutput(token_lp.sum(dim=1), None, token_lp, order)
     # MDC: one row per (caption, free position i): free tokens before i revealed, i and after masked; score i
-    cap, pos = caption.nonzero(as_tuple=True)  # (R,), (R,) in caption order
+    cap, pos = free.nonzero(as_tuple=True)  # (R,), (R,) in caption order
     cols = torch.arange(L, device=device)
     for start in range(0, len(cap), batch_size):
         c, p = cap[start:start + batch_size], pos[start:start + batch_size]
-        x = tokens[c].masked_fill(caption[c] & (cols >= p[:, None]), MASK_ID)  # (r, L)
+        x = tokens[c].masked_fill(free[c] & (cols >= p[:, None]), MASK_ID)  # (r, L)
         select = cols == p[:, None]  # (r, L) one position per row
         logits = model.decode(x, **images(c), select=select, causal=False)  # (r, V_out)
         token_lp[c, p] = _gt_logprobs(model, logits, tokens[c, p])
@@ -194,18 +193,16 @@ def _score_left_to_right(model: Any, images: _Images, tokens: torch.Tensor, free
 
 @dataclass(frozen=True)
 class ScoreMethod:
-    """One row of the method table."""
+    """One row of the method table (the module docstring says what each computes)."""
 
     fn: Callable[..., ScoreOutput]
     kinds: tuple[str, ...]  # model kinds that can use it: "mdc" (bidirectional decoder), "arc" (causal)
-    summary: str
 
 
 METHODS: dict[str, ScoreMethod] = {
-    "mc": ScoreMethod(_score_mc, ("mdc",), "Monte Carlo ELBO of Eq. 8, stratified mask counts, with its stderr"),
-    "heuristic": ScoreMethod(_score_heuristic, ("mdc",), "greedy confidence order, sum of ground-truth log-probs"),
-    "ar": ScoreMethod(_score_left_to_right, ("arc", "mdc"),
-                      "chain rule (Eq. 7) for ARC; fixed left-to-right order for MDC"),
+    "mc": ScoreMethod(_score_mc, ("mdc",)),
+    "heuristic": ScoreMethod(_score_heuristic, ("mdc",)),
+    "ar": ScoreMethod(_score_left_to_right, ("arc", "mdc")),
 }
 
 
@@ -288,11 +285,10 @@ def score_tokens(model: Any, image_tokens: torch.Tensor, tokens: torch.Tensor, m
         out = spec.fn(model, _Images(model, image_tokens, use_cache), tokens, free, samples=samples, seed=seed,
                       batch_size=batch_size)
     pad = full_width - tokens.shape[1]
-    if pad:
-        if out.token_logprobs is not None:
-            out.token_logprobs = F.pad(out.token_logprobs, (0, pad))
-        if out.order is not None:
-            out.order = F.pad(out.order, (0, pad), value=-1)
+    if out.token_logprobs is not None:
+        out.token_logprobs = F.pad(out.token_logprobs, (0, pad))
+    if out.order is not None:
+        out.order = F.pad(out.order, (0, pad), value=-1)
     return out
 
 
