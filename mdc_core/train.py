@@ -400,7 +400,7 @@ def global_terms(ctx: dist.DistContext, terms: int) -> float | torch.Tensor:
     if not ctx.distributed:
         return max(float(terms), 1.0)
     total = torch.full((), float(terms), dtype=torch.float64, device=ctx.device)
-    return dist.all_reduce(ctx, total, "sum", "loss normalisation").clamp(min=1.0)
+    return dist.all_reduce(ctx, total, "loss normalisation").clamp(min=1.0)
 
 
 def agree_flags(ctx: dist.DistContext, stop: bool, due: bool) -> tuple[bool, bool]:
