@@ -111,10 +111,8 @@ def all_reduce(ctx: DistContext, values: torch.Tensor, what: str = "all-reduce")
 
 def all_reduce_named(ctx: DistContext, values: Mapping[str, torch.Tensor | float], what: str = "all-reduce"
                      ) -> dict[str, float]:
-    """Named scalars summed over ranks by one collective (in float64); returns the sums by name.
-
-    Every rank must pass the same names. Used for the trainer's step metrics, so that each logged value has a
-    name instead of a position in a vector."""
+    """Named scalars summed over ranks by one collective (in float64), by name (every rank passes the same names):
+    the trainer's step metrics each have a name instead of a position in a vector."""
     if not ctx.distributed and not any(isinstance(v, torch.Tensor) for v in values.values()):
         return {k: float(v) for k, v in values.items()}  # host numbers: nothing to reduce, no device round trip
     keys = list(values)

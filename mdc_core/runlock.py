@@ -80,11 +80,8 @@ def _read_record(fd: int) -> dict[str, Any]:
 
 
 class RunLock:
-    """An exclusive, crash-safe lock on `folder` (created if missing); see the module docstring.
-
-    Args:
-        folder: the run (or plan) folder to lock.
-        command: what the holder is doing, shown to a second writer (e.g. ``"mdc train"``)."""
+    """An exclusive, crash-safe lock on the run (or plan) folder `folder`, created if missing (see the module
+    docstring); a second writer is shown `command`, what the holder is doing (e.g. ``"mdc train"``)."""
 
     def __init__(self, folder: str | Path, command: str = ""):
         self.folder, self.command = Path(folder), command
