@@ -45,8 +45,6 @@ def refuse_links(folder: str | Path, *, depth: int | None = None, skip: tuple[st
     (`depth` levels of it, None: all); entries of `folder` itself whose names start with one of `skip` are left
     out (caches with their own containment checks). `folder` itself may be a link (the user's choice of place)."""
     folder = Path(folder)
-    if not folder.is_dir():
-        return
     for root, dirs, files in os.walk(folder):  # followlinks=False: a link to a folder is listed, never entered
         level = len(Path(root).relative_to(folder).parts)
         for name in sorted(dirs + files):

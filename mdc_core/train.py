@@ -476,4 +476,7 @@ class StepClock:
         """Told once which modules (the model, its EMA copy) the step trains."""
 
     def phase(self, name: str) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()
+        return _NO_PHASE
+
+
+_NO_PHASE = contextlib.nullcontext()
