@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -36,7 +36,6 @@ class DistContext:
 
     rank: int = 0
     world: int = 1
-    local_rank: int = 0
     device: torch.device = torch.device("cpu")
     timeout_s: int = 600
 
@@ -49,10 +48,6 @@ class DistContext:
         return self.world > 1
 
 
-def launched_by_torchrun() -> bool:
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
-
-
 def setup(device_name: str = "auto", timeout_s: int = 600) -> DistContext:
     """Join the process group torchrun describes (or return a one-process context) and pick this rank's device.
 
@@ -62,7 +57,7 @@ def setup(device_name: str = "auto", timeout_s: int = 600) -> DistContext:
     if device_name.startswith("cuda") and not cuda:
         raise RuntimeError(f"train.device={device_name!r} but CUDA is not available on this machine")
     on_gpu = device_name.startswith("cuda") or (device_name == "auto" and cuda)
-    if not launched_by_torchrun():
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:  # not launched by torchrun
         device = torch.device("cuda" if device_name == "auto" else device_name) if on_gpu else torch.device("cpu")
         return DistContext(device=device, timeout_s=timeout_s)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -81,7 +76,7 @@ def setup(device_name: str = "auto", timeout_s: int = 600) -> DistContext:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if on_gpu else "gloo", timeout=timedelta(seconds=timeout_s),
                                 **({"device_id": device} if on_gpu else {}))
-    return DistContext(rank=rank, world=world, local_rank=local_rank, device=device, timeout_s=timeout_s)
+    return DistContext(rank=rank, world=world, device=device, timeout_s=timeout_s)
 
 
 def teardown(ctx: DistContext) -> None:
@@ -92,59 +87,43 @@ def teardown(ctx: DistContext) -> None:
 _COMM_WORDS = ("gloo", "nccl", "connection", "timed out", "timeout", "socket", "peer")
 
 
-def is_comm_error(err: BaseException) -> bool:
-    """A backend/transport failure (not a bug in the model code that happens to be a RuntimeError)."""
-    return isinstance(err, dist.DistError) or (isinstance(err, RuntimeError) and
-                                               any(w in str(err).lower() for w in _COMM_WORDS))
-
-
 @contextlib.contextmanager
 def guard(ctx: DistContext, what: str) -> Iterator[None]:
     """Turn a communication failure inside the block (also DDP's own gradient all-reduce) into RankFailure."""
     try:
         yield
-    except (RuntimeError, dist.DistError) as err:
-        if not (ctx.distributed and is_comm_error(err)):
+    except RuntimeError as err:  # dist.DistError is one
+        comm = isinstance(err, dist.DistError) or any(w in str(err).lower() for w in _COMM_WORDS)  # not a model bug
+        if not (ctx.distributed and comm):
             raise
         raise RankFailure(f"rank {ctx.rank} of {ctx.world}: {what} failed ({str(err).splitlines()[0][:200]}). "
                           f"Another rank probably died or hangs (timeout train.dist_timeout_s={ctx.timeout_s}); "
                           "look for the first error in the other ranks' output. Stopping this rank.") from err
 
 
-def _collective(ctx: DistContext, what: str, fn: Callable[[], T]) -> T:
-    with guard(ctx, what):
-        return fn()
-
-
-def all_reduce(ctx: DistContext, values: torch.Tensor, op: str = "sum", what: str = "all-reduce") -> torch.Tensor:
-    """`values` (any shape) reduced over ranks in place and returned: ``sum``, ``min`` or ``max``."""
-    if not ctx.distributed:
-        return values
-    red = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op]
-    _collective(ctx, what, lambda: dist.all_reduce(values, op=red))
+def all_reduce(ctx: DistContext, values: torch.Tensor, what: str = "all-reduce") -> torch.Tensor:
+    """`values` (any shape) summed over ranks in place and returned."""
+    if ctx.distributed:
+        with guard(ctx, what):
+            dist.all_reduce(values)
     return values
 
 
 def all_reduce_named(ctx: DistContext, values: Mapping[str, torch.Tensor | float], what: str = "all-reduce"
                      ) -> dict[str, float]:
-    """Named scalars summed over ranks by one collective (in float64); returns the sums by name.
-
-    Every rank must pass the same names. Used for the trainer's step metrics, so that each logged value has a
-    name instead of a position in a vector."""
+    """Named scalars summed over ranks by one collective (in float64), by name (every rank passes the same names):
+    the trainer's step metrics each have a name instead of a position in a vector."""
     if not ctx.distributed and not any(isinstance(v, torch.Tensor) for v in values.values()):
         return {k: float(v) for k, v in values.items()}  # host numbers: nothing to reduce, no device round trip
     keys = list(values)
     vec = torch.stack([torch.as_tensor(values[k], dtype=torch.float64, device=ctx.device).reshape(())
                        for k in keys])  # (len(keys),)
-    return dict(zip(keys, all_reduce(ctx, vec, "sum", what).tolist(), strict=True))
+    return dict(zip(keys, all_reduce(ctx, vec, what).tolist(), strict=True))
 
 
 def all_agree(ctx: DistContext, flag: bool, what: str = "agreement") -> bool:
     """True only if `flag` is true on every rank (one tiny all-reduce)."""
-    if not ctx.distributed:
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=ctx.device)
-    return bool(all_reduce(ctx, t, "min", what).item() > 0)
+    return all_reduce_named(ctx, {"flag": float(flag)}, what)["flag"] == ctx.world
 
 
 def sync(device: torch.device) -> None:
@@ -156,7 +135,8 @@ def sync(device: torch.device) -> None:
 
 def barrier(ctx: DistContext, what: str = "barrier") -> None:
     if ctx.distributed:
-        _collective(ctx, what, lambda: dist.barrier())
+        with guard(ctx, what):
+            dist.barrier()
 
 
 def broadcast_object(ctx: DistContext, obj: T, what: str = "broadcast") -> T:
@@ -164,7 +144,8 @@ def broadcast_object(ctx: DistContext, obj: T, what: str = "broadcast") -> T:
     if not ctx.distributed:
         return obj
     box = [obj]
-    _collective(ctx, what, lambda: dist.broadcast_object_list(box, src=0))
+    with guard(ctx, what):
+        dist.broadcast_object_list(box, src=0)
     return box[0]
 
 

@@ -67,20 +67,16 @@ class ReadyBatch:
 
 
 class HostBatches:
-    """Prepares each micro-batch on the host and copies it to the device without blocking.
-
-    Calling it with CPU tokens (B, L) and the micro-batch's seed gives a :class:`ReadyBatch`:
-    :func:`~mdc_core.objectives.prepare_batch` with a CPU generator seeded by `seed` (the masks are drawn there,
-    once) and CPU copies of the model's id tables (made once), and the batch's loss terms counted on the host
-    before the copy (a per-masked-token objective's from those masks); nothing prepared for an objective that draws
-    its noise on the device itself. :meth:`generator` gives the draws a loss makes on the device (a condition
-    transform's): on the CPU the host generator where that batch's preparation left it, on an accelerator a device
-    generator seeded alike."""
+    """Prepares each micro-batch on the host and copies it to the device without blocking: called with CPU tokens
+    (B, L) and the micro-batch's seed, it runs :func:`~mdc_core.objectives.prepare_batch` with a CPU generator
+    seeded by `seed` (the masks are drawn there, once) and CPU copies of the model's id tables, and counts the loss
+    terms from those masks before the copy (a :class:`ReadyBatch`); an objective that draws its noise on the device
+    gets nothing prepared. :meth:`generator` gives the draws a loss makes on the device (a condition transform's):
+    on the CPU the host generator where the batch's preparation left it, on an accelerator a device one seeded alike."""
 
     def __init__(self, model: torch.nn.Module, cfg: ObjectiveConfig, device: torch.device, static: str = "off",
                  length_bucket: int = 8) -> None:
         self.cfg, self.device, self.spec = cfg, device, objective_spec(cfg.name)
-        self.prepared = self.spec.prepared
         self.shapes = {"static": static, "length_bucket": length_bucket}
         self.tables = {k: None if v is None else v.detach().to("cpu", copy=True) for k, v in id_tables(model).items()}
         self.gen = torch.Generator()
@@ -88,7 +84,7 @@ class HostBatches:
 
     def __call__(self, tokens: torch.Tensor, seed: int) -> ReadyBatch:
         self.gen.manual_seed(seed)
-        if not self.prepared:
+        if not self.spec.prepared:
             return ReadyBatch(tokens.to(self.device, non_blocking=True), None, seed, self._state(),
                               loss_terms(self.spec, tokens, self.cfg.normalization))
         prepared = prepare_batch(tokens, self.cfg, self.gen, **self.tables, **self.shapes)
@@ -142,20 +138,11 @@ def compile_mode(tcfg: TrainConfig, device_type: str = "cpu", distributed: bool 
 
 def static_mode(tcfg: TrainConfig, mode: str | None) -> str:
     """``train.static_shapes`` with "auto" resolved: padded when the step compiles (`mode`), else off."""
-    if tcfg.static_shapes != "auto":
-        return tcfg.static_shapes
-    return "off" if mode is None else "padded"
-
-
-def uses_cudagraphs(mode: str | None, device: torch.device) -> bool:
-    """Whether torch.compile's `mode` replays the step as CUDA graphs on `device` (never on the CPU)."""
-    return device.type == "cuda" and mode in ("reduce-overhead", "max-autotune")
+    return ("off" if mode is None else "padded") if tcfg.static_shapes == "auto" else tcfg.static_shapes
 
 
 class LossStep:
-    """Forward and loss of one micro-batch exactly as the trainer runs it (``mdc bench`` times the same object).
-
-    ``step(images, tokens, seed)`` is :meth:`prepare` (the CPU `tokens` (B, L) on the host: :class:`HostBatches`,
+    """``step(images, tokens, seed)`` is :meth:`prepare` (the CPU `tokens` (B, L) on the host: :class:`HostBatches`,
     with the run's static shapes) then :meth:`forward` (:class:`Objective` under bf16 autocast when `bf16`), and
     returns (loss, metrics) on the device; the caller runs the backward. With a compile mode (:func:`compile_mode`)
     the :class:`Objective` is compiled in place (``dynamic=False`` with static shapes: one graph per shape), and
@@ -169,15 +156,14 @@ class LossStep:
         self.device, self.bf16 = device, bf16
         compiles = prepared or tcfg.compile != "auto" or tcfg.compile_step
         self.mode = compile_mode(tcfg, device.type, distributed) if compiles else None
-        if uses_cudagraphs(self.mode, device) and tcfg.grad_accum > 1:  # pytorch/pytorch#169545: silently wrong grads
+        self.cudagraphs = device.type == "cuda" and self.mode in ("reduce-overhead", "max-autotune")  # never on CPU
+        if self.cudagraphs and tcfg.grad_accum > 1:  # pytorch/pytorch#169545: silently wrong grads
             raise ValueError(f"train.compile={self.mode} replays the backward as a CUDA graph, and a second "
                              "micro-batch would overwrite the first one's gradients (CUDA graph trees hand .grad "
                              "their output buffers); use train.grad_accum=1 or train.compile=true")
-        static = static_mode(tcfg, self.mode) if prepared else "off"
-        if static != "off" and tcfg.static_shapes == "auto" and getattr(getattr(model, "cfg", None), "attend_to_pads",
-                                                                     False):
-            static = "off"  # padding would be visible to such a model (explicit static shapes are refused by validate)
-        self.static = static
+        # a model that attends to pads would see the padding (explicit static shapes are refused by validate)
+        pads_seen = tcfg.static_shapes == "auto" and getattr(getattr(model, "cfg", None), "attend_to_pads", False)
+        self.static = static = static_mode(tcfg, self.mode) if prepared and not pads_seen else "off"
         if device.type == "cuda":  # one image shape per run: let cuDNN pick its fastest kernels for it once
             torch.backends.cudnn.benchmark = True
         self.batches = HostBatches(model, cfg, device, static, tcfg.length_bucket)
@@ -187,7 +173,6 @@ class LossStep:
                         **({"mode": self.mode} if backend == "inductor" else {})}  # modes are inductor's
         if self.mode is not None and not tcfg.compile_step:
             self.module.compile(**self.options)
-        self.cudagraphs = uses_cudagraphs(self.mode, device)
         # static_shapes=padded gives up to objectives.TERM_BUCKETS term counts per caption-length bucket: compiled
         # with that one dimension symbolic they share one graph (CUDA graphs still record one replay per count)
         self.terms_dynamic = self.mode is not None and static == "padded"

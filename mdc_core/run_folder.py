@@ -51,21 +51,17 @@ FINGERPRINT_FILE = "data_fingerprint.json"
 def lock_run_folder(lock: RunLock, ctx: dist.DistContext) -> None:
     """Rank 0 takes the run folder's lock; every rank raises :class:`RunFolderBusy` if another process holds it, and
     :class:`~mdc_core.runlock.LinkRefused` if the folder holds a symbolic link (a run never writes through one)."""
-    busy, link = "", ""
+    refused: RunFolderBusy | LinkRefused | None = None
     if ctx.is_main:
         try:
             lock.acquire()
             refuse_links(lock.folder)
-        except RunFolderBusy as err:
-            busy = str(err)
-        except LinkRefused as err:
-            link = str(err)
+        except (RunFolderBusy, LinkRefused) as err:
+            refused = err
     if ctx.distributed:
-        busy, link = dist.broadcast_object(ctx, (busy, link), "run-folder lock")
-    if busy:
-        raise RunFolderBusy(busy)
-    if link:
-        raise LinkRefused(link)
+        refused = dist.broadcast_object(ctx, refused, "run-folder lock")
+    if refused is not None:
+        raise refused
 
 
 # -- start or resume ---------------------------------------------------------------------------------------------------
@@ -107,11 +103,9 @@ def prepare_run(cfg: RunConfig, out: Path, resume: bool, main: bool, lr_lambda: 
     if main and lock is not None:  # no data set is replaced under the run (mdc data synth --overwrite refuses)
         for folder in sorted({Path(f) for f in [source.root, *(Path(s).parent for s in source.shards)] if f}):
             lock.share(folder)
-    if main:
-        removed = ckpt_io.remove_stale_temporaries(out)
-        if removed:
-            warnings.warn(f"removed what writers that are no longer running left in {out}: {', '.join(removed)}",
-                          stacklevel=3)
+    if main and (removed := ckpt_io.remove_stale_temporaries(out)):
+        warnings.warn(f"removed what writers that are no longer running left in {out}: {', '.join(removed)}",
+                      stacklevel=3)
     if not resume and (ckpt_io.checkpoint_folders(out) or (out / "metrics.jsonl").exists()):
         raise FileExistsError(f"run folder {out} already holds a run; pass --resume to continue it or choose "
                               "another --out (nothing was overwritten)")
@@ -139,8 +133,7 @@ def prepare_run(cfg: RunConfig, out: Path, resume: bool, main: bool, lr_lambda: 
     _check_resume_config(saved, cfg)
     check_same_data(out, saved, fingerprint, recorded_shards, known)
     done = json.loads((start_ckpt / "meta.json").read_text())["step"]
-    check_steps(saved, cfg, done, lambda step, c: c.train.lr * lr_lambda(
-        step, c.train.warmup_steps, c.train.steps, c.train.min_lr_ratio))
+    check_steps(saved, cfg, done, lr_lambda)
     if state_problem:
         warnings.warn(f"--resume: {state_problem}, and no checkpoint has intact train state: resuming from "
                       f"{start_ckpt.name}'s weights (and EMA, if saved) only. Lost: the optimizer state (AdamW's "
@@ -149,14 +142,8 @@ def prepare_run(cfg: RunConfig, out: Path, resume: bool, main: bool, lr_lambda: 
                       "uninterrupted one", stacklevel=3)
     if main and not content_recorded(out):  # the resume is accepted: the first write
         record_fingerprint(out, saved, fingerprint, shards)
-    return (saved if saved.train.steps == cfg.train.steps else _with_steps(saved, cfg.train.steps)), start_ckpt, \
-        state_problem
-
-
-def _with_steps(cfg: RunConfig, steps: int) -> RunConfig:
-    data = cfg.to_dict()
-    data["train"]["steps"] = steps
-    return RunConfig.from_dict(data)
+    steps = dataclasses.replace(saved.train, steps=cfg.train.steps)  # the one setting a resume may change
+    return dataclasses.replace(saved, train=steps), start_ckpt, state_problem
 
 
 def _check_resume_config(saved: RunConfig, given: RunConfig) -> None:
@@ -173,16 +160,17 @@ def _check_resume_config(saved: RunConfig, given: RunConfig) -> None:
                          "; ".join(diffs[:5]) + ". Resume with the same options (only --steps may change).")
 
 
-def check_steps(saved: RunConfig, given: RunConfig, done: int, lr_at: Any) -> None:
+def check_steps(saved: RunConfig, given: RunConfig, done: int, lr_lambda: Callable[..., float]) -> None:
     """`--steps` on ``--resume``: an error below `done` (the checkpoint's step); a warning when extending the run
-    moves the schedule. `lr_at(step, cfg)` is the learning rate of the schedule of `cfg` at `step`."""
+    moves the schedule (`lr_lambda`: :func:`mdc_core.train.lr_lambda`)."""
     steps, before = given.train.steps, saved.train.steps
     if steps < done:
         raise ValueError(f"--steps {steps} is below the {done} steps this run has taken (checkpoint "
                          f"step_{done:08d}): nothing to train. Pass --steps N > {done} to train it longer")
     if steps == before or steps == done:
         return
-    old, new = lr_at(done, saved), lr_at(done, given)
+    old, new = (c.train.lr * lr_lambda(done, c.train.warmup_steps, c.train.steps, c.train.min_lr_ratio)
+                for c in (saved, given))
     if not math.isclose(old, new, rel_tol=1e-6, abs_tol=1e-12):
         warnings.warn(f"--steps {steps} (the run was set up for {before}): the cosine schedule now decays over "
                       f"{steps} steps, so the learning rate at step {done} changes from {old:.3g} to {new:.3g}",
@@ -332,12 +320,11 @@ def check_same_data(out: Path, saved: RunConfig, fingerprint: dict[str, Any] | N
 
 
 def record_fingerprint(out: Path, cfg: RunConfig, fingerprint: dict[str, Any] | None,
-                       shards: dict[str, dict[str, Any]] | None = None) -> None:
+                       shards: dict[str, dict[str, Any]]) -> None:
     """Write ``out/data_fingerprint.json`` (what :func:`accept_moved_data` compares a moved data folder with), with
     the digests of the data's shards (`shards`: :func:`known_digests`'s form), atomically."""
     if fingerprint is not None:
-        record = {"path": cfg.data.path, "images": cfg.data.images, "fingerprint": fingerprint,
-                  "shards": shards or {}}
+        record = {"path": cfg.data.path, "images": cfg.data.images, "fingerprint": fingerprint, "shards": shards}
         ckpt_io.atomic_write_text(out / FINGERPRINT_FILE, json.dumps(record, indent=2) + "\n")
 
 
@@ -387,13 +374,10 @@ def weights_only_state(out: Path, step: int, grad_accum: int) -> TrainState:
     epochs = read_jsonl(out / "epochs.jsonl", step, keys=("epoch",))
     metrics = read_jsonl(out / "metrics.jsonl", step)
     last = metrics[-1] if metrics else {}
-    if epochs:
-        epoch, batch = epochs[-1]["epoch"] + 1, (step - epochs[-1]["step"]) * grad_accum
-    else:
-        epoch, batch = 0, step * grad_accum
+    finished = epochs[-1] if epochs else {"epoch": -1, "step": 0}  # the last epoch read to its end
+    epoch, batch = finished["epoch"] + 1, (step - finished["step"]) * grad_accum
     skipped: Counter[str] = Counter()
-    for record in epochs:
-        counts = record.get("skipped", {})
+    for counts in (record.get("skipped") for record in epochs):
         if isinstance(counts, dict):
             skipped.update({str(k): v for k, v in counts.items() if count(v, None) is not None})
     counters = Counters(step, count(last.get("truncated")), count(last.get("nonfinite_skipped")), skipped)

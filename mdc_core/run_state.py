@@ -33,9 +33,8 @@ from . import distributed as dist
 from .config import ConfigError, RunConfig
 from .data import SKIP_REASONS
 
-# the accuracy each loss logs, one name per meaning: of the masked tokens (the masked objectives, D3PM's x_0), of
-# the next token (ARC), of in-batch image-text retrieval (CLIP); runs logged before the split call all three
-# "acc_masked", which logged_accuracy still reads
+# the accuracy each loss logs, one name per meaning: masked (the masked objectives, D3PM's x_0), next (ARC), in-batch
+# retrieval (CLIP); runs logged before the split call all three "acc_masked", which logged_accuracy still reads
 ACCURACY_KEYS = {"acc_masked": "masked-token accuracy", "acc_next": "next-token accuracy",
                  "acc_retrieval": "retrieval accuracy"}
 
@@ -142,7 +141,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((np_state[0], np_state[1].numpy(), *np_state[2:]))
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
 
 
 # -- records -----------------------------------------------------------------------------------------------------------

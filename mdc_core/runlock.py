@@ -45,8 +45,6 @@ def refuse_links(folder: str | Path, *, depth: int | None = None, skip: tuple[st
     (`depth` levels of it, None: all); entries of `folder` itself whose names start with one of `skip` are left
     out (caches with their own containment checks). `folder` itself may be a link (the user's choice of place)."""
     folder = Path(folder)
-    if not folder.is_dir():
-        return
     for root, dirs, files in os.walk(folder):  # followlinks=False: a link to a folder is listed, never entered
         level = len(Path(root).relative_to(folder).parts)
         for name in sorted(dirs + files):
@@ -80,11 +78,8 @@ def _read_record(fd: int) -> dict[str, Any]:
 
 
 class RunLock:
-    """An exclusive, crash-safe lock on `folder` (created if missing); see the module docstring.
-
-    Args:
-        folder: the run (or plan) folder to lock.
-        command: what the holder is doing, shown to a second writer (e.g. ``"mdc train"``)."""
+    """An exclusive, crash-safe lock on the run (or plan) folder `folder`, created if missing (see the module
+    docstring); a second writer is shown `command`, what the holder is doing (e.g. ``"mdc train"``)."""
 
     def __init__(self, folder: str | Path, command: str = ""):
         self.folder, self.command = Path(folder), command

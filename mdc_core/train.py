@@ -213,23 +213,22 @@ class Trainer:
         with clock.phase("prepare"):
             seeds = [step_seed(tcfg.seed, n, a * ctx.world + ctx.rank) for a in range(len(micro))]  # masking draws
             ready = [self.loss_step.prepare(b["tokens"], s) for b, s in zip(micro, seeds, strict=True)]
-            counts = [r.terms for r in ready]  # loss_denominator of each, from its own masks
-            denom = global_terms(ctx, sum(counts))  # a number, or a device scalar all-reduced, no wait
+            denom = global_terms(ctx, sum(r.terms for r in ready))  # a number, or a device scalar all-reduced, no wait
             sums = StepSums(self.device, len(micro))
             torch.manual_seed(step_seed(tcfg.seed, n, ctx.rank, stream=1))  # dropout: per step and rank
-        for a, (batch, r, count) in enumerate(zip(micro, ready, counts, strict=True)):
+        for a, (batch, r) in enumerate(zip(micro, ready, strict=True)):
             last = a == len(micro) - 1
             sync = self.loss_step.module.no_sync() if ctx.distributed and not last else contextlib.nullcontext()
             with clock.phase("forward_backward"), dist.guard(ctx, "DDP forward/backward (gradient all-reduce)"), sync:
                 # DDP averages gradients over ranks: x world makes that a sum, / denom the global normalisation
-                scale = count * ctx.world / denom
+                scale = r.terms * ctx.world / denom  # r.terms: its loss terms, counted from its own masks
                 if self.whole is not None:  # train.compile_step: from the forward to the EMA in one compiled region
                     loss, metrics, grad_norm = self.whole(batch["image"], r, scale)
                 else:
                     loss, metrics = self.loss_step.forward(batch["image"], r)
                     (loss * (scale.to(loss.dtype) if torch.is_tensor(scale) else scale)).backward()
             with clock.phase("metrics_logging"):
-                sums.add(loss, metrics, count)
+                sums.add(loss, metrics, r.terms)
         if self.whole is None:
             with clock.phase("clip_optimizer"):
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tcfg.grad_clip
@@ -369,10 +368,9 @@ def ema_update(ema: AveragedModel, model: torch.nn.Module, decay: float) -> None
     integer buffers are copied (averaging token-id tables would round them to other ids). The update count lives on
     the CPU, so nothing waits (AveragedModel's own update copies it to the device)."""
     first = int(ema.n_averaged) == 0  # a CPU tensor (AveragedModel's default): no device read
-    pairs = list(zip([*ema.module.parameters(), *ema.module.buffers()], [*model.parameters(), *model.buffers()],
-                     strict=True))
     groups: dict[tuple[torch.device, torch.dtype], tuple[list, list]] = {}
-    for avg, cur in pairs:
+    for avg, cur in zip([*ema.module.parameters(), *ema.module.buffers()], [*model.parameters(), *model.buffers()],
+                        strict=True):
         if first or not avg.is_floating_point():
             avg.copy_(cur)
         else:
@@ -390,8 +388,7 @@ def step_seed(seed: int, step: int, index: int, stream: int = 0) -> int:
     """A 63-bit seed for micro-batch `index` (global, see the module docstring) of optimizer step `step`; stream
     0 is the masking draws, stream 1 dropout (index = rank). Every random draw of a step derives from these, so
     it depends neither on the rank that draws it nor on a resume."""
-    entropy = [seed, stream, step, index]
-    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0] >> np.uint64(1))
+    return int(np.random.SeedSequence([seed, stream, step, index]).generate_state(1, np.uint64)[0] >> np.uint64(1))
 
 
 def global_terms(ctx: dist.DistContext, terms: int) -> float | torch.Tensor:
@@ -400,7 +397,7 @@ def global_terms(ctx: dist.DistContext, terms: int) -> float | torch.Tensor:
     if not ctx.distributed:
         return max(float(terms), 1.0)
     total = torch.full((), float(terms), dtype=torch.float64, device=ctx.device)
-    return dist.all_reduce(ctx, total, "sum", "loss normalisation").clamp(min=1.0)
+    return dist.all_reduce(ctx, total, "loss normalisation").clamp(min=1.0)
 
 
 def agree_flags(ctx: dist.DistContext, stop: bool, due: bool) -> tuple[bool, bool]:
