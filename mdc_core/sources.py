@@ -91,12 +91,12 @@ class Source:
                     return None
                 parts.append(f"{shard.name}:{describe(shard)}")
         elif Path(self.location).is_file():
-            parts.append(_file_sha256(Path(self.location)))
+            parts.append(file_sha256(Path(self.location)))
         else:
             return None
         manifest = self.root / "manifest.json" if self.root is not None else None
         if manifest is not None and manifest.is_file():
-            parts.append(_file_sha256(manifest))
+            parts.append(file_sha256(manifest))
         return {"kind": self.kind, "items": len(self), "digest": hashlib.sha256("\n".join(parts).encode()).hexdigest()}
 
 
@@ -116,13 +116,14 @@ def shard_sha256(path: Path, known: dict[str, dict[str, Any]]) -> str:
         return entry["sha256"]
     memo = (key, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
     if memo not in _SHA256_MEMO:
-        _SHA256_MEMO[memo] = _file_sha256(path)
+        _SHA256_MEMO[memo] = file_sha256(path)
     known[key] = {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns,
                   "sha256": _SHA256_MEMO[memo]}
     return _SHA256_MEMO[memo]
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 hex digest of a file."""
     with open(path, "rb") as fh:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
