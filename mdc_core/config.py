@@ -133,13 +133,13 @@ class DataConfig:
     """Where the image-caption pairs come from and how they are read."""
 
     path: str = ""  # shard dir / brace pattern / .csv / .tsv / COCO .json (required for training)
-    images: str = ""  # folder a caption table's/json's image paths are relative to ("": found, see data.sources)
+    images: str = ""  # folder a caption table's/json's image paths are relative to ("": found, see mdc_core.sources)
     path_as_given: str = ""  # data.path as the user typed it (display; training stores `path` resolved)
     format: str = "auto"  # auto | wds | csv | tsv | coco
     shuffle_buffer: int = 1000  # samples held for shuffling streamed shards (0 = no shuffle)
     augment: str = "none"  # none | rrc (random resized crop; breaks position words, so off for synthetic data)
     num_workers: int = 0  # DataLoader worker processes
-    in_memory: bool = False  # decode each split once and hold it in memory (small sets; data.loaders.MemoryBatches)
+    in_memory: bool = False  # decode each split once and hold it in memory (small sets; mdc_core.data.MemoryBatches)
 
     def validate(self) -> None:
         _choice(self, "format", ("auto", "wds", "csv", "tsv", "coco"))
@@ -444,13 +444,10 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
                 return _coerce(member, value, where)
         names = " or ".join(m.__name__ for m in members)
         raise ConfigError(f"{where} must be {names}, got {value!r}")
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where} must be true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where} must be an integer, got {value!r}")
+    as_given = {bool: "true or false", int: "an integer", str: "a string"}  # types taken as they are (a bool is no int)
+    if tp in as_given:
+        if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+            raise ConfigError(f"{where} must be {as_given[tp]}, got {value!r}")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -458,10 +455,6 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
         if not math.isfinite(value):  # JSON's Infinity and NaN parse, but no config value may be one
             raise ConfigError(f"{where} must be a finite number, got {value!r}")
         return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where} must be a string, got {value!r}")
-        return value
     if origin is tuple:
         args = typing.get_args(tp)
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
