@@ -263,12 +263,10 @@ def _ignore_interrupts(worker_id: int) -> None:
 
 # -- in memory (data.in_memory) ----------------------------------------------------------------------------------------
 # Decoding a batch of 64 JPEGs costs tens of milliseconds every epoch, a CPU step of the ``tiny`` models a few
-# hundred. :class:`MemoryBatches` reads the split once through the shard loader's records and decoders, keeps each
-# image as uint8 ``(3, S, S)`` after the evaluation geometry and normalises whole batches as they are drawn (bitwise
-# the shard loader's images). For sets that fit in memory (the embedded one: 20,000 images of 64 px, 250 MB).
-# Order: storage order, or with shuffling a full permutation drawn from (seed, epoch) cut into batches; rank r of
-# `world` takes batches r, r + world, ..., so world ranks x accumulation A see what one process with accumulation
-# world x A sees. Unusable records are counted once per epoch, in the first batch of rank 0.
+# hundred. A small split is decoded once instead, kept as uint8 after the evaluation geometry and normalised per
+# batch (the shard loader's images bitwise). Batches cut from storage order (shuffled: a permutation per (seed,
+# epoch)) go to rank r of `world` as r, r + world, ...: world ranks x accumulation A see what one process sees with
+# accumulation world x A. Unusable records are counted once per epoch, in the first batch of rank 0.
 
 _CACHE: OrderedDict[tuple[str, str, int], dict[str, Any]] = OrderedDict()  # (location, kind, size) -> decoded split
 _CACHE_SIZE = 4  # splits kept decoded per process (train + the evaluation splits of one data set)
