@@ -217,10 +217,9 @@ def build_loader(cfg: DataConfig, *, split: str | None = "train", image_size: in
     dropped while this batch was built. B = `batch_size` except a last partial batch per worker when not
     `drop_last`. Shuffling (shard order + a ``cfg.shuffle_buffer`` sample buffer; a full permutation for tables)
     happens when `shuffle` and ``cfg.shuffle_buffer > 0``, seeded by (seed, epoch). ``cfg.augment == "rrc"``
-    gives random resized crops, except for the val/test/compgen splits. Iterating again repeats the epoch.
+    gives random resized crops, except for the :data:`EVAL_SPLITS`. Iterating again repeats the epoch.
     `rank`, `world`, `skip_batches` (this rank's batches) and ``cfg.in_memory``: module docstring. With
-    `context_length` in-memory batches also carry ``tokens`` (B, context_length), tokenized once per process by
-    :meth:`~mdc_core.tokenizer.CaptionTokenizer.tokenize_batch`, and ``truncated``, how many were cut."""
+    `context_length`, in-memory batches also carry ``tokens`` and ``truncated`` (:func:`split_tokens`)."""
     cfg.validate()
     if image_size < 1 or batch_size < 1 or skip_batches < 0:
         raise ValueError(f"need image_size >= 1, batch_size >= 1, skip_batches >= 0; got {image_size}, "
