@@ -16,7 +16,7 @@ import importlib.util
 import re
 import sys
 from collections.abc import Iterable, Sequence
-from functools import cache, lru_cache
+from functools import cache
 from pathlib import Path
 from types import ModuleType
 
@@ -80,9 +80,8 @@ def open_clip_module(name: str) -> ModuleType:
     return module
 
 
-@lru_cache(maxsize=1)
-def _bpe():  # open_clip.tokenizer.SimpleTokenizer
-    # reads the BPE merges shipped inside the open_clip wheel; no network
+@cache
+def _bpe():  # open_clip.tokenizer.SimpleTokenizer, from the BPE merges shipped in the open_clip wheel (no network)
     return open_clip_module("tokenizer").SimpleTokenizer()
 
 
