@@ -6,8 +6,7 @@
 
 **Written atomically.** A checkpoint is assembled in a hidden temporary folder and renamed into place, ``meta.json``
 last, so a crash leaves the previous checkpoint or a complete new one, and a ``step_*`` folder without a valid
-``meta.json`` is damaged, never half-written. :func:`save_checkpoint` checks the free space first, turns a full disk
-into :class:`DiskFullError` after removing its temporary folder, and gives the weights the umask's permissions.
+``meta.json`` is damaged, never half-written; a disk too full for a checkpoint is a :class:`DiskFullError`.
 
 **Verified.** ``meta.json`` records the size and SHA-256 of every file; readers verify the files they read
 (:func:`diagnose`), so a file damaged later raises :class:`CheckpointError` naming it instead of a decoder
