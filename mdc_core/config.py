@@ -185,7 +185,7 @@ class TrainConfig:
     tensorboard: bool = False  # also write TensorBoard events into the run folder (rank 0; the run hook "tensorboard")
 
     def validate(self) -> None:
-        _positive(self, "steps", "batch_size", "grad_accum", "log_every", "ckpt_every", "keep_last",
+        _positive(self, "steps", "batch_size", "grad_accum", "lr", "log_every", "ckpt_every", "keep_last",
                   "max_skipped_steps", "dist_timeout_s", "length_bucket")
         if not isinstance(self.compile, bool) and self.compile not in COMPILE_MODES:
             raise ConfigError(f"train.compile must be true, false or one of {', '.join(COMPILE_MODES)}; "
@@ -194,8 +194,6 @@ class TrainConfig:
         _choice(self, "nonfinite", ("stop", "skip"))
         if self.compile_step and (self.grad_accum > 1 or self.nonfinite == "skip"):  # one micro-batch with its update
             raise ConfigError("train.compile_step needs train.grad_accum=1 and train.nonfinite=stop")
-        if self.lr <= 0:
-            raise ConfigError(f"train.lr must be > 0, got {self.lr}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ConfigError(f"train.betas must be two numbers in [0, 1), got {self.betas}")
         if self.ckpt_every_minutes < 0:
