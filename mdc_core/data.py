@@ -117,11 +117,10 @@ class CaptionBatches(IterableDataset):
                  skip_batches: int, shuffle: bool, drop_last: bool, shuffle_buffer: int, random_crop: bool,
                  rank: int = 0, world: int = 1):
         super().__init__()
-        self.rank, self.world = rank, world
         self.source, self.image_size, self.batch_size = source, image_size, batch_size
         self.seed, self.epoch, self.skip_batches = seed, epoch, skip_batches
         self.shuffle, self.drop_last, self.buffer = shuffle, drop_last, shuffle_buffer
-        self.random_crop = random_crop
+        self.random_crop, self.rank, self.world = random_crop, rank, world
         self._eval = eval_transform(image_size)
 
     def _records(self, part: int, parts: int) -> tuple[Iterator[dict[str, Any]], Callable[..., dict[str, Any]]]:
@@ -345,9 +344,7 @@ class MemoryBatches:
         data = decode_split(self.source, self.image_size)
         tokens, cut = split_tokens(data, self.context_length) if self.context_length else (None, None)
         skipped = dict(data["skipped"]) if self.rank == 0 else {}
-        for i, idx in enumerate(self._batches(len(data["keys"]))):
-            if i < self.skip_batches:
-                continue
+        for i, idx in enumerate(self._batches(len(data["keys"]))[self.skip_batches:], start=self.skip_batches):
             index = torch.tensor(idx)
             report = skipped if i == 0 else {}  # as the shard loader: not when resuming mid-epoch
             batch = {"image": normalise_batch(data["images"].index_select(0, index)),  # (B, 3, S, S) float
