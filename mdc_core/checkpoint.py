@@ -314,10 +314,7 @@ def run_holding(folder: str | Path) -> Path | None:
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
     """Complete checkpoints of a run, oldest first: a ``meta.json`` and every file it lists (damaged ones are left
     out; :func:`checkpoint_folders` lists them too). Pruning removes only these."""
-    root = Path(run_dir) / CKPT_DIR
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.glob("step_*") if p.is_dir() and not diagnose(p, digests=False))
+    return [p for p in checkpoint_folders(run_dir) if not diagnose(p, digests=False)]
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
