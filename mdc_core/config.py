@@ -345,10 +345,8 @@ def load_preset(name: str, overrides: list[str] | None = None) -> RunConfig:
     path = PRESET_DIR / f"{name}.json"
     if not path.is_file():
         raise ConfigError(f"unknown preset {name!r}; available: {', '.join(list_presets())}")
-    data = json.loads(path.read_text())
-    data["preset"] = name
-    cfg = _build(RunConfig, data, "")
-    return apply_overrides(cfg, overrides or [])
+    data = {**json.loads(path.read_text()), "preset": name}
+    return apply_overrides(_build(RunConfig, data, ""), overrides or [])
 
 
 def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
