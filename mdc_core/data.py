@@ -391,17 +391,14 @@ class BatchStream:
         self.tokenizer = CaptionTokenizer(cfg.model.context_length)
         self._it: Iterator[dict[str, Any]] | None = None
 
-    def _open(self) -> Iterator[dict[str, Any]]:
-        tcfg = self.cfg.train
-        return iter(build_loader(self.cfg.data, split="train", image_size=self.cfg.model.image_size,
-                                 batch_size=tcfg.batch_size, seed=tcfg.seed, epoch=self.epoch,
-                                 skip_batches=self.batch_in_epoch, rank=self.ctx.rank, world=self.ctx.world,
-                                 context_length=self.cfg.model.context_length))
-
     def take(self, n: int) -> list[dict[str, Any]]:
+        cfg = self.cfg
         while True:
-            if self._it is None:
-                self._it = self._open()
+            if self._it is None:  # this rank's loader, from the data position
+                self._it = iter(build_loader(cfg.data, split="train", image_size=cfg.model.image_size,
+                                             batch_size=cfg.train.batch_size, seed=cfg.train.seed, epoch=self.epoch,
+                                             skip_batches=self.batch_in_epoch, rank=self.ctx.rank,
+                                             world=self.ctx.world, context_length=cfg.model.context_length))
             got = list(islice(self._it, n))
             for batch in got:
                 self.pending.update(batch.get("skipped", {}))
