@@ -14,8 +14,7 @@ and the run's bookkeeping beside it: :mod:`~mdc_core.run_folder` (start or resum
 :mod:`~mdc_core.run_state` (train state, records, hooks), :mod:`~mdc_core.runlock` (one writer per folder),
 :mod:`~mdc_core.checkpoint` (written and verified without trusting a file), :mod:`~mdc_core.distributed`. Around
 them: :mod:`~mdc_core.config` (typed sections), :mod:`~mdc_core.tokenizer` (with infilling prompts) and the readers
-:mod:`~mdc_core.data`, :mod:`~mdc_core.sources`, :mod:`~mdc_core.transforms`. Export formats (a trained encoder for
-timm, ``from_pretrained``) are the workbench's (:mod:`mdc_workbench.export`).
+:mod:`~mdc_core.data`, :mod:`~mdc_core.sources`, :mod:`~mdc_core.transforms`.
 """
 
 __version__ = "0.1.0"

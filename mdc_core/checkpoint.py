@@ -6,8 +6,7 @@
 
 **Written atomically.** A checkpoint is assembled in a hidden temporary folder and renamed into place, ``meta.json``
 last, so a crash leaves the previous checkpoint or a complete new one, and a ``step_*`` folder without a valid
-``meta.json`` is damaged, never half-written. :func:`save_checkpoint` checks the free space first, turns a full disk
-into :class:`DiskFullError` after removing its temporary folder, and gives the weights the umask's permissions.
+``meta.json`` is damaged, never half-written; a disk too full for a checkpoint is a :class:`DiskFullError`.
 
 **Verified.** ``meta.json`` records the size and SHA-256 of every file; readers verify the files they read
 (:func:`diagnose`), so a file damaged later raises :class:`CheckpointError` naming it instead of a decoder
@@ -17,7 +16,6 @@ traceback or a silent fallback. Weights are decoded with one-line errors (:func:
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import pickle
@@ -33,6 +31,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from .config import RunConfig
+from .sources import file_sha256
 
 CKPT_DIR = "checkpoints"
 FILES = ("model.safetensors", "config.json", "state.pt")
@@ -57,15 +56,6 @@ class DiskFullError(OSError):
 
 
 # -- written -----------------------------------------------------------------------------------------------------------
-
-def file_sha256(path: str | Path) -> str:
-    """The SHA-256 hex digest of a file, read in 4 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write `path` whole or not at all: a temporary file beside it, synced, renamed over it."""
@@ -219,15 +209,6 @@ def _alive(pid: int) -> bool:
 
 # -- verified and found ------------------------------------------------------------------------------------------------
 
-def _is_complete(path: Path) -> bool:
-    try:
-        meta = json.loads((path / "meta.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(meta, dict) and bool(meta.get("complete")) and \
-        all((path / f).is_file() for f in meta.get("files", FILES))
-
-
 def diagnose(ckpt: str | Path, files: tuple[str, ...] | None = None, *, digests: bool = True) -> str:
     """What is wrong with checkpoint folder `ckpt`, in one line naming the file ('' when nothing is).
 
@@ -333,22 +314,18 @@ def run_holding(folder: str | Path) -> Path | None:
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
     """Complete checkpoints of a run, oldest first: a ``meta.json`` and every file it lists (damaged ones are left
     out; :func:`checkpoint_folders` lists them too). Pruning removes only these."""
-    root = Path(run_dir) / CKPT_DIR
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.glob("step_*") if p.is_dir() and _is_complete(p))
+    return [p for p in checkpoint_folders(run_dir) if not diagnose(p, digests=False)]
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     """The newest complete checkpoint (None: none). A newer checkpoint folder that is not complete (damaged: a
     checkpoint is renamed into place only once complete) is named in a warning."""
     found = list_checkpoints(run_dir)
-    chosen = found[-1] if found else None
-    newer = [c for c in checkpoint_folders(run_dir) if chosen is None or c.name > chosen.name]
-    if newer and chosen is not None:
-        warnings.warn(f"{diagnose(newer[-1], digests=False)}; using the newest complete checkpoint, {chosen.name}",
+    newer = [c for c in checkpoint_folders(run_dir) if found and c.name > found[-1].name]
+    if newer:
+        warnings.warn(f"{diagnose(newer[-1], digests=False)}; using the newest complete checkpoint, {found[-1].name}",
                       stacklevel=2)
-    return chosen
+    return found[-1] if found else None
 
 
 def resolve_checkpoint(path: str | Path) -> Path:

@@ -133,13 +133,13 @@ class DataConfig:
     """Where the image-caption pairs come from and how they are read."""
 
     path: str = ""  # shard dir / brace pattern / .csv / .tsv / COCO .json (required for training)
-    images: str = ""  # folder a caption table's/json's image paths are relative to ("": found, see data.sources)
+    images: str = ""  # folder a caption table's/json's image paths are relative to ("": found, see mdc_core.sources)
     path_as_given: str = ""  # data.path as the user typed it (display; training stores `path` resolved)
     format: str = "auto"  # auto | wds | csv | tsv | coco
     shuffle_buffer: int = 1000  # samples held for shuffling streamed shards (0 = no shuffle)
     augment: str = "none"  # none | rrc (random resized crop; breaks position words, so off for synthetic data)
     num_workers: int = 0  # DataLoader worker processes
-    in_memory: bool = False  # decode each split once and hold it in memory (small sets; data.loaders.MemoryBatches)
+    in_memory: bool = False  # decode each split once and hold it in memory (small sets; mdc_core.data.MemoryBatches)
 
     def validate(self) -> None:
         _choice(self, "format", ("auto", "wds", "csv", "tsv", "coco"))
@@ -185,7 +185,7 @@ class TrainConfig:
     tensorboard: bool = False  # also write TensorBoard events into the run folder (rank 0; the run hook "tensorboard")
 
     def validate(self) -> None:
-        _positive(self, "steps", "batch_size", "grad_accum", "log_every", "ckpt_every", "keep_last",
+        _positive(self, "steps", "batch_size", "grad_accum", "lr", "log_every", "ckpt_every", "keep_last",
                   "max_skipped_steps", "dist_timeout_s", "length_bucket")
         if not isinstance(self.compile, bool) and self.compile not in COMPILE_MODES:
             raise ConfigError(f"train.compile must be true, false or one of {', '.join(COMPILE_MODES)}; "
@@ -194,8 +194,6 @@ class TrainConfig:
         _choice(self, "nonfinite", ("stop", "skip"))
         if self.compile_step and (self.grad_accum > 1 or self.nonfinite == "skip"):  # one micro-batch with its update
             raise ConfigError("train.compile_step needs train.grad_accum=1 and train.nonfinite=stop")
-        if self.lr <= 0:
-            raise ConfigError(f"train.lr must be > 0, got {self.lr}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ConfigError(f"train.betas must be two numbers in [0, 1), got {self.betas}")
         if self.ckpt_every_minutes < 0:
@@ -347,10 +345,8 @@ def load_preset(name: str, overrides: list[str] | None = None) -> RunConfig:
     path = PRESET_DIR / f"{name}.json"
     if not path.is_file():
         raise ConfigError(f"unknown preset {name!r}; available: {', '.join(list_presets())}")
-    data = json.loads(path.read_text())
-    data["preset"] = name
-    cfg = _build(RunConfig, data, "")
-    return apply_overrides(cfg, overrides or [])
+    data = {**json.loads(path.read_text()), "preset": name}
+    return apply_overrides(_build(RunConfig, data, ""), overrides or [])
 
 
 def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
@@ -444,13 +440,10 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
                 return _coerce(member, value, where)
         names = " or ".join(m.__name__ for m in members)
         raise ConfigError(f"{where} must be {names}, got {value!r}")
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where} must be true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where} must be an integer, got {value!r}")
+    as_given = {bool: "true or false", int: "an integer", str: "a string"}  # types taken as they are (a bool is no int)
+    if tp in as_given:
+        if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+            raise ConfigError(f"{where} must be {as_given[tp]}, got {value!r}")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -458,10 +451,6 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
         if not math.isfinite(value):  # JSON's Infinity and NaN parse, but no config value may be one
             raise ConfigError(f"{where} must be a finite number, got {value!r}")
         return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where} must be a string, got {value!r}")
-        return value
     if origin is tuple:
         args = typing.get_args(tp)
         if not isinstance(value, (list, tuple)) or len(value) != len(args):

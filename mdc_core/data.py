@@ -117,11 +117,10 @@ class CaptionBatches(IterableDataset):
                  skip_batches: int, shuffle: bool, drop_last: bool, shuffle_buffer: int, random_crop: bool,
                  rank: int = 0, world: int = 1):
         super().__init__()
-        self.rank, self.world = rank, world
         self.source, self.image_size, self.batch_size = source, image_size, batch_size
         self.seed, self.epoch, self.skip_batches = seed, epoch, skip_batches
         self.shuffle, self.drop_last, self.buffer = shuffle, drop_last, shuffle_buffer
-        self.random_crop = random_crop
+        self.random_crop, self.rank, self.world = random_crop, rank, world
         self._eval = eval_transform(image_size)
 
     def _records(self, part: int, parts: int) -> tuple[Iterator[dict[str, Any]], Callable[..., dict[str, Any]]]:
@@ -217,10 +216,9 @@ def build_loader(cfg: DataConfig, *, split: str | None = "train", image_size: in
     dropped while this batch was built. B = `batch_size` except a last partial batch per worker when not
     `drop_last`. Shuffling (shard order + a ``cfg.shuffle_buffer`` sample buffer; a full permutation for tables)
     happens when `shuffle` and ``cfg.shuffle_buffer > 0``, seeded by (seed, epoch). ``cfg.augment == "rrc"``
-    gives random resized crops, except for the val/test/compgen splits. Iterating again repeats the epoch.
+    gives random resized crops, except for the :data:`EVAL_SPLITS`. Iterating again repeats the epoch.
     `rank`, `world`, `skip_batches` (this rank's batches) and ``cfg.in_memory``: module docstring. With
-    `context_length` in-memory batches also carry ``tokens`` (B, context_length), tokenized once per process by
-    :meth:`~mdc_core.tokenizer.CaptionTokenizer.tokenize_batch`, and ``truncated``, how many were cut."""
+    `context_length`, in-memory batches also carry ``tokens`` and ``truncated`` (:func:`split_tokens`)."""
     cfg.validate()
     if image_size < 1 or batch_size < 1 or skip_batches < 0:
         raise ValueError(f"need image_size >= 1, batch_size >= 1, skip_batches >= 0; got {image_size}, "
@@ -263,12 +261,10 @@ def _ignore_interrupts(worker_id: int) -> None:
 
 # -- in memory (data.in_memory) ----------------------------------------------------------------------------------------
 # Decoding a batch of 64 JPEGs costs tens of milliseconds every epoch, a CPU step of the ``tiny`` models a few
-# hundred. :class:`MemoryBatches` reads the split once through the shard loader's records and decoders, keeps each
-# image as uint8 ``(3, S, S)`` after the evaluation geometry and normalises whole batches as they are drawn (bitwise
-# the shard loader's images). For sets that fit in memory (the embedded one: 20,000 images of 64 px, 250 MB).
-# Order: storage order, or with shuffling a full permutation drawn from (seed, epoch) cut into batches; rank r of
-# `world` takes batches r, r + world, ..., so world ranks x accumulation A see what one process with accumulation
-# world x A sees. Unusable records are counted once per epoch, in the first batch of rank 0.
+# hundred. A small split is decoded once instead, kept as uint8 after the evaluation geometry and normalised per
+# batch (the shard loader's images bitwise). Batches cut from storage order (shuffled: a permutation per (seed,
+# epoch)) go to rank r of `world` as r, r + world, ...: world ranks x accumulation A see what one process sees with
+# accumulation world x A. Unusable records are counted once per epoch, in the first batch of rank 0.
 
 _CACHE: OrderedDict[tuple[str, str, int], dict[str, Any]] = OrderedDict()  # (location, kind, size) -> decoded split
 _CACHE_SIZE = 4  # splits kept decoded per process (train + the evaluation splits of one data set)
@@ -348,9 +344,7 @@ class MemoryBatches:
         data = decode_split(self.source, self.image_size)
         tokens, cut = split_tokens(data, self.context_length) if self.context_length else (None, None)
         skipped = dict(data["skipped"]) if self.rank == 0 else {}
-        for i, idx in enumerate(self._batches(len(data["keys"]))):
-            if i < self.skip_batches:
-                continue
+        for i, idx in enumerate(self._batches(len(data["keys"]))[self.skip_batches:], start=self.skip_batches):
             index = torch.tensor(idx)
             report = skipped if i == 0 else {}  # as the shard loader: not when resuming mid-epoch
             batch = {"image": normalise_batch(data["images"].index_select(0, index)),  # (B, 3, S, S) float
@@ -397,17 +391,14 @@ class BatchStream:
         self.tokenizer = CaptionTokenizer(cfg.model.context_length)
         self._it: Iterator[dict[str, Any]] | None = None
 
-    def _open(self) -> Iterator[dict[str, Any]]:
-        tcfg = self.cfg.train
-        return iter(build_loader(self.cfg.data, split="train", image_size=self.cfg.model.image_size,
-                                 batch_size=tcfg.batch_size, seed=tcfg.seed, epoch=self.epoch,
-                                 skip_batches=self.batch_in_epoch, rank=self.ctx.rank, world=self.ctx.world,
-                                 context_length=self.cfg.model.context_length))
-
     def take(self, n: int) -> list[dict[str, Any]]:
+        cfg = self.cfg
         while True:
-            if self._it is None:
-                self._it = self._open()
+            if self._it is None:  # this rank's loader, from the data position
+                self._it = iter(build_loader(cfg.data, split="train", image_size=cfg.model.image_size,
+                                             batch_size=cfg.train.batch_size, seed=cfg.train.seed, epoch=self.epoch,
+                                             skip_batches=self.batch_in_epoch, rank=self.ctx.rank,
+                                             world=self.ctx.world, context_length=cfg.model.context_length))
             got = list(islice(self._it, n))
             for batch in got:
                 self.pending.update(batch.get("skipped", {}))

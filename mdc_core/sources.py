@@ -43,6 +43,7 @@ IMAGE_COLUMNS = ("image", "filepath", "file_path", "image_path", "img_path", "im
                  "file_name")
 CAPTION_COLUMNS = ("caption", "title", "text", "captions", "sentence", "raw", "alt", "alt_text", "description")
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+TABLE_KINDS = {".csv": "csv", ".tsv": "tsv", ".json": "coco"}  # caption files: Source.kind by extension
 KNOWN_SPLITS = ("train", "val", "test", "compgen", "restval")
 log = logging.getLogger("mdc_core.data")
 _EXPECTED = ("a directory of .tar shards (or with a <split> subdirectory), a brace/glob shard pattern, "
@@ -68,12 +69,8 @@ class Source:
         """A content fingerprint ``{"kind", "items", "digest", "version": 2}`` (None for remote shards, which cannot
         be read here): the digest covers the SHA-256 of each shard's bytes with its name (or of the caption table's
         bytes; its images are not read) and the data set's ``manifest.json``, but no folder name, so a moved copy
-        gives the same one, and other content of the same sizes another.
-
-        Each shard is read once: `known` (``{absolute path: {"bytes", "mtime_ns", "sha256"}}``, what
-        :func:`mdc_core.run_folder.record_fingerprint` keeps in the run folder) and this process's own memo give the
-        digest of a shard whose size and modification time are unchanged without reading it; `known` gains the
-        entries computed here."""
+        gives the same one, and other content of the same sizes another. Each shard is read once (:func:`shard_sha256`
+        with `known`, what :func:`mdc_core.run_folder.record_fingerprint` keeps; it gains the digests computed here)."""
         known = {} if known is None else known
         found = self._digest(lambda shard: shard_sha256(shard, known))
         return None if found is None else {**found, "version": FINGERPRINT_VERSION}
@@ -91,12 +88,12 @@ class Source:
                     return None
                 parts.append(f"{shard.name}:{describe(shard)}")
         elif Path(self.location).is_file():
-            parts.append(_file_sha256(Path(self.location)))
+            parts.append(file_sha256(Path(self.location)))
         else:
             return None
         manifest = self.root / "manifest.json" if self.root is not None else None
         if manifest is not None and manifest.is_file():
-            parts.append(_file_sha256(manifest))
+            parts.append(file_sha256(manifest))
         return {"kind": self.kind, "items": len(self), "digest": hashlib.sha256("\n".join(parts).encode()).hexdigest()}
 
 
@@ -116,13 +113,14 @@ def shard_sha256(path: Path, known: dict[str, dict[str, Any]]) -> str:
         return entry["sha256"]
     memo = (key, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
     if memo not in _SHA256_MEMO:
-        _SHA256_MEMO[memo] = _file_sha256(path)
+        _SHA256_MEMO[memo] = file_sha256(path)
     known[key] = {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns,
                   "sha256": _SHA256_MEMO[memo]}
     return _SHA256_MEMO[memo]
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 hex digest of a file."""
     with open(path, "rb") as fh:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
@@ -148,9 +146,7 @@ def resolve_source(path: str, fmt: str = "auto", split: str | None = None, image
         raise FileNotFoundError(f"data path {p} does not exist; expected {_EXPECTED}")
     if p.is_dir():
         return _dir_source(p, fmt, split, images)
-    suffix = p.suffix.lower()
-    kind = {".csv": "csv", ".tsv": "tsv", ".json": "coco"}.get(suffix, "wds" if p.name.endswith(SHARD_SUFFIXES)
-                                                                 else None)
+    kind = TABLE_KINDS.get(p.suffix.lower(), "wds" if p.name.endswith(SHARD_SUFFIXES) else None)
     if kind is None:
         raise ValueError(f"cannot tell the format of {p} from its extension; expected {_EXPECTED}")
     if fmt not in ("auto", kind):
@@ -195,7 +191,7 @@ def _dir_source(p: Path, fmt: str, split: str | None, images: str | None) -> Sou
         return Source("wds", str(p), shards=shards, root=root)
     if fmt == "wds":
         raise FileNotFoundError(f"no .tar shards in directory {p} (data.format='wds')")
-    exts = {"csv": (".csv",), "tsv": (".tsv",), "coco": (".json",)}.get(fmt, (".csv", ".tsv", ".json"))
+    exts = [ext for ext, kind in TABLE_KINDS.items() if fmt in ("auto", kind)]
     tables = sorted(f for f in p.iterdir() if f.is_file() and f.suffix.lower() in exts
                     and f.name != "manifest.json" and not f.name.endswith("_stats.json"))
     if not tables:
@@ -204,8 +200,7 @@ def _dir_source(p: Path, fmt: str, split: str | None, images: str | None) -> Sou
     if len(tables) > 1:
         raise ValueError(f"directory {p} holds several caption files ({', '.join(t.name for t in tables)}); "
                          f"set data.path to one of them")
-    kind = {".csv": "csv", ".tsv": "tsv", ".json": "coco"}[tables[0].suffix.lower()]
-    return _file_source(tables[0], kind, split, images)
+    return _file_source(tables[0], TABLE_KINDS[tables[0].suffix.lower()], split, images)
 
 
 def _file_source(p: Path, kind: str, split: str | None, images: str | None = None) -> Source:

@@ -16,7 +16,7 @@ import importlib.util
 import re
 import sys
 from collections.abc import Iterable, Sequence
-from functools import cache, lru_cache
+from functools import cache
 from pathlib import Path
 from types import ModuleType
 
@@ -28,7 +28,6 @@ EOT_ID = 49407
 PAD_ID = 0  # also the real token "!"; never confuse the two: cut at <eot> first
 MASK_ID = VOCAB_SIZE  # appended after the BPE vocabulary
 EMBED_SIZE = VOCAB_SIZE + 1  # rows of the decoder's input embedding
-SPECIAL_IDS = (SOT_ID, EOT_ID)
 # bounds checked before BPE, whose cost grows with the square of a word's length (16k letters: 21 s)
 MAX_CAPTION_CHARS = 4096  # a caption (COCO's longest: under 300)
 MAX_WORD_CHARS = 100  # a word: a run of characters without whitespace
@@ -81,20 +80,13 @@ def open_clip_module(name: str) -> ModuleType:
     return module
 
 
-@lru_cache(maxsize=1)
-def _bpe():  # open_clip.tokenizer.SimpleTokenizer
-    # reads the BPE merges shipped inside the open_clip wheel; no network
+@cache
+def _bpe():  # open_clip.tokenizer.SimpleTokenizer, from the BPE merges shipped in the open_clip wheel (no network)
     return open_clip_module("tokenizer").SimpleTokenizer()
 
 
 class CaptionTokenizer:
     """Turns captions into fixed-length id tensors ``<sot> ids <eot> pad...`` and back."""
-
-    vocab_size = VOCAB_SIZE
-    sot_id = SOT_ID
-    eot_id = EOT_ID
-    pad_id = PAD_ID
-    mask_id = MASK_ID
 
     def __init__(self, context_length: int = 77) -> None:
         if context_length < 3:
@@ -156,25 +148,16 @@ class CaptionTokenizer:
         """One display string per token (``<sot>`` dropped, cut at ``<eot>``); ``[MASK]`` for masks.
 
         With `keep_space` a word-final token carries its trailing space, so ``"".join`` gives the text."""
-        if isinstance(ids, torch.Tensor):
-            ids = ids.tolist()
-        pieces: list[str] = []
-        for i in ids:
-            if i == SOT_ID:
-                continue
-            if i == EOT_ID:
-                break
-            pieces.append(self.token_string(i, keep_space=keep_space))
-        return pieces
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        end = ids.index(EOT_ID) if EOT_ID in ids else len(ids)
+        return [self.token_string(i, keep_space=keep_space) for i in ids[:end] if i != SOT_ID]
 
     def words_with(self, ids: Sequence[int] | torch.Tensor, wanted: set[int]) -> list[str]:
         """The distinct words of `ids` (one caption's, specials skipped) that hold any id of `wanted`, each decoded
         whole: a character split over several byte-level tokens (an emoji) reads as itself, not as '\ufffd' pieces."""
-        if isinstance(ids, torch.Tensor):
-            ids = ids.tolist()
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
         words: list[str] = []
         piece, hit = bytearray(), False
-        ids = list(ids)
         end = ids.index(EOT_ID) if EOT_ID in ids else len(ids)  # what follows <eot> is padding
         for i in [*ids[:end], None]:
             special = i is None or i in (SOT_ID, MASK_ID) or not 0 <= i < VOCAB_SIZE

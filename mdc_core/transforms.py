@@ -1,20 +1,19 @@
 """Image decoding and preprocessing shared by the data loaders, the CLI and the app.
 
-Every image becomes a float tensor (3, S, S) normalised with open_clip's OpenAI CLIP mean/std. Decoding
-(:func:`open_image`) applies the EXIF orientation, scales 16-bit and 32-bit pixels to 8 bits (it does not clip
-them), and composites transparent pixels onto the CLIP mean colour, which normalises to zero (a neutral background;
-the hidden colour of a transparent pixel is never shown to the model); then it resizes the shorter side to S
-(bicubic), centre crop; or, for training on real data with ``augment="rrc"``, a random resized crop (scale 0.9-1,
-open_clip's default) whose parameters come from a seeded ``random.Random`` so that the crop sequence is
-reproducible in every worker.
+Every image becomes a float tensor (3, S, S) normalised with open_clip's OpenAI CLIP mean/std: decoded to 8-bit
+RGB (:func:`open_image`, :func:`to_rgb`; transparent pixels become the CLIP mean colour, which normalises to zero, so
+their hidden colour never reaches the model), its shorter side resized to S (bicubic) and centre-cropped; or, for
+training on real data with ``augment="rrc"``, randomly resized and cropped (:class:`SeededRandomResizedCrop`).
 """
 
 from __future__ import annotations
 
 import io
 import math
+import os
 import random
 import re
+import stat
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -32,7 +31,7 @@ MAX_PIXELS = 50_000_000  # 50 MP: larger images are refused (PIL's own bomb guar
 MAX_ASPECT = 32  # long side / short side: resizing the short side to S makes S x 32 S pixels at most (a 1x10000
 # PNG of 121 bytes would be resized to 224 x 2,240,000 pixels, 2.8 GB, before the centre crop)
 MAX_FILE_BYTES = 256 * 2**20  # an image file larger than this is refused before it is read
-RRC_SCALE = (0.9, 1.0)  # area fraction kept by the random resized crop
+RRC_SCALE = (0.9, 1.0)  # area fraction kept by the random resized crop (open_clip's default)
 RRC_RATIO = (3 / 4, 4 / 3)  # aspect ratios of the random resized crop
 _CLIP = open_clip_module("constants")  # CLIP's normalisation
 OPENAI_DATASET_MEAN: tuple[float, float, float] = _CLIP.OPENAI_DATASET_MEAN
@@ -56,9 +55,6 @@ def read_image_file(path: str | Path, max_bytes: int = MAX_FILE_BYTES) -> bytes:
     a device (``/dev/zero``), a FIFO (which would block until a writer comes), a socket or a folder is an
     :class:`ImageError` naming it, and so is a larger file. FileNotFoundError when it does not exist; other
     OSErrors (a permission) as raised. The file is opened without blocking and checked through its descriptor."""
-    import os
-    import stat
-
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         info = os.fstat(fd)

@@ -116,8 +116,8 @@ def test_a_run_recorded_before_contents_were_hashed_resumes_on_unchanged_data(tr
 def test_each_shard_is_read_once_and_again_only_when_it_changes(trained_run, tmp_path, monkeypatch):
     data, run, _ = trained_run
     reads = []
-    original = sources._file_sha256
-    monkeypatch.setattr(sources, "_file_sha256", lambda path: reads.append(Path(path).name) or original(path))
+    original = sources.file_sha256
+    monkeypatch.setattr(sources, "file_sha256", lambda path: reads.append(Path(path).name) or original(path))
     monkeypatch.setattr(sources, "_SHA256_MEMO", {})
     copy = tmp_path / "data"
     shutil.copytree(data, copy)
