@@ -4,7 +4,7 @@
 
 * **Prepared on the host.** :class:`HostBatches` trims, masks, checks and maps the captions to embedding and head
   rows (:func:`mdc_core.objectives.prepare_batch`, masks drawn from the micro-batch's seed), counts the loss terms
-  (:func:`loss_denominator`) and copies the batch without blocking, so the step never waits for the device.
+  from those masks (:attr:`ReadyBatch.terms`) and copies the batch without blocking, so the step never waits.
 * **Compiled.** With ``train.compile`` the :class:`Objective` (:func:`~mdc_core.objectives.compute_loss` as a
   module) compiles forward + loss as one graph and AOTAutograd the backward with it; with ``train.static_shapes``
   the step compiles once per caption-length bucket and never after, and ``"reduce-overhead"`` replays it as CUDA
@@ -23,36 +23,17 @@ from .config import ObjectiveConfig, TrainConfig
 from .objectives import (
     PreparedBatch,
     compute_loss,
-    draw_masks,
     id_tables,
     loss_function,
     loss_terms,
     objective_spec,
     prepare_batch,
-    trim_padding,
 )
 
 
 def use_bf16(precision: str, device: torch.device) -> bool:
     """bf16 autocast on CUDA by default; fp32 on CPU (bf16 matmul there is ~250x slower)."""
     return precision == "bf16" or (precision == "auto" and device.type == "cuda")
-
-
-def loss_denominator(tokens: torch.Tensor, objective: ObjectiveConfig, seed: int | None = None) -> int:
-    """What :func:`compute_loss` divides a micro-batch's summed (weighted) cross-entropy by: its maskable tokens
-    (``per_token``; caption tokens + ``<eot>`` for arc) or its captions with any (``per_sequence``); the batch
-    size for the contrastive objective. tokens (B, L). Summed over the global batch it makes accumulation and
-    DDP give the gradient of one big batch. An objective divided by its masked tokens (``per_masked_token``: cmlm)
-    counts the masks its masking `seed` draws (as :class:`HostBatches`, which counts them once, from the masks it
-    prepares: :attr:`ReadyBatch.terms`)."""
-    spec = objective_spec(objective.name)
-    if not spec.per_masked_token:
-        return loss_terms(spec, tokens, objective.normalization)
-    if seed is None:
-        raise ValueError(f"objective {objective.name!r} divides its loss by the masked tokens: give the micro-batch's "
-                         "masking seed")
-    _, _, mask = draw_masks(trim_padding(tokens), objective, torch.Generator().manual_seed(seed))
-    return loss_terms(spec, tokens, objective.normalization, mask=mask)
 
 
 @dataclass

@@ -14,7 +14,7 @@ import mdc_core.train as train_mod
 from mdc_core import checkpoint as ck
 from mdc_core import loss_step
 from mdc_core.config import ConfigError, ObjectiveConfig
-from mdc_core.loss_step import loss_denominator
+from mdc_core.loss_step import HostBatches
 from mdc_core.objectives import prepare_batch
 from mdc_core.tokenizer import CaptionTokenizer
 from mdc_core.train import TrainingDiverged, lr_lambda, step_seed, train
@@ -48,30 +48,34 @@ def test_lr_schedule_hand_values():
     assert lr_lambda(0, 0, 100, 0.0) == pytest.approx(1.0)  # no warm-up
 
 
-def test_loss_denominator_hand_values():
+def host_terms(model, tokens: torch.Tensor, objective: ObjectiveConfig, seed: int = 0) -> int:
+    """What the trainer divides a micro-batch's summed loss by: the terms HostBatches counts (ReadyBatch.terms)."""
+    return HostBatches(model, objective, torch.device("cpu"))(tokens, seed).terms
+
+
+def test_the_trainers_loss_terms_hand_values(tiny_model):
     tokens, _ = CaptionTokenizer(8).tokenize_batch(["a red circle", "a"])  # <sot> a red circle <eot> / <sot> a <eot>
-    assert loss_denominator(tokens, ObjectiveConfig(name="mdc")) == 3 + 1  # maskable caption tokens
-    assert loss_denominator(tokens, ObjectiveConfig(name="mdc", normalization="per_sequence")) == 2
-    assert loss_denominator(tokens, ObjectiveConfig(name="arc")) == 4 + 2  # next-token targets incl. <eot>
+    model = tiny_model()
+    assert host_terms(model, tokens, ObjectiveConfig(name="mdc")) == 3 + 1  # maskable caption tokens
+    assert host_terms(model, tokens, ObjectiveConfig(name="mdc", normalization="per_sequence")) == 2
+    assert host_terms(tiny_model(causal=True), tokens, ObjectiveConfig(name="arc")) == 4 + 2  # next tokens + <eot>
     assert step_seed(0, 5, 1) == step_seed(0, 5, 1) != step_seed(0, 5, 2) != step_seed(0, 6, 1)
 
 
 @pytest.mark.parametrize("normalization", ["per_token", "per_sequence"])
-def test_a_per_masked_token_denominator_counts_the_losss_own_draws(normalization):
+def test_a_per_masked_token_denominator_counts_the_losss_own_draws(normalization, tiny_model):
     """cmlm divides by its masked tokens: the trainer counts them from the micro-batch's masking seed, and they
-    are the masks prepare_batch (HostBatches) draws from that seed."""
+    are the masks prepare_batch draws from that seed."""
     tokens, _ = CaptionTokenizer(12).tokenize_batch(["a red circle left of a blue square", "a", "two small stars"])
     cfg = ObjectiveConfig(name="cmlm", normalization=normalization)
-    out_index = torch.arange(49409)
+    model, out_index = tiny_model(), torch.arange(49409)
     counts = []
     for seed in range(6):
         mask = prepare_batch(tokens, cfg, torch.Generator().manual_seed(seed), output_index=out_index).loss_mask
         want = int(mask.sum()) if normalization == "per_token" else int((mask.sum(dim=1) > 0).sum())
-        counts.append(loss_denominator(tokens, cfg, seed))
+        counts.append(host_terms(model, tokens, cfg, seed))
         assert counts[-1] == want
     assert len(set(counts)) > 1  # the draws, not the captions, decide it
-    with pytest.raises(ValueError, match="masking seed"):
-        loss_denominator(tokens, cfg)
 
 
 def test_config_rejects_unknown_nonfinite_policy(data):
