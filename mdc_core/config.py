@@ -164,7 +164,7 @@ class TrainConfig:
     min_lr_ratio: float = 0.0  # floor of the cosine schedule as a fraction of lr
     grad_clip: float = 0.0  # max global grad norm (0 = off; the paper clips at 1.0 for ARC ViT-L only)
     ema_decay: float = 0.0  # EMA of weights (0 = off; MDLM uses 0.9999)
-    precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16
+    precision: str = "auto"  # auto (bf16 autocast on GPUs with bf16 in hardware, else fp32) | fp32 | bf16
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     seed: int = 0  # seeds model init, masking and data order
     log_every: int = 10  # steps between metrics lines

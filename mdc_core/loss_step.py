@@ -9,7 +9,7 @@
   module) compiles forward + loss as one graph and AOTAutograd the backward with it; with ``train.static_shapes``
   the step compiles once per caption-length bucket and never after, and ``"reduce-overhead"`` replays it as CUDA
   graphs. ``train.compile_step`` (:class:`WholeStep`) adds clipping, AdamW and the EMA to the compiled region.
-* **bf16 autocast** on CUDA by default (:func:`use_bf16`), fp32 on the CPU.
+* **bf16 autocast** on a GPU with bf16 by default (:func:`mdc_core.sampler.bf16_enabled`), fp32 on the CPU.
 """
 
 from __future__ import annotations
@@ -29,11 +29,6 @@ from .objectives import (
     objective_spec,
     prepare_batch,
 )
-
-
-def use_bf16(precision: str, device: torch.device) -> bool:
-    """bf16 autocast on CUDA by default; fp32 on CPU (bf16 matmul there is ~250x slower)."""
-    return precision == "bf16" or (precision == "auto" and device.type == "cuda")
 
 
 @dataclass

@@ -340,10 +340,13 @@ def check_precision(precision: str) -> str:
 
 
 def bf16_enabled(precision: str, device: torch.device | str) -> bool:
-    """Whether `precision` means bf16 autocast on `device` (``auto``: on CUDA with bf16 support only)."""
+    """Whether `precision` (``train.precision`` or inference's) means bf16 autocast on `device`. ``auto``: on a CUDA
+    GPU with bf16 in hardware (Ampere and newer); fp32 on the CPU (bf16 matmul there is ~250x slower) and on older
+    GPUs, where torch only emulates bf16."""
     device = torch.device(device)
     if check_precision(precision) == "auto":
-        return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        return device.type == "cuda" and torch.cuda.is_available() and \
+            torch.cuda.is_bf16_supported(including_emulation=False)
     return precision == "bf16"
 
 

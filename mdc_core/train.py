@@ -48,7 +48,7 @@ from . import run_folder
 from .config import RunConfig, TrainConfig
 from .data import BatchStream, iter_captions
 from .factory import create_model, load_model
-from .loss_step import LossStep, WholeStep, use_bf16
+from .loss_step import LossStep, WholeStep
 from .run_state import (  # TrainingDiverged: what train raises when the loss is not finite
     Counters,
     HookFactory,
@@ -61,6 +61,7 @@ from .run_state import (  # TrainingDiverged: what train raises when the loss is
     rng_state,
 )
 from .runlock import RunLock
+from .sampler import bf16_enabled
 from .tokenizer import CaptionTokenizer, build_output_vocab
 
 
@@ -140,7 +141,7 @@ class Trainer:
             out.mkdir(parents=True, exist_ok=True)
             cfg.save(out / "config.json")  # a run started over found its old logs set aside
         # forward + loss of a micro-batch: host batches (static shapes), autocast, train.compile (CUDA graphs)
-        self.loss_step = LossStep(model, cfg.objective, tcfg, self.device, use_bf16(tcfg.precision, self.device),
+        self.loss_step = LossStep(model, cfg.objective, tcfg, self.device, bf16_enabled(tcfg.precision, self.device),
                                   distributed=ctx.distributed)
         if ctx.distributed:
             self.loss_step.module = DistributedDataParallel(self.loss_step.module, device_ids=[self.device.index]

@@ -29,7 +29,7 @@ class BenchConfig:
     # which open_clip's CoCa can mirror)
     overrides: list[str] = field(default_factory=list)  # section.key=value applied to the preset
     device: str = "auto"  # auto | cpu | cuda
-    precision: str = "auto"  # captioning and scoring rows: auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16
+    precision: str = "auto"  # captioning and scoring rows: auto (bf16 on GPUs with bf16, else fp32) | fp32 | bf16
     threads: int = 0  # torch.set_num_threads (0 = torch's default)
     train_rows: tuple[str, ...] = ("mdc", "mdc_full_vocab", "mdc_compiled", "arc", "coca", "coca_open_clip_layout")
     train_steps: int = 10  # timed optimizer steps per row (median)

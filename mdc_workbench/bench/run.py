@@ -6,7 +6,7 @@ dict; :func:`format_report` renders it as tables. Timings are medians over repea
 peak that the model FLOPs utilisation (MFU) is measured against is taken in the same run, in the precision the
 training step runs in (fp32 on CPU; bf16 on CUDA, where training uses bf16 autocast). Every captioning and
 scoring row (image encoding included, MDC, ARC and CoCa alike) runs in ``BenchConfig.precision`` (``--precision``;
-``auto``: bf16 autocast on CUDA, fp32 on the CPU), named in the report as ``inference_precision``.
+``auto``: bf16 autocast on a GPU with bf16, fp32 elsewhere), named in the report as ``inference_precision``.
 
 Sections: ``train`` (:mod:`mdc_workbench.bench.training`, one fresh process per row), ``caption`` and ``scoring``
 (:mod:`mdc_workbench.bench.decoding`), ``quality`` (only with trained runs), and ``targets`` (issue 6's goals, each
@@ -61,9 +61,7 @@ def run_bench(bench: BenchConfig, progress: Callable[[str], None] | None = None,
                             "output_vocab_size": len(payload["output_ids"]) if payload["output_ids"] is not None
                             else 49408}
 
-    from mdc_core.loss_step import use_bf16
-
-    dtype = torch.bfloat16 if use_bf16(cfg.train.precision, device) else torch.float32  # as the training step
+    dtype = torch.bfloat16 if bf16_enabled(cfg.train.precision, device) else torch.float32  # as the training step
     say(f"{str(dtype).removeprefix('torch.')} matmul peak")
     n = bench.matmul_size or (8192 if device.type == "cuda" else 2048)
     report["matmul_peak"] = matmul_peak(device, n, dtype=dtype)

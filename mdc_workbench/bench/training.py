@@ -4,7 +4,7 @@ Every row of :data:`TRAIN_SPECS` is measured in its own ``python -m mdc_workbenc
 its peak memory is its own: the peak resident set (``ru_maxrss``) on CPU, ``torch.cuda.max_memory_allocated``
 on CUDA. A step is what :mod:`mdc_core.train` does: the batch prepared on the host and copied without blocking
 (:class:`mdc_core.loss_step.HostBatches`), forward, loss, backward, AdamW update (fused on CUDA), ``zero_grad``
-(bf16 autocast on CUDA, fp32 on CPU), gradient-norm clipping. Our rows run the trainer's own
+(bf16 autocast on GPUs with bf16, fp32 elsewhere), gradient-norm clipping. Our rows run the trainer's own
 :class:`mdc_core.loss_step.LossStep`, so a compiled row compiles as ``train.compile=<mode>`` does (with the run's
 ``train.static_shapes``) and its warm-up time, compilation included, is reported as ``compile_s``. The model FLOPs
 of a step (forward + backward, optimizer excluded) are counted once by ``torch.utils.flop_counter.FlopCounterMode``
@@ -31,9 +31,10 @@ import torch
 
 from mdc_core.config import RunConfig, TrainConfig
 from mdc_core.distributed import sync
-from mdc_core.loss_step import LossStep, WholeStep, use_bf16
+from mdc_core.loss_step import LossStep, WholeStep
 from mdc_core.model import Captioner
 from mdc_core.objectives import objective_spec, trim_padding
+from mdc_core.sampler import bf16_enabled
 from mdc_core.train import build_optimizer
 
 
@@ -88,7 +89,7 @@ def build_step_model(spec: TrainSpec, cfg: RunConfig, output_ids: torch.Tensor |
     objective = dataclasses.replace(cfg.objective, name=spec.objective)
     train = dataclasses.replace(cfg.train, compile=spec.compile or False,
                                 static_shapes=spec.static or cfg.train.static_shapes, compile_step=spec.whole)
-    loss_step = LossStep(model, objective, train, device, use_bf16(cfg.train.precision, device))
+    loss_step = LossStep(model, objective, train, device, bf16_enabled(cfg.train.precision, device))
 
     def loss_fn(images: torch.Tensor, tokens: torch.Tensor, seed: int) -> torch.Tensor:
         return loss_step(images, tokens, seed)[0]
@@ -183,7 +184,7 @@ def measure_train_step(name: str, payload: dict[str, Any], *, steps: int, warmup
     images, tokens = payload["images"].to(dev), payload["tokens"]  # tokens stay on the host, as in training
     tcfg = dataclasses.replace(cfg.train, compile_step=spec.whole)  # a whole step's lr: a tensor
     opt = build_optimizer(param_groups(model, cfg.train.weight_decay), tcfg, dev)
-    bf16 = use_bf16(cfg.train.precision, dev)
+    bf16 = bf16_enabled(cfg.train.precision, dev)
     seeds = itertools.count(1)  # new masks every step, as in training
 
     take_step = _whole_step(loss_fn.loss_step, opt, tcfg, images, tokens, seeds) if spec.whole else \
@@ -290,7 +291,7 @@ def _profiled_steps(payload: dict[str, Any], name: str, steps: int, device: str)
     images, tokens = payload["images"].to(dev), payload["tokens"]
     opt = build_optimizer(param_groups(model, cfg.train.weight_decay), cfg.train, dev)
     take_step = _optimizer_step(loss_fn, model, opt, images, tokens, itertools.count(1),
-                                use_bf16(cfg.train.precision, dev) and spec.implementation == "coca")
+                                bf16_enabled(cfg.train.precision, dev) and spec.implementation == "coca")
     take_step()
     take_step()  # warm-up (a compiled row compiles, CUDA graphs record)
     sync(dev)

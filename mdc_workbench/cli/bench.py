@@ -22,8 +22,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
     p = sub.add_parser("bench", help="speed of training, captioning and scoring vs OpenCLIP CoCa (one run)",
                        parents=[flags(set="override a preset key, e.g. --set train.batch_size=32 (repeatable)",
                                       device={"default": "auto", "help": "auto | cpu | cuda"},
-                                      precision="captioning and scoring rows: auto = bf16 autocast on CUDA, fp32 "
-                                      "on the CPU; training rows follow the preset's train.precision",
+                                      precision="captioning and scoring rows: auto = bf16 autocast on a GPU with "
+                                      "bf16 (Ampere+), else fp32; training rows follow the preset's train.precision",
                                       json="print the report as one JSON document",
                                       out={"required": False, "help": "also write the JSON report to this file"})])
     p.add_argument("--preset", default="tiny_vit",

@@ -30,7 +30,8 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {  # keyword -> (flag, standard a
     "image": ("--image", {"required": True, "help": "image file"}),
     "device": ("--device", {"default": "cpu", "help": "cpu | cuda | cuda:N"}),
     "precision": ("--precision", {"default": "auto", "choices": PRECISIONS, "help": "sampling and scoring: auto = "
-                                  "bf16 autocast on CUDA, fp32 on the CPU (default); bf16 on a CPU is slow"}),
+                                  "bf16 autocast on a GPU with bf16 (Ampere+), else fp32 (default); bf16 on a CPU "
+                                  "is slow"}),
     "ema": ("--ema", {"action": "store_true", "help": "use the EMA weights"}),
     "split": ("--split", {"default": "test", "help": "data split (default test)"}),
     "limit": ("--limit", {"type": int, "help": "at most N images"}),

@@ -34,7 +34,8 @@ import torch
 from mdc_core.config import load_preset
 from mdc_core.distributed import sync
 from mdc_core.factory import create_model
-from mdc_core.loss_step import LossStep, use_bf16
+from mdc_core.loss_step import LossStep
+from mdc_core.sampler import bf16_enabled
 from mdc_core.train import build_optimizer, ema_update, param_groups, seed_everything
 from mdc_workbench.bench.core import bench_inputs
 from mdc_workbench.bench.training import _status_mib, peak_rss_mib, reset_peak_rss
@@ -99,7 +100,7 @@ def measure(row: str, members: int, *, preset: str = "tiny_fast", batch: int = 6
 def _solo_step(cfg: Any, model: torch.nn.Module, images: torch.Tensor, tokens: torch.Tensor, dev: torch.device):
     """The trainer's step of one model (:mod:`mdc_core.train`), over the members' batches in turn."""
     tcfg = cfg.train
-    loss_step = LossStep(model, cfg.objective, tcfg, dev, use_bf16(tcfg.precision, dev))
+    loss_step = LossStep(model, cfg.objective, tcfg, dev, bf16_enabled(tcfg.precision, dev))
     opt = build_optimizer(param_groups(model, tcfg.weight_decay), tcfg, dev)
     ema = torch.optim.swa_utils.AveragedModel(model, use_buffers=True)
     state = {"n": 0}

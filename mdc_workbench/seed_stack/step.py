@@ -48,8 +48,9 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
 from mdc_core.config import RunConfig
-from mdc_core.loss_step import HostBatches, ReadyBatch, compile_mode, static_mode, use_bf16
+from mdc_core.loss_step import HostBatches, ReadyBatch, compile_mode, static_mode
 from mdc_core.objectives import PreparedBatch, bucket_length, trim_padding
+from mdc_core.sampler import bf16_enabled
 from mdc_core.train import (
     DeviceStep,
     StepSums,
@@ -213,7 +214,7 @@ class SeedStack:
             raise ValueError(f"the members' seeds repeat ({seeds}): two members would be the same run")
         self.cfg, self.seeds, self.device, self.mode = cfg, seeds, device, mode
         tcfg = cfg.train
-        self.bf16 = use_bf16(tcfg.precision, self.device)
+        self.bf16 = bf16_enabled(tcfg.precision, self.device)
         names = {id(p): n for n, p in models[0].named_parameters()}
         solo_groups = param_groups(models[0], tcfg.weight_decay)  # the solo run's split, by parameter name
         # the members' masks, drawn on the host as their solo runs draw them: "each" prepares them as the solo run

@@ -74,9 +74,25 @@ def test_bf16_attention_capture_and_the_default_precision(trained):
     assert torch.equal(plain.tokens, out.tokens)
 
 
+def test_auto_is_bf16_only_on_gpus_with_bf16_in_hardware(monkeypatch):
+    """One rule for training (train.precision) and inference: a GPU that only emulates bf16 (before Ampere: T4,
+    V100) gets fp32 under auto, as the CPU does; asking for bf16 still gets it."""
+    import mdc_core.train as train_mod
+
+    assert train_mod.bf16_enabled is bf16_enabled  # the trainer's decision is this function
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for hardware in (True, False):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                            lambda including_emulation=True, hardware=hardware: hardware or including_emulation)
+        assert bf16_enabled("auto", "cuda:0") is hardware
+        assert bf16_enabled("bf16", "cuda") and not bf16_enabled("fp32", "cuda")
+    assert not bf16_enabled("auto", "cpu")
+
+
 def test_precision_rules():
     assert not bf16_enabled("auto", "cpu") and not bf16_enabled("fp32", "cpu") and bf16_enabled("bf16", "cpu")
-    assert bf16_enabled("auto", "cuda") == (torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    assert bf16_enabled("auto", "cuda") == (torch.cuda.is_available() and
+                                            torch.cuda.is_bf16_supported(including_emulation=False))
     with pytest.raises(ValueError, match="unknown precision 'fp16'; choose one of auto, fp32, bf16"):
         inference_autocast("fp16", "cpu")
     with torch.autocast("cpu", dtype=torch.bfloat16):  # fp32 holds inside a caller's bf16 region
