@@ -27,15 +27,17 @@ import torch
 from PIL import Image
 
 from mdc_core import config
+from mdc_core.ar_decode import ar_decode
 from mdc_core.config import SamplerConfig
 from mdc_core.tokenizer import MASK_ID, CaptionTokenizer, shown
 from mdc_core.transforms import eval_transform, open_image
+from mdc_workbench.cli import scores as scoring
 from mdc_workbench.data import make_example
 from mdc_workbench.viz import trajectory_view
 from mdc_workbench.viz.animation import trajectory
 
 from . import explore, render
-from .runs import LoadedRun, get_run, optional_module, refuse, run_choices, step_number, uploaded_path, user_errors
+from .runs import LoadedRun, get_run, refuse, run_choices, step_number, uploaded_path, user_errors
 
 SCENE_SEED, SCENE_SPLIT, INITIAL_SCENE = 0, "test", 3  # data seed (when the run's is unknown), held-out split
 COMPARE_LENGTHS = (10, 15, 20)
@@ -328,15 +330,11 @@ def on_run_change(run_key: str) -> Any:
 
 def _arc_rows(arc_key: str, state: dict | None) -> list[list[str]]:
     arc = get_run(arc_key)
-    decoder = optional_module("mdc_core.ar_decode")
-    if decoder is None:
-        return [[f"ARC {html.escape(arc.label)}", "<i>mdc_core/ar_decode.py is not in this checkout: no ARC "
-                 "decoding available</i>", "", ""]]
     image_tokens, rows = _image_tokens(arc, state), []
     for mode, method, kw in (("greedy", "greedy", {}), ("beam 4", "beam", {"beam_size": 4})):
         start = time.perf_counter()
         with user_errors():
-            out = decoder.ar_decode(arc.model, image_tokens, method, **kw)
+            out = ar_decode(arc.model, image_tokens, method, **kw)
         ms = (time.perf_counter() - start) * 1000
         n = int(out.lengths[0])
         probs = out.token_logprobs[0, :n].exp().tolist()
@@ -400,9 +398,6 @@ def score_own(run: str, state: dict | None, captions: str, methods: list[str] | 
     "tokens", "scores": {method: {"score", "stderr" (mc), "token_logprobs", "order" (heuristic)}}}]}``, best
     first."""
     text, run_key = captions, run
-    scoring = optional_module("mdc_workbench.cli.scores")
-    if scoring is None:
-        raise refuse("caption scoring needs mdc_workbench/cli/scores.py, which is not in this checkout yet")
     run = get_run(run_key)
     captions = [line.strip() for line in (text or "").splitlines() if line.strip()]
     if not captions:

@@ -8,7 +8,6 @@ traceback in the server log).
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import math
 import os
@@ -17,7 +16,6 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import gradio as gr
@@ -251,13 +249,3 @@ def scrub_paths(message: str) -> str:
         except ValueError:
             return path.name + tail
     return _ABSOLUTE_PATH.sub(short, message)
-
-
-def optional_module(module: str) -> ModuleType | None:
-    """Import a module that another part of the workbench may not provide yet (None if absent)."""
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as err:
-        if err.name == module:
-            return None
-        raise
