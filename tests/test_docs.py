@@ -194,3 +194,39 @@ def test_the_lesson_time_is_one_measured_figure_wherever_it_is_quoted():
     # and it tells another figure apart
     assert lesson_time("`00_masked_diffusion_captioning`: **2 min** on a laptop", "00_masked") == "2 min"
     assert lesson_time("nothing timed here", "00_masked") is None
+
+
+PAGE_IMPORT = re.compile(r"^\s*from ((?:mdc_core|mdc_workbench|mdc_app)[\w.]*) import \(?([\w, \n]+?)\)?\s*$", re.M)
+
+
+def missing_page_imports(page_html: str) -> list[str]:
+    """The ``from mdc_* import NAME`` lines of an executed notebook's page (docs/notebooks_html/) whose module or
+    name no longer exists: a page that kept code a reader would copy after the code moved."""
+    import html
+    import importlib
+
+    text = html.unescape(re.sub(r"<[^>]+>", "", page_html))
+    missing = []
+    for module_name, names in PAGE_IMPORT.findall(text):
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError:
+            missing.append(module_name)
+            continue
+        for name in (n.strip().split(" as ")[0] for n in names.replace("\n", " ").split(",") if n.strip()):
+            if not hasattr(module, name) and not (hasattr(module, "__path__") and
+                                                  importlib.util.find_spec(f"{module_name}.{name}")):
+                missing.append(f"{module_name}.{name}")
+    return missing
+
+
+def test_the_executed_notebook_pages_import_only_names_that_exist():
+    pages = sorted((ROOT / "docs" / "notebooks_html").glob("[0-9][0-9]_*.html"))
+    assert len(pages) == len(list((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")))
+    stale = {p.name: m for p in pages if (m := missing_page_imports(p.read_text()))}
+    assert stale == {}, f"re-execute these pages (python docs/notebooks_html.py --only NN): {stale}"
+    # and a page with a name that moved away is caught (nbconvert wraps each token in a span)
+    moved = ('<span class="kn">from</span> <span class="nn">mdc_core.sampler</span> <span class="kn">import</span> '
+             '<span class="n">sample</span><span class="p">,</span> <span class="n">trajectory</span>\n')
+    assert missing_page_imports(moved) == ["mdc_core.sampler.trajectory"]
+    assert missing_page_imports(moved.replace("mdc_core.sampler", "mdc_core.nowhere")) == ["mdc_core.nowhere"]
