@@ -114,7 +114,9 @@ def compile_mode(tcfg: TrainConfig, device_type: str = "cpu", distributed: bool 
 
 def static_mode(tcfg: TrainConfig, mode: str | None) -> str:
     """``train.static_shapes`` with "auto" resolved: padded when the step compiles (`mode`), else off."""
-    return ("off" if mode is None else "padded") if tcfg.static_shapes == "auto" else tcfg.static_shapes
+    if tcfg.static_shapes != "auto":
+        return tcfg.static_shapes
+    return "off" if mode is None else "padded"
 
 
 class LossStep:

@@ -60,8 +60,8 @@ def finetune_key(run: str | Path, ft: RunConfig) -> dict[str, Any]:
     (:func:`mdc_core.sources.data_fingerprint`) and `ft` without ``train.device`` (where it runs, not what)."""
     import hashlib
 
-    from mdc_core.checkpoint import file_sha256, resolve_checkpoint
-    from mdc_core.sources import data_fingerprint
+    from mdc_core.checkpoint import resolve_checkpoint
+    from mdc_core.sources import data_fingerprint, file_sha256
 
     ckpt = resolve_checkpoint(run)
     try:

@@ -30,11 +30,12 @@ from typing import Any
 
 from huggingface_hub import PyTorchModelHubMixin
 
-from mdc_core.checkpoint import file_sha256, load_weights, verify_checkpoint
+from mdc_core.checkpoint import load_weights, verify_checkpoint
 from mdc_core.config import RunConfig
 from mdc_core.factory import check_fits
 from mdc_core.model import Captioner
 from mdc_core.registry import objective_spec
+from mdc_core.sources import file_sha256
 
 WEIGHTS = "model.safetensors"  # huggingface_hub's constants.SAFETENSORS_SINGLE_FILE
 

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mdc_core.checkpoint import file_sha256
+from mdc_core.sources import file_sha256
 
 SHIPPED_NAME = "mdc_tiny_lean_easy"
 SHIPPED_DIR = Path(__file__).resolve().parents[2] / "mdc_core" / "pretrained" / SHIPPED_NAME

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mdc_core.checkpoint import CKPT_DIR, CORRUPT_PREFIX, file_sha256
+from mdc_core.checkpoint import CKPT_DIR, CORRUPT_PREFIX
 from mdc_core.run_folder import train_state_problem
 from mdc_core.run_state import TrainState, resume_problem
+from mdc_core.sources import file_sha256
 from mdc_workbench.cli import main
 from tests.train_helpers import read_metrics
 from tests.workbench.test_cli import MICRO_SETS
